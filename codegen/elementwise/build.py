@@ -1,0 +1,31 @@
+"""One elementwise region -> one native object and the glue's description of it."""
+
+from __future__ import annotations
+
+from onnxopt.fusion.region import Region
+
+from ..compile import compile_object, new_module
+from ..glue.library import EwKernelDesc
+from ..target import Target
+from .lower import lower_program
+from .types import ITEMSIZE, ONNX_ENUM
+
+
+def build_elementwise(region: Region, target: Target) -> tuple[bytes, EwKernelDesc, str]:
+    """Returns (object code, glue description, LLVM IR text)."""
+    prog = region.program
+    module = new_module(target, region.op_type)
+    syms = lower_program(module, prog, region.op_type, target.float32_lanes, target.features)
+    ir_text = str(module)
+    obj = compile_object(ir_text, target)
+    desc = EwKernelDesc(
+        op_type=region.op_type,
+        in_types=[ONNX_ENUM[v.dtype] for v in prog.inputs],
+        out_types=[ONNX_ENUM[v.dtype] for v in prog.outputs],
+        in_sizes=[ITEMSIZE[v.dtype] for v in prog.inputs],
+        out_sizes=[ITEMSIZE[v.dtype] for v in prog.outputs],
+        out_rank=len(region.shape),
+        variants=syms["variants"],
+        generic=syms["generic"],
+    )
+    return obj, desc, ir_text

@@ -1,0 +1,358 @@
+/*
+ * onnxopt's ONNX Runtime glue: the custom-op tables and RegisterCustomOps for one kernel library.
+ *
+ * Written from the documented layout of the ORT C API (docs/ort-c-api-layout.md), with no ORT header: the OrtApi is
+ * a table of function pointers indexed by position, and positions never change because the C API only appends.
+ * We ask for API version 17, the oldest that has KernelContext_ParallelFor, so one library runs on every newer ORT.
+ *
+ * The library generator prepends the per-library part (see library.py): ONNXOPT_OPS[], ONNXOPT_N_OPS, the kernel
+ * declarations and onnxopt_cpu_ok().
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ONNXOPT_API_VERSION 17
+#define MAX_RANK 12
+#define MAX_ARGS 64
+/* Below this many elements the dispatch to the thread pool costs more than it saves. */
+#define PARALLEL_MIN_ELEMENTS 32768
+#define CHUNK_MIN_ELEMENTS 16384
+#define MAX_CHUNKS 256
+
+typedef void OrtStatus;
+typedef void OrtValue;
+typedef void OrtKernelContext;
+typedef void OrtSessionOptions;
+typedef void OrtCustomOpDomain;
+typedef void OrtTensorTypeAndShapeInfo;
+typedef void *const *OrtApiTable;
+
+typedef struct {
+  OrtApiTable (*GetApi)(uint32_t version);
+  const char *(*GetVersionString)(void);
+} OnnxoptApiBase;
+
+/* Positions in the OrtApi table (docs/ort-c-api-layout.md). */
+enum {
+  API_CreateStatus = 0,
+  API_CreateCustomOpDomain = 26,
+  API_CustomOpDomain_Add = 27,
+  API_AddCustomOpDomain = 28,
+  API_GetTensorMutableData = 51,
+  API_GetDimensionsCount = 61,
+  API_GetDimensions = 62,
+  API_GetTensorTypeAndShape = 65,
+  API_KernelContext_GetInput = 90,
+  API_KernelContext_GetOutput = 91,
+  API_ReleaseTensorTypeAndShapeInfo = 99,
+  API_KernelContext_ParallelFor = 274,
+};
+enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2, ORT_RUNTIME_EXCEPTION = 6 };
+
+typedef OrtStatus *(*CreateStatus_t)(int code, const char *msg);
+typedef OrtStatus *(*CreateCustomOpDomain_t)(const char *domain, OrtCustomOpDomain **out);
+typedef OrtStatus *(*CustomOpDomain_Add_t)(OrtCustomOpDomain *domain, const void *op);
+typedef OrtStatus *(*AddCustomOpDomain_t)(OrtSessionOptions *options, OrtCustomOpDomain *domain);
+typedef OrtStatus *(*GetTensorMutableData_t)(OrtValue *value, void **out);
+typedef OrtStatus *(*GetDimensionsCount_t)(const OrtTensorTypeAndShapeInfo *info, size_t *out);
+typedef OrtStatus *(*GetDimensions_t)(const OrtTensorTypeAndShapeInfo *info, int64_t *dims, size_t n);
+typedef OrtStatus *(*GetTensorTypeAndShape_t)(const OrtValue *value, OrtTensorTypeAndShapeInfo **out);
+typedef OrtStatus *(*KernelContext_GetInput_t)(const OrtKernelContext *ctx, size_t index, const OrtValue **out);
+typedef OrtStatus *(*KernelContext_GetOutput_t)(OrtKernelContext *ctx, size_t index, const int64_t *dims,
+                                                size_t ndims, OrtValue **out);
+typedef void (*ReleaseTensorTypeAndShapeInfo_t)(OrtTensorTypeAndShapeInfo *info);
+typedef OrtStatus *(*KernelContext_ParallelFor_t)(const OrtKernelContext *ctx, void (*fn)(void *, size_t),
+                                                  size_t total, size_t num_batch, void *usr_data);
+
+static OrtApiTable g_api;
+#define API(name) ((name##_t)g_api[API_##name])
+#define CHECK(call)                   \
+  do {                                \
+    OrtStatus *status_ = (call);      \
+    if (status_) return status_;      \
+  } while (0)
+
+/* The OrtCustomOp struct: a uint32 version, then 25 function pointers (208 bytes on LP64). */
+typedef struct OnnxoptCustomOp OnnxoptCustomOp;
+struct OnnxoptCustomOp {
+  uint32_t version;
+  void *(*CreateKernel)(const OnnxoptCustomOp *op, const void *api, const void *info);
+  const char *(*GetName)(const OnnxoptCustomOp *op);
+  const char *(*GetExecutionProviderType)(const OnnxoptCustomOp *op);
+  int (*GetInputType)(const OnnxoptCustomOp *op, size_t index);
+  size_t (*GetInputTypeCount)(const OnnxoptCustomOp *op);
+  int (*GetOutputType)(const OnnxoptCustomOp *op, size_t index);
+  size_t (*GetOutputTypeCount)(const OnnxoptCustomOp *op);
+  void (*KernelCompute)(void *kernel, OrtKernelContext *ctx);
+  void (*KernelDestroy)(void *kernel);
+  int (*GetInputCharacteristic)(const OnnxoptCustomOp *op, size_t index);
+  int (*GetOutputCharacteristic)(const OnnxoptCustomOp *op, size_t index);
+  int (*GetInputMemoryType)(const OnnxoptCustomOp *op, size_t index);
+  int (*GetVariadicInputMinArity)(const OnnxoptCustomOp *op);
+  int (*GetVariadicInputHomogeneity)(const OnnxoptCustomOp *op);
+  int (*GetVariadicOutputMinArity)(const OnnxoptCustomOp *op);
+  int (*GetVariadicOutputHomogeneity)(const OnnxoptCustomOp *op);
+  OrtStatus *(*CreateKernelV2)(const OnnxoptCustomOp *op, const void *api, const void *info, void **kernel);
+  OrtStatus *(*KernelComputeV2)(void *kernel, OrtKernelContext *ctx);
+  OrtStatus *(*InferOutputShapeFn)(const OnnxoptCustomOp *op, void *ctx);
+  int (*GetStartVersion)(const OnnxoptCustomOp *op);
+  int (*GetEndVersion)(const OnnxoptCustomOp *op);
+  void *GetMayInplace, *ReleaseMayInplace, *GetAliasMap, *ReleaseAliasMap;
+};
+
+typedef void (*row_fn)(void **ins, void **outs, int64_t n);
+typedef void (*generic_fn)(void **ins, void **outs, int64_t n, const int64_t *inner_strides);
+
+/* One fused op type of kind Elementwise. */
+typedef struct {
+  const char *name;
+  int n_in, n_out, out_rank;
+  const int *in_types, *out_types;    /* ONNXTensorElementDataType */
+  const int *in_sizes, *out_sizes;    /* bytes per element */
+  int n_variants;
+  const uint32_t *variant_masks;
+  const row_fn *variants;
+  generic_fn generic;
+} onnxopt_ew_desc;
+
+typedef struct {
+  OnnxoptCustomOp base; /* first, so an OnnxoptCustomOp* is also an onnxopt_op* */
+  const onnxopt_ew_desc *desc;
+} onnxopt_op;
+
+/* ---- The per-library part is inserted here by the generator. ---- */
+/*@@LIBRARY@@*/
+
+/* ---- Elementwise execution: broadcast, coalesce, split into chunks of rows. ---- */
+
+typedef struct {
+  const onnxopt_ew_desc *d;
+  int nd;                        /* coalesced rank, >= 1 */
+  int64_t dims[MAX_RANK];        /* coalesced output dims; dims[nd-1] is the row length */
+  int64_t strides[MAX_ARGS][MAX_RANK]; /* per input, in elements (0: broadcast) */
+  int64_t inner[MAX_ARGS];       /* per input, stride along the row (0 or 1) */
+  char *in_base[MAX_ARGS];
+  char *out_base[MAX_ARGS];
+  int64_t total, chunk;
+  row_fn row;                    /* NULL: use generic */
+} ew_job;
+
+static void ew_run_range(const ew_job *job, int64_t e0, int64_t e1) {
+  const onnxopt_ew_desc *d = job->d;
+  const int64_t L = job->dims[job->nd - 1];
+  void *ins[MAX_ARGS], *outs[MAX_ARGS];
+  int64_t e = e0;
+  while (e < e1) {
+    int64_t row = e / L, col = e % L;
+    int64_t n = L - col;
+    if (n > e1 - e) n = e1 - e;
+    for (int i = 0; i < d->n_in; i++) {
+      int64_t off = 0, r = row;
+      for (int j = job->nd - 2; j >= 0; j--) {
+        off += (r % job->dims[j]) * job->strides[i][j];
+        r /= job->dims[j];
+      }
+      off += col * job->inner[i];
+      ins[i] = job->in_base[i] + off * d->in_sizes[i];
+    }
+    for (int k = 0; k < d->n_out; k++) outs[k] = job->out_base[k] + e * d->out_sizes[k];
+    if (job->row)
+      job->row(ins, outs, n);
+    else
+      d->generic(ins, outs, n, job->inner);
+    e += n;
+  }
+}
+
+static void ew_chunk(void *usr, size_t index) {
+  const ew_job *job = (const ew_job *)usr;
+  int64_t e0 = (int64_t)index * job->chunk;
+  int64_t e1 = e0 + job->chunk;
+  if (e1 > job->total) e1 = job->total;
+  ew_run_range(job, e0, e1);
+}
+
+static OrtStatus *fail(int code, const char *msg) { return API(CreateStatus)(code, msg); }
+
+static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
+  ew_job job;
+  int64_t in_dims[MAX_ARGS][MAX_RANK];
+  size_t in_rank[MAX_ARGS];
+  if (d->n_in > MAX_ARGS || d->n_out > MAX_ARGS) return fail(ORT_FAIL, "onnxopt: too many arguments");
+  memset(&job, 0, sizeof(job));
+  job.d = d;
+  size_t R = (size_t)d->out_rank;
+  for (int i = 0; i < d->n_in; i++) {
+    const OrtValue *v;
+    OrtTensorTypeAndShapeInfo *info;
+    CHECK(API(KernelContext_GetInput)(ctx, (size_t)i, &v));
+    CHECK(API(GetTensorTypeAndShape)(v, &info));
+    OrtStatus *st = API(GetDimensionsCount)(info, &in_rank[i]);
+    if (!st && in_rank[i] > MAX_RANK) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: tensor rank above 12");
+    if (!st) st = API(GetDimensions)(info, in_dims[i], in_rank[i]);
+    API(ReleaseTensorTypeAndShapeInfo)(info);
+    if (st) return st;
+    CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&job.in_base[i]));
+    if (in_rank[i] > R) R = in_rank[i];
+  }
+  if (R > MAX_RANK) return fail(ORT_INVALID_ARGUMENT, "onnxopt: tensor rank above 12");
+
+  /* numpy broadcasting of the inputs (scalars folded into the code only add leading 1s, covered by out_rank). */
+  int64_t out[MAX_RANK];
+  for (size_t j = 0; j < R; j++) {
+    int64_t o = 1;
+    for (int i = 0; i < d->n_in; i++) {
+      size_t lead = R - in_rank[i];
+      int64_t dim = j >= lead ? in_dims[i][j - lead] : 1;
+      if (dim == 1) continue;
+      if (o == 1)
+        o = dim;
+      else if (o != dim)
+        return fail(ORT_INVALID_ARGUMENT, "onnxopt: input shapes cannot be broadcast together");
+    }
+    out[j] = o;
+  }
+  int64_t total = 1;
+  for (size_t j = 0; j < R; j++) total *= out[j];
+  for (int k = 0; k < d->n_out; k++) {
+    OrtValue *ov;
+    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)k, out, R, &ov));
+    CHECK(API(GetTensorMutableData)(ov, (void **)&job.out_base[k]));
+  }
+  if (total == 0) return NULL;
+
+  /* Per-input strides in elements over the output's dims (0 where the input is broadcast). */
+  int64_t st[MAX_ARGS][MAX_RANK];
+  for (int i = 0; i < d->n_in; i++) {
+    size_t lead = R - in_rank[i];
+    int64_t s = 1;
+    for (size_t jj = R; jj-- > 0;) {
+      int64_t dim = jj >= lead ? in_dims[i][jj - lead] : 1;
+      st[i][jj] = dim == 1 ? 0 : s;
+      s *= dim;
+    }
+  }
+  /* Drop size-1 dims, then merge neighbours wherever every input is contiguous across them. */
+  int nd = 0;
+  for (size_t j = 0; j < R; j++) {
+    if (out[j] == 1) continue;
+    job.dims[nd] = out[j];
+    for (int i = 0; i < d->n_in; i++) job.strides[i][nd] = st[i][j];
+    nd++;
+  }
+  if (nd == 0) {
+    nd = 1;
+    job.dims[0] = 1;
+    for (int i = 0; i < d->n_in; i++) job.strides[i][0] = 0;
+  }
+  int m = nd - 1; /* merge from the innermost dim outwards into a compacted list */
+  int64_t cd[MAX_RANK], cs[MAX_ARGS][MAX_RANK];
+  int nc = 0;
+  cd[0] = job.dims[m];
+  for (int i = 0; i < d->n_in; i++) cs[i][0] = job.strides[i][m];
+  nc = 1;
+  for (int j = m - 1; j >= 0; j--) {
+    int mergeable = 1;
+    for (int i = 0; i < d->n_in; i++)
+      if (job.strides[i][j] != cs[i][nc - 1] * cd[nc - 1]) mergeable = 0;
+    if (mergeable) {
+      cd[nc - 1] *= job.dims[j];
+    } else {
+      cd[nc] = job.dims[j];
+      for (int i = 0; i < d->n_in; i++) cs[i][nc] = job.strides[i][j];
+      nc++;
+    }
+  }
+  job.nd = nc;
+  for (int j = 0; j < nc; j++) {
+    job.dims[j] = cd[nc - 1 - j];
+    for (int i = 0; i < d->n_in; i++) job.strides[i][j] = cs[i][nc - 1 - j];
+  }
+  uint32_t mask = 0;
+  for (int i = 0; i < d->n_in; i++) {
+    job.inner[i] = job.strides[i][nc - 1];
+    if (job.inner[i] != 0) mask |= 1u << i;
+  }
+  job.row = NULL;
+  for (int v = 0; v < d->n_variants; v++)
+    if (d->variant_masks[v] == mask) job.row = d->variants[v];
+  job.total = total;
+
+  if (total < PARALLEL_MIN_ELEMENTS) {
+    ew_run_range(&job, 0, total);
+    return NULL;
+  }
+  int64_t chunk = total / MAX_CHUNKS;
+  if (chunk < CHUNK_MIN_ELEMENTS) chunk = CHUNK_MIN_ELEMENTS;
+  chunk = (chunk + 63) & ~(int64_t)63; /* whole cache lines per chunk */
+  job.chunk = chunk;
+  size_t n_chunks = (size_t)((total + chunk - 1) / chunk);
+  return API(KernelContext_ParallelFor)(ctx, ew_chunk, n_chunks, 0, &job);
+}
+
+/* ---- OrtCustomOp callbacks ---- */
+
+static const onnxopt_ew_desc *desc_of(const OnnxoptCustomOp *op) { return ((const onnxopt_op *)op)->desc; }
+static const char *op_name(const OnnxoptCustomOp *op) { return desc_of(op)->name; }
+static const char *op_ep(const OnnxoptCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static int op_in_type(const OnnxoptCustomOp *op, size_t i) { return desc_of(op)->in_types[i]; }
+static size_t op_in_count(const OnnxoptCustomOp *op) { return (size_t)desc_of(op)->n_in; }
+static int op_out_type(const OnnxoptCustomOp *op, size_t i) { return desc_of(op)->out_types[i]; }
+static size_t op_out_count(const OnnxoptCustomOp *op) { return (size_t)desc_of(op)->n_out; }
+static int op_required(const OnnxoptCustomOp *op, size_t i) { (void)op; (void)i; return 0; }
+static int op_mem_default(const OnnxoptCustomOp *op, size_t i) { (void)op; (void)i; return 0; }
+static int op_one(const OnnxoptCustomOp *op) { (void)op; return 1; }
+static void *op_create_v1(const OnnxoptCustomOp *op, const void *api, const void *info) {
+  (void)api; (void)info;
+  return (void *)desc_of(op);
+}
+static OrtStatus *op_create(const OnnxoptCustomOp *op, const void *api, const void *info, void **kernel) {
+  (void)api; (void)info;
+  *kernel = (void *)desc_of(op);
+  return NULL;
+}
+static void op_compute_v1(void *kernel, OrtKernelContext *ctx) { (void)kernel; (void)ctx; }
+static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx) {
+  return ew_compute((const onnxopt_ew_desc *)kernel, ctx);
+}
+static void op_destroy(void *kernel) { (void)kernel; }
+
+static onnxopt_op g_ops[ONNXOPT_N_OPS > 0 ? ONNXOPT_N_OPS : 1];
+static int g_ops_ready; /* the tables are filled once and then shared by every session that registers us */
+
+__attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOptions *options,
+                                                                     const OnnxoptApiBase *base) {
+  g_api = base->GetApi(ONNXOPT_API_VERSION);
+  if (!g_api) return NULL; /* ORT older than 1.17: nothing registered, the function bodies run */
+  if (!onnxopt_cpu_ok()) return NULL; /* this CPU lacks an instruction the kernels use: same fallback */
+  OrtCustomOpDomain *domain;
+  CHECK(API(CreateCustomOpDomain)("onnxopt", &domain));
+  for (int i = 0; i < ONNXOPT_N_OPS && !g_ops_ready; i++) {
+    onnxopt_op *o = &g_ops[i];
+    memset(o, 0, sizeof(*o));
+    o->desc = &ONNXOPT_OPS[i];
+    o->base.version = ONNXOPT_API_VERSION;
+    o->base.CreateKernel = op_create_v1;
+    o->base.GetName = op_name;
+    o->base.GetExecutionProviderType = op_ep;
+    o->base.GetInputType = op_in_type;
+    o->base.GetInputTypeCount = op_in_count;
+    o->base.GetOutputType = op_out_type;
+    o->base.GetOutputTypeCount = op_out_count;
+    o->base.KernelCompute = op_compute_v1;
+    o->base.KernelDestroy = op_destroy;
+    o->base.GetInputCharacteristic = op_required;
+    o->base.GetOutputCharacteristic = op_required;
+    o->base.GetInputMemoryType = op_mem_default;
+    o->base.GetVariadicInputMinArity = op_one;
+    o->base.GetVariadicInputHomogeneity = op_one;
+    o->base.GetVariadicOutputMinArity = op_one;
+    o->base.GetVariadicOutputHomogeneity = op_one;
+    o->base.CreateKernelV2 = op_create;
+    o->base.KernelComputeV2 = op_compute;
+  }
+  g_ops_ready = 1;
+  for (int i = 0; i < ONNXOPT_N_OPS; i++) CHECK(API(CustomOpDomain_Add)(domain, &g_ops[i].base));
+  return API(AddCustomOpDomain)(options, domain);
+}

@@ -1,0 +1,38 @@
+"""Model builders: ONNX graphs shaped like `torch.onnx.export` output, used as optimizer test and benchmark inputs.
+
+`build_model("mobilenetv3" | "yolo" | "bert", **kwargs)` returns an `onnx.ModelProto`; see each module's
+`build` for its arguments. `random_inputs(model)` makes a matching feed dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+
+from onnxopt.errors import UsageError
+
+from . import bert, mobilenetv3, yolo
+from .inputs import random_inputs
+from .save import save_model
+
+MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
+    "mobilenetv3": mobilenetv3.build,
+    "yolo": yolo.build,
+    "bert": bert.build,
+}
+
+
+def build_model(name: str, **kwargs) -> onnx.ModelProto:
+    """Build the registered model `name` with the builder's keyword arguments."""
+    try:
+        builder = MODELS[name]
+    except (KeyError, TypeError):
+        raise UsageError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}") from None
+    try:
+        return builder(**kwargs)
+    except TypeError as exc:  # an argument the builder does not take
+        raise UsageError(f"bad arguments for model {name!r}: {exc}") from None
+
+
+__all__ = ["MODELS", "build_model", "random_inputs", "save_model"]

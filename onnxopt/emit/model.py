@@ -1,0 +1,138 @@
+"""Write fused.onnx: each accepted region becomes one node `onnxopt::<Kind>_<hash>`, and the model also carries a
+model-local function of the same name whose body is the original subgraph.
+
+An onnxruntime that registers the kernel library runs the native kernel; one that does not inlines the function and
+still computes the same tensors. Scalar constants that the kernel inlined are re-created as `Constant` nodes inside
+the function body (a function cannot see the graph's initializers).
+"""
+
+from __future__ import annotations
+
+import json
+import heapq
+from collections import defaultdict
+
+import onnx
+from onnx import helper
+
+from onnxopt import __version__
+from onnxopt.fusion.region import Region
+from onnxopt.graph.fold import remove_dead_nodes
+from onnxopt.graph.load import ort_loadable_ir
+
+DOMAIN = "onnxopt"
+META_LIBRARY = "onnxopt.library"
+META_SHA256 = "onnxopt.library_sha256"
+META_TARGET = "onnxopt.target"
+META_CPU_FLAGS = "onnxopt.cpu_flags"
+META_VERSION = "onnxopt.version"
+
+
+def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
+    inits = {t.name: t for t in model.graph.initializer}
+    body = []
+    used_consts = [c for c in region.program.consts if c in inits]
+    for name in used_consts:
+        body.append(helper.make_node("Constant", [], [name], value=inits[name]))
+    for n in region.nodes:
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        body.append(m)
+    opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    return helper.make_function(DOMAIN, region.op_type, list(region.inputs), list(region.outputs), body, opsets)
+
+
+def stable_toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """Kahn's algorithm that keeps the given order wherever dependencies allow."""
+    producer = {}
+    for i, n in enumerate(nodes):
+        for o in n.output:
+            if o:
+                producer[o] = i
+    deps = [set() for _ in nodes]
+    users = defaultdict(list)
+    for i, n in enumerate(nodes):
+        for x in n.input:
+            p = producer.get(x)
+            if p is not None and p != i:
+                deps[i].add(p)
+        for sub in _subgraph_outer_names(n):
+            p = producer.get(sub)
+            if p is not None and p != i:
+                deps[i].add(p)
+        for p in deps[i]:
+            users[p].append(i)
+    ready = [i for i in range(len(nodes)) if not deps[i]]
+    heapq.heapify(ready)
+    order = []
+    remaining = [len(d) for d in deps]
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for u in users[i]:
+            remaining[u] -= 1
+            if remaining[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        raise RuntimeError("fusion produced a cycle; this is a bug in the region legality check")
+    return order
+
+
+def _subgraph_outer_names(node: onnx.NodeProto) -> set[str]:
+    names: set[str] = set()
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            for n in g.node:
+                names.update(x for x in n.input if x)
+                names.update(_subgraph_outer_names(n))
+    return names
+
+
+def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_file: str | None, sha256: str | None,
+                      target: dict, cpu_flags: list[str]) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    replaced = {}
+    for r in regions:
+        for n in r.nodes:
+            replaced[id_of(n)] = r
+    new_nodes = []
+    emitted = set()
+    for n in model.graph.node:
+        r = replaced.get(id_of(n))
+        if r is None:
+            m = onnx.NodeProto()
+            m.CopyFrom(n)
+            new_nodes.append(m)
+        elif id(r) not in emitted:
+            emitted.add(id(r))
+            new_nodes.append(helper.make_node(r.op_type, list(r.inputs), list(r.outputs),
+                                              name=f"{r.op_type}__{len(emitted)}", domain=DOMAIN))
+    del g.node[:]
+    g.node.extend(stable_toposort(new_nodes))
+    funcs = {}
+    for r in regions:
+        funcs.setdefault(r.op_type, _function_for(r, model))
+    out.functions.extend(funcs.values())
+    if regions and not any(o.domain == DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    remove_dead_nodes(out)
+    ort_loadable_ir(out, needs_functions=bool(regions))
+    meta = {p.key: p.value for p in out.metadata_props}
+    if regions and library_file:
+        meta[META_LIBRARY] = library_file
+        meta[META_SHA256] = sha256 or ""
+        meta[META_TARGET] = json.dumps(target, sort_keys=True)
+        meta[META_CPU_FLAGS] = ",".join(cpu_flags)
+    meta[META_VERSION] = __version__
+    del out.metadata_props[:]
+    for k, v in meta.items():
+        out.metadata_props.add(key=k, value=v)
+    return out
+
+
+def id_of(node: onnx.NodeProto) -> tuple:
+    """Nodes are identified by their outputs (unique in a valid graph)."""
+    return tuple(node.output)

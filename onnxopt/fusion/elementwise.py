@@ -1,0 +1,257 @@
+"""Fusion rule: connected groups of elementwise and broadcast ops become one memory-bound region.
+
+Exported models are full of such chains: hardswish as `x * Clip(x + 3, 0, 6) / 6`, SiLU as `x * Sigmoid(x)`, GELU
+through `Erf`, the arithmetic of a decomposed LayerNorm. One fused kernel reads each input once and writes each
+output once, instead of a round trip through memory per op.
+
+Legality:
+- every node is an op of `elementwise_ops.SUPPORTED` on a supported dtype, with known dtypes and a known shape;
+- every node of a region has the same output shape (dims equal, symbolic dims by name): that shape is the region's
+  iteration space, and inputs broadcast to it by numpy's rules;
+- contracting the region keeps the graph acyclic (no path leaves the region and comes back);
+- an intermediate that is a graph output, or is used outside the region (also by an If/Loop/Scan body), is written;
+- scalar constants (initializers that are not graph inputs, one element) are folded into the code.
+A region needs at least two ops: a single op is already one pass over memory in onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxopt.annotate.shapes import tensor_info
+
+from .elementwise_ops import SUPPORTED
+from .graph_index import GraphIndex
+from .region import EwOp, EwProgram, Region, Value
+
+MAX_INPUTS = 16  # the glue's mask is 32 bits; this also bounds the variants compiled per region
+MIN_OPS = 2
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+class ElementwiseRule:
+    kind = "Elementwise"
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.graph = model.graph
+        self.opset = _opset(model)
+        self.info = tensor_info(model)
+        overridable = {i.name for i in self.graph.input}
+        self.inits = {t.name: t for t in self.graph.initializer if t.name not in overridable}
+        self.index = GraphIndex(self.graph)
+
+    # ---- per-node admission ----
+    def scalar_const(self, name: str):
+        """The value of a one-element constant tensor, or None."""
+        t = self.inits.get(name)
+        if t is None:
+            return None
+        n = int(np.prod(t.dims)) if len(t.dims) else 1
+        if n != 1:
+            return None
+        arr = numpy_helper.to_array(t)
+        if arr.dtype.name not in SUPPORTED["Identity"]:
+            return None
+        return arr.reshape(()).item(), arr.dtype.name
+
+    def shape_of(self, name):
+        ti = self.info.get(name)
+        if ti is None or ti.shape is None or ti.dtype is None:
+            return None
+        if any(d is None or (isinstance(d, str) and d.startswith("unk__")) for d in ti.shape):
+            return None
+        return tuple(ti.shape)
+
+    def dtype_of(self, name):
+        ti = self.info.get(name)
+        return None if ti is None else ti.dtype
+
+    def admits(self, node: onnx.NodeProto) -> str | None:
+        """None if the node can join a region, else the reason it cannot."""
+        if node.domain not in ("", "ai.onnx"):
+            return "custom domain"
+        if node.op_type not in SUPPORTED:
+            return "not elementwise"
+        if len(node.output) != 1:
+            return "more than one output"
+        data_in = next((x for x in node.input if x), None)
+        if data_in is None:
+            return "no input"
+        first_dtype = self.dtype_of(node.input[1] if node.op_type == "Where" else data_in)
+        if first_dtype not in SUPPORTED[node.op_type]:
+            return f"dtype {first_dtype} not supported for {node.op_type}"
+        for x in list(node.input) + list(node.output):
+            if x and self.dtype_of(x) is None:
+                return f"dtype of {x} unknown"
+        if self.shape_of(node.output[0]) is None:
+            return "output shape unknown"
+        if node.op_type == "Pow":
+            c = self.scalar_const(node.input[1])
+            if c is None:
+                return "Pow exponent is not a constant scalar"
+        if node.op_type == "Cast" and self.dtype_of(node.output[0]) not in SUPPORTED["Identity"]:
+            return "Cast to an unsupported dtype"
+        if node.op_type == "Clip" and self.opset >= 11:
+            for x in node.input[1:]:
+                if x and self.scalar_const(x) is None and self.shape_of(x) != ():
+                    return "Clip bounds are not scalars"
+        if node.op_type == "Gelu" and self.opset < 20:
+            return "Gelu below opset 20"
+        return None
+
+    # ---- grouping ----
+    def find_regions(self, rejected: list[dict] | None = None) -> list[Region]:
+        idx = self.index
+        ok = {i for i, n in enumerate(idx.nodes) if self.admits(n) is None}
+        group_of: dict[int, int] = {}
+        groups: dict[int, set[int]] = {}
+        for i in sorted(ok):
+            shape = self.shape_of(idx.nodes[i].output[0])
+            groups[i] = {i}
+            group_of[i] = i
+            for x in idx.nodes[i].input:
+                p = idx.producer.get(x)
+                if p is None or p not in ok or group_of[p] == group_of[i]:
+                    continue
+                if self.shape_of(idx.nodes[p].output[0]) != shape:
+                    continue
+                merged = groups[group_of[p]] | groups[group_of[i]]
+                if len(self._boundary_inputs(merged)) > MAX_INPUTS or idx.escapes_and_returns(merged):
+                    continue
+                keep, drop = group_of[p], group_of[i]
+                for m in groups[drop]:
+                    group_of[m] = keep
+                groups[keep] = merged
+                del groups[drop]
+        regions = []
+        for members in groups.values():
+            if len(members) < MIN_OPS:
+                continue
+            region = self._make_region(sorted(members))
+            if isinstance(region, str):
+                if rejected is not None:
+                    rejected.append({"nodes": [idx.nodes[m].name for m in sorted(members)], "reason": region})
+                continue
+            regions.append(region)
+        return regions
+
+    def _boundary_inputs(self, members: set[int]) -> list[str]:
+        produced = {o for m in members for o in self.index.nodes[m].output}
+        seen = []
+        for m in sorted(members):
+            for x in self.index.nodes[m].input:
+                if x and x not in produced and x not in seen and self.scalar_const(x) is None:
+                    seen.append(x)
+        return seen
+
+    def _make_region(self, members: list[int]) -> Region | str:
+        idx = self.index
+        nodes = [idx.nodes[m] for m in members]
+        group = set(members)
+        inputs = self._boundary_inputs(group)
+        if not inputs:
+            return "no runtime input (constant-foldable)"
+        outputs = [o for n in nodes for o in n.output if idx.is_used_outside(o, group)]
+        if not outputs:
+            return "no output is used"
+        shape = self.shape_of(nodes[-1].output[0])
+        consts: dict[str, tuple] = {}
+        ops: list[EwOp] = []
+        for n in nodes:
+            ops.append(self._to_op(n, consts))
+        prog = EwProgram(
+            inputs=[Value(x, self.dtype_of(x)) for x in inputs],
+            consts=consts,
+            ops=ops,
+            outputs=[Value(o, self.dtype_of(o)) for o in outputs],
+        )
+        prog.masks = expected_masks([self.shape_of(x) for x in inputs], shape)
+        return Region("Elementwise", nodes, inputs, outputs, prog, list(shape))
+
+    def _to_op(self, n: onnx.NodeProto, consts: dict) -> EwOp:
+        out = n.output[0]
+        dtype = self.dtype_of(out)
+        args = []
+        for x in n.input:
+            c = self.scalar_const(x) if x else None
+            if c is not None:
+                consts[x] = c
+            args.append(x)
+        attrs = {}
+        if n.op_type == "Pow":
+            attrs["exponent"] = float(self.scalar_const(n.input[1])[0])
+            args = [n.input[0]]
+        elif n.op_type == "Clip" and self.opset < 11:
+            lo, hi = _attr(n, "min", None), _attr(n, "max", None)
+            names = [n.input[0], "", ""]
+            for k, v in ((1, lo), (2, hi)):
+                if v is not None:
+                    cname = f"{out}__clip{k}"
+                    consts[cname] = (float(v), dtype)
+                    names[k] = cname
+            args = names
+        else:
+            for a in n.attribute:
+                if a.type in (onnx.AttributeProto.FLOAT, onnx.AttributeProto.INT, onnx.AttributeProto.STRING):
+                    v = onnx.helper.get_attribute_value(a)
+                    attrs[a.name] = v.decode() if isinstance(v, bytes) else v
+        return EwOp(n.op_type, tuple(args), out, dtype, tuple(sorted(attrs.items())))
+
+
+def coalesce(in_shapes: list[tuple], out_shape: tuple) -> tuple[list[int], list[list[int]]]:
+    """The glue's dimension coalescing, in Python: returns (dims, per-input strides), innermost last."""
+    R = len(out_shape)
+    strides = []
+    for s in in_shapes:
+        lead = R - len(s)
+        st, acc = [0] * R, 1
+        for j in range(R - 1, -1, -1):
+            d = s[j - lead] if j >= lead else 1
+            st[j] = 0 if d == 1 else acc
+            acc *= d
+        strides.append(st)
+    keep = [j for j in range(R) if out_shape[j] != 1] or []
+    dims = [out_shape[j] for j in keep]
+    sts = [[st[j] for j in keep] for st in strides]
+    if not dims:
+        return [1], [[0] for _ in in_shapes]
+    cd, cs = [dims[-1]], [[st[-1]] for st in sts]
+    for j in range(len(dims) - 2, -1, -1):
+        if all(st[j] == c[-1] * cd[-1] for st, c in zip(sts, cs)):
+            cd[-1] *= dims[j]
+        else:
+            cd.append(dims[j])
+            for st, c in zip(sts, cs):
+                c.append(st[j])
+    return cd[::-1], [c[::-1] for c in cs]
+
+
+def expected_masks(in_shapes: list[tuple], out_shape: tuple) -> list[int]:
+    """Inner-stride masks to specialize for: the one the static shapes give (symbolic dims taken as > 1)."""
+    # Distinct primes for distinct symbols, so unrelated symbolic dims never look mergeable by accident.
+    symbols: dict[str, int] = {}
+    primes = [7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47]
+
+    def num(d):
+        if isinstance(d, str):
+            return symbols.setdefault(d, primes[len(symbols) % len(primes)])
+        return int(d)
+
+    ins = [tuple(num(d) for d in s) for s in in_shapes]
+    out = tuple(num(d) for d in out_shape)
+    _, strides = coalesce(ins, out)
+    mask = sum(1 << i for i, st in enumerate(strides) if st[-1] != 0)
+    return [mask]

@@ -1,0 +1,97 @@
+"""Regions: connected groups of nodes that become one fused kernel.
+
+A region records the original nodes (they become the fused node's function fallback), its boundary tensors, and a
+kind-specific program that codegen lowers. Today the kind is `Elementwise`; later kinds (reductions, compute-op
+epilogues, conv chains, GEMM chains) add their own programs and reuse the boundary, legality and emission logic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import onnx
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor at a region boundary: its name inside the program and its numpy dtype name."""
+
+    name: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class EwOp:
+    """One elementwise operation: `out = op(*args)`. Args name program inputs, constants or earlier outputs."""
+
+    op: str
+    args: tuple[str, ...]
+    out: str
+    dtype: str  # dtype of the result
+    attrs: tuple[tuple[str, object], ...] = ()
+
+    def attr(self, name, default=None):
+        return dict(self.attrs).get(name, default)
+
+
+@dataclass
+class EwProgram:
+    """A straight-line elementwise program over one broadcast iteration space.
+
+    `inputs` are the runtime tensors in the fused op's input order; `consts` are scalars baked into the code;
+    `outputs` all have the full iteration shape. `masks` lists the inner-stride patterns (bit i set: input i is
+    contiguous along the innermost dimension, clear: broadcast) that get a specialized vector loop; any other
+    pattern seen at run time goes to the generic loop.
+    """
+
+    inputs: list[Value]
+    consts: dict[str, tuple[object, str]]
+    ops: list[EwOp]
+    outputs: list[Value]
+    masks: list[int] = field(default_factory=list)
+
+    def signature(self) -> str:
+        """Canonical text of the computation, independent of tensor names: the content hash of the op type."""
+        rename: dict[str, str] = {}
+        for i, v in enumerate(self.inputs):
+            rename[v.name] = f"in{i}"
+        for i, (k, (val, dt)) in enumerate(sorted(self.consts.items())):
+            rename[k] = f"c{i}"
+        for i, op in enumerate(self.ops):
+            rename[op.out] = f"t{i}"
+        doc = {
+            "in": [v.dtype for v in self.inputs],
+            "consts": {rename[k]: [repr(val), dt] for k, (val, dt) in self.consts.items()},
+            "ops": [[o.op, [rename[a] for a in o.args], o.dtype, [[k, repr(v)] for k, v in o.attrs]] for o in self.ops],
+            "out": [[rename[v.name], v.dtype] for v in self.outputs],
+            "masks": sorted(self.masks),
+        }
+        return json.dumps(doc, sort_keys=True)
+
+
+@dataclass
+class Region:
+    kind: str
+    nodes: list[onnx.NodeProto]
+    inputs: list[str]  # tensor names in the graph, in fused-op input order
+    outputs: list[str]  # tensor names in the graph, in fused-op output order
+    program: EwProgram
+    shape: list  # the iteration shape as inferred: ints and symbolic names (str) or None when unknown
+    op_type: str = ""
+    # filled by later stages
+    rejected: str | None = None
+    measured: dict = field(default_factory=dict)
+
+    def compute_op_type(self, target_name: str) -> str:
+        h = hashlib.sha256((self.kind + "|" + target_name + "|" + self.program.signature()).encode()).hexdigest()
+        self.op_type = f"{self.kind}_{h[:16]}"
+        return self.op_type
+
+    @property
+    def node_names(self) -> list[str]:
+        return [n.name or n.output[0] for n in self.nodes]
+
+    def describe(self) -> str:
+        return " -> ".join(n.op_type for n in self.nodes)

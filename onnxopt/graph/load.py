@@ -1,0 +1,162 @@
+"""Load and save models the way users expect.
+
+- Any model onnxruntime can load: old IR versions, opsets 7 and up, external data, control flow, custom domains.
+- `--input-shape name:d0,d1,...` fixes symbolic dims; everything else keeps its symbolic dims.
+- Saving never writes over the input, is atomic (a temporary name, then a rename), keeps large initializers in
+  `<output>.data` when the input used external data or the model passes 2 GB, and emits an IR version the installed
+  onnxruntime reads.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+import onnx
+from onnx import external_data_helper
+
+from onnxopt.errors import InputError, UsageError
+
+from .ort_compat import max_ir_version
+
+TWO_GB = 2**31
+
+
+@dataclass
+class LoadedModel:
+    model: onnx.ModelProto
+    path: str | None
+    used_external_data: bool
+    size_bytes: int
+
+
+def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
+    """`["x:1,3,224,224", "mask:1,128"]` -> {"x": [1,3,224,224], ...}."""
+    shapes: dict[str, list[int]] = {}
+    for spec in specs or []:
+        name, sep, dims = spec.rpartition(":")
+        if not sep or not name:
+            raise UsageError(f"--input-shape '{spec}': write it as name:d0,d1,... (for example x:1,3,224,224)")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            raise UsageError(f"--input-shape '{spec}': dims must be integers, got '{dims}'") from None
+    return shapes
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in external_data_helper._get_all_tensors(model))
+
+
+def load_model(source, input_shapes: dict[str, list[int]] | None = None) -> LoadedModel:
+    """Read a model from a path or take a ModelProto; external data is loaded into memory."""
+    if isinstance(source, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+        path, ext, size = None, _uses_external_data(model), model.ByteSize()
+    else:
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such file; give the path of an .onnx model")
+        try:
+            model = onnx.load(path, load_external_data=False)
+        except Exception as e:  # noqa: BLE001 - protobuf raises several types
+            raise InputError(f"{path}: not a readable ONNX model ({e}); check the file is a complete .onnx") from None
+        ext = _uses_external_data(model)
+        if ext:
+            try:
+                external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+            except (OSError, ValueError) as e:
+                raise InputError(f"{path}: its external data could not be read ({e}); keep the .data file "
+                                 "next to the model") from None
+        size = os.path.getsize(path)
+    if not model.graph.node:
+        raise InputError(f"{path or 'model'}: the graph has no nodes")
+    if input_shapes:
+        fix_input_shapes(model, input_shapes)
+    return LoadedModel(model, path, ext, size)
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> None:
+    inputs = {i.name: i for i in model.graph.input}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise UsageError(f"--input-shape names '{name}', but the model's inputs are: {', '.join(inputs)}")
+        tt = inputs[name].type.tensor_type
+        if tt.HasField("shape") and len(tt.shape.dim) != len(dims):
+            raise UsageError(f"--input-shape {name}: the model's input has rank {len(tt.shape.dim)}, "
+                             f"you gave {len(dims)} dims")
+        tt.shape.Clear()
+        for d in dims:
+            tt.shape.dim.add().dim_value = d
+    # Intermediate shapes computed for the old dims are stale now.
+    del model.graph.value_info[:]
+
+
+def ort_loadable_ir(model: onnx.ModelProto, needs_functions: bool) -> None:
+    """Clamp the IR version to what the installed ORT reads; functions need IR >= 8."""
+    ir = model.ir_version
+    if needs_functions:
+        ir = max(ir, 8)
+    model.ir_version = min(ir, max_ir_version())
+
+
+def check_output_path(input_path: str | None, output_path: str) -> None:
+    if not output_path:
+        raise UsageError("no output path: give one with -o fused.onnx")
+    out = os.path.abspath(output_path)
+    if input_path and os.path.exists(out) and os.path.samefile(out, input_path):
+        raise UsageError(f"-o {output_path} is the input model; onnxopt never writes over its input. "
+                         "Choose another output name.")
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent):
+        raise UsageError(f"-o {output_path}: the folder {parent} does not exist")
+
+
+def save_model(model: onnx.ModelProto, output_path: str, external: bool, commit: bool = True) -> list[str]:
+    """Write the model next to its final name and rename it into place (atomic on POSIX).
+
+    Returns the temporary paths written (when commit is False the caller renames them with `commit_files`).
+    External data goes to `<output>.data` (relative location, so the pair can be moved together).
+    """
+    out = os.path.abspath(output_path)
+    folder = os.path.dirname(out)
+    base = os.path.basename(out)
+    external = external or model.ByteSize() >= TWO_GB
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    written = [tmp]
+    try:
+        if external:
+            data_name = base + ".data"
+            tmp_data = os.path.join(folder, f".{data_name}.tmp")
+            m = onnx.ModelProto()
+            m.CopyFrom(model)
+            external_data_helper.convert_model_to_external_data(m, all_tensors_to_one_file=True,
+                                                                location=data_name, size_threshold=1024)
+            # onnx writes the data file under its final name: write into a scratch folder, then move.
+            scratch = tempfile.mkdtemp(prefix=".onnxopt-", dir=folder)
+            onnx.save_model(m, os.path.join(scratch, base), save_as_external_data=False)
+            os.replace(os.path.join(scratch, base), tmp)
+            if os.path.exists(os.path.join(scratch, data_name)):
+                os.replace(os.path.join(scratch, data_name), tmp_data)
+                written.append(tmp_data)
+            os.rmdir(scratch)
+        else:
+            onnx.save_model(model, tmp)
+    except BaseException:
+        for p in written:
+            if os.path.exists(p):
+                os.remove(p)
+        raise
+    if commit:
+        commit_files(written, output_path)
+    return written
+
+
+def commit_files(tmp_paths: list[str], output_path: str) -> None:
+    out = os.path.abspath(output_path)
+    for tmp in tmp_paths:
+        final = out + ".data" if tmp.endswith(".data.tmp") else out
+        os.replace(tmp, final)

@@ -1,0 +1,65 @@
+"""The machine model: what the roofline needs to know about a machine.
+
+Peak compute per dtype, bandwidth of each memory level (with the level's size), core count and ISA. A measured model
+comes from `onnxopt.hardware.measure` (microbenchmarks with generated kernels, cached on disk); presets for the parts
+the papers used live in `onnxopt.hardware.presets`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class MemoryLevel:
+    name: str  # "L1", "L2", "L3", "DRAM" (GPUs: "shared", "L2", "HBM")
+    size_bytes: int | None  # capacity seen by the whole machine (None: unbounded, i.e. DRAM)
+    bandwidth: float  # bytes/s, all cores together
+    bandwidth_1core: float | None = None  # bytes/s from one core, when measured
+
+
+@dataclass
+class Machine:
+    name: str
+    cores: int
+    isa: list[str]
+    peak_flops: dict[str, float]  # dtype ("float32", "float16", "int8") -> op/s, all cores (a multiply-add is 2)
+    levels: list[MemoryLevel]  # from the closest to the farthest; the last one is main memory
+    vector_bits: int = 0
+    registers: int = 0  # vector registers per core
+    source: str = "preset"  # "measured" or "preset"
+    details: dict = field(default_factory=dict)
+
+    @property
+    def dram(self) -> MemoryLevel:
+        return self.levels[-1]
+
+    def balance(self, dtype: str = "float32") -> float:
+        """I_max: the intensity (FLOP/byte) where the roofline turns from memory- to compute-bound."""
+        return self.peak_flops[dtype] / self.dram.bandwidth
+
+    def level_for(self, working_set_bytes: int) -> MemoryLevel:
+        """The closest level whose capacity holds the working set."""
+        for lvl in self.levels:
+            if lvl.size_bytes is None or working_set_bytes <= lvl.size_bytes:
+                return lvl
+        return self.levels[-1]
+
+    def attainable(self, intensity: float, dtype: str = "float32", level: MemoryLevel | None = None) -> float:
+        """Roofline (OptiFX Eq.2): min(peak, bandwidth * intensity)."""
+        bw = (level or self.dram).bandwidth
+        return min(self.peak_flops[dtype], bw * intensity)
+
+    def predict_seconds(self, flops: float, bytes_moved: float, dtype: str = "float32",
+                        level: MemoryLevel | None = None) -> float:
+        bw = (level or self.dram).bandwidth
+        return max(flops / self.peak_flops[dtype], bytes_moved / bw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Machine":
+        d = dict(d)
+        d["levels"] = [MemoryLevel(**lv) for lv in d["levels"]]
+        return cls(**d)

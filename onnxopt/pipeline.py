@@ -1,0 +1,393 @@
+"""`optimize()`: the whole pipeline, from a model to fused.onnx plus its kernel library.
+
+load -> fold constants -> shape inference -> find regions -> generate and compile kernels -> check each kernel
+against its region run by onnxruntime, and time both -> keep the ones that are right and faster -> link the library
+-> write the model with fused nodes and function fallbacks -> check the whole model -> rename into place.
+Nothing reaches the output path unless every check passed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxopt import __version__
+from onnxopt.codegen.elementwise.build import build_elementwise
+from onnxopt.codegen.glue.library import link_library
+from onnxopt.codegen.target import Target, parse_target
+from onnxopt.emit.model import DOMAIN, build_fused_model
+from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
+from onnxopt.fusion.elementwise import ElementwiseRule
+from onnxopt.fusion.region import Region
+from onnxopt.graph.fold import fold_constants
+from onnxopt.graph.load import check_output_path, commit_files, load_model, parse_input_shapes, save_model
+from onnxopt.timing import make_session, time_interleaved
+from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare, load_check_inputs, make_inputs, random_array
+
+FUSION_KINDS = ("elementwise",)
+
+
+@dataclass
+class Result:
+    model: onnx.ModelProto
+    report: dict
+    output: str | None = None
+    library: str | None = None
+
+
+@dataclass
+class Options:
+    input_shapes: dict = field(default_factory=dict)
+    target: Target | None = None
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    check_inputs: dict = field(default_factory=dict)
+    skip_fusion: tuple = ()
+    threads: int | None = None
+    verify: bool = True
+    measure: bool = True
+    min_speedup: float = 1.0
+    seed: int = 0
+    progress: object = None  # a callable(str) for status lines
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - shapes are an optimization aid; without them nothing is fused
+        return model
+
+
+def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in model.graph.node:
+        key = f"{n.domain}::{n.op_type.split('_')[0]}" if n.domain == DOMAIN else n.op_type
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The region as a standalone model (original ops) and as one fused node, same inputs and outputs."""
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def vi(name):
+        ti = info[name]
+        dims = [d if isinstance(d, (int, str)) else None for d in ti.shape]
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(ti.dtype)), dims)
+
+    ins = [vi(x) for x in region.inputs]
+    outs = [vi(o) for o in region.outputs]
+    consts = [inits[c] for c in region.program.consts if c in inits]
+    opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    orig = helper.make_model(helper.make_graph(list(region.nodes), "region", ins, outs, initializer=consts),
+                             opset_imports=opsets)
+    fused_node = helper.make_node(region.op_type, list(region.inputs), list(region.outputs), domain=DOMAIN)
+    fused = helper.make_model(helper.make_graph([fused_node], "fused", ins, outs),
+                              opset_imports=opsets + [helper.make_opsetid(DOMAIN, 1)])
+    for m in (orig, fused):
+        m.ir_version = max(min(model.ir_version, 10), 7)
+    return orig, fused
+
+
+def _region_feeds(region: Region, info, bindings, seed) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for x in region.inputs:
+        ti = info[x]
+        shape = [d if isinstance(d, int) else int(bindings.get(d, 1)) for d in ti.shape]
+        feeds[x] = random_array(shape, ti.dtype, rng)
+    return feeds
+
+
+def _bytes_moved(region: Region, feeds, outs) -> int:
+    return int(sum(v.nbytes for v in feeds.values()) + sum(np.asarray(o).nbytes for o in outs))
+
+
+def optimize(model, output: str | None = None, **kwargs) -> Result:
+    """Optimize a model (path or ModelProto). With `output`, writes it and `<output>.so`.
+
+    Keyword options mirror the CLI: input_shape=["x:1,3,224,224"], target="native", rtol=, atol=,
+    check_input=["x:file.npy"], skip_fusion=["elementwise"], threads=, verify=True, measure=True, min_speedup=1.0.
+    """
+    opts = Options(
+        input_shapes=parse_input_shapes(kwargs.pop("input_shape", None)),
+        target=parse_target(kwargs.pop("target", None)),
+        tolerance=Tolerance.parse(kwargs.pop("rtol", None), kwargs.pop("atol", None)),
+        check_inputs=load_check_inputs(kwargs.pop("check_input", None)),
+        skip_fusion=tuple(kwargs.pop("skip_fusion", None) or ()),
+        threads=kwargs.pop("threads", None),
+        verify=kwargs.pop("verify", True),
+        measure=kwargs.pop("measure", True),
+        min_speedup=float(kwargs.pop("min_speedup", 1.0)),
+        seed=int(kwargs.pop("seed", 0)),
+        progress=kwargs.pop("progress", None),
+    )
+    if kwargs:
+        raise UsageError(f"unknown option(s) {', '.join(kwargs)} for onnxopt.optimize")
+    for k in opts.skip_fusion:
+        if k not in FUSION_KINDS:
+            raise UsageError(f"--skip-fusion {k}: known fusion kinds are {', '.join(FUSION_KINDS)}")
+    return _Optimizer(model, output, opts).run()
+
+
+class _Optimizer:
+    def __init__(self, source, output, opts: Options):
+        self.source, self.output, self.opts = source, output, opts
+        self.report: dict = {"onnxopt_version": __version__, "target": opts.target.to_dict(), "regions": [],
+                             "rejected": [], "timings": {}}
+        self.tmpdir = None
+
+    def say(self, msg: str):
+        if self.opts.progress:
+            self.opts.progress(msg)
+
+    def run(self) -> Result:
+        t_start = time.perf_counter()
+        src_path = None if isinstance(self.source, onnx.ModelProto) else os.fspath(self.source)
+        if self.output is not None:
+            check_output_path(src_path, self.output)
+        loaded = load_model(self.source, self.opts.input_shapes)
+        original = loaded.model
+        self.report["input"] = {"path": src_path, "size_bytes": loaded.size_bytes,
+                                "external_data": loaded.used_external_data, "ir_version": original.ir_version,
+                                "opsets": {o.domain or "ai.onnx": o.version for o in original.opset_import}}
+        self.report["before"] = _op_counts(original)
+        self._check_loadable(original, src_path)
+
+        self.tmpdir = tempfile.mkdtemp(prefix="onnxopt-")
+        try:
+            return self._run(original, loaded, src_path, t_start)
+        finally:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _check_loadable(self, model, path):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 4
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            ort.InferenceSession(path if path else model.SerializeToString(), so,
+                                 providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001
+            msg = str(e).splitlines()[0][:300]
+            raise InputError(f"onnxruntime cannot load this model ({msg}); onnxopt optimizes models that "
+                             "onnxruntime runs (custom ops: register their library first)") from None
+
+    def _run(self, original, loaded, src_path, t_start) -> Result:
+        t = time.perf_counter()
+        work = onnx.ModelProto()
+        work.CopyFrom(original)
+        try:
+            folded = fold_constants(work)
+        except Exception as e:  # noqa: BLE001 - folding is best effort; an unfoldable graph is still optimized
+            folded, work = 0, onnx.ModelProto.FromString(original.SerializeToString())
+            self.report["rejected"].append({"nodes": [], "reason": f"constant folding skipped: {e}"})
+        self.report["folded_nodes"] = folded
+        work = _infer(work)
+        self.report["timings"]["load_fold_infer_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        regions: list[Region] = []
+        if "elementwise" not in self.opts.skip_fusion:
+            regions = ElementwiseRule(work).find_regions(self.report["rejected"])
+        for r in regions:
+            r.compute_op_type(self.opts.target.name + "|" + self.opts.target.cpu + "|" + self.opts.target.llvm_features
+                              + f"|rank{len(r.shape)}")
+        self.report["timings"]["search_s"] = time.perf_counter() - t
+        self.say(f"{len(regions)} candidate regions")
+
+        t = time.perf_counter()
+        built = self._build(regions)
+        self.report["timings"]["codegen_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        accepted = self._check_regions(work, built) if built else []
+        self.report["timings"]["kernel_check_s"] = time.perf_counter() - t
+
+        return self._emit(original, work, accepted, built, loaded, src_path, t_start)
+
+    def _build(self, regions):
+        """Compile each distinct kernel once; a region whose kernel fails to compile is rejected."""
+        built = {}  # op_type -> (obj, desc, [regions])
+        for r in regions:
+            if r.op_type in built:
+                built[r.op_type][2].append(r)
+                continue
+            try:
+                obj, desc, _ = build_elementwise(r, self.opts.target)
+            except Exception as e:  # noqa: BLE001 - reported, region left unfused
+                self._reject(r, f"code generation failed: {type(e).__name__}: {e}")
+                continue
+            built[r.op_type] = (obj, desc, [r])
+        return built
+
+    def _reject(self, r: Region, reason: str):
+        r.rejected = reason
+        self.report["rejected"].append({"op_type": r.op_type, "nodes": r.node_names, "ops": r.describe(),
+                                        "reason": reason})
+
+    def _check_regions(self, work, built) -> list[Region]:
+        """Run every kernel against its region in onnxruntime: right answers first, then speed."""
+        from onnxopt.annotate.shapes import tensor_info
+
+        info = tensor_info(work)
+        lib = os.path.join(self.tmpdir, "candidates.so")
+        link_library([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, lib)
+        bindings = self._bindings()
+        accepted = []
+        machine = _machine()
+        for op_type, (_, desc, regions) in built.items():
+            for r in regions:
+                orig, fused = _region_models(r, work, info)
+                feeds = _region_feeds(r, info, bindings, self.opts.seed)
+                try:
+                    s_orig = make_session(orig, self.opts.threads)
+                    s_fused = make_session(fused, self.opts.threads, library=lib)
+                    want = s_orig.run(None, feeds)
+                    got = s_fused.run(None, feeds)
+                except Exception as e:  # noqa: BLE001
+                    self._reject(r, f"kernel check could not run: {str(e).splitlines()[0][:200]}")
+                    continue
+                tol = Tolerance(dict(KERNEL_RTOL), dict(KERNEL_ATOL))
+                diffs = compare(r.outputs, want, got, tol)
+                bad = [d for d in diffs if not d.ok]
+                if bad:
+                    d = bad[0]
+                    self._reject(r, f"kernel gives wrong results on {d.name} (max abs {d.max_abs:.3g}, "
+                                    f"max rel {d.max_rel:.3g}) {d.detail}".strip())
+                    continue
+                bytes_moved = _bytes_moved(r, feeds, want)
+                entry = {"op_type": r.op_type, "ops": r.describe(), "nodes": r.node_names, "inputs": r.inputs,
+                         "outputs": r.outputs, "shape": r.shape, "bytes": bytes_moved,
+                         "max_abs_err": max(d.max_abs for d in diffs)}
+                if machine is not None:
+                    level = machine.level_for(bytes_moved)
+                    entry["predicted_s"] = bytes_moved / level.bandwidth
+                    entry["memory_level"] = level.name
+                    entry["level_bandwidth"] = level.bandwidth
+                if self.opts.measure:
+                    t_orig, t_fused = time_interleaved([s_orig, s_fused], feeds, min_time=0.1, max_blocks=15)
+                    entry["measured_original_s"] = t_orig["median"]
+                    entry["measured_fused_s"] = t_fused["median"]
+                    entry["speedup"] = t_orig["median"] / t_fused["median"]
+                    entry["achieved_bandwidth"] = bytes_moved / t_fused["median"]
+                    if machine is not None:
+                        entry["bandwidth_fraction"] = entry["achieved_bandwidth"] / entry["level_bandwidth"]
+                    if entry["speedup"] < self.opts.min_speedup:
+                        self._reject(r, f"not faster than onnxruntime ({entry['speedup']:.2f}x, "
+                                        f"needs {self.opts.min_speedup:.2f}x)")
+                        continue
+                r.measured = entry
+                self.report["regions"].append(entry)
+                accepted.append(r)
+        return accepted
+
+    def _bindings(self) -> dict[str, int]:
+        return {}
+
+    def _emit(self, original, work, accepted, built, loaded, src_path, t_start) -> Result:
+        t = time.perf_counter()
+        lib_path = sha = None
+        out_dir = os.path.dirname(os.path.abspath(self.output)) if self.output else self.tmpdir
+        lib_name = (os.path.basename(self.output) if self.output else "model.onnx") + ".so"
+        if accepted:
+            used = []
+            for op_type, (obj, desc, _) in built.items():
+                if any(r.op_type == op_type for r in accepted):
+                    used.append((obj, desc))
+            lib_path = os.path.join(out_dir, f".{lib_name}.{os.getpid()}.tmp")
+            sha = link_library([d for _, d in used], [o for o, _ in used], self.opts.target, lib_path)
+        fused = build_fused_model(work, accepted, lib_name if accepted else None, sha,
+                                  self.opts.target.to_dict(), self.opts.target.required_cpu_flags)
+        try:
+            onnx.checker.check_model(fused, full_check=False)
+        except Exception as e:  # noqa: BLE001
+            self._cleanup([lib_path])
+            raise OnnxoptError(f"internal error: the fused model fails the ONNX checker ({e}); please report it") \
+                from None
+        self.report["timings"]["emit_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        if self.opts.verify:
+            self._verify_model(original, fused, lib_path, src_path)
+        self.report["timings"]["verify_s"] = time.perf_counter() - t
+
+        self.report["after"] = _op_counts(fused)
+        self.report["fused_regions"] = len(accepted)
+        written = []
+        if self.output:
+            try:
+                written = save_model(fused, self.output, external=loaded.used_external_data, commit=False)
+                commit_files(written, self.output)
+                final_lib = os.path.join(out_dir, lib_name)
+                if lib_path:
+                    os.replace(lib_path, final_lib)
+                elif os.path.exists(final_lib):
+                    os.remove(final_lib)  # a stale library from an earlier run would not match this model
+            except BaseException:
+                self._cleanup([lib_path] + written)
+                raise
+            self.report["output"] = {"path": os.path.abspath(self.output), "size_bytes": os.path.getsize(self.output),
+                                     "library": final_lib if lib_path else None, "library_sha256": sha}
+            lib_result = final_lib if lib_path else None
+        else:
+            self._cleanup([lib_path])
+            lib_result = None
+        self.report["timings"]["total_s"] = time.perf_counter() - t_start
+        return Result(fused, self.report, self.output, lib_result)
+
+    def _cleanup(self, paths):
+        for p in paths:
+            if p and os.path.exists(p):
+                os.remove(p)
+
+    def _verify_model(self, original, fused, lib_path, src_path):
+        import onnxruntime as ort
+
+        feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
+        names = [o.name for o in original.graph.output]
+        try:
+            want = make_session(original if src_path is None else _read_bytes(src_path), self.opts.threads) \
+                .run(names, feeds)
+        except Exception as e:  # noqa: BLE001
+            self.report["verification"] = {"skipped": f"the original model does not run on random inputs: {e}"}
+            raise VerificationError(f"cannot verify: the original model fails on random inputs "
+                                    f"({str(e).splitlines()[0][:200]}); give real inputs with "
+                                    "--check-input name:file.npy or fix symbolic dims with --input-shape") from None
+        try:
+            got = make_session(fused, self.opts.threads, library=lib_path).run(names, feeds)
+        except Exception as e:  # noqa: BLE001
+            self._cleanup([lib_path])
+            raise VerificationError(f"the optimized model fails to run: {str(e).splitlines()[0][:300]}") from None
+        diffs = compare(names, want, got, self.opts.tolerance)
+        self.report["verification"] = {"outputs": [d.__dict__ for d in diffs], "ok": all(d.ok for d in diffs)}
+        bad = [d for d in diffs if not d.ok]
+        if bad:
+            self._cleanup([lib_path])
+            d = bad[0]
+            raise VerificationError(
+                f"verification failed: output {d.name} differs (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
+                "nothing was written. Loosen with --rtol/--atol if this is expected, or skip a fusion with "
+                "--skip-fusion")
+        del ort
+
+
+def _read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _machine():
+    try:
+        from onnxopt.hardware.measure import load_machine
+
+        return load_machine(quick=True)
+    except Exception:  # noqa: BLE001 - predictions are optional in the report
+        return None

@@ -1,0 +1,61 @@
+"""Interleaved timing of several onnxruntime sessions, the way ARCHITECTURE.md's performance method prescribes.
+
+Sessions run A B A B... in short blocks, each side warmed up right before its block, with intra-op spinning off so
+the idle side's threads do not steal the cores. Only ratios measured in one run are compared.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def make_session(model, threads: int | None = None, library: str | None = None, optimization: str = "all"):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.graph_optimization_level = {
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    }[optimization]
+    if library:
+        so.register_custom_ops_library(library)
+    data = model.SerializeToString() if hasattr(model, "SerializeToString") else model
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+
+
+def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None = None, max_blocks: int = 40,
+                     min_blocks: int = 5) -> list[dict]:
+    """Per session: median, p10, p90 and mean seconds per run, from interleaved blocks."""
+    for s in sessions:  # first runs allocate and JIT-compile nothing of ours, but ORT plans memory
+        s.run(None, feeds)
+    if block is None:
+        t = time.perf_counter()
+        sessions[0].run(None, feeds)
+        one = max(time.perf_counter() - t, 1e-6)
+        block = int(min(50, max(1, 0.01 / one)))  # ~10 ms blocks
+    samples = [[] for _ in sessions]
+    start = time.perf_counter()
+    blocks = 0
+    while blocks < max_blocks and (blocks < min_blocks or time.perf_counter() - start < min_time):
+        for k, s in enumerate(sessions):
+            s.run(None, feeds)  # warm this side right before timing it
+            t0 = time.perf_counter()
+            for _ in range(block):
+                s.run(None, feeds)
+            samples[k].append((time.perf_counter() - t0) / block)
+        blocks += 1
+    out = []
+    for xs in samples:
+        a = np.array(xs)
+        out.append({"median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
+                    "p90": float(np.percentile(a, 90)), "mean": float(a.mean()), "blocks": len(xs),
+                    "runs_per_block": block})
+    return out

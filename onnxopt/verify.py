@@ -1,0 +1,134 @@
+"""Checking that an optimized model (or one fused kernel) computes what the original computes.
+
+Random inputs are drawn per dtype (floats ~ N(0, 2^2) so activations see both sides of their kinks, integers in
+[0, 2) so indices stay valid (even a two-entry token-type table), booleans fair coins); symbolic dims take the values of `bindings` (default 1).
+Floating outputs must satisfy |a - b| <= atol + rtol * |b| (NaN where the reference has NaN); others must be equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from onnxopt.errors import UsageError
+
+DEFAULT_RTOL = {"float32": 1e-3, "float64": 1e-7, "float16": 1e-2}
+DEFAULT_ATOL = {"float32": 1e-4, "float64": 1e-9, "float16": 1e-3}
+KERNEL_RTOL = {"float32": 1e-5, "float64": 1e-12}
+KERNEL_ATOL = {"float32": 1e-5, "float64": 1e-12}
+
+
+@dataclass
+class Tolerance:
+    rtol: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
+    atol: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_ATOL))
+
+    @classmethod
+    def parse(cls, rtol: list[str] | float | None, atol: list[str] | float | None) -> "Tolerance":
+        """`--rtol 1e-4` (every float dtype) or `--rtol float32:1e-4` (one dtype), repeatable."""
+        t = cls()
+        for values, table, flag in ((rtol, t.rtol, "--rtol"), (atol, t.atol, "--atol")):
+            if values is None:
+                continue
+            if isinstance(values, (int, float)):
+                values = [str(values)]
+            for v in values:
+                dt, sep, num = str(v).rpartition(":")
+                try:
+                    x = float(num)
+                except ValueError:
+                    raise UsageError(f"{flag} {v}: give a number, or dtype:number such as float32:1e-4") from None
+                if sep:
+                    table[dt] = x
+                else:
+                    for k in list(table):
+                        table[k] = x
+        return t
+
+
+def _shape(vi: onnx.ValueInfoProto, bindings: dict[str, int]) -> list[int]:
+    dims = []
+    for d in vi.type.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(d.dim_value)
+        else:
+            dims.append(int(bindings.get(d.dim_param, 1)))
+    return dims
+
+
+def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return (rng.standard_normal(shape) * 2.0).astype(dt)
+    if dt.kind in "iu":
+        return rng.integers(0, 2, size=shape).astype(dt)
+    if dt.kind == "b":
+        return rng.random(shape) < 0.5
+    raise UsageError(f"cannot make random inputs of dtype {dtype}: give real ones with --check-input name:file.npy")
+
+
+def make_inputs(model: onnx.ModelProto, bindings: dict[str, int] | None = None, seed: int = 0,
+                given: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue  # IR < 4 style: weights listed as inputs keep their initializer values
+        if given and vi.name in given:
+            feeds[vi.name] = given[vi.name]
+            continue
+        if not vi.type.HasField("tensor_type"):
+            raise UsageError(f"input {vi.name} is not a tensor: give it with --check-input {vi.name}:file.npy")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).name
+        feeds[vi.name] = random_array(_shape(vi, bindings or {}), dtype, rng)
+    return feeds
+
+
+@dataclass
+class OutputDiff:
+    name: str
+    ok: bool
+    max_abs: float
+    max_rel: float
+    detail: str = ""
+
+
+def compare(names, expected, actual, tol: Tolerance) -> list[OutputDiff]:
+    diffs = []
+    for name, a, b in zip(names, expected, actual):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            diffs.append(OutputDiff(name, False, float("inf"), float("inf"),
+                                    f"shape/dtype {b.shape} {b.dtype} != expected {a.shape} {a.dtype}"))
+            continue
+        if a.dtype.kind == "f":
+            rtol = tol.rtol.get(a.dtype.name, 1e-3)
+            atol = tol.atol.get(a.dtype.name, 1e-4)
+            ok = bool(np.allclose(b, a, rtol=rtol, atol=atol, equal_nan=True))
+            with np.errstate(all="ignore"):
+                finite = np.isfinite(a) & np.isfinite(b)
+                err = np.abs(a[finite].astype(np.float64) - b[finite].astype(np.float64))
+                max_abs = float(err.max()) if err.size else 0.0
+                rel = err / np.maximum(np.abs(a[finite].astype(np.float64)), 1e-30)
+                max_rel = float(rel.max()) if rel.size else 0.0
+            diffs.append(OutputDiff(name, ok, max_abs, max_rel))
+        else:
+            ok = bool(np.array_equal(a, b))
+            diffs.append(OutputDiff(name, ok, 0.0 if ok else float("nan"), 0.0 if ok else float("nan")))
+    return diffs
+
+
+def load_check_inputs(specs: list[str] | None) -> dict[str, np.ndarray]:
+    out = {}
+    for spec in specs or []:
+        name, sep, path = spec.partition(":")
+        if not sep:
+            raise UsageError(f"--check-input {spec}: write it as name:file.npy")
+        try:
+            out[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--check-input {spec}: cannot read {path} as .npy ({e})") from None
+    return out
