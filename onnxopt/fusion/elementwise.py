@@ -44,7 +44,8 @@ def _attr(node, name, default=None):
 class ElementwiseRule:
     kind = "Elementwise"
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, min_ops: int = MIN_OPS):
+        self.min_ops = min_ops  # tests lower single ops with min_ops=1
         self.model = model
         self.graph = model.graph
         self.opset = _opset(model)
@@ -138,7 +139,7 @@ class ElementwiseRule:
                 del groups[drop]
         regions = []
         for members in groups.values():
-            if len(members) < MIN_OPS:
+            if len(members) < self.min_ops:
                 continue
             region = self._make_region(sorted(members))
             if isinstance(region, str):

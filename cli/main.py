@@ -1,0 +1,177 @@
+"""The `onnxopt` command.
+
+    onnxopt model.onnx -o fused.onnx [options]     optimize (writes fused.onnx and fused.onnx.so)
+    onnxopt inspect model.onnx                     the annotated graph
+    onnxopt machine                                the machine model
+    onnxopt bench original.onnx fused.onnx         both through onnxruntime, interleaved
+
+Exit codes: 0 ok, 1 verification failed, 2 bad usage or unreadable input. User mistakes print one line, no
+traceback (`--verbose` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from onnxopt import __version__
+from onnxopt.errors import OnnxoptError
+
+SUBCOMMANDS = ("inspect", "machine", "bench", "optimize")
+
+
+def _optimize_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="onnxopt", description="Fuse an ONNX model into native kernels served by "
+                                "onnxruntime. Other commands: onnxopt inspect | machine | bench (see --help of each).")
+    p.add_argument("input", help="the model to optimize (.onnx)")
+    p.add_argument("-o", "--output", required=True, help="where to write the optimized model; its kernel library "
+                   "goes next to it as <output>.so")
+    p.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,...",
+                   help="fix an input's symbolic dims (repeatable)")
+    p.add_argument("--target", default="native", help="CPU to compile for: native (default), x86-64-v3, x86-64-v4, "
+                   "or cpu=NAME,+feature,...")
+    p.add_argument("--check-input", action="append", metavar="NAME:FILE.npy",
+                   help="verify on this input instead of random data (repeatable)")
+    p.add_argument("--rtol", action="append", metavar="[DTYPE:]X", help="relative tolerance of the check "
+                   "(default float32:1e-3)")
+    p.add_argument("--atol", action="append", metavar="[DTYPE:]X", help="absolute tolerance (default float32:1e-4)")
+    p.add_argument("--skip-fusion", action="append", metavar="KIND", help="do not fuse regions of this kind "
+                   "(elementwise)")
+    p.add_argument("--threads", type=int, help="intra-op threads for measuring (default: all cores)")
+    p.add_argument("--min-speedup", type=float, default=1.0,
+                   help="emit a kernel only if it is at least this much faster than onnxruntime on its region")
+    p.add_argument("--no-measure", action="store_true", help="do not time kernels (emit every correct kernel)")
+    p.add_argument("--no-verify", action="store_true", help="skip the whole-model check (kernels are still checked)")
+    p.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-v", "--version", action="version", version=f"onnxopt {__version__}")
+    return p
+
+
+def cmd_optimize(argv) -> int:
+    from rich.console import Console
+
+    from onnxopt.pipeline import optimize
+    from onnxopt.report import render_optimize_report
+
+    a = _optimize_parser().parse_args(argv)
+    console = Console(stderr=True, quiet=a.quiet)
+    result = optimize(a.input, a.output, input_shape=a.input_shape, target=a.target, check_input=a.check_input,
+                      rtol=a.rtol, atol=a.atol, skip_fusion=a.skip_fusion, threads=a.threads,
+                      verify=not a.no_verify, measure=not a.no_measure, min_speedup=a.min_speedup, seed=a.seed,
+                      progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None)
+    if a.report:
+        with open(a.report, "w") as f:
+            json.dump(result.report, f, indent=1, default=str)
+    render_optimize_report(result.report, console, verbose=a.verbose)
+    return 0
+
+
+def cmd_inspect(argv) -> int:
+    from rich.console import Console
+
+    from onnxopt.annotate.graph import annotate
+    from onnxopt.graph.load import load_model, parse_input_shapes
+    from onnxopt.hardware.measure import load_machine
+
+    p = argparse.ArgumentParser(prog="onnxopt inspect", description="The annotated graph: FLOPs, bytes, "
+                                "intensity, compute- or memory-bound, predicted time per node.")
+    p.add_argument("input")
+    p.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,...")
+    p.add_argument("--top", type=int, default=25, help="rows to show (0: all)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--verbose", action="store_true")
+    a = p.parse_args(argv)
+    loaded = load_model(a.input, parse_input_shapes(a.input_shape))
+    g = annotate(loaded.model, load_machine(quick=True))
+    if a.json:
+        print(json.dumps(g.to_dict(), indent=1, default=str))
+    else:
+        g.render_table(Console(), limit=a.top or None)
+    return 0
+
+
+def cmd_machine(argv) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from onnxopt.hardware.measure import load_machine
+    from onnxopt.hardware.presets import get_preset
+
+    p = argparse.ArgumentParser(prog="onnxopt machine", description="The machine model: measured peaks and "
+                                "bandwidths (cached after the first run), ISA, caches; or a preset.")
+    p.add_argument("--preset", help="show a preset instead (xeon-gold-6240, a100, a6000-ada, rtx4090, orin)")
+    p.add_argument("--refresh", action="store_true", help="measure again")
+    p.add_argument("--quick", action="store_true", help="shorter, less precise measurement")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--verbose", action="store_true")
+    a = p.parse_args(argv)
+    m = get_preset(a.preset) if a.preset else load_machine(refresh=a.refresh, quick=a.quick)
+    if a.json:
+        print(json.dumps(m.to_dict(), indent=1, default=str))
+        return 0
+    t = Table(title=f"{m.name} ({m.source})")
+    t.add_column("")
+    t.add_column("value", justify="right")
+    t.add_row("cores", str(m.cores))
+    t.add_row("vector bits / registers", f"{m.vector_bits} / {m.registers}")
+    for dt, v in m.peak_flops.items():
+        t.add_row(f"peak {dt}", f"{v / 1e9:.1f} GFLOP/s")
+    for lv in m.levels:
+        size = "-" if lv.size_bytes is None else f"{lv.size_bytes / 1024:.0f} KiB"
+        one = f", 1 core {lv.bandwidth_1core / 1e9:.1f}" if lv.bandwidth_1core else ""
+        t.add_row(f"{lv.name} ({size})", f"{lv.bandwidth / 1e9:.1f} GB/s{one}")
+    t.add_row("balance (fp32 FLOP/byte, DRAM)", f"{m.balance('float32'):.2f}")
+    t.add_row("ISA", " ".join(m.isa))
+    Console().print(t)
+    return 0
+
+
+def cmd_bench(argv) -> int:
+    from rich.console import Console
+
+    from onnxopt.runtime.bench import bench
+    from onnxopt.report import render_bench
+
+    p = argparse.ArgumentParser(prog="onnxopt bench", description="Time two models through onnxruntime in one "
+                                "process: same threads, interleaved A B A B, medians, p10/p90 and the ratio.")
+    p.add_argument("a", help="the original model")
+    p.add_argument("b", help="the optimized model")
+    p.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
+    p.add_argument("--min-time", type=float, default=2.0, help="seconds of timing per side (default 2)")
+    p.add_argument("--input", action="append", metavar="NAME:FILE.npy", help="real inputs instead of random ones")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--verbose", action="store_true")
+    a = p.parse_args(argv)
+    r = bench(a.a, a.b, threads=a.threads, min_time=a.min_time, inputs=a.input)
+    if a.json:
+        print(json.dumps(r, indent=1))
+    else:
+        render_bench(r, Console())
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd, rest = ("optimize", argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        cmd, rest = argv[0], argv[1:]
+    handler = {"optimize": cmd_optimize, "inspect": cmd_inspect, "machine": cmd_machine, "bench": cmd_bench}[cmd]
+    try:
+        return handler(rest)
+    except OnnxoptError as e:
+        if "--verbose" in argv:
+            raise
+        print(f"onnxopt: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("onnxopt: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

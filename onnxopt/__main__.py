@@ -1,0 +1,5 @@
+import sys
+
+from onnxopt.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,88 @@
+"""Human-readable reports with rich: the before/after table, fused and rejected regions, predicted vs measured."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)
+
+
+def render_optimize_report(report: dict, console: Console | None = None, verbose: bool = False) -> None:
+    console = console or Console(stderr=True)
+    before, after = report.get("before", {}), report.get("after", {})
+    t = Table(title="onnxopt", show_lines=False)
+    t.add_column("")
+    t.add_column("Original Model", justify="right")
+    t.add_column("Optimized Model", justify="right")
+    for op in sorted(set(before) | set(after), key=lambda k: (-before.get(k, 0), k)):
+        b, a = before.get(op, 0), after.get(op, 0)
+        style = "green" if a < b else ("cyan" if a > b else "")
+        t.add_row(op, str(b), f"[{style}]{a}[/{style}]" if style else str(a))
+    t.add_section()
+    t.add_row("Nodes", str(sum(before.values())), str(sum(after.values())))
+    out = report.get("output") or {}
+    t.add_row("Model Size", _fmt_bytes(report.get("input", {}).get("size_bytes")), _fmt_bytes(out.get("size_bytes")))
+    if out.get("library"):
+        import os
+
+        t.add_row("Kernel Library", "", f"{os.path.basename(out['library'])} ({_fmt_bytes(os.path.getsize(out['library']))})")
+    t.add_row("Elapsed Time", "", f"{report.get('timings', {}).get('total_s', 0):.2f} s")
+    console.print(t)
+
+    regions = report.get("regions", [])
+    if regions:
+        rt = Table(title=f"Fused regions: {len(regions)}")
+        for c in ("pattern", "count", "speedup (median)", "predicted µs", "measured µs", "GB/s", "% of level bw"):
+            rt.add_column(c, justify="right" if c != "pattern" else "left")
+        groups = defaultdict(list)
+        for r in regions:
+            groups[r["ops"]].append(r)
+        for ops, rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            sp = sorted(r.get("speedup", 0) for r in rs)
+            pred = sum(r.get("predicted_s", 0) for r in rs) * 1e6
+            meas = sum(r.get("measured_fused_s", 0) for r in rs) * 1e6
+            bw = [r["achieved_bandwidth"] for r in rs if "achieved_bandwidth" in r]
+            frac = [r["bandwidth_fraction"] for r in rs if "bandwidth_fraction" in r]
+            rt.add_row(ops, str(len(rs)), f"{sp[len(sp) // 2]:.2f}x" if sp else "-", f"{pred:.1f}", f"{meas:.1f}",
+                       f"{max(bw) / 1e9:.1f}" if bw else "-", f"{100 * max(frac):.0f}%" if frac else "-")
+        console.print(rt)
+    rejected = report.get("rejected", [])
+    if rejected:
+        reasons = Counter(r["reason"].split(" (")[0] for r in rejected)
+        rj = Table(title=f"Regions not fused: {len(rejected)}")
+        rj.add_column("reason")
+        rj.add_column("count", justify="right")
+        for reason, n in reasons.most_common(None if verbose else 10):
+            rj.add_row(reason, str(n))
+        console.print(rj)
+    v = report.get("verification")
+    if v and "outputs" in v:
+        worst = max((o["max_abs"] for o in v["outputs"]), default=0.0)
+        console.print(f"[green]verified[/green]: {len(v['outputs'])} outputs match the original "
+                      f"(max abs diff {worst:.3g})" if v["ok"] else "[red]verification failed[/red]")
+
+
+def render_bench(result: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    t = Table(title=f"onnxopt bench ({result['threads']} threads, interleaved)")
+    for c in ("model", "median ms", "p10 ms", "p90 ms", "library"):
+        t.add_column(c, justify="right" if c not in ("model", "library") else "left")
+    for side in ("a", "b"):
+        s = result[side]
+        t.add_row(s["path"], f"{s['median'] * 1e3:.3f}", f"{s['p10'] * 1e3:.3f}", f"{s['p90'] * 1e3:.3f}",
+                  "yes" if s["library"] else "-")
+    console.print(t)
+    match = "outputs match" if result["outputs_match"] else "[red]outputs differ[/red]"
+    console.print(f"speedup (A/B): [bold]{result['speedup']:.3f}x[/bold]  ({match}, "
+                  f"max abs diff {result['max_abs_diff']:.3g})")

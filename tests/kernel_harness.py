@@ -1,0 +1,73 @@
+"""Build our kernels for a small model's elementwise regions and run them in onnxruntime next to the original.
+
+Used by the kernel tests: the reference is onnxruntime itself running the original nodes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxopt.codegen.elementwise.build import build_elementwise
+from onnxopt.codegen.glue.library import link_library
+from onnxopt.codegen.target import Target, host_target
+from onnxopt.emit.model import build_fused_model
+from onnxopt.fusion.elementwise import ElementwiseRule
+from onnxopt.timing import make_session
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17):
+    g = helper.make_graph(nodes, "t", inputs, outputs, initializer=list(initializers))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def fuse(model: onnx.ModelProto, tmpdir, min_ops: int = 1, target: Target | None = None):
+    """Returns (fused model, library path, regions)."""
+    target = target or host_target()
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    regions = ElementwiseRule(inferred, min_ops=min_ops).find_regions()
+    assert regions, "no region found"
+    objs, descs = [], []
+    seen = {}
+    for r in regions:
+        r.compute_op_type(target.name + target.llvm_features + f"rank{len(r.shape)}")
+        if r.op_type in seen:
+            continue
+        obj, desc, _ = build_elementwise(r, target)
+        seen[r.op_type] = True
+        objs.append(obj)
+        descs.append(desc)
+    lib = os.path.join(str(tmpdir), f"k{abs(hash(tuple(seen)))}.so")
+    sha = link_library(descs, objs, target, lib)
+    fused = build_fused_model(inferred, regions, os.path.basename(lib), sha, target.to_dict(),
+                              target.required_cpu_flags)
+    return fused, lib, regions
+
+
+def run_both(model, fused, lib, feeds):
+    import pytest
+
+    try:
+        ref = make_session(model, 1, optimization="none")
+    except Exception as e:  # noqa: BLE001
+        if "NOT_IMPLEMENTED" in str(e):
+            pytest.skip(f"onnxruntime has no CPU kernel for the reference: {str(e).splitlines()[0][-80:]}")
+        raise
+    want = ref.run(None, feeds)
+    got = make_session(fused, 2, library=lib).run(None, feeds)
+    return want, got
+
+
+def assert_close(want, got, rtol=1e-5, atol=1e-6):
+    for a, b in zip(want, got):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+        if a.dtype.kind == "f":
+            np.testing.assert_allclose(b, a, rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            np.testing.assert_array_equal(b, a)
