@@ -21,7 +21,7 @@ from onnx import helper
 from onnxopt import __version__
 from onnxopt.codegen.elementwise.build import build_elementwise
 from onnxopt.codegen.glue.library import link_library
-from onnxopt.codegen.target import Target, parse_target
+from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
 from onnxopt.emit.model import DOMAIN, build_fused_model
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
 from onnxopt.fusion.elementwise import ElementwiseRule
@@ -57,11 +57,31 @@ class Options:
     progress: object = None  # a callable(str) for status lines
 
 
+def _has_unknown_shapes(model: onnx.ModelProto) -> bool:
+    known = {v.name for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+             if v.type.tensor_type.HasField("shape")
+             and all(d.HasField("dim_value") or (d.dim_param and not d.dim_param.startswith("unk__"))
+                     for d in v.type.tensor_type.shape.dim)}
+    known |= {t.name for t in model.graph.initializer}
+    return any(o and o not in known for n in model.graph.node for o in n.output)
+
+
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference, then onnxruntime's symbolic one where onnx lost dims (Shape/Slice arithmetic on
+    symbolic dims, common in exported transformers). The symbolic pass assumes broadcast symbolic dims are equal;
+    the kernels check that assumption at run time (see ort_glue.c)."""
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are an optimization aid; without them nothing is fused
-        return model
+        pass
+    if _has_unknown_shapes(model) and model.ByteSize() < (1 << 31):
+        try:
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+            model = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+        except Exception:  # noqa: BLE001 - unknown ops and the like: keep what onnx inferred
+            pass
+    return model
 
 
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -142,6 +162,9 @@ class _Optimizer:
         self.report: dict = {"onnxopt_version": __version__, "target": opts.target.to_dict(), "regions": [],
                              "rejected": [], "timings": {}}
         self.tmpdir = None
+        # Cross-compiling for a CPU with instructions this one lacks: the kernels cannot run here, so they are
+        # accepted on the strength of their codegen tests, and the model is verified through its function bodies.
+        self.cannot_run = missing_cpu_flags(opts.target.required_cpu_flags)
 
     def say(self, msg: str):
         if self.opts.progress:
@@ -160,6 +183,8 @@ class _Optimizer:
         self.report["before"] = _op_counts(original)
         self._check_loadable(original, src_path)
 
+        if self.opts.verify or self.opts.measure:
+            self._choose_bindings(original)
         self.tmpdir = tempfile.mkdtemp(prefix="onnxopt-")
         try:
             return self._run(original, loaded, src_path, t_start)
@@ -238,6 +263,15 @@ class _Optimizer:
         from onnxopt.annotate.shapes import tensor_info
 
         info = tensor_info(work)
+        if self.cannot_run:
+            self.report["kernels_not_run"] = (f"this CPU lacks {', '.join(self.cannot_run)} that target "
+                                              f"{self.opts.target.name} needs: kernels were compiled but not run here")
+            accepted = [r for _, _, regions in built.values() for r in regions]
+            for r in accepted:
+                r.measured = {"op_type": r.op_type, "ops": r.describe(), "nodes": r.node_names, "inputs": r.inputs,
+                              "outputs": r.outputs, "shape": r.shape, "checked": False}
+                self.report["regions"].append(r.measured)
+            return accepted
         lib = os.path.join(self.tmpdir, "candidates.so")
         link_library([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, lib)
         bindings = self._bindings()
@@ -290,7 +324,30 @@ class _Optimizer:
         return accepted
 
     def _bindings(self) -> dict[str, int]:
-        return {}
+        return getattr(self, "bindings", {})
+
+    def _choose_bindings(self, original) -> None:
+        """Values for symbolic dims in the checks: distinct ones > 1 first (so that dims that only happen to be
+        equal cannot hide a broadcasting mistake), then all 2, then all 1; the first the model accepts."""
+        symbols = []
+        for vi in original.graph.input:
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param and d.dim_param not in symbols:
+                    symbols.append(d.dim_param)
+        self.bindings = {}
+        if not symbols:
+            return
+        candidates = [{s: 2 + i for i, s in enumerate(symbols)}, {s: 2 for s in symbols}, {s: 1 for s in symbols}]
+        src = self.report["input"]["path"]
+        for b in candidates:
+            try:
+                feeds = make_inputs(original, b, self.opts.seed, self.opts.check_inputs)
+                make_session(original if src is None else src, self.opts.threads, optimization="basic").run(None, feeds)
+            except Exception:  # noqa: BLE001 - the model constrains its dims; try the next set
+                continue
+            self.bindings = b
+            break
+        self.report["check_bindings"] = self.bindings
 
     def _emit(self, original, work, accepted, built, loaded, src_path, t_start) -> Result:
         t = time.perf_counter()
@@ -354,15 +411,16 @@ class _Optimizer:
         feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
         names = [o.name for o in original.graph.output]
         try:
-            want = make_session(original if src_path is None else _read_bytes(src_path), self.opts.threads) \
-                .run(names, feeds)
+            # From the path when there is one: external data resolves next to it, and > 2 GB models need it.
+            want = make_session(original if src_path is None else src_path, self.opts.threads).run(names, feeds)
         except Exception as e:  # noqa: BLE001
             self.report["verification"] = {"skipped": f"the original model does not run on random inputs: {e}"}
             raise VerificationError(f"cannot verify: the original model fails on random inputs "
                                     f"({str(e).splitlines()[0][:200]}); give real inputs with "
                                     "--check-input name:file.npy or fix symbolic dims with --input-shape") from None
         try:
-            got = make_session(fused, self.opts.threads, library=lib_path).run(names, feeds)
+            lib = None if self.cannot_run else lib_path
+            got = make_session(fused, self.opts.threads, library=lib).run(names, feeds)
         except Exception as e:  # noqa: BLE001
             self._cleanup([lib_path])
             raise VerificationError(f"the optimized model fails to run: {str(e).splitlines()[0][:300]}") from None
@@ -377,11 +435,6 @@ class _Optimizer:
                 "nothing was written. Loosen with --rtol/--atol if this is expected, or skip a fusion with "
                 "--skip-fusion")
         del ort
-
-
-def _read_bytes(path):
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def _machine():

@@ -61,11 +61,11 @@ def _shape(vi: onnx.ValueInfoProto, bindings: dict[str, int]) -> list[int]:
 def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
     dt = np.dtype(dtype)
     if dt.kind == "f":
-        return (rng.standard_normal(shape) * 2.0).astype(dt)
+        return np.asarray(rng.standard_normal(shape) * 2.0, dtype=dt)
     if dt.kind in "iu":
-        return rng.integers(0, 2, size=shape).astype(dt)
+        return np.asarray(rng.integers(0, 2, size=shape), dtype=dt)
     if dt.kind == "b":
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     raise UsageError(f"cannot make random inputs of dtype {dtype}: give real ones with --check-input name:file.npy")
 
 

@@ -25,6 +25,7 @@ def build_elementwise(region: Region, target: Target) -> tuple[bytes, EwKernelDe
         in_sizes=[ITEMSIZE[v.dtype] for v in prog.inputs],
         out_sizes=[ITEMSIZE[v.dtype] for v in prog.outputs],
         out_rank=len(region.shape),
+        out_deps=prog.output_dependencies(),
         variants=syms["variants"],
         generic=syms["generic"],
     )

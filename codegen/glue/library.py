@@ -35,6 +35,7 @@ class EwKernelDesc:
     in_sizes: list[int]
     out_sizes: list[int]
     out_rank: int
+    out_deps: list[int]  # per output, a bitmask of the inputs it depends on
     variants: list[tuple[int, str]]  # (mask, symbol)
     generic: str
 
@@ -56,12 +57,13 @@ def library_source(kernels: list[EwKernelDesc], target: Target) -> str:
         parts.append(_c_array("int", f"k{i}_in_sizes", k.in_sizes))
         parts.append(_c_array("int", f"k{i}_out_sizes", k.out_sizes))
         parts.append(_c_array("uint32_t", f"k{i}_masks", [m for m, _ in k.variants]))
+        parts.append(_c_array("uint32_t", f"k{i}_deps", k.out_deps))
         parts.append(_c_array("row_fn", f"k{i}_variants", [s for _, s in k.variants] or ["NULL"]))
     parts.append("static const onnxopt_ew_desc ONNXOPT_OPS[] = {\n")
     for i, k in enumerate(kernels):
         parts.append(f'  {{"{k.op_type}", {len(k.in_types)}, {len(k.out_types)}, {k.out_rank}, k{i}_in_types, '
                      f"k{i}_out_types, k{i}_in_sizes, k{i}_out_sizes, {len(k.variants)}, k{i}_masks, "
-                     f"k{i}_variants, {k.generic}}},\n")
+                     f"k{i}_variants, {k.generic}, k{i}_deps}},\n")
     if not kernels:
         parts.append("  {0}\n")
     parts.append("};\n")

@@ -114,6 +114,7 @@ typedef struct {
   const uint32_t *variant_masks;
   const row_fn *variants;
   generic_fn generic;
+  const uint32_t *out_deps; /* per output: bitmask of the inputs it depends on */
 } onnxopt_ew_desc;
 
 typedef struct {
@@ -212,6 +213,23 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
         return fail(ORT_INVALID_ARGUMENT, "onnxopt: input shapes cannot be broadcast together");
     }
     out[j] = o;
+  }
+  /* Every output is written with the full iteration shape. The optimizer proved that statically, sometimes by
+     assuming two symbolic dims equal; if these inputs break the assumption, say so instead of computing garbage. */
+  for (int k = 0; k < d->n_out; k++) {
+    for (size_t j = 0; j < R; j++) {
+      int64_t o = 1;
+      for (int i = 0; i < d->n_in; i++) {
+        if (!((d->out_deps[k] >> i) & 1u)) continue;
+        size_t lead = R - in_rank[i];
+        int64_t dim = j >= lead ? in_dims[i][j - lead] : 1;
+        if (dim != 1) o = dim;
+      }
+      if (o != out[j])
+        return fail(ORT_INVALID_ARGUMENT, "onnxopt: these input shapes give a fused output a different shape than "
+                                          "the kernel was built for; re-run onnxopt with --input-shape for them, "
+                                          "or with --skip-fusion elementwise");
+    }
   }
   int64_t total = 1;
   for (size_t j = 0; j < R; j++) total *= out[j];

@@ -52,6 +52,15 @@ class EwProgram:
     outputs: list[Value]
     masks: list[int] = field(default_factory=list)
 
+    def output_dependencies(self) -> list[int]:
+        """Per output, a bitmask of the inputs it depends on (its own broadcast shape comes from those)."""
+        deps = {v.name: 1 << i for i, v in enumerate(self.inputs)}
+        for op in self.ops:
+            deps[op.out] = 0
+            for a in op.args:
+                deps[op.out] |= deps.get(a, 0)
+        return [deps.get(v.name, 0) for v in self.outputs]
+
     def signature(self) -> str:
         """Canonical text of the computation, independent of tensor names: the content hash of the op type."""
         rename: dict[str, str] = {}

@@ -63,9 +63,15 @@ class Case:
 
 
 def _normalize(item):
-    """TestCase data may hold TensorProtos (the runner's `_normalize_tensor`)."""
+    """TestCase data may hold TensorProtos (the runner's `_normalize_tensor`) and numpy scalars.
+
+    A numpy scalar (e.g. the `min` of test_clip_default_min, the `axis` of test_cumsum_2d_negative_axis) is a 0-d
+    tensor: onnxruntime's Python binding only takes it as a 0-d array, so it is converted (same dtype, same value).
+    """
     if isinstance(item, onnx.TensorProto):
         return numpy_helper.to_array(item)
+    if isinstance(item, np.generic):
+        return np.asarray(item)
     return item
 
 

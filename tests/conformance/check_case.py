@@ -20,10 +20,7 @@ import onnxopt
 import onnxopt.runtime
 from onnxopt.emit.model import DOMAIN
 
-try:
-    import cases as _cases
-except ImportError:  # imported as a package module
-    from . import cases as _cases
+import cases as _cases  # tests/conformance is on sys.path (pytest rootdir-relative import, or the script's dir)
 
 
 class OrtFails(Exception):
@@ -97,8 +94,10 @@ def _checker_accepts(model_or_path, full_check: bool) -> str | None:
         return short(e, 300)
 
 
-def run_case(case, tmp_path, threads: int = 1) -> dict:
-    rec: dict = {"id": case.name, "kind": case.kind}
+def run_case(case, tmp_path, threads: int = 1, rec: dict | None = None) -> dict:
+    """Fills `rec` in place (so a caller keeps what was learnt when a check fails) and returns it."""
+    rec = {} if rec is None else rec
+    rec.update({"id": case.name, "kind": case.kind})
     rec["ort_s"] = check_original(case, threads)
 
     # (b) optimize: every correct kernel is emitted (measure=False), no whole-model check (we check it here)

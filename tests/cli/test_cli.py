@@ -1,0 +1,81 @@
+"""The onnxopt command: exit codes, one-line errors, the sub-commands."""
+
+import json
+import os
+import subprocess
+import sys
+
+import onnx
+import pytest
+
+from onnxopt.models import build_model
+
+
+def onnxopt(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "onnxopt", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    p = str(d / "m.onnx")
+    onnx.save(build_model("mobilenetv3", image_size=32), p)
+    return d, p
+
+
+def test_optimize_report_and_bench(model):
+    d, src = model
+    out = str(d / "fused.onnx")
+    r = onnxopt(src, "-o", out, "--report", str(d / "r.json"), "--no-measure")
+    assert r.returncode == 0, r.stderr
+    assert "Original Model" in r.stderr and "verified" in r.stderr
+    rep = json.load(open(d / "r.json"))
+    assert rep["fused_regions"] > 0 and rep["verification"]["ok"]
+    b = onnxopt("bench", src, out, "--min-time", "0.2", "--json")
+    assert b.returncode == 0, b.stderr
+    res = json.loads(b.stdout)
+    assert res["outputs_match"] and res["speedup"] > 0 and res["b"]["library"]
+
+
+def test_inspect_and_machine(model):
+    d, src = model
+    r = onnxopt("inspect", src, "--top", "5")
+    assert r.returncode == 0, r.stderr
+    assert "Conv" in r.stdout
+    r = onnxopt("inspect", src, "--json")
+    assert json.loads(r.stdout)["nodes"]
+    r = onnxopt("machine", "--quick", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["peak_flops"]["float32"] > 0
+    r = onnxopt("machine", "--preset", "a6000-ada")
+    assert r.returncode == 0 and "94.9" in r.stdout
+
+
+@pytest.mark.parametrize("args,code,msg", [
+    (["missing.onnx", "-o", "x.onnx"], 2, "no such file"),
+    (["{src}", "-o", "{src}"], 2, "never writes over its input"),
+    (["{src}", "-o", "nodir/x.onnx"], 2, "does not exist"),
+    (["{src}", "-o", "x.onnx", "--target", "z80"], 2, "unknown --target"),
+    (["{src}", "-o", "x.onnx", "--skip-fusion", "magic"], 2, "known fusion kinds"),
+    (["{src}", "-o", "x.onnx", "--rtol", "abc"], 2, "--rtol"),
+    (["machine", "--preset", "cray-1"], 2, "known"),
+])
+def test_usage_errors_exit_2_with_one_line(model, args, code, msg):
+    d, src = model
+    r = onnxopt(*[a.format(src=src) for a in args], cwd=str(d))
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert msg in r.stderr and "Traceback" not in r.stderr
+
+
+def test_failed_verification_exits_1(tmp_path):
+    src = str(tmp_path / "bert.onnx")
+    onnx.save(build_model("bert"), src)
+    r = onnxopt(src, "-o", str(tmp_path / "f.onnx"), "--no-measure", "--rtol", "0", "--atol", "0")
+    assert r.returncode == 1, r.stderr
+    assert "verification failed" in r.stderr
+    assert not os.path.exists(tmp_path / "f.onnx") and not os.path.exists(tmp_path / "f.onnx.so")
+
+
+def test_version():
+    r = onnxopt("-v")
+    assert r.returncode == 0 and "onnxopt" in r.stdout

@@ -1,0 +1,181 @@
+"""optimize() end to end: real models, real kernels, real onnxruntime; and nothing lost on failure."""
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import onnxopt
+import onnxopt.runtime as rt
+from onnxopt.errors import InputError, UsageError, VerificationError
+from onnxopt.models import build_model
+
+
+def _run(path, feeds, runtime=False):
+    s = rt.InferenceSession(path) if runtime else ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)
+
+
+@pytest.mark.parametrize("name,kw,pattern", [
+    ("mobilenetv3", {"image_size": 64}, "Add -> Clip -> Mul -> Div"),
+    ("yolo", {"image_size": 64}, "Sigmoid -> Mul"),
+    ("bert", {}, "Add -> Div -> Erf -> Add -> Mul -> Mul"),
+])
+def test_models_fuse_their_decomposed_activations(name, kw, pattern, tmp_path):
+    src = str(tmp_path / "m.onnx")
+    onnx.save(build_model(name, **kw), src)
+    out = str(tmp_path / "fused.onnx")
+    res = onnxopt.optimize(src, out, measure=False)
+    patterns = {r["ops"] for r in res.report["regions"]}
+    assert pattern in patterns, patterns
+    assert res.report["verification"]["ok"]
+    assert sum(res.report["after"].values()) < sum(res.report["before"].values())
+    fused = onnx.load(out)
+    onnx.checker.check_model(fused, full_check=True)
+    assert fused.functions and all(f.domain == "onnxopt" for f in fused.functions)
+    from onnxopt.graph.ort_compat import max_ir_version
+
+    assert fused.ir_version <= max_ir_version()
+
+
+def test_bert_keeps_symbolic_dims(tmp_path):
+    src = str(tmp_path / "bert.onnx")
+    onnx.save(build_model("bert"), src)
+    out = str(tmp_path / "fused.onnx")
+    onnxopt.optimize(src, out, measure=False)
+    fused = onnx.load(out)
+    dims = [d.dim_param for d in fused.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", "sequence"]
+    rng = np.random.default_rng(0)
+    for seq in (7, 40):
+        feeds = {i.name: rng.integers(0, 2, size=(2, seq)).astype(np.int64) for i in fused.graph.input}
+        for a, b in zip(_run(src, feeds), _run(out, feeds, runtime=True)):
+            np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-4)
+
+
+def test_input_shape_fixes_dims(tmp_path):
+    src = str(tmp_path / "bert.onnx")
+    onnx.save(build_model("bert"), src)
+    out = str(tmp_path / "fused.onnx")
+    onnxopt.optimize(src, out, measure=False, input_shape=["input_ids:1,16", "attention_mask:1,16",
+                                                           "token_type_ids:1,16"])
+    dims = [d.dim_value for d in onnx.load(out).graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 16]
+    with pytest.raises(UsageError, match="model's inputs are"):
+        onnxopt.optimize(src, str(tmp_path / "x.onnx"), input_shape=["nope:1,2"])
+
+
+def test_never_writes_over_the_input(tmp_path):
+    src = str(tmp_path / "m.onnx")
+    onnx.save(build_model("mobilenetv3", image_size=32), src)
+    before = open(src, "rb").read()
+    with pytest.raises(UsageError, match="never writes over its input"):
+        onnxopt.optimize(src, src)
+    os.symlink(src, tmp_path / "link.onnx")
+    with pytest.raises(UsageError):
+        onnxopt.optimize(src, str(tmp_path / "link.onnx"))
+    assert open(src, "rb").read() == before
+
+
+def test_failed_verification_leaves_nothing(tmp_path):
+    """GELU through our erf differs from onnxruntime's in the last bits: a zero tolerance must fail cleanly."""
+    src = str(tmp_path / "bert.onnx")
+    onnx.save(build_model("bert"), src)
+    out = str(tmp_path / "out" / "fused.onnx")
+    os.makedirs(os.path.dirname(out))
+    with pytest.raises(VerificationError, match="nothing was written"):
+        onnxopt.optimize(src, out, measure=False, rtol=0.0, atol=0.0)
+    assert os.listdir(os.path.dirname(out)) == []
+
+
+def test_unreadable_and_missing_inputs(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(InputError, match="not a readable ONNX model"):
+        onnxopt.optimize(str(bad), str(tmp_path / "o.onnx"))
+    with pytest.raises(InputError, match="no such file"):
+        onnxopt.optimize(str(tmp_path / "missing.onnx"), str(tmp_path / "o.onnx"))
+
+
+def test_external_data_round_trip(tmp_path):
+    src = str(tmp_path / "ext.onnx")
+    onnx.save_model(build_model("mobilenetv3", image_size=32), src, save_as_external_data=True,
+                    location="ext.onnx.weights", size_threshold=0)
+    out = str(tmp_path / "fused.onnx")
+    res = onnxopt.optimize(src, out, measure=False)
+    assert res.report["input"]["external_data"]
+    assert os.path.exists(out + ".data")
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, {"input": x}, runtime=True)[0], _run(src, {"input": x})[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def _hardswish(x, out, prefix):
+    return [helper.make_node("Add", [x, "three"], [prefix + "a"]),
+            helper.make_node("Clip", [prefix + "a", "zero", "six"], [prefix + "c"]),
+            helper.make_node("Mul", [x, prefix + "c"], [prefix + "m"]),
+            helper.make_node("Div", [prefix + "m", "six"], [out])]
+
+
+def test_control_flow_and_custom_domains_pass_through(tmp_path):
+    """An If whose branches read an outer tensor, and a custom-domain op defined by a model-local function."""
+    consts = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in (("three", 3.0), ("six", 6.0),
+                                                                            ("zero", 0.0))]
+    then_g = helper.make_graph([helper.make_node("Neg", ["h"], ["t_out"])], "then", [],
+                               [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, [2, 40])])
+    else_g = helper.make_graph([helper.make_node("Sigmoid", ["h"], ["e_out"])], "else", [],
+                               [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, [2, 40])])
+    nodes = _hardswish("x", "h", "hs_") + [
+        helper.make_node("If", ["cond"], ["branch"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("Scale2", ["branch"], ["y"], domain="mycompany"),
+    ]
+    func = helper.make_function("mycompany", "Scale2", ["X"], ["Y"], [helper.make_node("Add", ["X", "X"], ["Y"])],
+                                [helper.make_opsetid("", 17)])
+    g = helper.make_graph(nodes, "cf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 40]),
+                                        helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 40])], initializer=consts)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mycompany", 1)],
+                          functions=[func])
+    m.ir_version = 8
+    src = str(tmp_path / "cf.onnx")
+    onnx.save(m, src)
+    out = str(tmp_path / "fused.onnx")
+    res = onnxopt.optimize(src, out, measure=False)
+    assert res.report["fused_regions"] == 1
+    fused = onnx.load(out)
+    kinds = [(n.domain, n.op_type) for n in fused.graph.node]
+    assert ("", "If") in kinds and ("mycompany", "Scale2") in kinds
+    assert any(f.domain == "mycompany" for f in fused.functions)
+    x = np.random.default_rng(0).standard_normal((2, 40)).astype(np.float32) * 4
+    for c in (True, False):
+        feeds = {"x": x, "cond": np.array(c)}
+        np.testing.assert_allclose(_run(out, feeds, runtime=True)[0], _run(src, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_intermediate_graph_output_stays_materialized(tmp_path):
+    consts = [helper.make_tensor(n, TensorProto.FLOAT, [], [v]) for n, v in (("three", 3.0), ("six", 6.0),
+                                                                            ("zero", 0.0))]
+    g = helper.make_graph(_hardswish("x", "y", "p_"), "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                            [3, 50])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 50]),
+                           helper.make_tensor_value_info("p_c", TensorProto.FLOAT, [3, 50])], initializer=consts)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    src = str(tmp_path / "m.onnx")
+    onnx.save(m, src)
+    out = str(tmp_path / "f.onnx")
+    res = onnxopt.optimize(src, out, measure=False)
+    assert set(res.report["regions"][0]["outputs"]) == {"y", "p_c"}
+    x = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32) * 4
+    for a, b in zip(_run(src, {"x": x}), _run(out, {"x": x}, runtime=True)):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+def test_python_api_without_output_returns_model(tmp_path):
+    res = onnxopt.optimize(build_model("mobilenetv3", image_size=32), measure=False)
+    assert res.output is None and res.library is None
+    assert any(n.domain == "onnxopt" for n in res.model.graph.node)
+    assert not list(tmp_path.iterdir())
