@@ -139,19 +139,46 @@ def cmd_bench(argv) -> int:
 
     p = argparse.ArgumentParser(prog="onnxopt bench", description="Time two models through onnxruntime in one "
                                 "process: same threads, interleaved A B A B, medians, p10/p90 and the ratio.")
-    p.add_argument("a", help="the original model")
-    p.add_argument("b", help="the optimized model")
+    p.add_argument("a", help="the original model (with --kernels: the optimized model)")
+    p.add_argument("b", nargs="?", help="the optimized model")
+    p.add_argument("--kernels", action="store_true", help="benchmark each fused kernel of one optimized model "
+                   "against the machine's measured bandwidth")
     p.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
     p.add_argument("--min-time", type=float, default=2.0, help="seconds of timing per side (default 2)")
     p.add_argument("--input", action="append", metavar="NAME:FILE.npy", help="real inputs instead of random ones")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verbose", action="store_true")
     a = p.parse_args(argv)
+    if a.kernels:
+        return _bench_kernels(a)
+    if not a.b:
+        p.error("give two models (original and optimized), or one with --kernels")
     r = bench(a.a, a.b, threads=a.threads, min_time=a.min_time, inputs=a.input)
     if a.json:
         print(json.dumps(r, indent=1))
     else:
         render_bench(r, Console())
+    return 0
+
+
+def _bench_kernels(a) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from onnxopt.runtime.kernel_bench import bench_kernels
+
+    rows = bench_kernels(a.a, threads=a.threads, min_time=min(a.min_time, 1.0))
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    t = Table(title=f"fused kernels of {a.a}")
+    for c in ("kernel", "shape", "bytes", "µs", "GB/s", "level", "level GB/s", "% of level"):
+        t.add_column(c, justify="left" if c in ("kernel", "shape", "level") else "right")
+    for r in rows:
+        t.add_row(r["op_type"], "x".join(map(str, r["shape"])), f"{r['bytes']:,}", f"{r['seconds'] * 1e6:.1f}",
+                  f"{r['bandwidth'] / 1e9:.1f}", r["level"], f"{r['level_bandwidth'] / 1e9:.1f}",
+                  f"{100 * r['fraction']:.0f}%")
+    Console().print(t)
     return 0
 
 

@@ -17,7 +17,7 @@ from onnx import helper
 
 from onnxopt import __version__
 from onnxopt.fusion.region import Region
-from onnxopt.graph.fold import remove_dead_nodes
+from onnxopt.graph.fold import outer_names_of, remove_dead_nodes
 from onnxopt.graph.load import ort_loadable_ir
 
 DOMAIN = "onnxopt"
@@ -56,7 +56,7 @@ def stable_toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
             p = producer.get(x)
             if p is not None and p != i:
                 deps[i].add(p)
-        for sub in _subgraph_outer_names(n):
+        for sub in outer_names_of(n):
             p = producer.get(sub)
             if p is not None and p != i:
                 deps[i].add(p)
@@ -78,15 +78,6 @@ def stable_toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return order
 
 
-def _subgraph_outer_names(node: onnx.NodeProto) -> set[str]:
-    names: set[str] = set()
-    for a in node.attribute:
-        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-        for g in graphs:
-            for n in g.node:
-                names.update(x for x in n.input if x)
-                names.update(_subgraph_outer_names(n))
-    return names
 
 
 def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_file: str | None, sha256: str | None,

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import onnx
 
-from onnxopt.graph.fold import names_used_by_subgraphs
+from onnxopt.graph.fold import names_used_by_subgraphs, outer_names_of
 
 
 class GraphIndex:
@@ -22,9 +22,9 @@ class GraphIndex:
             for o in n.output:
                 if o:
                     self.producer[o] = i
-            for x in n.input:
-                if x:
-                    self.consumers[x].append(i)
+            # A node whose If/Loop/Scan body reads a tensor consumes it as much as an input does.
+            for x in set(x for x in n.input if x) | outer_names_of(n):
+                self.consumers[x].append(i)
         self.graph_outputs = {o.name for o in graph.output}
         self.used_by_subgraphs = names_used_by_subgraphs(graph)
         # onnx requires nodes in topological order, so the index is a topological rank.

@@ -66,13 +66,18 @@ class EwProgram:
         rename: dict[str, str] = {}
         for i, v in enumerate(self.inputs):
             rename[v.name] = f"in{i}"
-        for i, (k, (val, dt)) in enumerate(sorted(self.consts.items())):
-            rename[k] = f"c{i}"
+        # Constants numbered by first use, so the names they had in the graph do not matter.
+        n_consts = 0
         for i, op in enumerate(self.ops):
+            for a in op.args:
+                if a in self.consts and a not in rename:
+                    rename[a] = f"c{n_consts}"
+                    n_consts += 1
             rename[op.out] = f"t{i}"
+        rename[""] = ""  # an omitted optional input (Clip without a bound)
         doc = {
             "in": [v.dtype for v in self.inputs],
-            "consts": {rename[k]: [repr(val), dt] for k, (val, dt) in self.consts.items()},
+            "consts": {rename[k]: [repr(val), dt] for k, (val, dt) in self.consts.items() if k in rename},
             "ops": [[o.op, [rename[a] for a in o.args], o.dtype, [[k, repr(v)] for k, v in o.attrs]] for o in self.ops],
             "out": [[rename[v.name], v.dtype] for v in self.outputs],
             "masks": sorted(self.masks),

@@ -52,6 +52,21 @@ def names_used_by_subgraphs(graph: onnx.GraphProto) -> set[str]:
     return used
 
 
+def outer_names_of(node: onnx.NodeProto) -> set[str]:
+    """Names a node's If/Loop/Scan bodies read from enclosing scopes (they are inputs of the node in effect)."""
+    names: set[str] = set()
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            local = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                local.update(n.output)
+            for n in g.node:
+                names.update(x for x in n.input if x and x not in local)
+                names.update(x for x in outer_names_of(n) if x not in local)
+    return names
+
+
 def _constant_node_value(node: onnx.NodeProto):
     for a in node.attribute:
         if a.name == "value":
@@ -155,10 +170,18 @@ def _evaluate(model, nodes, consts, opset, ort) -> dict[str, np.ndarray]:
     so.log_severity_level = 4
     try:
         sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        values = sess.run(outputs, {})
-    except Exception:  # noqa: BLE001 - an op ORT cannot evaluate here simply stays unfolded
-        return {}
-    result = dict(zip(outputs, values))
+        result = dict(zip(outputs, sess.run(outputs, {})))
+    except Exception:  # noqa: BLE001 - find the nodes ORT cannot evaluate: one by one, the rest still fold
+        if len(nodes) == 1:
+            return {}
+        result = {}
+        for n in nodes:
+            known = dict(consts)
+            known.update(result)
+            if not all((not x) or (x in known) for x in n.input):
+                continue
+            part = _evaluate_one(model, n, known, result, init_by_name, ort, so)
+            result.update(part)
     out: dict[str, np.ndarray] = {}
     for n in nodes:
         in_bytes = sum(_nbytes(init_by_name.get(x), result.get(x)) for x in n.input if x)
@@ -166,8 +189,10 @@ def _evaluate(model, nodes, consts, opset, ort) -> dict[str, np.ndarray]:
         for o in n.output:
             if not o:
                 continue
-            v = result[o]
-            if not isinstance(v, np.ndarray) or v.dtype == object:
+            v = result.get(o)
+            if v is None:  # ORT could not evaluate this node: it stays a node
+                ok = False
+            elif not isinstance(v, np.ndarray) or v.dtype == object:
                 ok = False
             elif v.nbytes > GROWTH_LIMIT_BYTES and v.nbytes > 2 * in_bytes:
                 ok = False
@@ -176,6 +201,26 @@ def _evaluate(model, nodes, consts, opset, ort) -> dict[str, np.ndarray]:
                 if o:
                     out[o] = result[o]
     return out
+
+
+def _evaluate_one(model, n, known, computed, init_by_name, ort, so) -> dict:
+    inits = []
+    for x in n.input:
+        if not x:
+            continue
+        if x in computed:
+            inits.append(numpy_helper.from_array(np.asarray(computed[x]), x))
+        elif x in init_by_name:
+            inits.append(init_by_name[x])
+    outs = [o for o in n.output if o]
+    g = helper.make_graph([n], "fold1", [], [helper.make_empty_tensor_value_info(o) for o in outs], initializer=inits)
+    m = helper.make_model(g, opset_imports=list(model.opset_import))
+    m.ir_version = min(model.ir_version if model.ir_version >= 7 else 7, 10)
+    try:
+        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return dict(zip(outs, sess.run(outs, {})))
+    except Exception:  # noqa: BLE001 - this node stays a node
+        return {}
 
 
 def _nbytes(init, value) -> int:

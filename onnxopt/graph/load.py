@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 
@@ -42,6 +43,8 @@ def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
             shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
         except ValueError:
             raise UsageError(f"--input-shape '{spec}': dims must be integers, got '{dims}'") from None
+        if any(d < 0 for d in shapes[name]):
+            raise UsageError(f"--input-shape '{spec}': dims must be 0 or more")
     return shapes
 
 
@@ -67,7 +70,7 @@ def load_model(source, input_shapes: dict[str, list[int]] | None = None) -> Load
         if ext:
             try:
                 external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-            except (OSError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 - onnx raises OSError, ValueError or its ValidationError
                 raise InputError(f"{path}: its external data could not be read ({e}); keep the .data file "
                                  "next to the model") from None
         size = os.path.getsize(path)
@@ -106,7 +109,9 @@ def check_output_path(input_path: str | None, output_path: str) -> None:
     if not output_path:
         raise UsageError("no output path: give one with -o fused.onnx")
     out = os.path.abspath(output_path)
-    if input_path and os.path.exists(out) and os.path.samefile(out, input_path):
+    if os.path.isdir(out):
+        raise UsageError(f"-o {output_path} is a folder; give a file name such as {os.path.join(output_path, 'fused.onnx')}")
+    if input_path and os.path.exists(out) and os.path.exists(input_path) and os.path.samefile(out, input_path):
         raise UsageError(f"-o {output_path} is the input model; onnxopt never writes over its input. "
                          "Choose another output name.")
     parent = os.path.dirname(out)
@@ -126,7 +131,9 @@ def save_model(model: onnx.ModelProto, output_path: str, external: bool, commit:
     external = external or model.ByteSize() >= TWO_GB
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
     os.close(fd)
+    make_readable(tmp)
     written = [tmp]
+    scratch = None
     try:
         if external:
             data_name = base + ".data"
@@ -142,7 +149,9 @@ def save_model(model: onnx.ModelProto, output_path: str, external: bool, commit:
             if os.path.exists(os.path.join(scratch, data_name)):
                 os.replace(os.path.join(scratch, data_name), tmp_data)
                 written.append(tmp_data)
-            os.rmdir(scratch)
+            make_readable(tmp)
+            if len(written) > 1:
+                make_readable(written[1])
         else:
             onnx.save_model(model, tmp)
     except BaseException:
@@ -150,9 +159,19 @@ def save_model(model: onnx.ModelProto, output_path: str, external: bool, commit:
             if os.path.exists(p):
                 os.remove(p)
         raise
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     if commit:
         commit_files(written, output_path)
     return written
+
+
+def make_readable(path: str) -> None:
+    """mkstemp creates files 0600; outputs get the permissions a plain open() would give (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def commit_files(tmp_paths: list[str], output_path: str) -> None:

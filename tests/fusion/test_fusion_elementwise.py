@@ -318,10 +318,6 @@ def test_acyclicity_with_longer_chains_keeps_legal_parts():
     assert first.outputs == ["a"]  # used by the Conv and by the other region
 
 
-@pytest.mark.xfail(strict=True, reason="GraphIndex.successors only follows explicit node inputs, not outer-scope "
-                   "reads inside If/Loop/Scan bodies, so escapes_and_returns misses the path A -> If (body reads "
-                   "A's output) -> B; find_regions fuses A and B and the fused node both feeds and consumes the If "
-                   "(a cycle: build_fused_model's stable_toposort then raises 'fusion produced a cycle')")
 def test_acyclicity_through_a_subgraph_reference():
     then_g = helper.make_graph([helper.make_node("Add", ["a", "a"], ["ob"])], "then", [], [vi("ob", F32, [4])])
     else_g = helper.make_graph([helper.make_node("Mul", ["a", "a"], ["oe"])], "else", [], [vi("oe", F32, [4])])
@@ -397,9 +393,6 @@ def test_clip_opset13_runtime_scalar_bounds_admitted_vector_bounds_not():
     assert rule.admits(node(rule, "y")) == "Clip bounds are not scalars"
 
 
-@pytest.mark.xfail(strict=True, reason="EwProgram.signature() raises KeyError('') for a Clip whose min is omitted "
-                   "(opset 13 inputs ['a', '', 'hi']): _to_op keeps the empty optional arg and signature() looks it "
-                   "up in its rename table; compute_op_type (and optimize) crash")
 def test_clip_opset13_omitted_min():
     nodes = [helper.make_node("Add", ["x", "x"], ["a"]), helper.make_node("Clip", ["a", "", "hi"], ["y"])]
     m = make_model(nodes, [vi("x", F32, [4])], [vi("y", F32, [4])], [const("hi", 1.0)], opset=13)
@@ -407,8 +400,6 @@ def test_clip_opset13_omitted_min():
     assert r.compute_op_type("t").startswith("Elementwise_")
 
 
-@pytest.mark.xfail(strict=True, reason="opset-6 Clip with only one bound attribute (min=0, no max): _to_op "
-                   "writes args ['a', 'y__clip1', ''] and EwProgram.signature() raises KeyError('')")
 def test_clip_opset6_only_min():
     nodes = [helper.make_node("Add", ["x", "x"], ["a"]), helper.make_node("Clip", ["a"], ["y"], min=0.0)]
     m = make_model(nodes, [vi("x", F32, [4])], [vi("y", F32, [4])], opset=6)
@@ -544,3 +535,10 @@ def test_find_regions_does_not_modify_the_model():
     before = m.SerializeToString()
     ElementwiseRule(m).find_regions([])
     assert m.SerializeToString() == before
+
+
+def test_min_ops_can_be_lowered_to_single_ops():
+    m = infer(make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", F32, [4])], [vi("y", F32, [4])]))
+    assert ElementwiseRule(m).find_regions([]) == []
+    (r,) = ElementwiseRule(m, min_ops=1).find_regions([])
+    assert r.describe() == "Relu" and r.inputs == ["x"] and r.outputs == ["y"]

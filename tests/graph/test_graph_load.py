@@ -86,8 +86,6 @@ def test_parse_input_shapes_bad(spec, words):
     assert ei.value.exit_code == 2
 
 
-@pytest.mark.xfail(strict=True, reason="parse_input_shapes accepts negative dims ('x:-1,3' -> [-1, 3]); "
-                   "fix_input_shapes then writes dim_value=-1 into the model instead of raising UsageError")
 def test_parse_input_shapes_rejects_negative_dims():
     with pytest.raises(UsageError):
         parse_input_shapes(["x:-1,3"])
@@ -251,9 +249,6 @@ def test_load_model_from_other_cwd_with_external_data(tmp_path, monkeypatch):
     assert load_model(rel).used_external_data is True
 
 
-@pytest.mark.xfail(strict=True, reason="load_model catches only (OSError, ValueError) around "
-                   "load_external_data_for_model, but onnx 1.23 reports a missing external data file with "
-                   "onnx.checker.ValidationError (an Exception subclass), so it escapes instead of InputError")
 def test_load_model_missing_external_data(tmp_path):
     path = _save_external(add_model(), str(tmp_path))
     os.remove(tmp_path / "ext.weights")
@@ -332,10 +327,6 @@ def test_check_output_path_empty():
     assert "-o" in str(ei.value)
 
 
-@pytest.mark.xfail(strict=True, reason="check_output_path calls os.path.samefile(out, input_path) whenever the "
-                   "output exists, so a missing input with an existing output raises FileNotFoundError (not an "
-                   "OnnxoptError); pipeline.optimize calls it before load_model, so the user gets a traceback "
-                   "instead of InputError('no such file')")
 def test_check_output_path_missing_input_existing_output(tmp_path):
     out = tmp_path / "out.onnx"
     out.write_bytes(b"old")
@@ -345,8 +336,6 @@ def test_check_output_path_missing_input_existing_output(tmp_path):
         pass
 
 
-@pytest.mark.xfail(strict=True, reason="check_output_path accepts an existing directory as the output path; "
-                   "save_model then fails in os.replace with IsADirectoryError (not a UsageError)")
 def test_check_output_path_refuses_a_directory(tmp_path):
     d = tmp_path / "dir.onnx"
     d.mkdir()
@@ -465,9 +454,6 @@ def test_save_model_missing_folder_raises(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason="save_model(external=True): when writing fails, the scratch folder "
-                   "'.onnxopt-*' made by tempfile.mkdtemp next to the output is never removed (only the .tmp files "
-                   "are cleaned up)")
 def test_save_model_failure_leaves_nothing_external(tmp_path, monkeypatch):
     out = tmp_path / "out.onnx"
     monkeypatch.setattr(onnx, "save_model", _failing_save)
@@ -476,9 +462,6 @@ def test_save_model_failure_leaves_nothing_external(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason="save_model writes through tempfile.mkstemp (mode 0600) and renames the "
-                   "file into place, so the saved model is 0600 whatever the umask: other users/serving processes "
-                   "cannot read it")
 def test_save_model_honours_umask(tmp_path):
     old = os.umask(0o022)
     try:
