@@ -171,12 +171,12 @@ def _bench_kernels(a) -> int:
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
-    t = Table(title=f"fused kernels of {a.a}")
-    for c in ("kernel", "shape", "bytes", "µs", "GB/s", "level", "level GB/s", "% of level"):
+    t = Table(title=f"fused kernels of {a.a} (ceiling: the level's read+write stream bandwidth)")
+    for c in ("kernel", "shape", "bytes", "µs", "GB/s", "level", "cores", "ceiling GB/s", "% of ceiling"):
         t.add_column(c, justify="left" if c in ("kernel", "shape", "level") else "right")
     for r in rows:
         t.add_row(r["op_type"], "x".join(map(str, r["shape"])), f"{r['bytes']:,}", f"{r['seconds'] * 1e6:.1f}",
-                  f"{r['bandwidth'] / 1e9:.1f}", r["level"], f"{r['level_bandwidth'] / 1e9:.1f}",
+                  f"{r['bandwidth'] / 1e9:.1f}", r["level"], str(r["cores"]), f"{r['level_bandwidth'] / 1e9:.1f}",
                   f"{100 * r['fraction']:.0f}%")
     Console().print(t)
     return 0

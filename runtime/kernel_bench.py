@@ -40,6 +40,30 @@ def _shapes(model: onnx.ModelProto, bindings: dict[str, int]):
     return concrete
 
 
+def _parallel_min(model: onnx.ModelProto, op_type: str) -> int:
+    from onnxopt.codegen.elementwise.build import PARALLEL_MIN_CHEAP, PARALLEL_MIN_TRANSCENDENTAL
+    from onnxopt.fusion.elementwise_ops import TRANSCENDENTAL
+
+    body = next((f for f in model.functions if f.name == op_type), None)
+    ops = {n.op_type for n in body.node} if body is not None else set()
+    return PARALLEL_MIN_TRANSCENDENTAL if ops & TRANSCENDENTAL else PARALLEL_MIN_CHEAP
+
+
+# A working set lives in a cache level only if it leaves room for everything else there (code, stack, the other
+# tensors): three quarters of the capacity, as the stream benchmark sizes its buffers below capacity too.
+CACHE_FILL = 0.75
+
+
+def _level(machine, nbytes: int, one_core: bool):
+    """The closest level that holds the working set, for one core (its private caches) or for all of them."""
+    buffers = machine.details.get("buffers", {})
+    for lv in machine.levels:
+        cap = buffers.get(lv.name, {}).get("instance_bytes", lv.size_bytes) if one_core else lv.size_bytes
+        if cap is None or nbytes <= CACHE_FILL * cap:
+            return lv
+    return machine.levels[-1]
+
+
 def bench_kernels(fused_path: str, threads: int | None = None, bindings: dict | None = None,
                   min_time: float = 0.3) -> list[dict]:
     from onnxopt.hardware.measure import load_machine
@@ -87,10 +111,16 @@ def bench_kernels(fused_path: str, threads: int | None = None, bindings: dict | 
         per_kernel = max((tk["median"] - t1["median"]) / (CHAIN - 1), 1e-9)
         nbytes = sum(v.nbytes for v in feeds.values()) + sum(
             int(np.prod(s)) * np.dtype(dt).itemsize for s, dt in outs)
-        working_set = nbytes
-        level = machine.level_for(working_set)
+        # Below its parallel threshold the glue runs a kernel on one core: its data then lives in what one core can
+        # hold, and the ceiling is one core's read+write stream bandwidth; above it, the whole machine's.
+        elements = int(np.prod(outs[0][0]))
+        one_core = elements < _parallel_min(model, node.op_type) or threads == 1
+        level = _level(machine, nbytes, one_core)
+        ceiling = (level.stream_bandwidth_1core if one_core else level.stream_bandwidth) or level.bandwidth
         rows.append({"op_type": node.op_type, "shape": ins[0][0], "bytes": int(nbytes),
                      "seconds": per_kernel, "bandwidth": nbytes / per_kernel, "level": level.name,
-                     "level_bandwidth": level.bandwidth, "fraction": nbytes / per_kernel / level.bandwidth,
+                     "level_bandwidth": ceiling, "fraction": nbytes / per_kernel / ceiling,
+                     "cores": 1 if one_core else threads,
+                     "level_read_bandwidth": level.bandwidth,
                      "session_overhead_s": t1["median"] - per_kernel})
     return rows

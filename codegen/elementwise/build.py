@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from onnxopt.fusion.elementwise_ops import TRANSCENDENTAL
 from onnxopt.fusion.region import Region
 
 from ..compile import compile_object, new_module
@@ -9,6 +10,12 @@ from ..glue.library import EwKernelDesc
 from ..target import Target
 from .lower import lower_program
 from .types import ITEMSIZE, ONNX_ENUM
+
+# Waking onnxruntime's pool costs microseconds. A kernel of a few instructions per element streams at memory speed
+# on one core and gains from a second only on large tensors; one with exp/erf/tanh per element is compute-bound
+# and gains early. Measured on the development machine (BENCHMARKS.md).
+PARALLEL_MIN_CHEAP = 1 << 20
+PARALLEL_MIN_TRANSCENDENTAL = 1 << 15
 
 
 def build_elementwise(region: Region, target: Target) -> tuple[bytes, EwKernelDesc, str]:
@@ -26,6 +33,9 @@ def build_elementwise(region: Region, target: Target) -> tuple[bytes, EwKernelDe
         out_sizes=[ITEMSIZE[v.dtype] for v in prog.outputs],
         out_rank=len(region.shape),
         out_deps=prog.output_dependencies(),
+        parallel_min=PARALLEL_MIN_TRANSCENDENTAL if any(o.op in TRANSCENDENTAL or
+                                                          (o.op == "Pow" and not float(o.attr("exponent")).is_integer())
+                                                          for o in prog.ops) else PARALLEL_MIN_CHEAP,
         variants=syms["variants"],
         generic=syms["generic"],
     )

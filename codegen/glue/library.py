@@ -36,6 +36,7 @@ class EwKernelDesc:
     out_sizes: list[int]
     out_rank: int
     out_deps: list[int]  # per output, a bitmask of the inputs it depends on
+    parallel_min: int  # elements from which the work is split over onnxruntime's thread pool
     variants: list[tuple[int, str]]  # (mask, symbol)
     generic: str
 
@@ -63,7 +64,7 @@ def library_source(kernels: list[EwKernelDesc], target: Target) -> str:
     for i, k in enumerate(kernels):
         parts.append(f'  {{"{k.op_type}", {len(k.in_types)}, {len(k.out_types)}, {k.out_rank}, k{i}_in_types, '
                      f"k{i}_out_types, k{i}_in_sizes, k{i}_out_sizes, {len(k.variants)}, k{i}_masks, "
-                     f"k{i}_variants, {k.generic}, k{i}_deps}},\n")
+                     f"k{i}_variants, {k.generic}, k{i}_deps, {k.parallel_min}}},\n")
     if not kernels:
         parts.append("  {0}\n")
     parts.append("};\n")

@@ -15,8 +15,6 @@
 #define ONNXOPT_API_VERSION 17
 #define MAX_RANK 12
 #define MAX_ARGS 64
-/* Below this many elements the dispatch to the thread pool costs more than it saves. */
-#define PARALLEL_MIN_ELEMENTS 32768
 #define CHUNK_MIN_ELEMENTS 16384
 #define MAX_CHUNKS 256
 
@@ -115,6 +113,7 @@ typedef struct {
   const row_fn *variants;
   generic_fn generic;
   const uint32_t *out_deps; /* per output: bitmask of the inputs it depends on */
+  int64_t parallel_min;     /* below this many elements one thread is faster than a dispatch to the pool */
 } onnxopt_ew_desc;
 
 typedef struct {
@@ -297,7 +296,7 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
     if (d->variant_masks[v] == mask) job.row = d->variants[v];
   job.total = total;
 
-  if (total < PARALLEL_MIN_ELEMENTS) {
+  if (total < d->parallel_min) {
     ew_run_range(&job, 0, total);
     return NULL;
   }

@@ -16,6 +16,11 @@ class MemoryLevel:
     size_bytes: int | None  # capacity seen by the whole machine (None: unbounded, i.e. DRAM)
     bandwidth: float  # bytes/s, all cores together
     bandwidth_1core: float | None = None  # bytes/s from one core, when measured
+    # Read + write (y = a*x over two buffers), bytes read plus bytes written per second, all cores. This is the
+    # ceiling for a kernel that reads its inputs and writes its outputs once: stores cost a line fill (write
+    # allocate) as well, so it sits below the read-only `bandwidth`.
+    stream_bandwidth: float | None = None
+    stream_bandwidth_1core: float | None = None
 
 
 @dataclass

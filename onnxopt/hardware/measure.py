@@ -361,6 +361,37 @@ def build_read_kernel(target, accumulators: int = 8) -> tuple[str, dict]:
                     "block_bytes": 4 * lanes * accumulators}
 
 
+def build_scale_kernel(target) -> tuple[str, dict]:
+    """`void bw_scale(float* src, float* dst, i64 blocks, i64 reps, float a)`: dst = a * src, `reps` sweeps over
+    `blocks` blocks of 8 vectors. The runtime factor keeps LLVM from turning the loop into memcpy."""
+    lanes = max(4, target.vector_bits // 32)
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    vec = ir.VectorType(f32, lanes)
+    ptr = ir.PointerType()
+    per_block = 8
+    m = _module(target, "bw_scale")
+    fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [ptr, ptr, i64, i64, f32]), name="bw_scale")
+    src, dst, blocks, reps, a = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    av = b.insert_element(ir.Constant(vec, ir.Undefined), a, ir.Constant(ir.IntType(32), 0))
+    av = b.shuffle_vector(av, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                                                                            [0] * lanes))
+
+    def sweep(bb, i):
+        base = bb.mul(i, ir.Constant(i64, per_block))
+        for k in range(per_block):
+            idx = bb.add(base, ir.Constant(i64, k))
+            v = bb.load(bb.gep(src, [idx], source_etype=vec), typ=vec, align=4)
+            bb.store(bb.fmul(v, av), bb.gep(dst, [idx], source_etype=vec), align=4)
+
+    def rep(bb, _r):
+        _counted_loop(bb, fn, blocks, "sweep", sweep)
+
+    _counted_loop(b, fn, reps, "rep", rep)
+    b.ret_void()
+    return str(m), {"name": "bw_scale", "lanes": lanes, "block_bytes": 4 * lanes * per_block}
+
+
 def kernel_assembly(ir_text: str, target=None) -> str:
     """The optimized assembly of a generated kernel (for checks: the FMAs are there, nothing spills)."""
     from onnxopt.codegen.compile import compile_assembly
@@ -430,6 +461,12 @@ def _read_kernel(target) -> tuple[_JitKernel, dict]:
     text, info = build_read_kernel(target)
     k = _JitKernel(text, "bw_read", [_P, _I64, _I64, _P], target)
     info["asm"] = _asm_stats(k.asm, "vadd" if _is_x86(target) else "fadd")
+    return k, info
+
+
+def _scale_kernel(target) -> tuple[_JitKernel, dict]:
+    text, info = build_scale_kernel(target)
+    k = _JitKernel(text, "bw_scale", [_P, _P, _I64, _I64, ctypes.c_float], target)
     return k, info
 
 
@@ -551,6 +588,30 @@ def _read_bandwidth(kernel: _JitKernel, info: dict, cpus: list[int], bytes_per_t
     return float(nbytes) * reps * len(cpus) / best
 
 
+def _stream_bandwidth(kernel: _JitKernel, info: dict, cpus: list[int], bytes_per_thread: int, target_s: float,
+                      repeats: int) -> float:
+    """Read + write bandwidth: the working set (source + destination) is `bytes_per_thread` per thread."""
+    block = info["block_bytes"]
+    blocks = max(1, bytes_per_thread // 2 // block)
+    nbytes = blocks * block
+
+    def setup(_i):
+        return _aligned(nbytes), _aligned(nbytes)
+
+    if target_s > 0:
+        src, dst = setup(0)
+        reps = _calibrate(lambda r: kernel(src.ctypes.data, dst.ctypes.data, blocks, r, 0.5), 1, target_s)
+        del src, dst
+    else:
+        reps = 1
+
+    def call(state):
+        kernel(state[0].ctypes.data, state[1].ctypes.data, blocks, reps, 0.5)
+
+    best = min(_run_threads(cpus, setup, call, repeats))
+    return 2.0 * nbytes * reps * len(cpus) / best
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The machine
 
@@ -609,6 +670,13 @@ def measure_machine(quick: bool = False) -> Machine:
         return bwa, bw1
 
     bws = [measure_level(i) for i in range(len(plan))]
+    sk, sinfo = _scale_kernel(target)
+    kernels["stream"] = dict(sinfo)
+    streams = []
+    for _, _, one_bytes, per_thread, secs, reps in plan:
+        s1 = _stream_bandwidth(sk, sinfo, cpus[:1], one_bytes, secs, reps)
+        sa = _stream_bandwidth(sk, sinfo, cpus, per_thread, secs, reps) if ncpu > 1 else s1
+        streams.append((max(sa, s1), s1))
     # A shared (virtual) machine can slow one run down; a closer level measured slower than a farther one is
     # measured again and the better numbers are kept.
     for i in range(len(plan) - 1):
@@ -626,7 +694,8 @@ def measure_machine(quick: bool = False) -> Machine:
         if bws[i][0] < bws[i][1]:
             contended[f"bandwidth_{name}"] = bws[i][0]
             bws[i] = (bws[i][1], bws[i][1])
-    levels = [MemoryLevel(name, total, bwa, bw1) for (name, total, *_), (bwa, bw1) in zip(plan, bws)]
+    levels = [MemoryLevel(name, total, bwa, bw1, sa, s1)
+              for (name, total, *_), (bwa, bw1), (sa, s1) in zip(plan, bws, streams)]
     sizes = {name: {"buffer_1core": one, "buffer_per_thread": per} for name, _, one, per, *_ in plan}
     for c in caches:
         sizes[f"L{c.level}"].update(instance_bytes=c.instance_bytes, instances=c.instances,
