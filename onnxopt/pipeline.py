@@ -236,6 +236,11 @@ class _Optimizer:
         accepted = self._check_regions(work, built) if built else []
         self.report["timings"]["kernel_check_s"] = time.perf_counter() - t
 
+        t = time.perf_counter()
+        if accepted and self.opts.measure and not self.cannot_run:
+            accepted = self._whole_model_decision(original, work, accepted, built, src_path)
+        self.report["timings"]["model_check_s"] = time.perf_counter() - t
+
         return self._emit(original, work, accepted, built, loaded, src_path, t_start)
 
     def _build(self, regions):
@@ -322,6 +327,51 @@ class _Optimizer:
                 self.report["regions"].append(entry)
                 accepted.append(r)
         return accepted
+
+    def _whole_model_decision(self, original, work, accepted, built, src_path) -> list[Region]:
+        """Kernels that win alone can still lose in the graph: onnxruntime's blocked-layout (NCHWc) pass keeps
+        conv -> activation chains blocked, and a custom op between them costs a reorder on each side. So time the
+        whole fused model against the original; drop, one kernel type at a time, those whose removal makes the
+        model faster; and emit nothing if the result is still not faster than the original."""
+        lib = os.path.join(self.tmpdir, "candidates.so")
+        feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
+        s_orig = make_session(original if src_path is None else src_path, self.opts.threads)
+
+        def session(regions):
+            m = build_fused_model(work, regions, None, None, {}, [])
+            return make_session(m, self.opts.threads, library=lib)
+
+        def compare(a, b):
+            ta, tb = time_interleaved([a, b], feeds, min_time=0.4, max_blocks=30, min_blocks=6)
+            return ta["median"], tb["median"]
+
+        current = list(accepted)
+        s_cur = session(current)
+        t_orig, t_cur = compare(s_orig, s_cur)
+        decisions = {"original_s": t_orig, "all_kernels_s": t_cur, "dropped": []}
+        kinds = sorted({r.op_type for r in current}, key=lambda k: sum(r.op_type == k for r in current))
+        for kind in kinds:
+            trial = [r for r in current if r.op_type != kind]
+            s_trial = session(trial)
+            t_cur, t_trial = compare(s_cur, s_trial)
+            if t_trial < t_cur * 0.99:
+                for r in current:
+                    if r.op_type == kind:
+                        self._reject(r, f"the model is faster without this kernel ({t_cur / t_trial:.2f}x): "
+                                        "it breaks a chain that onnxruntime keeps in its blocked layout")
+                        self.report["regions"] = [e for e in self.report["regions"] if e["op_type"] != kind]
+                decisions["dropped"].append({"op_type": kind, "gain": t_cur / t_trial})
+                current, s_cur = trial, s_trial
+        if current:
+            t_orig, t_cur = compare(s_orig, s_cur)
+            if t_cur >= t_orig * self.opts.min_speedup ** -1:
+                for r in current:
+                    self._reject(r, f"the fused model is not faster than the original ({t_orig / t_cur:.2f}x)")
+                self.report["regions"] = []
+                current = []
+        decisions["final_original_s"], decisions["final_fused_s"] = t_orig, (t_cur if current else t_orig)
+        self.report["whole_model"] = decisions
+        return current
 
     def _bindings(self) -> dict[str, int]:
         return getattr(self, "bindings", {})

@@ -32,7 +32,16 @@ def pytest_runtest_logreport(report):
         return
     _records.append(rec)
     path = os.environ.get(summarize.ENV_REPORT)
-    if path and _runs_tests:
+    # a crashed xdist worker cannot write its line: the controller, which makes up the report, writes it
+    crashed = rec["status"] == "failed" and "crashed while running" in rec.get("reason", "")
+    if crashed and "kind" not in rec:
+        try:
+            import cases
+
+            rec["kind"] = cases.get(rec["id"]).kind
+        except Exception:  # noqa: BLE001 - the kind is only for the per-kind counts
+            pass
+    if path and (_runs_tests or crashed):
         summarize.append_jsonl(path, rec)
 
 

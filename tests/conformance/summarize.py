@@ -107,13 +107,14 @@ def load_jsonl(path: str) -> dict[str, dict]:
 
 
 def ort_category(reason: str) -> str:
-    r = reason
+    r = reason[len(ORT_FAILS_PREFIX) + 2:] if reason.startswith(ORT_FAILS_PREFIX) else reason
     for pat, cat in [
         (r"Unsupported model IR version", "load: IR version newer than onnxruntime reads"),
         (r"opset version|Opset \d+ is under development|released onnx opset", "load: opset newer than onnxruntime"),
         (r"NOT_IMPLEMENTED|Could not find an implementation", "load: no CPU kernel for this op/type"),
         (r"is not a registered function/op|No Op registered|No opset import for domain", "load: unknown op/domain"),
         (r"can't be converted to MLDataType|Unable to handle object", "run: input type the Python binding refuses"),
+        (r"Type Error: Type \(.*\) of (input|output) parameter", "load: no CPU kernel for this op/type"),
         (r"^load:", "load: other"),
         (r"^run:", "run: error"),
         (r"^mismatch:", "mismatch vs expected outputs"),
@@ -145,6 +146,7 @@ def summarize(recs: dict[str, dict]) -> dict:
         "skipped_other": by_status["skipped"],
         "with_fused_regions": len(fused),
         "with_fused_regions_passed": sum(1 for r in fused if r["status"] == "passed"),
+        "left_files_in_cwd": sorted(r["id"] for r in recs.values() if r.get("cwd_litter")),
         "fused_regions_total": sum(int(r.get("regions") or 0) for r in recs.values()),
         "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
         "ort_fails_by_category": dict(collections.Counter(
@@ -164,6 +166,10 @@ def format_summary(s: dict) -> list[str]:
         f"  with fused regions: {s['with_fused_regions']} cases ({s['with_fused_regions_passed']} passed), "
         f"{s['fused_regions_total']} regions in all",
     ]
+    if s["left_files_in_cwd"]:
+        litter = s["left_files_in_cwd"]
+        lines.append(f"  optimize() left files in the current directory in {len(litter)} cases (e.g. "
+                     f"{', '.join(litter[:3])}); see cwd_litter in the JSONL records")
     for kind, c in s["by_kind"].items():
         lines.append(f"  {kind:18s} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
     if s["ort_fails_by_category"]:

@@ -51,3 +51,9 @@ def test_conformance(case_id, tmp_path, record_property):
         for k, v in rec.items():
             if k != "id":
                 record_property(k, v)
+
+
+def test_known_failures_are_cases():
+    """A stale KNOWN_FAILURES entry (renamed or removed case) would silently mark nothing."""
+    missing = sorted(set(KNOWN_FAILURES) - set(cases.names()))
+    assert not missing, f"KNOWN_FAILURES lists ids that are not conformance cases: {missing}"
