@@ -57,6 +57,28 @@ class Options:
     progress: object = None  # a callable(str) for status lines
 
 
+def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnxruntime's symbolic shape inference, driven step by step: its `infer_shapes` entry point saves a debug
+    model into the current directory when inference is incomplete, and a library must not write there. Only the
+    inferred value_info is kept (graph inputs and outputs stay as the model declares them)."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        ssi = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        ssi._preprocess(model)
+        while ssi.run_:
+            ssi._infer_impl()
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        declared = {v.name for v in list(model.graph.input) + list(model.graph.output)}
+        del out.graph.value_info[:]
+        out.graph.value_info.extend(v for v in ssi.out_mp_.graph.value_info
+                                    if v.name not in declared and v.type.HasField("tensor_type"))
+        return out
+    except Exception:  # noqa: BLE001 - unknown ops, or an onnxruntime whose internals moved: keep onnx's shapes
+        return None
+
+
 def _has_unknown_shapes(model: onnx.ModelProto) -> bool:
     known = {v.name for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
              if v.type.tensor_type.HasField("shape")
@@ -69,18 +91,19 @@ def _has_unknown_shapes(model: onnx.ModelProto) -> bool:
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx's shape inference, then onnxruntime's symbolic one where onnx lost dims (Shape/Slice arithmetic on
     symbolic dims, common in exported transformers). The symbolic pass assumes broadcast symbolic dims are equal;
-    the kernels check that assumption at run time (see ort_glue.c)."""
+    the kernels check that assumption at run time (see ort_glue.c). The result is for analysis only: the emitted
+    model never carries inferred value_info (a wrong guess there would mislead onnxruntime's planner)."""
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are an optimization aid; without them nothing is fused
         pass
-    if _has_unknown_shapes(model) and model.ByteSize() < (1 << 31):
-        try:
-            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-            model = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
-        except Exception:  # noqa: BLE001 - unknown ops and the like: keep what onnx inferred
-            pass
+    symbolic_inputs = any(d.HasField("dim_param") or not d.HasField("dim_value")
+                          for vi in model.graph.input for d in vi.type.tensor_type.shape.dim)
+    # With static inputs, dims onnx could not infer are data-dependent: the symbolic pass would only be guessing.
+    if symbolic_inputs and _has_unknown_shapes(model) and model.ByteSize() < (1 << 31):
+        inferred = _symbolic_shapes(model)
+        if inferred is not None:
+            model = inferred
     return model
 
 
@@ -215,6 +238,7 @@ class _Optimizer:
             folded, work = 0, onnx.ModelProto.FromString(original.SerializeToString())
             self.report["rejected"].append({"nodes": [], "reason": f"constant folding skipped: {e}"})
         self.report["folded_nodes"] = folded
+        self.emit_base = work  # the folded graph as it is: what fused.onnx is built from
         work = _infer(work)
         self.report["timings"]["load_fold_infer_s"] = time.perf_counter() - t
 
@@ -338,7 +362,7 @@ class _Optimizer:
         s_orig = make_session(original if src_path is None else src_path, self.opts.threads)
 
         def session(regions):
-            m = build_fused_model(work, regions, None, None, {}, [])
+            m = build_fused_model(self.emit_base, regions, None, None, {}, [])
             return make_session(m, self.opts.threads, library=lib)
 
         def compare(a, b):
@@ -411,7 +435,7 @@ class _Optimizer:
                     used.append((obj, desc))
             lib_path = os.path.join(out_dir, f".{lib_name}.{os.getpid()}.tmp")
             sha = link_library([d for _, d in used], [o for o, _ in used], self.opts.target, lib_path)
-        fused = build_fused_model(work, accepted, lib_name if accepted else None, sha,
+        fused = build_fused_model(self.emit_base, accepted, lib_name if accepted else None, sha,
                                   self.opts.target.to_dict(), self.opts.target.required_cpu_flags)
         try:
             onnx.checker.check_model(fused, full_check=False)
@@ -420,6 +444,8 @@ class _Optimizer:
             raise OnnxoptError(f"internal error: the fused model fails the ONNX checker ({e}); please report it") \
                 from None
         self.report["timings"]["emit_s"] = time.perf_counter() - t
+        if not self.opts.verify:
+            self._check_result_loads(fused, lib_path)
 
         t = time.perf_counter()
         if self.opts.verify:
@@ -454,6 +480,16 @@ class _Optimizer:
         for p in paths:
             if p and os.path.exists(p):
                 os.remove(p)
+
+    def _check_result_loads(self, fused, lib_path):
+        """Even without verification, the written model must at least open in onnxruntime."""
+        try:
+            make_session(fused, 1, library=None if self.cannot_run else lib_path)
+        except Exception as e:  # noqa: BLE001
+            self._cleanup([lib_path])
+            raise VerificationError(f"the optimized model does not load in onnxruntime "
+                                    f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
+                                    "--skip-fusion elementwise avoids it") from None
 
     def _verify_model(self, original, fused, lib_path, src_path):
         import onnxruntime as ort

@@ -179,3 +179,14 @@ def test_python_api_without_output_returns_model(tmp_path):
     assert res.output is None and res.library is None
     assert any(n.domain == "onnxopt" for n in res.model.graph.node)
     assert not list(tmp_path.iterdir())
+
+
+def test_writes_nothing_into_the_working_directory(tmp_path, monkeypatch):
+    """onnxruntime's symbolic shape inference saves debug models into the cwd when it gives up; we must not."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    src = str(tmp_path / "bert.onnx")
+    onnx.save(build_model("bert"), src)
+    onnxopt.optimize(src, str(tmp_path / "fused.onnx"), measure=False)
+    assert list(cwd.iterdir()) == []

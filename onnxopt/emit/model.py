@@ -110,7 +110,7 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
     if regions and not any(o.domain == DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     remove_dead_nodes(out)
-    ort_loadable_ir(out, needs_functions=bool(regions))
+    ort_loadable_ir(out, needs_functions=bool(regions))  # also fixes IR 3 models that gained initializers
     meta = {p.key: p.value for p in out.metadata_props}
     if regions and library_file:
         meta[META_LIBRARY] = library_file

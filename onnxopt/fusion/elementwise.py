@@ -165,6 +165,8 @@ class ElementwiseRule:
         inputs = self._boundary_inputs(group)
         if not inputs:
             return "no runtime input (constant-foldable)"
+        if any(self.shape_of(x) is None for x in inputs):
+            return "an input's shape is unknown"
         outputs = [o for n in nodes for o in n.output if idx.is_used_outside(o, group)]
         if not outputs:
             return "no output is used"

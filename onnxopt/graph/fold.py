@@ -52,6 +52,20 @@ def names_used_by_subgraphs(graph: onnx.GraphProto) -> set[str]:
     return used
 
 
+def _cone(names: set[str], graph: onnx.GraphProto) -> set[str]:
+    """The given tensors and every tensor they are computed from in this graph."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    cone, todo = set(), list(names)
+    while todo:
+        x = todo.pop()
+        if x in cone:
+            continue
+        cone.add(x)
+        if x in producer:
+            todo.extend(i for i in producer[x].input if i)
+    return cone
+
+
 def outer_names_of(node: onnx.NodeProto) -> set[str]:
     """Names a node's If/Loop/Scan bodies read from enclosing scopes (they are inputs of the node in effect)."""
     names: set[str] = set()
@@ -108,6 +122,9 @@ def fold_constants(model: onnx.ModelProto, max_rounds: int = 8) -> int:
     protected = {o.name for o in graph.output}
     default_opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
+    # A constant If condition makes onnxruntime inline the branch at load time, and branches built for dynamic
+    # shapes can then fail its shape inference; leave conditions as they are (ORT folds them when it can).
+    if_conditions = _cone({n.input[0] for n in graph.node if n.op_type == "If" and n.input}, graph)
     new_inits: list[onnx.TensorProto] = []
     for _ in range(max_rounds):
         vi_map = {v.name: v for v in list(graph.value_info) + list(graph.input) + list(graph.output)}
@@ -115,6 +132,8 @@ def fold_constants(model: onnx.ModelProto, max_rounds: int = 8) -> int:
         to_eval = []
         for n in graph.node:
             if n.domain not in ("", "ai.onnx") or _has_subgraph(n) or n.op_type in NONDETERMINISTIC:
+                continue
+            if any(o in if_conditions for o in n.output):
                 continue
             if n.op_type == "Constant":
                 v = _constant_node_value(n)

@@ -102,6 +102,9 @@ def ort_loadable_ir(model: onnx.ModelProto, needs_functions: bool) -> None:
     ir = model.ir_version
     if needs_functions:
         ir = max(ir, 8)
+    inputs = {i.name for i in model.graph.input}
+    if ir < 4 and any(t.name not in inputs for t in model.graph.initializer):
+        ir = 4  # IR 3 requires every initializer to be a graph input; folding adds initializers that are not
     model.ir_version = min(ir, max_ir_version())
 
 

@@ -142,7 +142,8 @@ def run_case(case, tmp_path, threads: int = 1, rec: dict | None = None) -> dict:
         assert rec["fused_nodes"] == rec["regions"], \
             f"report lists {rec['regions']} regions, model has {rec['fused_nodes']} {DOMAIN} nodes"
     else:
-        assert result.library is None and rec["fused_nodes"] == 0
+        assert result.library is None and rec["fused_nodes"] == 0, \
+            f"no regions reported, yet library={result.library} and {rec['fused_nodes']} {DOMAIN} nodes"
 
     # (d) the ONNX checker accepts the written model (and the full check when the original passes it)
     err = _checker_accepts(out, full_check=False)

@@ -181,8 +181,12 @@ def format_summary(s: dict) -> list[str]:
     lines.append("  slowest: " + ", ".join(f"{i} {d}s" for i, d in s["slowest"]))
     for cid, reason in sorted(s["failures"].items()):
         lines.append(f"  FAILED {cid}: {reason}")
+    by_reason: dict[str, list[str]] = collections.defaultdict(list)
     for cid, reason in sorted(s["xfails"].items()):
-        lines.append(f"  xfail  {cid}: {reason[:160]}")
+        by_reason[reason].append(cid)
+    for reason, ids in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        shown = ", ".join(ids[:4]) + (f", ... ({len(ids) - 4} more)" if len(ids) > 4 else "")
+        lines.append(f"  xfail x{len(ids)}: {reason[:150]}... [{shown}]")
     return lines
 
 
