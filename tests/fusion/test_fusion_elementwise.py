@@ -10,17 +10,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxopt.fusion.elementwise import MAX_INPUTS, ElementwiseRule
 from onnxopt.fusion.graph_index import GraphIndex
 
+from onnx_builders import const, make_model  # noqa: E402
+
 F32, I32, I64, BOOL, F16 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL, TensorProto.FLOAT16
 vi = helper.make_tensor_value_info
-
-
-def make_model(nodes, inputs, outputs, inits=(), opset=17):
-    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-
-
-def const(name, value, dtype=np.float32):
-    return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
 
 
 def infer(m):

@@ -12,17 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxopt.fusion.elementwise import ElementwiseRule
 from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 
+from onnx_builders import const, make_model  # noqa: E402
+
 F32 = TensorProto.FLOAT
 vi = helper.make_tensor_value_info
-
-
-def make_model(nodes, inputs, outputs, inits=(), opset=17):
-    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-
-
-def const(name, value, dtype=np.float32):
-    return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
 
 
 def regions_of(m):
