@@ -185,6 +185,7 @@ class _Optimizer:
         self.report: dict = {"onnxopt_version": __version__, "target": opts.target.to_dict(), "regions": [],
                              "rejected": [], "timings": {}}
         self.tmpdir = None
+        self.bindings: dict[str, int] = {}  # values for symbolic dims in the checks (_choose_bindings)
         # Cross-compiling for a CPU with instructions this one lacks: the kernels cannot run here, so they are
         # accepted on the strength of their codegen tests, and the model is verified through its function bodies.
         self.cannot_run = missing_cpu_flags(opts.target.required_cpu_flags)
@@ -398,7 +399,7 @@ class _Optimizer:
         return current
 
     def _bindings(self) -> dict[str, int]:
-        return getattr(self, "bindings", {})
+        return self.bindings
 
     def _choose_bindings(self, original) -> None:
         """Values for symbolic dims in the checks: distinct ones > 1 first (so that dims that only happen to be
@@ -492,8 +493,6 @@ class _Optimizer:
                                     "--skip-fusion elementwise avoids it") from None
 
     def _verify_model(self, original, fused, lib_path, src_path):
-        import onnxruntime as ort
-
         feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
         names = [o.name for o in original.graph.output]
         try:
@@ -520,7 +519,6 @@ class _Optimizer:
                 f"verification failed: output {d.name} differs (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
                 "nothing was written. Loosen with --rtol/--atol if this is expected, or skip a fusion with "
                 "--skip-fusion")
-        del ort
 
 
 def _machine():

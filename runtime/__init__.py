@@ -20,10 +20,7 @@ from dataclasses import dataclass
 
 import onnx
 
-META_LIBRARY = "onnxopt.library"
-META_SHA256 = "onnxopt.library_sha256"
-META_TARGET = "onnxopt.target"
-META_CPU_FLAGS = "onnxopt.cpu_flags"
+from onnxopt.emit.model import META_CPU_FLAGS, META_LIBRARY, META_SHA256
 
 
 class LibraryNotUsedWarning(UserWarning):

@@ -54,16 +54,6 @@ def _parallel_min(model: onnx.ModelProto, op_type: str) -> int:
 CACHE_FILL = 0.75
 
 
-def _level(machine, nbytes: int, one_core: bool):
-    """The closest level that holds the working set, for one core (its private caches) or for all of them."""
-    buffers = machine.details.get("buffers", {})
-    for lv in machine.levels:
-        cap = buffers.get(lv.name, {}).get("instance_bytes", lv.size_bytes) if one_core else lv.size_bytes
-        if cap is None or nbytes <= CACHE_FILL * cap:
-            return lv
-    return machine.levels[-1]
-
-
 def bench_kernels(fused_path: str, threads: int | None = None, bindings: dict | None = None,
                   min_time: float = 0.3) -> list[dict]:
     from onnxopt.hardware.measure import load_machine
@@ -115,7 +105,7 @@ def bench_kernels(fused_path: str, threads: int | None = None, bindings: dict | 
         # hold, and the ceiling is one core's read+write stream bandwidth; above it, the whole machine's.
         elements = int(np.prod(outs[0][0]))
         one_core = elements < _parallel_min(model, node.op_type) or threads == 1
-        level = _level(machine, nbytes, one_core)
+        level = machine.level_for(nbytes, one_core=one_core, fill=CACHE_FILL)
         ceiling = (level.stream_bandwidth_1core if one_core else level.stream_bandwidth) or level.bandwidth
         rows.append({"op_type": node.op_type, "shape": ins[0][0], "bytes": int(nbytes),
                      "seconds": per_kernel, "bandwidth": nbytes / per_kernel, "level": level.name,

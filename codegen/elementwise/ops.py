@@ -12,7 +12,7 @@ from llvmlite import ir
 
 from onnxopt.codegen.vmath.erf import verf
 from onnxopt.codegen.vmath.exp import vexp
-from onnxopt.codegen.vmath.irutil import fabs, fconst, fmax, fmin, splat, unary
+from onnxopt.codegen.vmath.irutil import fabs, fmax, fmin, splat, unary
 from onnxopt.codegen.vmath.log import vlog
 from onnxopt.codegen.vmath.sigmoid import vsigmoid
 from onnxopt.codegen.vmath.tanh import vtanh

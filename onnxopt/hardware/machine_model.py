@@ -43,10 +43,17 @@ class Machine:
         """I_max: the intensity (FLOP/byte) where the roofline turns from memory- to compute-bound."""
         return self.peak_flops[dtype] / self.dram.bandwidth
 
-    def level_for(self, working_set_bytes: int) -> MemoryLevel:
-        """The closest level whose capacity holds the working set."""
+    def level_for(self, working_set_bytes: int, one_core: bool = False, fill: float = 1.0) -> MemoryLevel:
+        """The closest level whose capacity holds the working set.
+
+        `one_core`: judge by what one core can use (its private caches, a shared level whole), as for a kernel that
+        runs on one thread. `fill`: the fraction of a cache the working set may take and still live there (the
+        rest holds code, stack and other tensors).
+        """
+        buffers = self.details.get("buffers", {})
         for lvl in self.levels:
-            if lvl.size_bytes is None or working_set_bytes <= lvl.size_bytes:
+            cap = buffers.get(lvl.name, {}).get("instance_bytes", lvl.size_bytes) if one_core else lvl.size_bytes
+            if cap is None or working_set_bytes <= fill * cap:
                 return lvl
         return self.levels[-1]
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from onnxopt.fusion.elementwise import MAX_INPUTS, ElementwiseRule
-from onnxopt.fusion.graph_index import GraphIndex
 
 from onnx_builders import const, make_model  # noqa: E402
 

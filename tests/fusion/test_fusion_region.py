@@ -7,7 +7,7 @@ import re
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from onnxopt.fusion.elementwise import ElementwiseRule
 from onnxopt.fusion.region import EwOp, EwProgram, Region, Value

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt.graph.fold import GROWTH_LIMIT_BYTES, fold_constants, names_used_by_subgraphs, remove_dead_nodes

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, external_data_helper, helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt.errors import InputError, OnnxoptError, UsageError
 from onnxopt.graph import ort_compat
