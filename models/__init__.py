@@ -1,7 +1,8 @@
 """Model builders: ONNX graphs shaped like `torch.onnx.export` output, used as optimizer test and benchmark inputs.
 
-`build_model("mobilenetv3" | "yolo" | "bert", **kwargs)` returns an `onnx.ModelProto`; see each module's
-`build` for its arguments. `random_inputs(model)` makes a matching feed dict.
+`build_model("mobilenetv3" | "yolo" | "bert" | "resnet50" | "ocr_detector", **kwargs)` returns an
+`onnx.ModelProto`; see each module's `build` for its arguments. `random_inputs(model)` makes a matching feed dict.
+`conv_shapes` holds the seed papers' benchmark conv/GEMM shapes and single-op model builders.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import onnx
 
 from onnxopt.errors import UsageError
 
-from . import bert, mobilenetv3, yolo
+from . import bert, conv_shapes, mobilenetv3, ocr_detector, resnet50, yolo
 from .inputs import random_inputs
 from .save import save_model
 
@@ -20,6 +21,8 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "mobilenetv3": mobilenetv3.build,
     "yolo": yolo.build,
     "bert": bert.build,
+    "resnet50": resnet50.build,
+    "ocr_detector": ocr_detector.build,
 }
 
 
@@ -35,4 +38,4 @@ def build_model(name: str, **kwargs) -> onnx.ModelProto:
         raise UsageError(f"bad arguments for model {name!r}: {exc}") from None
 
 
-__all__ = ["MODELS", "build_model", "random_inputs", "save_model"]
+__all__ = ["MODELS", "build_model", "conv_shapes", "random_inputs", "save_model"]

@@ -19,11 +19,14 @@ import onnx
 from onnx import helper
 
 from onnxopt import __version__
+from onnxopt.codegen.compute.build import build_compute
 from onnxopt.codegen.elementwise.build import build_elementwise
+from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
 from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
 from onnxopt.emit.model import DOMAIN, build_fused_model
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
+from onnxopt.fusion.compute import ComputeRule
 from onnxopt.fusion.elementwise import ElementwiseRule
 from onnxopt.fusion.region import Region
 from onnxopt.graph.fold import fold_constants
@@ -31,7 +34,7 @@ from onnxopt.graph.load import check_output_path, commit_files, load_model, pars
 from onnxopt.timing import make_session, time_interleaved
 from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare, load_check_inputs, make_inputs, random_array
 
-FUSION_KINDS = ("elementwise",)
+FUSION_KINDS = ("elementwise", "compute")
 
 
 @dataclass
@@ -118,30 +121,44 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
 def _region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The region as a standalone model (original ops) and as one fused node, same inputs and outputs."""
     inits = {t.name: t for t in model.graph.initializer}
+    new_inits = {t.name: t for t in (region.compute.initializers if region.compute is not None else ())}
 
     def vi(name):
         ti = info[name]
         dims = [d if isinstance(d, (int, str)) else None for d in ti.shape]
         return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(ti.dtype)), dims)
 
-    ins = [vi(x) for x in region.inputs]
+    ins = [vi(x) for x in runtime_inputs(region, model)]
     outs = [vi(o) for o in region.outputs]
     consts = [inits[c] for c in region.program.consts if c in inits]
+    if region.compute is not None:  # weights, biases, BatchNorm parameters: constants on both sides
+        used = {x for n in region.nodes for x in n.input}
+        consts = [t for name, t in inits.items() if name in used or name in region.program.consts]
     opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
     orig = helper.make_model(helper.make_graph(list(region.nodes), "region", ins, outs, initializer=consts),
                              opset_imports=opsets)
+    fused_consts = [new_inits.get(x) or inits[x] for x in region.inputs if x in new_inits or x in inits]
     fused_node = helper.make_node(region.op_type, list(region.inputs), list(region.outputs), domain=DOMAIN)
-    fused = helper.make_model(helper.make_graph([fused_node], "fused", ins, outs),
+    fused = helper.make_model(helper.make_graph([fused_node], "fused", ins, outs, initializer=fused_consts),
                               opset_imports=opsets + [helper.make_opsetid(DOMAIN, 1)])
     for m in (orig, fused):
         m.ir_version = max(min(model.ir_version, 10), 7)
     return orig, fused
 
 
-def _region_feeds(region: Region, info, bindings, seed) -> dict[str, np.ndarray]:
+def runtime_inputs(region: Region, model: onnx.ModelProto) -> list[str]:
+    """The region's inputs that are not constants (for compute regions: not weights, biases or their packing)."""
+    if region.compute is None:
+        return list(region.inputs)
+    consts = {t.name for t in model.graph.initializer} | {t.name for t in region.compute.initializers}
+    consts -= {i.name for i in model.graph.input}
+    return [x for x in region.inputs if x not in consts]
+
+
+def _region_feeds(region: Region, info, bindings, seed, model) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
-    for x in region.inputs:
+    for x in runtime_inputs(region, model):
         ti = info[x]
         shape = [d if isinstance(d, int) else int(bindings.get(d, 1)) for d in ti.shape]
         feeds[x] = random_array(shape, ti.dtype, rng)
@@ -245,8 +262,12 @@ class _Optimizer:
 
         t = time.perf_counter()
         regions: list[Region] = []
+        claimed: set[int] = set()
+        if "compute" not in self.opts.skip_fusion:
+            mi = select_micro_kernel(self.opts.target).tile.mi
+            regions += ComputeRule(work, mi).find_regions(claimed, self.report["rejected"])
         if "elementwise" not in self.opts.skip_fusion:
-            regions = ElementwiseRule(work).find_regions(self.report["rejected"])
+            regions += ElementwiseRule(work).find_regions(self.report["rejected"], exclude=claimed)
         for r in regions:
             r.compute_op_type(self.opts.target.name + "|" + self.opts.target.cpu + "|" + self.opts.target.llvm_features
                               + f"|rank{len(r.shape)}")
@@ -276,7 +297,8 @@ class _Optimizer:
                 built[r.op_type][2].append(r)
                 continue
             try:
-                obj, desc, _ = build_elementwise(r, self.opts.target)
+                builder = build_compute if r.compute is not None else build_elementwise
+                obj, desc, _ = builder(r, self.opts.target)
             except Exception as e:  # noqa: BLE001 - reported, region left unfused
                 self._reject(r, f"code generation failed: {type(e).__name__}: {e}")
                 continue
@@ -310,7 +332,7 @@ class _Optimizer:
         for op_type, (_, desc, regions) in built.items():
             for r in regions:
                 orig, fused = _region_models(r, work, info)
-                feeds = _region_feeds(r, info, bindings, self.opts.seed)
+                feeds = _region_feeds(r, info, bindings, self.opts.seed, work)
                 try:
                     s_orig = make_session(orig, self.opts.threads)
                     s_fused = make_session(fused, self.opts.threads, library=lib)

@@ -41,18 +41,65 @@ class EwKernelDesc:
     generic: str
 
 
+@dataclass
+class CtKernelDesc:
+    """What the glue needs to know of one compute op type (a convolution or a matmul with its epilogue)."""
+
+    op_type: str
+    kind: str  # "conv" or "matmul"
+    in_types: list[int]
+    out_types: list[int]
+    mi: int
+    ni: int
+    lanes: int
+    tiles: list[list[str]]  # [mi - 1][nv - 1] symbol names
+    extra_kinds: list[int]
+    extra_nstride: list[int]
+    oc: int = 0
+    groups: int = 1
+    kernel: tuple[int, int] = (1, 1)
+    strides: tuple[int, int] = (1, 1)
+    dilations: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
+    auto_pad: int = 0  # 0 explicit, 1 SAME_UPPER, 2 SAME_LOWER
+    ic_g: int = 0
+    trans_a: int = 0
+
+
+_KIND = {"conv": "KIND_CONV", "matmul": "KIND_MATMUL"}
+
+
 def _c_array(ctype: str, name: str, values) -> str:
     body = ", ".join(str(v) for v in values) or "0"
     return f"static const {ctype} {name}[] = {{{body}}};\n"
 
 
-def library_source(kernels: list[EwKernelDesc], target: Target) -> str:
+def _compute_source(i: int, k: CtKernelDesc) -> tuple[str, str]:
+    """(declarations and tables, the descriptor's initializer) of compute op number i."""
+    syms = [s for row in k.tiles for s in row]
+    parts = [f"extern void {s}(const int64_t *);\n" for s in syms]
+    parts.append(_c_array("int", f"c{i}_in_types", k.in_types))
+    parts.append(_c_array("int", f"c{i}_out_types", k.out_types))
+    parts.append(_c_array("tile_fn", f"c{i}_tiles", syms))
+    parts.append(_c_array("int", f"c{i}_extra_kind", k.extra_kinds))
+    parts.append(_c_array("int64_t", f"c{i}_extra_nstride", k.extra_nstride))
+    init = (f'{{{{"{k.op_type}", {_KIND[k.kind]}, {len(k.in_types)}, {len(k.out_types)}, c{i}_in_types, '
+            f"c{i}_out_types}}, {k.mi}, {k.ni}, {k.lanes}, c{i}_tiles, {len(k.extra_kinds)}, c{i}_extra_kind, "
+            f"c{i}_extra_nstride, {k.oc}, {k.groups}, {k.kernel[0]}, {k.kernel[1]}, {k.strides[0]}, {k.strides[1]}, "
+            f"{k.dilations[0]}, {k.dilations[1]}, {{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ic_g}, "
+            f"{k.trans_a}}}")
+    return "".join(parts), init
+
+
+def library_source(kernels: list, target: Target) -> str:
+    ew = [k for k in kernels if isinstance(k, EwKernelDesc)]
+    ct = [k for k in kernels if isinstance(k, CtKernelDesc)]
     parts = []
-    for k in kernels:
+    for k in ew:
         for _, sym in k.variants:
             parts.append(f"extern void {sym}(void **, void **, int64_t);\n")
         parts.append(f"extern void {k.generic}(void **, void **, int64_t, const int64_t *);\n")
-    for i, k in enumerate(kernels):
+    for i, k in enumerate(ew):
         parts.append(_c_array("int", f"k{i}_in_types", k.in_types))
         parts.append(_c_array("int", f"k{i}_out_types", k.out_types))
         parts.append(_c_array("int", f"k{i}_in_sizes", k.in_sizes))
@@ -60,20 +107,26 @@ def library_source(kernels: list[EwKernelDesc], target: Target) -> str:
         parts.append(_c_array("uint32_t", f"k{i}_masks", [m for m, _ in k.variants]))
         parts.append(_c_array("uint32_t", f"k{i}_deps", k.out_deps))
         parts.append(_c_array("row_fn", f"k{i}_variants", [s for _, s in k.variants] or ["NULL"]))
-    parts.append("static const onnxopt_ew_desc ONNXOPT_OPS[] = {\n")
-    for i, k in enumerate(kernels):
-        parts.append(f'  {{"{k.op_type}", {len(k.in_types)}, {len(k.out_types)}, {k.out_rank}, k{i}_in_types, '
-                     f"k{i}_out_types, k{i}_in_sizes, k{i}_out_sizes, {len(k.variants)}, k{i}_masks, "
-                     f"k{i}_variants, {k.generic}, k{i}_deps, {k.parallel_min}}},\n")
-    if not kernels:
-        parts.append("  {0}\n")
-    parts.append("};\n")
+    for i, k in enumerate(ew):
+        parts.append(f'static const onnxopt_ew_desc k{i}_desc = {{{{"{k.op_type}", KIND_ELEMENTWISE, '
+                     f"{len(k.in_types)}, {len(k.out_types)}, k{i}_in_types, k{i}_out_types}}, {k.out_rank}, "
+                     f"k{i}_in_sizes, k{i}_out_sizes, {len(k.variants)}, k{i}_masks, "
+                     f"k{i}_variants, {k.generic}, k{i}_deps, {k.parallel_min}}};\n")
+    for i, k in enumerate(ct):
+        decls, init = _compute_source(i, k)
+        parts.append(decls)
+        parts.append(f"static const onnxopt_ct_desc c{i}_desc = {init};\n")
+    refs = [f"&k{i}_desc.sig" for i in range(len(ew))] + [f"&c{i}_desc.sig" for i in range(len(ct))]
+    parts.append(_c_array("onnxopt_sig *", "ONNXOPT_OPS", refs).replace("static const onnxopt_sig *",
+                                                                         "static const onnxopt_sig *const"))
     parts.append(f"#define ONNXOPT_N_OPS {len(kernels)}\n")
     checks = [f for f in target.features if f in _GCC_CPU_NAMES]
     cond = " && ".join(f'__builtin_cpu_supports("{f}")' for f in checks) or "1"
     parts.append(f"static int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n")
-    glue = resources.files("onnxopt.codegen.glue").joinpath("ort_glue.c").read_text()
-    return glue.replace("/*@@LIBRARY@@*/", "".join(parts))
+    files = resources.files("onnxopt.codegen.glue")
+    glue = files.joinpath("ort_glue.c").read_text()
+    compute = files.joinpath("compute_exec.c").read_text()
+    return glue.replace("/*@@LIBRARY@@*/", "".join(parts)).replace("/*@@COMPUTE@@*/", compute)
 
 
 def _cc() -> str:
@@ -84,7 +137,7 @@ def _cc() -> str:
                          "or point $CC at it")
 
 
-def link_library(kernels: list[EwKernelDesc], objects: list[bytes], target: Target, output: str) -> str:
+def link_library(kernels: list, objects: list[bytes], target: Target, output: str) -> str:
     """Compile the glue, link it with the kernel objects into `output`; returns the library's sha256."""
     cc = _cc()
     with tempfile.TemporaryDirectory(prefix="onnxopt-link-") as tmp:

@@ -5,11 +5,12 @@
  * a table of function pointers indexed by position, and positions never change because the C API only appends.
  * We ask for API version 17, the oldest that has KernelContext_ParallelFor, so one library runs on every newer ORT.
  *
- * The library generator prepends the per-library part (see library.py): ONNXOPT_OPS[], ONNXOPT_N_OPS, the kernel
+ * The library generator inserts the per-library part (see library.py): ONNXOPT_OPS[], ONNXOPT_N_OPS, the kernel
  * declarations and onnxopt_cpu_ok().
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ONNXOPT_API_VERSION 17
@@ -102,11 +103,19 @@ struct OnnxoptCustomOp {
 typedef void (*row_fn)(void **ins, void **outs, int64_t n);
 typedef void (*generic_fn)(void **ins, void **outs, int64_t n, const int64_t *inner_strides);
 
-/* One fused op type of kind Elementwise. */
+/* What every fused op type declares to ORT; the first member of each kind's descriptor. */
+enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2 };
 typedef struct {
   const char *name;
-  int n_in, n_out, out_rank;
-  const int *in_types, *out_types;    /* ONNXTensorElementDataType */
+  int kind;
+  int n_in, n_out;
+  const int *in_types, *out_types; /* ONNXTensorElementDataType */
+} onnxopt_sig;
+
+/* One fused op type of kind Elementwise. */
+typedef struct {
+  onnxopt_sig sig;
+  int out_rank;
   const int *in_sizes, *out_sizes;    /* bytes per element */
   int n_variants;
   const uint32_t *variant_masks;
@@ -116,9 +125,26 @@ typedef struct {
   int64_t parallel_min;     /* below this many elements one thread is faster than a dispatch to the pool */
 } onnxopt_ew_desc;
 
+/* A convolution or matmul with its fused epilogue (compute_exec.c runs it). */
+typedef void (*tile_fn)(const int64_t *tile);
+typedef struct {
+  onnxopt_sig sig;
+  int mi, ni, lanes;            /* the micro-kernel's register tile */
+  const tile_fn *tiles;         /* [mi - 1][nv - 1] */
+  int n_extra;                  /* epilogue inputs after the accumulator: op inputs 2.. */
+  const int *extra_kind;        /* POSITION, CHANNEL, COLUMN, SCALAR (tile.py) */
+  const int64_t *extra_nstride; /* elements between batch items, 0 when shared by the batch */
+  /* Conv: weights packed [groups][ceil(oc_g / mi)][ic_g * kh * kw][mi] (op input 1). */
+  int64_t oc, groups, kh, kw, sh, sw, dh, dw, pads[4]; /* pads: top, left, bottom, right */
+  int auto_pad;                 /* 0 explicit/VALID, 1 SAME_UPPER, 2 SAME_LOWER */
+  int64_t ic_g;
+  /* MatMul/Gemm: A row-major, or transposed (Gemm transA). */
+  int trans_a;
+} onnxopt_ct_desc;
+
 typedef struct {
   OnnxoptCustomOp base; /* first, so an OnnxoptCustomOp* is also an onnxopt_op* */
-  const onnxopt_ew_desc *desc;
+  const onnxopt_sig *desc;
 } onnxopt_op;
 
 /* ---- The per-library part is inserted here by the generator. ---- */
@@ -147,7 +173,7 @@ static void ew_run_range(const ew_job *job, int64_t e0, int64_t e1) {
     int64_t row = e / L, col = e % L;
     int64_t n = L - col;
     if (n > e1 - e) n = e1 - e;
-    for (int i = 0; i < d->n_in; i++) {
+    for (int i = 0; i < d->sig.n_in; i++) {
       int64_t off = 0, r = row;
       for (int j = job->nd - 2; j >= 0; j--) {
         off += (r % job->dims[j]) * job->strides[i][j];
@@ -156,7 +182,7 @@ static void ew_run_range(const ew_job *job, int64_t e0, int64_t e1) {
       off += col * job->inner[i];
       ins[i] = job->in_base[i] + off * d->in_sizes[i];
     }
-    for (int k = 0; k < d->n_out; k++) outs[k] = job->out_base[k] + e * d->out_sizes[k];
+    for (int k = 0; k < d->sig.n_out; k++) outs[k] = job->out_base[k] + e * d->out_sizes[k];
     if (job->row)
       job->row(ins, outs, n);
     else
@@ -179,11 +205,11 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
   ew_job job;
   int64_t in_dims[MAX_ARGS][MAX_RANK];
   size_t in_rank[MAX_ARGS];
-  if (d->n_in > MAX_ARGS || d->n_out > MAX_ARGS) return fail(ORT_FAIL, "onnxopt: too many arguments");
+  if (d->sig.n_in > MAX_ARGS || d->sig.n_out > MAX_ARGS) return fail(ORT_FAIL, "onnxopt: too many arguments");
   memset(&job, 0, sizeof(job));
   job.d = d;
   size_t R = (size_t)d->out_rank;
-  for (int i = 0; i < d->n_in; i++) {
+  for (int i = 0; i < d->sig.n_in; i++) {
     const OrtValue *v;
     OrtTensorTypeAndShapeInfo *info;
     CHECK(API(KernelContext_GetInput)(ctx, (size_t)i, &v));
@@ -202,7 +228,7 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
   int64_t out[MAX_RANK];
   for (size_t j = 0; j < R; j++) {
     int64_t o = 1;
-    for (int i = 0; i < d->n_in; i++) {
+    for (int i = 0; i < d->sig.n_in; i++) {
       size_t lead = R - in_rank[i];
       int64_t dim = j >= lead ? in_dims[i][j - lead] : 1;
       if (dim == 1) continue;
@@ -215,10 +241,10 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
   }
   /* Every output is written with the full iteration shape. The optimizer proved that statically, sometimes by
      assuming two symbolic dims equal; if these inputs break the assumption, say so instead of computing garbage. */
-  for (int k = 0; k < d->n_out; k++) {
+  for (int k = 0; k < d->sig.n_out; k++) {
     for (size_t j = 0; j < R; j++) {
       int64_t o = 1;
-      for (int i = 0; i < d->n_in; i++) {
+      for (int i = 0; i < d->sig.n_in; i++) {
         if (!((d->out_deps[k] >> i) & 1u)) continue;
         size_t lead = R - in_rank[i];
         int64_t dim = j >= lead ? in_dims[i][j - lead] : 1;
@@ -232,7 +258,7 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
   }
   int64_t total = 1;
   for (size_t j = 0; j < R; j++) total *= out[j];
-  for (int k = 0; k < d->n_out; k++) {
+  for (int k = 0; k < d->sig.n_out; k++) {
     OrtValue *ov;
     CHECK(API(KernelContext_GetOutput)(ctx, (size_t)k, out, R, &ov));
     CHECK(API(GetTensorMutableData)(ov, (void **)&job.out_base[k]));
@@ -241,7 +267,7 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
 
   /* Per-input strides in elements over the output's dims (0 where the input is broadcast). */
   int64_t st[MAX_ARGS][MAX_RANK];
-  for (int i = 0; i < d->n_in; i++) {
+  for (int i = 0; i < d->sig.n_in; i++) {
     size_t lead = R - in_rank[i];
     int64_t s = 1;
     for (size_t jj = R; jj-- > 0;) {
@@ -255,39 +281,39 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
   for (size_t j = 0; j < R; j++) {
     if (out[j] == 1) continue;
     job.dims[nd] = out[j];
-    for (int i = 0; i < d->n_in; i++) job.strides[i][nd] = st[i][j];
+    for (int i = 0; i < d->sig.n_in; i++) job.strides[i][nd] = st[i][j];
     nd++;
   }
   if (nd == 0) {
     nd = 1;
     job.dims[0] = 1;
-    for (int i = 0; i < d->n_in; i++) job.strides[i][0] = 0;
+    for (int i = 0; i < d->sig.n_in; i++) job.strides[i][0] = 0;
   }
   int m = nd - 1; /* merge from the innermost dim outwards into a compacted list */
   int64_t cd[MAX_RANK], cs[MAX_ARGS][MAX_RANK];
   int nc = 0;
   cd[0] = job.dims[m];
-  for (int i = 0; i < d->n_in; i++) cs[i][0] = job.strides[i][m];
+  for (int i = 0; i < d->sig.n_in; i++) cs[i][0] = job.strides[i][m];
   nc = 1;
   for (int j = m - 1; j >= 0; j--) {
     int mergeable = 1;
-    for (int i = 0; i < d->n_in; i++)
+    for (int i = 0; i < d->sig.n_in; i++)
       if (job.strides[i][j] != cs[i][nc - 1] * cd[nc - 1]) mergeable = 0;
     if (mergeable) {
       cd[nc - 1] *= job.dims[j];
     } else {
       cd[nc] = job.dims[j];
-      for (int i = 0; i < d->n_in; i++) cs[i][nc] = job.strides[i][j];
+      for (int i = 0; i < d->sig.n_in; i++) cs[i][nc] = job.strides[i][j];
       nc++;
     }
   }
   job.nd = nc;
   for (int j = 0; j < nc; j++) {
     job.dims[j] = cd[nc - 1 - j];
-    for (int i = 0; i < d->n_in; i++) job.strides[i][j] = cs[i][nc - 1 - j];
+    for (int i = 0; i < d->sig.n_in; i++) job.strides[i][j] = cs[i][nc - 1 - j];
   }
   uint32_t mask = 0;
-  for (int i = 0; i < d->n_in; i++) {
+  for (int i = 0; i < d->sig.n_in; i++) {
     job.inner[i] = job.strides[i][nc - 1];
     if (job.inner[i] != 0) mask |= 1u << i;
   }
@@ -308,9 +334,11 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
   return API(KernelContext_ParallelFor)(ctx, ew_chunk, n_chunks, 0, &job);
 }
 
+/*@@COMPUTE@@*/
+
 /* ---- OrtCustomOp callbacks ---- */
 
-static const onnxopt_ew_desc *desc_of(const OnnxoptCustomOp *op) { return ((const onnxopt_op *)op)->desc; }
+static const onnxopt_sig *desc_of(const OnnxoptCustomOp *op) { return ((const onnxopt_op *)op)->desc; }
 static const char *op_name(const OnnxoptCustomOp *op) { return desc_of(op)->name; }
 static const char *op_ep(const OnnxoptCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int op_in_type(const OnnxoptCustomOp *op, size_t i) { return desc_of(op)->in_types[i]; }
@@ -331,7 +359,9 @@ static OrtStatus *op_create(const OnnxoptCustomOp *op, const void *api, const vo
 }
 static void op_compute_v1(void *kernel, OrtKernelContext *ctx) { (void)kernel; (void)ctx; }
 static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx) {
-  return ew_compute((const onnxopt_ew_desc *)kernel, ctx);
+  const onnxopt_sig *sig = (const onnxopt_sig *)kernel;
+  if (sig->kind == KIND_ELEMENTWISE) return ew_compute((const onnxopt_ew_desc *)kernel, ctx);
+  return ct_compute((const onnxopt_ct_desc *)kernel, ctx);
 }
 static void op_destroy(void *kernel) { (void)kernel; }
 
@@ -348,7 +378,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
   for (int i = 0; i < ONNXOPT_N_OPS && !g_ops_ready; i++) {
     onnxopt_op *o = &g_ops[i];
     memset(o, 0, sizeof(*o));
-    o->desc = &ONNXOPT_OPS[i];
+    o->desc = ONNXOPT_OPS[i];
     o->base.version = ONNXOPT_API_VERSION;
     o->base.CreateKernel = op_create_v1;
     o->base.GetName = op_name;

@@ -34,7 +34,9 @@ def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
     used_consts = [c for c in region.program.consts if c in inits]
     for name in used_consts:
         body.append(helper.make_node("Constant", [], [name], value=inits[name]))
-    for n in region.nodes:
+    # Compute regions carry their own body: the original ops, rewritten to read the packed weights.
+    nodes = region.compute.body if region.compute is not None else region.nodes
+    for n in nodes:
         m = onnx.NodeProto()
         m.CopyFrom(n)
         body.append(m)
@@ -103,6 +105,12 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
                                               name=f"{r.op_type}__{len(emitted)}", domain=DOMAIN))
     del g.node[:]
     g.node.extend(stable_toposort(new_nodes))
+    have = {t.name for t in g.initializer}
+    for r in regions:
+        for t in (r.compute.initializers if r.compute is not None else ()):
+            if t.name not in have:
+                have.add(t.name)
+                g.initializer.append(t)
     funcs = {}
     for r in regions:
         funcs.setdefault(r.op_type, _function_for(r, model))

@@ -114,9 +114,11 @@ class ElementwiseRule:
         return None
 
     # ---- grouping ----
-    def find_regions(self, rejected: list[dict] | None = None) -> list[Region]:
+    def find_regions(self, rejected: list[dict] | None = None, exclude: set[int] | None = None) -> list[Region]:
+        """`exclude`: node indices already claimed by other regions (compute ops' epilogues)."""
         idx = self.index
-        ok = {i for i, n in enumerate(idx.nodes) if self.admits(n) is None}
+        exclude = exclude or set()
+        ok = {i for i, n in enumerate(idx.nodes) if i not in exclude and self.admits(n) is None}
         group_of: dict[int, int] = {}
         groups: dict[int, set[int]] = {}
         for i in sorted(ok):

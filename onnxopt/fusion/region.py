@@ -97,9 +97,15 @@ class Region:
     # filled by later stages
     rejected: str | None = None
     measured: dict = field(default_factory=dict)
+    compute: object = None  # fusion.compute.ComputeParams for Conv/MatMul regions
 
     def compute_op_type(self, target_name: str) -> str:
-        h = hashlib.sha256((self.kind + "|" + target_name + "|" + self.program.signature()).encode()).hexdigest()
+        text = self.kind + "|" + target_name + "|" + self.program.signature()
+        if self.compute is not None:
+            c = self.compute
+            text += "|" + json.dumps([c.op, c.extra_kinds, c.extra_nstride,
+                                      {k: repr(v) for k, v in sorted(c.attrs.items())}], sort_keys=True)
+        h = hashlib.sha256(text.encode()).hexdigest()
         self.op_type = f"{self.kind}_{h[:16]}"
         return self.op_type
 

@@ -8,11 +8,20 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnxopt.models import (
+    MODELS,
+    bert,
+    build_model,
+    mobilenetv3,
+    ocr_detector,
+    random_inputs,
+    resnet50,
+    save_model,
+    yolo,
+)
+from onnxopt.models import __main__ as models_cli
 
 from onnxopt.errors import UsageError
-from onnxopt.models import MODELS, build_model, random_inputs, save_model
-from onnxopt.models import __main__ as models_cli
-from onnxopt.models import bert, mobilenetv3, yolo
 
 FUSED_OPS = {"HardSwish", "HardSigmoid", "Gelu", "LayerNormalization", "Silu", "Swish"}
 
@@ -57,6 +66,10 @@ class Graph:
     def only_consumer(self, name, op):
         cs = self.consumers[name]
         return cs[0] if len(cs) == 1 and cs[0].op_type == op else None
+
+
+def node_attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def count_hardswish(g: Graph) -> int:
@@ -291,8 +304,8 @@ def test_bert_decomposed_patterns():
         assert target[0] == 0 and (target[1] == 0 or -1 in target[1:])
 
 
-@pytest.mark.parametrize("kw", [dict(mask="float", opset=18), dict(mask="none", token_types=False, pooler=False,
-                                                                    constants="node", opset=21)])
+@pytest.mark.parametrize("kw", [{"mask": "float", "opset": 18}, {"mask": "none", "token_types": False, "pooler": False,
+                                                                   "constants": "node", "opset": 21}])
 def test_bert_variants(kw):
     m = bert.build(**kw)
     check(m)
@@ -318,13 +331,118 @@ def test_bert_bench_preset():
     assert list(word.dims) == [8192, 256]
 
 
+# --- ResNet-50 ------------------------------------------------------------------------------------------------
+
+def test_resnet50_valid_and_runs():
+    for batch in (1, 2):
+        m = resnet50.build(batch=batch, image_size=64)
+        check(m)
+        outs = run(m)
+        assert outs["output"].shape == (batch, 1000)
+        assert_finite(outs)
+
+
+def test_resnet50_structure():
+    m = resnet50.build(image_size=64)
+    g = Graph(m)
+    assert dict(g.ops) == {"Conv": 53, "Relu": 49, "Add": 16, "MaxPool": 1, "GlobalAveragePool": 1, "Flatten": 1,
+                           "Gemm": 1}
+    assert all(len(n.input) == 3 for n in g.of("Conv"))  # conv + folded BN bias
+    for add in g.of("Add"):  # residual Add, then Relu
+        assert g.only_consumer(add.output[0], "Relu") is not None
+    (pool,) = g.of("MaxPool")
+    pool = node_attrs(pool)
+    assert pool["kernel_shape"] == [3, 3] and pool["strides"] == [2, 2] and pool["pads"] == [1] * 4
+    convs = [node_attrs(n) for n in g.of("Conv")]
+    strided = collections.Counter(a["kernel_shape"][0] for a in convs if a["strides"] == [2, 2])
+    assert strided == {7: 1, 3: 3, 1: 3}  # stem, the 3x3 conv of stages 2-4 (v1.5) and their downsample convs
+    assert g.prod(g.of("Gemm")[0].input[0]).op_type == "Flatten"
+    shapes = {t.name: list(t.dims) for t in m.graph.initializer}
+    assert shapes["fc.weight"] == [1000, 2048] and shapes["layer4.2.conv3.weight"] == [2048, 512, 1, 1]
+    assert sum(int(np.prod(s)) for s in shapes.values()) == 25_530_472  # torchvision's 25.56M less BN statistics
+
+
+def test_resnet50_default_size_and_dynamic_batch():
+    m = resnet50.build()
+    assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 224, 224]
+    inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    assert [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim] == [1, 1000]
+    m = resnet50.build(image_size=64, dynamic=True, num_classes=10)
+    check(m)
+    sess = session(m)
+    for batch in (1, 3):
+        (y,) = sess.run(None, random_inputs(m, batch=batch))
+        assert y.shape == (batch, 10) and np.isfinite(y).all()
+
+
+def test_resnet50_rejects_bad_arguments():
+    with pytest.raises(UsageError, match="image_size"):
+        resnet50.build(image_size=16)
+    with pytest.raises(UsageError, match="batch"):
+        resnet50.build(batch=0)
+
+
+# --- OCR detector -----------------------------------------------------------------------------------------------
+
+def test_ocr_detector_valid_and_runs():
+    for batch, size in ((1, 320), (2, 64)):
+        m = ocr_detector.build(batch=batch, image_size=size)
+        check(m)
+        maps = run(m)["maps"]
+        assert maps.shape == (batch, 1, size, size)
+        assert np.isfinite(maps).all() and (maps > 0).all() and (maps < 1).all()
+
+
+def test_ocr_detector_patterns():
+    g = Graph(ocr_detector.build(image_size=64))
+    blocks = [b for stage in ocr_detector.STAGES for b in stage]
+    expected_hs = 1 + 2 * sum(b.act == "HS" for b in blocks)  # stem, expand and depthwise activations
+    assert count_hardswish(g) == expected_hs == 13 and g.ops["Clip"] == expected_hs
+    depthwise = [n for n in g.of("Conv") if node_attrs(n)["group"] > 1]
+    assert len(depthwise) == len(blocks)
+    for n in depthwise:
+        a = node_attrs(n)
+        assert a["group"] == g.consts[n.input[1]].shape[0] and a["kernel_shape"] == [3, 3]
+    assert sorted(node_attrs(n)["strides"][0] for n in depthwise) == [1, 1, 1, 1, 2, 2, 2, 2]
+    scales = sorted(int(g.consts[r.input[2]][-1]) for r in g.of("Resize"))
+    assert scales == [2, 2, 2, 2, 4, 8]  # top-down path, then p3..p5 up to 1/4
+    assert all(node_attrs(r)["mode"] == b"nearest" for r in g.of("Resize"))
+    (cat,) = g.of("Concat")
+    assert len(cat.input) == 4
+    tconvs = g.of("ConvTranspose")
+    assert len(tconvs) == 2
+    assert all(node_attrs(n)["strides"] == [2, 2] and node_attrs(n)["kernel_shape"] == [2, 2] for n in tconvs)
+    assert g.only_consumer(tconvs[0].output[0], "Relu") is not None
+    assert g.only_consumer(tconvs[1].output[0], "Sigmoid") is not None
+    residual = sum(b.stride == 1 and b.c_in == b.c_out for b in blocks)
+    assert g.ops["Add"] == residual + 3 + expected_hs  # blocks, FPN top-down adds, hardswish "+3"
+
+
+def test_ocr_detector_dynamic_batch():
+    m = ocr_detector.build(image_size=64, dynamic=True)
+    check(m)
+    sess = session(m)
+    for batch in (1, 3):
+        (y,) = sess.run(None, random_inputs(m, batch=batch))
+        assert y.shape == (batch, 1, 64, 64) and np.isfinite(y).all()
+
+
+def test_ocr_detector_rejects_bad_arguments():
+    with pytest.raises(UsageError, match="multiple of 32"):
+        ocr_detector.build(image_size=100)
+    with pytest.raises(UsageError, match="neck_channels"):
+        ocr_detector.build(neck_channels=30)
+
+
 # --- registry, saving, CLI -------------------------------------------------------------------------------------
 
 def test_registry():
-    assert set(MODELS) == {"mobilenetv3", "yolo", "bert"}
+    assert set(MODELS) == {"mobilenetv3", "yolo", "bert", "resnet50", "ocr_detector"}
     m = build_model("yolo", image_size=64, version="v5")
     assert m.graph.input[0].name == "images"
-    with pytest.raises(UsageError, match="bert, mobilenetv3, yolo"):
+    assert build_model("resnet50", image_size=32, num_classes=10).graph.input[0].name == "input"
+    assert build_model("ocr_detector", image_size=32).graph.output[0].name == "maps"
+    with pytest.raises(UsageError, match="bert, mobilenetv3, ocr_detector, resnet50, yolo"):
         build_model("resnet")
     with pytest.raises(UsageError):
         build_model("bert", image_size=64)
@@ -344,6 +462,11 @@ def test_save_and_cli(tmp_path, capsys):
     m = onnx.load(out)
     assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [2, 3, 64, 64]
     assert models_cli.main(["bert", "-o", str(out), "--image-size", "64"]) == 2
+    assert models_cli.main(["resnet50", "-o", str(out), "--image-size", "32", "--dynamic", "-q"]) == 0
+    assert onnx.load(out).graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert models_cli.main(["ocr_detector", "-o", str(out), "--batch", "2", "--image-size", "64", "-q"]) == 0
+    assert [d.dim_value for d in onnx.load(out).graph.output[0].type.tensor_type.shape.dim] == [2, 1, 64, 64]
+    assert models_cli.main(["ocr_detector", "-o", str(out), "--seq-len", "8"]) == 2
     assert models_cli.main(["nope", "-o", str(out)]) == 2
     assert "known models" in capsys.readouterr().err
     with pytest.raises(UsageError, match="does not exist"):

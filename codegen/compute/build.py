@@ -1,0 +1,37 @@
+"""One compute region (a convolution or matmul with its epilogue) -> native object and the glue's description."""
+
+from __future__ import annotations
+
+from onnxopt.fusion.region import Region
+
+from ..compile import compile_object, new_module
+from ..elementwise.types import ONNX_ENUM
+from ..glue.library import CtKernelDesc
+from ..microkernel.registry import select
+from ..target import Target
+from .tile import TileSpec, define_tile_functions
+
+
+def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, str]:
+    """Returns (object code, glue description, LLVM IR text)."""
+    c = region.compute
+    tile = select(target).tile
+    spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op == "conv")
+    module = new_module(target, region.op_type)
+    tiles = define_tile_functions(module, region.op_type, spec, target.features)
+    ir_text = str(module)
+    obj = compile_object(ir_text, target)
+    a = c.attrs
+    desc = CtKernelDesc(
+        op_type=region.op_type, kind=c.op,
+        in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
+        out_types=[ONNX_ENUM["float32"]] * len(region.outputs),
+        mi=tile.mi, ni=tile.ni, lanes=tile.lanes, tiles=tiles,
+        extra_kinds=list(c.extra_kinds), extra_nstride=list(c.extra_nstride),
+        trans_a=int(a.get("trans_a", 0)),
+    )
+    if c.op == "conv":
+        desc.oc, desc.groups, desc.ic_g = a["oc"], a["groups"], a["ic_g"]
+        desc.kernel, desc.strides, desc.dilations = a["kernel"], a["strides"], a["dilations"]
+        desc.pads, desc.auto_pad = a["pads"], a["auto_pad"]
+    return obj, desc, ir_text

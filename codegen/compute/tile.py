@@ -1,0 +1,126 @@
+"""One tile of a compute op (convolution or matmul) with its fused epilogue, as LLVM IR.
+
+The C glue splits an op into tiles and calls, per tile,
+
+    void <op>_m<mi>v<nv>(const int64 *tile)
+
+with `tile` pointing at a `ct_tile` record (layout below, mirrored in ort_glue.c). The function runs the
+micro-kernel's K loop for `mi` rows and `nv` vectors, then the epilogue in registers: the region's elementwise
+program (bias, activation chains, residual adds, per-channel scales) on each accumulator vector, and stores every
+program output with masked stores. Nothing between the micro-kernel and the final outputs touches memory.
+
+Epilogue inputs other than the accumulator come in four kinds, fixed at optimize time:
+- POSITION: a tensor laid out like the output (a residual): vector at base + row * ldc + coff[j];
+- CHANNEL: one value per output row (bias, a folded BatchNorm shift, an SE scale): scalar at base + row;
+- COLUMN: one value per output column (Gemm's bias over N): vector at base + coff[j];
+- SCALAR: one value for the tensor: scalar at base.
+The glue has already moved each base to the current batch item and group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from onnxopt.codegen.elementwise.lower import emit_body
+from onnxopt.codegen.vmath.isa import set_features
+from onnxopt.fusion.region import EwProgram
+
+from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask, masked_load, masked_store, splat
+from ..microkernel.register_tile import RegisterTile
+
+POSITION, CHANNEL, COLUMN, SCALAR = 0, 1, 2, 3
+KIND_NAMES = {"position": POSITION, "channel": CHANNEL, "column": COLUMN, "scalar": SCALAR}
+
+# ct_tile: 8-byte slots.
+NV_MAX = 4
+MAX_OUTPUTS = 4
+MAX_EXTRAS = 8
+SLOT_A, SLOT_A_MS, SLOT_A_KS, SLOT_B, SLOT_KOFF, SLOT_K, SLOT_LDC, SLOT_M0 = range(8)
+SLOT_VOFF = 8
+SLOT_COFF = SLOT_VOFF + NV_MAX
+SLOT_LANES = SLOT_COFF + NV_MAX
+SLOT_OUT = SLOT_LANES + NV_MAX
+SLOT_EXTRA = SLOT_OUT + MAX_OUTPUTS
+SLOTS = SLOT_EXTRA + MAX_EXTRAS
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    """What is fixed per fused op: the register tile, packed-A strides when known, the epilogue."""
+
+    tile: RegisterTile
+    epilogue: EwProgram  # inputs[0] is the accumulator; the rest are extras, in order
+    extra_kinds: tuple[int, ...]
+    packed_a: bool  # A is packed [M/MI][K][MI]: a_ms = 1, a_ks = MI, known at compile time
+
+
+def _slot(b, tile_ptr, index, ty):
+    return b.load(b.gep(tile_ptr, [ir.Constant(I64, index)], source_etype=I64), typ=ty)
+
+
+def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, nv: int) -> ir.Function:
+    lanes = spec.tile.lanes
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+    fn.args[0].add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    t = fn.args[0]
+    a = _slot(b, t, SLOT_A, PTR)
+    if spec.packed_a:
+        a_ms, a_ks = 1, spec.tile.mi
+    else:
+        a_ms, a_ks = _slot(b, t, SLOT_A_MS, I64), _slot(b, t, SLOT_A_KS, I64)
+    bp = _slot(b, t, SLOT_B, PTR)
+    koff = _slot(b, t, SLOT_KOFF, PTR)
+    k_count = _slot(b, t, SLOT_K, I64)
+    ldc = _slot(b, t, SLOT_LDC, I64)
+    m0 = _slot(b, t, SLOT_M0, I64)
+    voff = [_slot(b, t, SLOT_VOFF + j, I64) for j in range(nv)]
+    coff = [_slot(b, t, SLOT_COFF + j, I64) for j in range(nv)]
+    masks = [lane_mask(b, _slot(b, t, SLOT_LANES + j, I64), lanes) for j in range(nv)]
+    prog = spec.epilogue
+    outs = [_slot(b, t, SLOT_OUT + k, PTR) for k in range(len(prog.outputs))]
+    extras = [_slot(b, t, SLOT_EXTRA + e, PTR) for e in range(len(prog.inputs) - 1)]
+
+    acc = emit_outer_product(b, spec.tile, mi, nv, a, a_ms, a_ks, bp, koff, k_count, voff, masks)
+
+    for i in range(mi):
+        row = b.add(m0, ir.Constant(I64, i))
+        row_off = b.mul(row, ldc)
+        # Per-row values are loaded once for the row's nv vectors.
+        row_values = {}
+        for e, kind in enumerate(spec.extra_kinds):
+            if kind == CHANNEL:
+                row_values[e] = splat(b, b.load(b.gep(extras[e], [row], source_etype=F32), typ=F32), lanes)
+            elif kind == SCALAR:
+                row_values[e] = splat(b, b.load(extras[e], typ=F32), lanes)
+        for j in range(nv):
+            pos = b.add(row_off, coff[j])
+            values = {prog.inputs[0].name: acc[i][j]}
+            for e, kind in enumerate(spec.extra_kinds):
+                name = prog.inputs[e + 1].name
+                if kind in (CHANNEL, SCALAR):
+                    values[name] = row_values[e]
+                else:
+                    at = pos if kind == POSITION else coff[j]
+                    values[name] = masked_load(b, b.gep(extras[e], [at], source_etype=F32), masks[j], lanes)
+            emit_body(b, prog, values, lanes)
+            for k, v in enumerate(prog.outputs):
+                masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j])
+    b.ret_void()
+    return fn
+
+
+def define_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, features) -> list[list[str]]:
+    """All (mi, nv) variants; returns their names as [mi - 1][nv - 1]."""
+    set_features(module, features)
+    names = []
+    for mi in range(1, spec.tile.mi + 1):
+        row = []
+        for nv in range(1, spec.tile.ni + 1):
+            name = f"{prefix}_m{mi}v{nv}"
+            define_tile_function(module, name, spec, mi, nv)
+            row.append(name)
+        names.append(row)
+    return names

@@ -1,0 +1,450 @@
+/* ---- Compute ops (convolution, matmul) with fused epilogues: tiles over ORT's thread pool. ----
+ *
+ * Inserted into ort_glue.c by library.py. An op is `items` independent problems (batch x group for a convolution,
+ * the broadcast batch of a matmul), each C[M x P] = A[M x K] . B[K x P] followed by the epilogue. The generated
+ * tile functions (codegen/compute/tile.py) do the arithmetic; this file only walks shapes and tiles.
+ *
+ * A convolution whose taps are not a plain 1x1 (kernel > 1, stride, padding) first copies its input into a
+ * zero-padded buffer split into stride phases: phase (a, b) holds rows a, a+s, a+2s... and columns b, b+s..., so
+ * every tap of every stride reads unit-stride runs and needs no bounds checks. Tiles then cover up to NI output
+ * rows of one vector of columns each ("rows mode"); a plain 1x1 reads the input in place, NI vectors of one flat run
+ * of pixels ("flat mode"), as a matmul does.
+ */
+
+enum { EX_POSITION = 0, EX_CHANNEL = 1, EX_COLUMN = 2, EX_SCALAR = 3 };
+#define CT_NV_MAX 4
+#define CT_MAX_OUT 4
+#define CT_MAX_EXTRA 8
+#define CT_TARGET_TASKS 64
+#define CT_TASK_MIN_FLOPS 262144.0
+#define CT_INLINE_FLOPS 1048576.0
+
+typedef struct { /* mirrors the slots of codegen/compute/tile.py */
+  const float *a;
+  int64_t a_ms, a_ks;
+  const float *b;
+  const int64_t *koff;
+  int64_t k, ldc, m0;
+  int64_t voff[CT_NV_MAX], coff[CT_NV_MAX], lanes[CT_NV_MAX];
+  float *out[CT_MAX_OUT];
+  const float *extra[CT_MAX_EXTRA];
+} ct_tile;
+
+typedef struct {
+  const onnxopt_ct_desc *d;
+  int64_t items, groups, M, K, P; /* P: columns per row of C (OH * OW, or N of a matmul) */
+  int64_t mblocks, ptiles, ptasks, mtasks;
+  int rows_mode;
+  int64_t OH, OW, Wph, cseg;
+  const float *a, *b;
+  int64_t *a_off, *b_off; /* per item, in floats */
+  int64_t a_ms, a_ks;
+  const int64_t *koff;
+  float *out[CT_MAX_OUT];
+  const float *extra[CT_MAX_EXTRA];
+  int64_t extra_count[CT_MAX_EXTRA]; /* elements per batch item (POSITION/CHANNEL) */
+} ct_job;
+
+static void ct_run_task(const ct_job *job, int64_t task) {
+  const onnxopt_ct_desc *d = job->d;
+  int64_t per_item = job->ptasks * job->mtasks;
+  int64_t item = task / per_item, rem = task % per_item;
+  int64_t pt = rem / job->mtasks, mt = rem % job->mtasks;
+  int64_t t0 = pt * job->ptiles / job->ptasks, t1 = (pt + 1) * job->ptiles / job->ptasks;
+  int64_t b0 = mt * job->mblocks / job->mtasks, b1 = (mt + 1) * job->mblocks / job->mtasks;
+  int64_t n = item / job->groups, g = item % job->groups;
+  int64_t out_off = item * job->M * job->P;
+  ct_tile t;
+  memset(&t, 0, sizeof(t));
+  t.b = job->b + job->b_off[item];
+  t.koff = job->koff;
+  t.k = job->K;
+  t.ldc = job->P;
+  t.a_ms = job->a_ms;
+  t.a_ks = job->a_ks;
+  for (int o = 0; o < d->sig.n_out; o++) t.out[o] = job->out[o] + out_off;
+  for (int e = 0; e < d->n_extra; e++) {
+    const float *base = job->extra[e] + (d->extra_nstride[e] ? n * job->extra_count[e] : 0);
+    if (d->extra_kind[e] == EX_POSITION) base += g * job->M * job->P;
+    else if (d->extra_kind[e] == EX_CHANNEL) base += g * job->M;
+    t.extra[e] = base;
+  }
+  const float *a_item = job->a + job->a_off[item];
+  for (int64_t tile = t0; tile < t1; tile++) {
+    int nv = 0;
+    if (job->rows_mode) {
+      int64_t oh0 = (tile / job->cseg) * d->ni, ow0 = (tile % job->cseg) * d->lanes;
+      int64_t cols = job->OW - ow0 < d->lanes ? job->OW - ow0 : d->lanes;
+      for (int j = 0; j < d->ni && oh0 + j < job->OH; j++, nv++) {
+        t.voff[j] = (oh0 + j) * job->Wph + ow0;
+        t.coff[j] = (oh0 + j) * job->OW + ow0;
+        t.lanes[j] = cols;
+      }
+    } else {
+      int64_t p0 = tile * d->ni * d->lanes;
+      for (int j = 0; j < d->ni && p0 + j * d->lanes < job->P; j++, nv++) {
+        int64_t left = job->P - (p0 + j * d->lanes);
+        t.voff[j] = t.coff[j] = p0 + j * d->lanes;
+        t.lanes[j] = left < d->lanes ? left : d->lanes;
+      }
+    }
+    for (int64_t mb = b0; mb < b1; mb++) {
+      int64_t m0 = mb * d->mi;
+      int64_t mi = job->M - m0 < d->mi ? job->M - m0 : d->mi;
+      t.m0 = m0;
+      t.a = d->sig.kind == KIND_CONV ? a_item + mb * job->K * d->mi : a_item + m0 * job->a_ms;
+      d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)&t);
+    }
+  }
+}
+
+static void ct_task(void *usr, size_t index) { ct_run_task((const ct_job *)usr, (int64_t)index); }
+
+/* Split the work into tasks: enough for every thread (and for balance), none too small to pay for itself. */
+static void ct_plan(ct_job *job) {
+  job->mblocks = (job->M + job->d->mi - 1) / job->d->mi;
+  double flops = 2.0 * (double)job->items * (double)job->M * (double)job->P * (double)job->K;
+  int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
+  if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;
+  if (want < 1) want = 1;
+  job->ptasks = (want + job->items - 1) / job->items;
+  if (job->ptasks > job->ptiles) job->ptasks = job->ptiles;
+  if (job->ptasks < 1) job->ptasks = 1;
+  job->mtasks = (want + job->items * job->ptasks - 1) / (job->items * job->ptasks);
+  if (job->mtasks > job->mblocks) job->mtasks = job->mblocks;
+  if (job->mtasks < 1) job->mtasks = 1;
+}
+
+static OrtStatus *ct_run(ct_job *job, OrtKernelContext *ctx) {
+  ct_plan(job);
+  int64_t tasks = job->items * job->ptasks * job->mtasks;
+  double flops = 2.0 * (double)job->items * (double)job->M * (double)job->P * (double)job->K;
+  if (tasks == 1 || flops < CT_INLINE_FLOPS) {
+    job->ptasks = job->mtasks = 1;
+    for (int64_t i = 0; i < job->items; i++) ct_run_task(job, i);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, ct_task, (size_t)tasks, 0, job);
+}
+
+typedef struct {
+  const float *x;
+  float *pad;
+  int64_t H, W, sh, sw, pt, pl, Hph, Wph;
+} ct_pad_job;
+
+static void ct_pad_channel(void *usr, size_t index) {
+  const ct_pad_job *p = (const ct_pad_job *)usr;
+  const float *src = p->x + (int64_t)index * p->H * p->W;
+  float *dst = p->pad + (int64_t)index * p->sh * p->sw * p->Hph * p->Wph;
+  for (int64_t a = 0; a < p->sh; a++)
+    for (int64_t bb = 0; bb < p->sw; bb++)
+      for (int64_t r = 0; r < p->Hph; r++, dst += p->Wph) {
+        int64_t ih = r * p->sh + a - p->pt;
+        if (ih < 0 || ih >= p->H) {
+          memset(dst, 0, (size_t)p->Wph * sizeof(float));
+          continue;
+        }
+        const float *row = src + ih * p->W;
+        if (p->sw == 1) {
+          int64_t c0 = p->pl, n = p->W; /* dst[c] = row[c - pl] */
+          if (c0 + n > p->Wph) n = p->Wph - c0;
+          memset(dst, 0, (size_t)(c0 < p->Wph ? c0 : p->Wph) * sizeof(float));
+          if (n > 0) memcpy(dst + c0, row, (size_t)n * sizeof(float));
+          if (c0 + (n > 0 ? n : 0) < p->Wph)
+            memset(dst + c0 + (n > 0 ? n : 0), 0, (size_t)(p->Wph - c0 - (n > 0 ? n : 0)) * sizeof(float));
+        } else {
+          for (int64_t c = 0; c < p->Wph; c++) {
+            int64_t iw = c * p->sw + bb - p->pl;
+            dst[c] = iw >= 0 && iw < p->W ? row[iw] : 0.0f;
+          }
+        }
+      }
+}
+
+/* im2col: row k = (ic, r, c) of item i holds the tap's input value for every output pixel, zeros for padding. */
+typedef struct {
+  const float *x;
+  float *col;
+  int64_t C, H, W, ic_g, groups, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW;
+} ct_col_job;
+
+static void ct_col_row(void *usr, size_t index) {
+  const ct_col_job *p = (const ct_col_job *)usr;
+  int64_t K = p->ic_g * p->kh * p->kw;
+  int64_t item = (int64_t)index / K, k = (int64_t)index % K;
+  int64_t n = item / p->groups, g = item % p->groups;
+  int64_t ic = k / (p->kh * p->kw), r = (k / p->kw) % p->kh, c = k % p->kw;
+  const float *src = p->x + ((n * p->C) + g * p->ic_g + ic) * p->H * p->W;
+  float *dst = p->col + (int64_t)index * p->OH * p->OW;
+  for (int64_t oh = 0; oh < p->OH; oh++) {
+    int64_t ih = oh * p->sh - p->pt + r * p->dh;
+    float *row = dst + oh * p->OW;
+    if (ih < 0 || ih >= p->H) {
+      memset(row, 0, (size_t)p->OW * sizeof(float));
+      continue;
+    }
+    const float *in = src + ih * p->W;
+    for (int64_t ow = 0; ow < p->OW; ow++) {
+      int64_t iw = ow * p->sw - p->pl + c * p->dw;
+      row[ow] = iw >= 0 && iw < p->W ? in[iw] : 0.0f;
+    }
+  }
+}
+
+static OrtStatus *ct_dims(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *dims, size_t *rank) {
+  OrtTensorTypeAndShapeInfo *info;
+  CHECK(API(KernelContext_GetInput)(ctx, i, v));
+  CHECK(API(GetTensorTypeAndShape)(*v, &info));
+  OrtStatus *st = API(GetDimensionsCount)(info, rank);
+  if (!st && *rank > MAX_RANK) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: tensor rank above 12");
+  if (!st) st = API(GetDimensions)(info, dims, *rank);
+  API(ReleaseTensorTypeAndShapeInfo)(info);
+  return st;
+}
+
+static int64_t ct_numel(const int64_t *dims, size_t rank) {
+  int64_t n = 1;
+  for (size_t j = 0; j < rank; j++) n *= dims[j];
+  return n;
+}
+
+/* Epilogue inputs: pointers, and a check that each has the size the optimizer planned for. */
+static OrtStatus *ct_extras(const onnxopt_ct_desc *d, ct_job *job, OrtKernelContext *ctx, int64_t batch,
+                            int64_t per_item_position, int64_t channels, int64_t columns) {
+  for (int e = 0; e < d->n_extra; e++) {
+    const OrtValue *v;
+    int64_t dims[MAX_RANK];
+    size_t rank;
+    CHECK(ct_dims(ctx, (size_t)(2 + e), &v, dims, &rank));
+    CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&job->extra[e]));
+    int64_t have = ct_numel(dims, rank), want = 1;
+    switch (d->extra_kind[e]) {
+      case EX_POSITION: want = per_item_position; break;
+      case EX_CHANNEL: want = channels; break;
+      case EX_COLUMN: want = columns; break;
+      default: want = 1;
+    }
+    job->extra_count[e] = want;
+    if (d->extra_nstride[e] != 0) want *= batch;
+    if (have != want)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: an input of a fused epilogue has a different size than the "
+                                        "kernel was built for; re-run onnxopt with --input-shape for these inputs");
+  }
+  return NULL;
+}
+
+static OrtStatus *ct_outputs(const onnxopt_ct_desc *d, ct_job *job, OrtKernelContext *ctx, const int64_t *dims,
+                             size_t rank) {
+  for (int o = 0; o < d->sig.n_out; o++) {
+    OrtValue *ov;
+    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, dims, rank, &ov));
+    CHECK(API(GetTensorMutableData)(ov, (void **)&job->out[o]));
+  }
+  return NULL;
+}
+
+static int64_t ct_same_pad(int64_t in, int64_t k, int64_t s, int64_t dil) {
+  int64_t out = (in + s - 1) / s, need = (out - 1) * s + (k - 1) * dil + 1 - in;
+  return need > 0 ? need : 0;
+}
+
+static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
+  const OrtValue *xv, *wv;
+  int64_t xd[MAX_RANK], wd[MAX_RANK];
+  size_t xr, wr;
+  CHECK(ct_dims(ctx, 0, &xv, xd, &xr));
+  CHECK(ct_dims(ctx, 1, &wv, wd, &wr));
+  if (xr != 4 || xd[1] != d->ic_g * d->groups)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the convolution's input is not [N, C, H, W] with the channels the "
+                                      "kernel was built for");
+  ct_job job;
+  memset(&job, 0, sizeof(job));
+  job.d = d;
+  int64_t N = xd[0], C = xd[1], H = xd[2], W = xd[3];
+  int64_t pt = d->pads[0], pl = d->pads[1], pb = d->pads[2], pr = d->pads[3];
+  if (d->auto_pad) {
+    int64_t th = ct_same_pad(H, d->kh, d->sh, d->dh), tw = ct_same_pad(W, d->kw, d->sw, d->dw);
+    pt = d->auto_pad == 1 ? th / 2 : th - th / 2;
+    pl = d->auto_pad == 1 ? tw / 2 : tw - tw / 2;
+    pb = th - pt;
+    pr = tw - pl;
+  }
+  int64_t OH = (H + pt + pb - ((d->kh - 1) * d->dh + 1)) / d->sh + 1;
+  int64_t OW = (W + pl + pr - ((d->kw - 1) * d->dw + 1)) / d->sw + 1;
+  if (H + pt + pb < (d->kh - 1) * d->dh + 1 || W + pl + pr < (d->kw - 1) * d->dw + 1)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the convolution's input is smaller than its kernel");
+  int64_t odims[4] = {N, d->oc, OH, OW};
+  CHECK(ct_outputs(d, &job, ctx, odims, 4));
+  job.items = N * d->groups;
+  job.groups = d->groups;
+  job.M = d->oc / d->groups;
+  job.K = d->ic_g * d->kh * d->kw;
+  job.P = OH * OW;
+  job.OH = OH;
+  job.OW = OW;
+  CHECK(ct_extras(d, &job, ctx, N, d->oc * OH * OW, d->oc, OH * OW));
+  if (N == 0 || OH * OW == 0) return NULL;
+  const float *x;
+  CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
+  CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.a));
+  int flat = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0;
+  int64_t *koff = (int64_t *)malloc((size_t)job.K * sizeof(int64_t));
+  int64_t *offs = (int64_t *)malloc((size_t)job.items * 2 * sizeof(int64_t));
+  float *pad = NULL;
+  OrtStatus *st = NULL;
+  if (!koff || !offs) {
+    st = fail(ORT_FAIL, "onnxopt: out of memory");
+    goto done;
+  }
+  job.a_off = offs;
+  job.b_off = offs + job.items;
+  int64_t mpad = (job.M + d->mi - 1) / d->mi * d->mi;
+  int64_t plane;
+  /* Rows mode fills OW / (vectors per row * lanes) of each vector; a flat run of all OH * OW pixels fills almost
+     all of them. For small images (7x7, 17x17 outputs) that difference is large, and materializing the columns
+     (im2col) costs less than the idle lanes; for big images rows mode avoids the big buffer. */
+  int64_t lanes_rows = (OW + d->lanes - 1) / d->lanes * d->lanes;
+  int64_t lanes_flat = (job.P + d->lanes - 1) / d->lanes * d->lanes;
+  double eff_rows = (double)OW / (double)lanes_rows, eff_flat = (double)job.P / (double)lanes_flat;
+  int use_col = !flat && eff_flat - eff_rows > 0.08 && (double)job.items * job.K * job.P * 4.0 <= 32.0 * 1048576.0;
+  if (use_col) {
+    plane = 0;
+    pad = (float *)malloc((size_t)(job.items * job.K * job.P) * sizeof(float));
+    if (!pad) {
+      st = fail(ORT_FAIL, "onnxopt: out of memory for the convolution's columns");
+      goto done;
+    }
+    ct_col_job cj = {x, pad, C, H, W, d->ic_g, d->groups, d->kh, d->kw, d->sh, d->sw, d->dh, d->dw, pt, pl, OH, OW};
+    if (job.items * job.K * job.P < (1 << 16)) {
+      for (int64_t i = 0; i < job.items * job.K; i++) ct_col_row(&cj, (size_t)i);
+    } else {
+      st = API(KernelContext_ParallelFor)(ctx, ct_col_row, (size_t)(job.items * job.K), 0, &cj);
+      if (st) goto done;
+    }
+    for (int64_t k = 0; k < job.K; k++) koff[k] = k * job.P;
+    job.b = pad;
+    job.ptiles = (job.P + d->ni * d->lanes - 1) / (d->ni * d->lanes);
+  } else if (flat) {
+    plane = H * W;
+    for (int64_t k = 0; k < job.K; k++) koff[k] = k * plane;
+    job.b = x;
+    job.ptiles = (job.P + d->ni * d->lanes - 1) / (d->ni * d->lanes);
+  } else {
+    int64_t Hph = (H + pt + pb + d->sh - 1) / d->sh, Wph = (W + pl + pr + d->sw - 1) / d->sw;
+    int64_t phase = Hph * Wph;
+    plane = d->sh * d->sw * phase;
+    pad = (float *)malloc((size_t)(N * C * plane) * sizeof(float));
+    if (!pad) {
+      st = fail(ORT_FAIL, "onnxopt: out of memory for the padded input");
+      goto done;
+    }
+    ct_pad_job pj = {x, pad, H, W, d->sh, d->sw, pt, pl, Hph, Wph};
+    if (N * C * plane < (1 << 16)) {
+      for (int64_t i = 0; i < N * C; i++) ct_pad_channel(&pj, (size_t)i);
+    } else {
+      st = API(KernelContext_ParallelFor)(ctx, ct_pad_channel, (size_t)(N * C), 0, &pj);
+      if (st) goto done;
+    }
+    int64_t k = 0;
+    for (int64_t ic = 0; ic < d->ic_g; ic++)
+      for (int64_t r = 0; r < d->kh; r++)
+        for (int64_t c = 0; c < d->kw; c++, k++) {
+          int64_t y = r * d->dh, xx = c * d->dw;
+          koff[k] = ic * plane + ((y % d->sh) * d->sw + xx % d->sw) * phase + (y / d->sh) * Wph + xx / d->sw;
+        }
+    job.b = pad;
+    job.rows_mode = 1;
+    job.Wph = Wph;
+    job.cseg = (OW + d->lanes - 1) / d->lanes;
+    job.ptiles = (OH + d->ni - 1) / d->ni * job.cseg;
+  }
+  for (int64_t i = 0; i < job.items; i++) {
+    job.a_off[i] = (i % d->groups) * mpad * job.K;
+    job.b_off[i] = use_col ? i * job.K * job.P : i * d->ic_g * plane;
+  }
+  job.koff = koff;
+  st = ct_run(&job, ctx);
+done:
+  free(pad);
+  free(koff);
+  free(offs);
+  return st;
+}
+
+static OrtStatus *ct_matmul(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
+  const OrtValue *av, *bv;
+  int64_t ad[MAX_RANK], bd[MAX_RANK];
+  size_t ar, br;
+  CHECK(ct_dims(ctx, 0, &av, ad, &ar));
+  CHECK(ct_dims(ctx, 1, &bv, bd, &br));
+  if (ar < 2 || br < 2) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul operands must have rank 2 or more");
+  int64_t M = d->trans_a ? ad[ar - 1] : ad[ar - 2], K = d->trans_a ? ad[ar - 2] : ad[ar - 1];
+  int64_t N = bd[br - 1];
+  if (bd[br - 2] != K) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul inner dimensions differ");
+  size_t R = ar > br ? ar : br;
+  int64_t od[MAX_RANK];
+  int64_t batch = 1;
+  for (size_t j = 0; j + 2 < R; j++) {
+    int64_t x = j + ar >= R ? ad[j + ar - R] : 1, y = j + br >= R ? bd[j + br - R] : 1;
+    if (x != y && x != 1 && y != 1) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul batch dims cannot broadcast");
+    od[j] = x > y ? x : y;
+    if (x == 0 || y == 0) od[j] = 0;
+    batch *= od[j];
+  }
+  od[R - 2] = M;
+  od[R - 1] = N;
+  ct_job job;
+  memset(&job, 0, sizeof(job));
+  job.d = d;
+  CHECK(ct_outputs(d, &job, ctx, od, R));
+  job.items = batch;
+  job.groups = 1;
+  job.M = M;
+  job.K = K;
+  job.P = N;
+  CHECK(ct_extras(d, &job, ctx, batch, M * N, M, N));
+  if (batch == 0 || M == 0 || N == 0) return NULL;
+  CHECK(API(GetTensorMutableData)((OrtValue *)av, (void **)&job.a));
+  CHECK(API(GetTensorMutableData)((OrtValue *)bv, (void **)&job.b));
+  if (K == 0) {
+    /* An empty sum: the epilogue still runs, on zeros, through a zero-length K loop. */
+  }
+  int64_t *koff = (int64_t *)malloc((size_t)(K > 0 ? K : 1) * sizeof(int64_t));
+  int64_t *offs = (int64_t *)malloc((size_t)batch * 2 * sizeof(int64_t));
+  OrtStatus *st = NULL;
+  if (!koff || !offs) {
+    st = fail(ORT_FAIL, "onnxopt: out of memory");
+    goto done;
+  }
+  for (int64_t k = 0; k < K; k++) koff[k] = k * N;
+  job.a_off = offs;
+  job.b_off = offs + batch;
+  for (int64_t i = 0; i < batch; i++) { /* broadcast batch index -> each operand's matrix */
+    int64_t r = i, oa = 0, ob = 0, sa = M * K, sb = K * N;
+    for (size_t j = R - 2; j-- > 0;) {
+      int64_t idx = r % od[j];
+      r /= od[j];
+      int64_t x = j + ar >= R ? ad[j + ar - R] : 1, y = j + br >= R ? bd[j + br - R] : 1;
+      if (x != 1) oa += idx * sa;
+      if (y != 1) ob += idx * sb;
+      sa *= x;
+      sb *= y;
+    }
+    job.a_off[i] = oa;
+    job.b_off[i] = ob;
+  }
+  job.a_ms = d->trans_a ? 1 : K;
+  job.a_ks = d->trans_a ? M : 1;
+  job.koff = koff;
+  job.ptiles = (N + d->ni * d->lanes - 1) / (d->ni * d->lanes);
+  st = ct_run(&job, ctx);
+done:
+  free(koff);
+  free(offs);
+  return st;
+}
+
+static OrtStatus *ct_compute(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
+  return d->sig.kind == KIND_CONV ? ct_conv(d, ctx) : ct_matmul(d, ctx);
+}

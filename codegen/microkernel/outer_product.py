@@ -1,0 +1,116 @@
+"""The outer-product fp32 matmul micro-kernel (Chimera, Algorithm 2), as LLVM IR for any x86 vector width.
+
+    for k in [0, K):
+        b[j] = B[k, voff[j] : voff[j] + lanes]                    NI vector loads (masked: tails and edges)
+        for each group of MII rows i:
+            a[i] = broadcast A[i, k]                              MII broadcasts
+            C[i][j] = fma(a[i], b[j], C[i][j])                    MII * NI FMAs
+
+C stays in MI x NI vector registers for the whole K loop. B rows are addressed through a table of element offsets
+(`koff[k]`), so one kernel serves a GEMM (koff[k] = k * ldb) and a convolution whose k runs over (ic, kh, kw) taps
+of a padded input (koff[k] = the tap's offset); the NI vectors of a row start at per-tile offsets `voff[j]`, which
+lets a tile cover one flat run of columns or NI separate output rows. A is read at a_ptr + i * a_ms + k * a_ks:
+packed weights ([M/MI][K][MI], a_ms = 1, a_ks = MI) or a row-major matrix.
+
+On AVX-512 LLVM folds each broadcast into its FMA (`vfmadd231ps zmm, zmm, [mem]{1to16}`); the accumulators,
+the NI B vectors and the broadcasts fit the register file by construction (register_tile.py), which the tests
+check on the generated assembly (no stack traffic).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..vmath.irutil import fma, intrinsic, suffix
+from .register_tile import RegisterTile
+
+F32 = ir.FloatType()
+I64 = ir.IntType(64)
+I32 = ir.IntType(32)
+PTR = ir.PointerType()
+
+
+def as_i64(v) -> ir.Value:
+    return v if isinstance(v, ir.Value) else ir.Constant(I64, int(v))
+
+
+def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
+    vty = ir.VectorType(scalar.type, lanes)
+    v = b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def lane_mask(b: ir.IRBuilder, valid: ir.Value, lanes: int) -> ir.Value:
+    """<lanes x i1>: lane l is on when l < valid."""
+    # 32-bit lanes: one compare into a mask register (64-bit lanes would take two and a merge).
+    idx = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
+    return b.icmp_signed("<", idx, splat(b, b.trunc(valid, I32), lanes))
+
+
+def masked_load(b: ir.IRBuilder, ptr: ir.Value, mask: ir.Value, lanes: int) -> ir.Value:
+    vty = ir.VectorType(F32, lanes)
+    return intrinsic(b, f"llvm.masked.load.{suffix(vty)}.p0", vty,
+                     [ptr, ir.Constant(I32, 4), mask, ir.Constant(vty, [0.0] * lanes)])
+
+
+def masked_store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
+    name = f"llvm.masked.store.{suffix(value.type)}.p0"
+    fnty = ir.FunctionType(ir.VoidType(), [value.type, PTR, I32, mask.type])
+    fn = b.module.globals.get(name) or ir.Function(b.module, fnty, name=name)
+    b.call(fn, [value, ptr, ir.Constant(I32, 4), mask])
+
+
+def emit_outer_product(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_ptr, a_ms, a_ks, b_ptr, koff_ptr,
+                       k_count, voff: list, masks: list) -> list[list[ir.Value]]:
+    """Emit the K loop at the builder's position; returns the accumulators C[i][j] after it (i < mi, j < nv)."""
+    lanes = tile.lanes
+    vty = ir.VectorType(F32, lanes)
+    zero = ir.Constant(vty, [0.0] * lanes)
+    a_ms, a_ks, k_count = as_i64(a_ms), as_i64(a_ks), as_i64(k_count)
+    fn = b.function
+    pre = b.block
+    loop = fn.append_basic_block("k.loop")
+    body = fn.append_basic_block("k.body")
+    done = fn.append_basic_block("k.done")
+    b.cbranch(b.icmp_signed(">", k_count, ir.Constant(I64, 0)), loop, done)
+
+    b.position_at_end(loop)
+    k = b.phi(I64, name="k")
+    k.add_incoming(ir.Constant(I64, 0), pre)
+    acc_phis = [[b.phi(vty, name=f"c{i}_{j}") for j in range(nv)] for i in range(mi)]
+    for row in acc_phis:
+        for p in row:
+            p.add_incoming(zero, pre)
+    b.branch(body)
+
+    b.position_at_end(body)
+    row_off = b.load(b.gep(koff_ptr, [k], source_etype=I64), typ=I64)
+    b_row = b.gep(b_ptr, [row_off], source_etype=F32)
+    bvec = [masked_load(b, b.gep(b_row, [voff[j]], source_etype=F32), masks[j], lanes) for j in range(nv)]
+    a_k = b.gep(a_ptr, [b.mul(k, a_ks)], source_etype=F32)
+    new_acc = [[None] * nv for _ in range(mi)]
+    for g in range(0, mi, tile.mii):
+        rows = range(g, min(g + tile.mii, mi))
+        avals = {i: splat(b, b.load(b.gep(a_k, [b.mul(ir.Constant(I64, i), a_ms)], source_etype=F32), typ=F32), lanes)
+                 for i in rows}
+        for i in rows:
+            for j in range(nv):
+                new_acc[i][j] = fma(b, avals[i], bvec[j], acc_phis[i][j])
+    k_next = b.add(k, ir.Constant(I64, 1))
+    for i in range(mi):
+        for j in range(nv):
+            acc_phis[i][j].add_incoming(new_acc[i][j], body)
+    k.add_incoming(k_next, body)
+    b.cbranch(b.icmp_signed("<", k_next, k_count), loop, done)
+
+    b.position_at_end(done)
+    result = []
+    for i in range(mi):
+        row = []
+        for j in range(nv):
+            p = b.phi(vty, name=f"r{i}_{j}")
+            p.add_incoming(zero, pre)
+            p.add_incoming(new_acc[i][j], body)
+            row.append(p)
+        result.append(row)
+    return result

@@ -1,0 +1,48 @@
+"""Replaceable micro-kernels: one abstract spec (C[MI x NI*lanes] += A[MI x K] . B[K x NI*lanes]), one registered
+implementation per target, selected by the target's features (Chimera's micro-kernel registry).
+
+Each implementation names the features it needs and its register tile; `select` picks the first whose features the
+target has. The reference is numpy's matmul over the same tile, which the tests compare every implementation with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..target import Target
+from .register_tile import RegisterTile, solve_register_tile
+
+
+@dataclass(frozen=True)
+class MicroKernel:
+    name: str
+    requires: tuple[str, ...]
+    registers: int
+    lanes: int
+
+    @property
+    def tile(self) -> RegisterTile:
+        return solve_register_tile(self.registers, self.lanes)
+
+
+# Best first. The emitter (outer_product.py) is shared; what differs per target is the vector width and the number
+# of vector registers, hence the register tile.
+MICRO_KERNELS = (
+    MicroKernel("avx512_fp32_outer_product", ("avx512f",), registers=32, lanes=16),
+    MicroKernel("avx2_fp32_outer_product", ("avx2", "fma"), registers=16, lanes=8),
+    MicroKernel("sse_fp32_outer_product", (), registers=16, lanes=4),
+)
+
+
+def select(target: Target) -> MicroKernel:
+    for mk in MICRO_KERNELS:
+        if all(target.has(f) for f in mk.requires):
+            return mk
+    raise AssertionError("the last micro-kernel requires nothing")
+
+
+def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """What every implementation computes for one tile: C = A @ B in float64, returned as float32."""
+    return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)

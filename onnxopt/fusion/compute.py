@@ -1,0 +1,350 @@
+"""Fusion rule: a convolution or matmul together with everything elementwise after it, up to the next compute op.
+
+    Conv [-> BatchNormalization] -> Add(bias) -> Relu / Clip / hardswish / SiLU / GELU ... -> Add(residual) -> Mul(se)
+
+becomes one kernel: the micro-kernel computes the output tile in registers and the epilogue program applies the
+chain before the tile is stored, so the intermediate tensors never reach memory.
+
+What the rule decides at optimize time:
+- a BatchNormalization right after a Conv (inference form, constant parameters) is folded into the weights and bias;
+- the weights are packed for the micro-kernel ([groups][ceil(oc_g / MI)][ic_g * kh * kw][MI], zero rows to pad) and
+  stored in the model as an initializer; the function fallback unpacks them with Transpose/Reshape/Slice, so the
+  model computes the same tensor with or without the library;
+- each other epilogue input is classified by its shape against the output (POSITION, CHANNEL, COLUMN, SCALAR);
+  one-element constants are folded into the code;
+- every value of the region used outside it (or a graph output) is written; at most MAX_OUTPUTS.
+Gemm's alpha and beta are folded into constant B and C; transB needs a constant B (it is transposed at optimize
+time), transA is handled by the kernel's strides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .elementwise import ElementwiseRule, _attr
+from .region import EwOp, EwProgram, Region, Value
+
+MAX_OUTPUTS = 4
+MAX_EXTRAS = 8
+POSITION, CHANNEL, COLUMN, SCALAR = 0, 1, 2, 3
+ACC = "__acc"
+
+
+@dataclass
+class ComputeParams:
+    """The compute op of a region and what its kernel and function fallback need."""
+
+    op: str  # "conv" or "matmul"
+    extra_kinds: list[int] = field(default_factory=list)
+    extra_nstride: list[int] = field(default_factory=list)  # 1 when the input has the batch dim, 0 when shared
+    attrs: dict = field(default_factory=dict)
+    initializers: list[onnx.TensorProto] = field(default_factory=list)
+    body: list[onnx.NodeProto] = field(default_factory=list)  # the function fallback
+
+
+class ComputeRule:
+    kind_names = {"conv": "Conv", "matmul": "MatMul"}
+
+    def __init__(self, model: onnx.ModelProto, mi: int):
+        self.ew = ElementwiseRule(model, min_ops=1)
+        self.model = model
+        self.index = self.ew.index
+        self.mi = mi
+        self.inits = self.ew.inits
+
+    # ---- the compute node ----
+    def _const(self, name):
+        t = self.inits.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    def admits(self, node) -> str | None:
+        if node.domain not in ("", "ai.onnx"):
+            return "custom domain"
+        if node.op_type not in ("Conv", "MatMul", "Gemm"):
+            return "not a compute op"
+        if any(self.ew.dtype_of(x) != "float32" for x in node.input if x):
+            return "not float32"
+        out_shape = self.ew.shape_of(node.output[0])
+        if out_shape is None:
+            return "output shape unknown"
+        if node.op_type == "Conv":
+            w = self._const(node.input[1])
+            if w is None or w.ndim != 4:
+                return "not a 2-D convolution with constant weights"
+            if len(node.input) > 2 and node.input[2] and self._const(node.input[2]) is None:
+                return "bias is not constant"
+            xs = self.ew.shape_of(node.input[0])
+            if xs is None or len(xs) != 4 or not isinstance(xs[1], int):
+                return "input is not [N, C, H, W] with a known C"
+            if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", b"SAME_UPPER", b"SAME_LOWER"):
+                return "unknown auto_pad"
+        else:
+            sa, sb = self.ew.shape_of(node.input[0]), self.ew.shape_of(node.input[1])
+            if sa is None or sb is None or len(sa) < 2 or len(sb) < 2:
+                return "operands are not matrices (rank >= 2)"
+            if node.op_type == "Gemm":
+                c = node.input[2] if len(node.input) > 2 and node.input[2] else None
+                if _attr(node, "transB", 0) and self._const(node.input[1]) is None:
+                    return "Gemm transB with a runtime B"
+                if _attr(node, "alpha", 1.0) != 1.0 and self._const(node.input[1]) is None:
+                    return "Gemm alpha with a runtime B"
+                if c and _attr(node, "beta", 1.0) != 1.0 and self._const(c) is None:
+                    return "Gemm beta with a runtime C"
+        return None
+
+    # ---- growth ----
+    def find_regions(self, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
+        regions = []
+        for i, node in enumerate(self.index.nodes):
+            if i in claimed or self.admits(node) is not None:
+                continue
+            try:
+                r = self._region_from(i, claimed)
+            except _Reject as e:
+                if rejected is not None:
+                    rejected.append({"nodes": [node.name or node.output[0]], "reason": str(e)})
+                continue
+            claimed.update(r[1])
+            regions.append(r[0])
+        return regions
+
+    def _epilogue_kind(self, x: str, out_shape: tuple, op: str) -> int | None:
+        """How an epilogue input broadcasts against the output: POSITION, CHANNEL, COLUMN, SCALAR or None."""
+        s = self.ew.shape_of(x)
+        if s is None or self.ew.dtype_of(x) != "float32":
+            return None
+        r = len(out_shape)
+        if len(s) > r:
+            return None
+        full = (1,) * (r - len(s)) + tuple(s)
+        if full == tuple(out_shape) or full[1:] == tuple(out_shape[1:]) and full[0] == 1:
+            return POSITION
+        if all(d == 1 for d in full):
+            return SCALAR
+        if op == "conv":
+            if full[1] == out_shape[1] and all(d == 1 for d in full[2:]) and full[0] in (1, out_shape[0]):
+                return CHANNEL
+        else:
+            if full[-1] == out_shape[-1] and all(d == 1 for d in full[:-1]):
+                return COLUMN
+            if full[-1] == 1 and full[-2] == out_shape[-2] and all(d == 1 for d in full[:-2]):
+                return CHANNEL
+        return None
+
+    def _region_from(self, i: int, claimed: set[int]):
+        idx = self.index
+        node = idx.nodes[i]
+        op = "conv" if node.op_type == "Conv" else "matmul"
+        out_shape = self.ew.shape_of(node.output[0])
+        members = [i]
+        values = {node.output[0]}
+        extras: list[str] = []
+        kinds: list[int] = []
+        bn = None
+        # A BatchNormalization that only this conv feeds folds into it.
+        cons = idx.consumers.get(node.output[0], [])
+        if op == "conv" and len(cons) == 1 and cons[0] not in claimed and node.output[0] not in idx.graph_outputs:
+            c = idx.nodes[cons[0]]
+            if (c.op_type == "BatchNormalization" and len(c.output) == 1 and c.domain in ("", "ai.onnx")
+                    and all(self._const(x) is not None for x in c.input[1:5])):
+                bn = c
+                members.append(cons[0])
+                values = {c.output[0]}
+        changed = True
+        while changed:
+            changed = False
+            for v in sorted(values):
+                for c in idx.consumers.get(v, []):
+                    if c in members or c in claimed or c < i:
+                        continue
+                    cn = idx.nodes[c]
+                    if self.ew.admits(cn) is not None or self.ew.shape_of(cn.output[0]) != out_shape:
+                        continue
+                    if self.ew.dtype_of(cn.output[0]) != "float32":
+                        continue
+                    new_extras = []
+                    ok = True
+                    for x in cn.input:
+                        if not x or x in values or x in extras or self.ew.scalar_const(x) is not None:
+                            continue
+                        k = self._epilogue_kind(x, out_shape, op)
+                        if k is None:
+                            ok = False
+                            break
+                        new_extras.append((x, k))
+                    if not ok or len(extras) + len(new_extras) + 1 > MAX_EXTRAS:
+                        continue
+                    trial = set(members) | {c}
+                    if idx.escapes_and_returns(trial):
+                        continue
+                    members.append(c)
+                    values.add(cn.output[0])
+                    for x, k in new_extras:
+                        extras.append(x)
+                        kinds.append(k)
+                    changed = True
+        group = set(members)
+        outputs = [o for m in sorted(members) for o in idx.nodes[m].output if idx.is_used_outside(o, group)]
+        if not outputs:
+            raise _Reject("no output is used")
+        if len(outputs) > MAX_OUTPUTS:
+            raise _Reject(f"more than {MAX_OUTPUTS} outputs")
+        return self._build(node, bn, sorted(members), extras, kinds, outputs, out_shape), group
+
+    # ---- the region ----
+    def _build(self, node, bn, members, extras, kinds, outputs, out_shape) -> Region:
+        idx = self.index
+        ew_nodes = [idx.nodes[m] for m in members if idx.nodes[m] is not node and idx.nodes[m] is not bn]
+        consts: dict = {}
+        ops: list[EwOp] = []
+        params = ComputeParams("conv" if node.op_type == "Conv" else "matmul")
+        head_out = (bn or node).output[0]
+        uid = node.output[0]
+        inputs: list[str]
+        body: list[onnx.NodeProto] = []
+        pre_extras: list[tuple[str, int]] = []
+        if params.op == "conv":
+            inputs, head_body, bias_name = self._conv(node, bn, params, head_out, uid)
+            body += head_body
+            if bias_name:
+                pre_extras.append((bias_name, CHANNEL))
+                ops.append(EwOp("Add", (ACC, bias_name), head_out, "float32"))
+        else:
+            inputs, head_body, c_name, c_kind = self._matmul(node, params, head_out, uid, out_shape)
+            body += head_body
+            if c_name:
+                pre_extras.append((c_name, c_kind))
+                ops.append(EwOp("Add", (ACC, c_name), head_out, "float32"))
+        if not ops:
+            ops.append(EwOp("Identity", (ACC,), head_out, "float32"))
+        for n in ew_nodes:
+            ops.append(self.ew._to_op(n, consts))
+            m = onnx.NodeProto()
+            m.CopyFrom(n)
+            body.append(m)
+        all_extras = pre_extras + list(zip(extras, kinds))
+        if len(all_extras) > MAX_EXTRAS:
+            raise _Reject("too many epilogue inputs")
+        params.extra_kinds = [k for _, k in all_extras]
+        # A bias or Gemm's C never has a batch dimension.
+        params.extra_nstride = [0] * len(pre_extras) + [self._nstride(x, k, out_shape, params.op)
+                                                        for x, k in zip(extras, kinds)]
+        params.body = body
+        prog = EwProgram(inputs=[Value(ACC, "float32")] + [Value(x, "float32") for x, _ in all_extras],
+                         consts=consts, ops=ops, outputs=[Value(o, "float32") for o in outputs])
+        kind = self.kind_names[params.op]
+        region = Region(kind, [idx.nodes[m] for m in members], inputs + [x for x, _ in all_extras], outputs, prog,
+                        list(out_shape))
+        region.compute = params
+        return region
+
+    def _nstride(self, x, kind, out_shape, op) -> int:
+        s = self.ew.shape_of(x)
+        r = len(out_shape)
+        full = (1,) * (r - len(s)) + tuple(s)
+        if kind in (SCALAR, COLUMN):
+            return 0
+        if op == "matmul":
+            # Batch items are everything before the last two dims.
+            batch_dims = full[:-2]
+            if all(d == 1 for d in batch_dims):
+                return 0
+            if tuple(batch_dims) != tuple(out_shape[:-2]):
+                raise _Reject("an epilogue input broadcasts over part of the batch")
+            return 1
+        return 0 if full[0] == 1 else 1
+
+    def _conv(self, node, bn, params, head_out, uid):
+        w = self._const(node.input[1]).astype(np.float32)
+        bias = self._const(node.input[2]).astype(np.float32) if len(node.input) > 2 and node.input[2] else None
+        oc, icg, kh, kw = w.shape
+        if bn is not None:
+            scale, b_bn, mean, var = (self._const(x).astype(np.float64) for x in bn.input[1:5])
+            eps = float(_attr(bn, "epsilon", 1e-5))
+            s = scale / np.sqrt(var + eps)
+            w = (w.astype(np.float64) * s[:, None, None, None]).astype(np.float32)
+            b0 = bias.astype(np.float64) if bias is not None else np.zeros(oc)
+            bias = ((b0 - mean) * s + b_bn).astype(np.float32)
+        groups = int(_attr(node, "group", 1))
+        ocg = oc // groups
+        mb = -(-ocg // self.mi)
+        k = icg * kh * kw
+        padded = np.zeros((groups, mb * self.mi, k), np.float32)
+        padded[:, :ocg, :] = w.reshape(groups, ocg, k)
+        packed = np.ascontiguousarray(padded.reshape(groups, mb, self.mi, k).transpose(0, 1, 3, 2))
+        wname = f"{uid}__packed_w"
+        params.initializers.append(numpy_helper.from_array(packed, wname))
+        bname = None
+        if bias is not None:
+            bname = f"{uid}__bias"
+            params.initializers.append(numpy_helper.from_array(bias, bname))
+        strides = list(_attr(node, "strides", [1, 1]))
+        dil = list(_attr(node, "dilations", [1, 1]))
+        pads = list(_attr(node, "pads", [0, 0, 0, 0]))
+        auto = _attr(node, "auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else auto
+        params.attrs = dict(oc=oc, groups=groups, kernel=(kh, kw), strides=tuple(strides), dilations=tuple(dil),
+                            pads=(pads[0], pads[1], pads[2], pads[3]) if auto in ("NOTSET", "VALID") else (0, 0, 0, 0),
+                            auto_pad={"SAME_UPPER": 1, "SAME_LOWER": 2}.get(auto, 0), ic_g=icg, packed_shape=packed.shape)
+        # The fallback: unpack the weights, then the original convolution (BatchNorm already folded in).
+        def const(name, arr):
+            return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr, np.int64),
+                                                                                          name))
+        u = f"{uid}__unpack"
+        body = [
+            helper.make_node("Transpose", [wname], [f"{u}_t"], perm=[0, 1, 3, 2]),
+            const(f"{u}_s1", [groups, mb * self.mi, k]),
+            helper.make_node("Reshape", [f"{u}_t", f"{u}_s1"], [f"{u}_r"]),
+            const(f"{u}_starts", [0]), const(f"{u}_ends", [ocg]), const(f"{u}_axes", [1]),
+            helper.make_node("Slice", [f"{u}_r", f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_sl"]),
+            const(f"{u}_s2", [oc, icg, kh, kw]),
+            helper.make_node("Reshape", [f"{u}_sl", f"{u}_s2"], [f"{u}_w"]),
+        ]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        conv_in = [node.input[0], f"{u}_w"] + ([bname] if bname else [])
+        body.append(helper.make_node("Conv", conv_in, [head_out], name=node.name, **attrs))
+        return [node.input[0], wname], body, bname
+
+    def _matmul(self, node, params, head_out, uid, out_shape):
+        trans_a = 0
+        c_name, c_kind = None, None
+        if node.op_type == "MatMul":
+            params.attrs = dict(trans_a=0)
+            m = onnx.NodeProto()
+            m.CopyFrom(node)
+            return [node.input[0], node.input[1]], [m], None, None
+        alpha = float(_attr(node, "alpha", 1.0))
+        beta = float(_attr(node, "beta", 1.0))
+        trans_a = int(_attr(node, "transA", 0))
+        trans_b = int(_attr(node, "transB", 0))
+        b_name = node.input[1]
+        b = self._const(b_name)
+        if b is not None and (trans_b or alpha != 1.0):
+            b = (b.T if trans_b else b).astype(np.float32) * np.float32(alpha)
+            b_name = f"{uid}__b"
+            params.initializers.append(numpy_helper.from_array(np.ascontiguousarray(b), b_name))
+        c = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        if c is not None:
+            cv = self._const(c)
+            if cv is not None and beta != 1.0:
+                c_name = f"{uid}__c"
+                params.initializers.append(numpy_helper.from_array((cv * np.float32(beta)).astype(np.float32),
+                                                                   c_name))
+            else:
+                c_name = c
+            c_kind = self._epilogue_kind(c, out_shape, "matmul")
+            if c_kind is None:
+                raise _Reject("Gemm's C does not broadcast as a row, a column or the whole output")
+        params.attrs = dict(trans_a=trans_a)
+        gemm_in = [node.input[0], b_name] + ([c_name] if c_name else [])
+        body = [helper.make_node("Gemm", gemm_in, [head_out], name=node.name, transA=trans_a)]
+        # The epilogue adds C itself; the Gemm node's inputs are only A and B.
+        return [node.input[0], b_name], body, c_name, c_kind
+
+
+class _Reject(Exception):
+    pass
