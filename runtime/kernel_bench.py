@@ -68,8 +68,8 @@ def bench_kernels(fused_path: str, threads: int | None = None, bindings: dict | 
     opsets = list(model.opset_import)
     seen, rows = set(), []
     for node in model.graph.node:
-        if node.domain != DOMAIN:
-            continue
+        if node.domain != DOMAIN or not node.op_type.startswith("Elementwise_"):
+            continue  # compute kernels (Conv_, MatMul_) are measured against FLOP/s by benchmarks/kernels.py
         ins = [concrete(x) for x in node.input]
         outs = [concrete(x) for x in node.output]
         key = (node.op_type, repr(ins))

@@ -44,22 +44,46 @@ class ComputeParams:
     attrs: dict = field(default_factory=dict)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     body: list[onnx.NodeProto] = field(default_factory=list)  # the function fallback
+    # Constants the original nodes read that are not initializers (ConstantOfShape outputs, left unfolded because
+    # they are big): the standalone check of the region needs them as initializers.
+    orig_consts: list[onnx.TensorProto] = field(default_factory=list)
 
 
 class ComputeRule:
     kind_names = {"conv": "Conv", "matmul": "MatMul"}
 
-    def __init__(self, model: onnx.ModelProto, mi: int):
+    def __init__(self, model: onnx.ModelProto, mi: int, grouped: bool = True):
+        self.grouped = grouped  # also grouped and depthwise convolutions
         self.ew = ElementwiseRule(model, min_ops=1)
         self.model = model
         self.index = self.ew.index
         self.mi = mi
         self.inits = self.ew.inits
+        self.materialized: dict[str, np.ndarray] = {}
 
     # ---- the compute node ----
     def _const(self, name):
+        """The value of a constant tensor: an initializer, or a ConstantOfShape of a constant shape (the form the
+        onnx model zoo's `light` graphs and some exporters give weights, which constant folding leaves alone
+        because they are big)."""
         t = self.inits.get(name)
-        return None if t is None else numpy_helper.to_array(t)
+        if t is not None:
+            return numpy_helper.to_array(t)
+        if name in self.materialized:
+            return self.materialized[name]
+        p = self.index.producer.get(name)
+        if p is None or self.index.nodes[p].op_type != "ConstantOfShape" or self.index.nodes[p].domain not in ("",
+                                                                                                           "ai.onnx"):
+            return None
+        node = self.index.nodes[p]
+        shape = self.inits.get(node.input[0]) if node.input else None
+        if shape is None:
+            return None
+        value = _attr(node, "value", None)
+        fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
+        arr = np.full(tuple(int(d) for d in numpy_helper.to_array(shape)), fill)
+        self.materialized[name] = arr
+        return arr
 
     def admits(self, node) -> str | None:
         if node.domain not in ("", "ai.onnx"):
@@ -80,6 +104,8 @@ class ComputeRule:
             xs = self.ew.shape_of(node.input[0])
             if xs is None or len(xs) != 4 or not isinstance(xs[1], int):
                 return "input is not [N, C, H, W] with a known C"
+            if not self.grouped and int(_attr(node, "group", 1)) != 1:
+                return "grouped convolution (left to onnxruntime in this plan)"
             if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", b"SAME_UPPER", b"SAME_LOWER"):
                 return "unknown auto_pad"
         else:
@@ -234,6 +260,9 @@ class ComputeRule:
         params.extra_nstride = [0] * len(pre_extras) + [self._nstride(x, k, out_shape, params.op)
                                                         for x, k in zip(extras, kinds)]
         params.body = body
+        used = {x for m in members for x in idx.nodes[m].input}
+        params.orig_consts = [numpy_helper.from_array(self.materialized[x], x) for x in sorted(used)
+                              if x in self.materialized]
         prog = EwProgram(inputs=[Value(ACC, "float32")] + [Value(x, "float32") for x, _ in all_extras],
                          consts=consts, ops=ops, outputs=[Value(o, "float32") for o in outputs])
         kind = self.kind_names[params.op]
@@ -299,8 +328,10 @@ class ComputeRule:
             helper.make_node("Transpose", [wname], [f"{u}_t"], perm=[0, 1, 3, 2]),
             const(f"{u}_s1", [groups, mb * self.mi, k]),
             helper.make_node("Reshape", [f"{u}_t", f"{u}_s1"], [f"{u}_r"]),
-            const(f"{u}_starts", [0]), const(f"{u}_ends", [ocg]), const(f"{u}_axes", [1]),
-            helper.make_node("Slice", [f"{u}_r", f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_sl"]),
+            *((const(f"{u}_starts", [0]), const(f"{u}_ends", [ocg]), const(f"{u}_axes", [1]),
+               helper.make_node("Slice", [f"{u}_r", f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_sl"]))
+              if self.ew.opset >= 10 else  # Slice took attributes before opset 10
+              (helper.make_node("Slice", [f"{u}_r"], [f"{u}_sl"], starts=[0], ends=[ocg], axes=[1]),)),
             const(f"{u}_s2", [oc, icg, kh, kw]),
             helper.make_node("Reshape", [f"{u}_sl", f"{u}_s2"], [f"{u}_w"]),
         ]

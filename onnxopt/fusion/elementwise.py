@@ -50,7 +50,9 @@ class ElementwiseRule:
         self.graph = model.graph
         self.opset = _opset(model)
         self.info = tensor_info(model)
-        overridable = {i.name for i in self.graph.input}
+        # An initializer listed as a graph input can be overridden by a feed, so it is not a constant; except in
+        # IR version 3, which required every initializer to be listed as an input.
+        overridable = {i.name for i in self.graph.input} if model.ir_version >= 4 else set()
         self.inits = {t.name: t for t in self.graph.initializer if t.name not in overridable}
         self.index = GraphIndex(self.graph)
 
