@@ -150,11 +150,11 @@ def _region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.M
 def runtime_inputs(region: Region, model: onnx.ModelProto) -> list[str]:
     """The region's inputs that are not constants (for compute regions: not weights, biases or their packing)."""
     if region.compute is None:
-        return list(region.inputs)
+        return list(dict.fromkeys(region.inputs))
     consts = {t.name for t in model.graph.initializer} | {t.name for t in region.compute.initializers}
     if model.ir_version >= 4:  # see ElementwiseRule: IR 3 lists every initializer as an input
         consts -= {i.name for i in model.graph.input}
-    return [x for x in region.inputs if x not in consts]
+    return [x for x in dict.fromkeys(region.inputs) if x not in consts]
 
 
 def _region_feeds(region: Region, info, bindings, seed, model) -> dict[str, np.ndarray]:
@@ -165,6 +165,22 @@ def _region_feeds(region: Region, info, bindings, seed, model) -> dict[str, np.n
         shape = [d if isinstance(d, int) else int(bindings.get(d, 1)) for d in ti.shape]
         feeds[x] = random_array(shape, ti.dtype, rng)
     return feeds
+
+
+def _region_flops(region: Region, feeds, outs) -> float:
+    """Multiply-adds (x2) of a compute region's convolution or matmul; 0 for elementwise regions."""
+    c = region.compute
+    if c is None or not outs:
+        return 0.0
+    out = np.asarray(outs[0])
+    if c.op == "conv":
+        kh, kw = c.attrs["kernel"]
+        return 2.0 * out.size * c.attrs["ic_g"] * kh * kw
+    a = feeds.get(region.inputs[0])
+    if a is None:
+        return 0.0
+    k = a.shape[-2] if c.attrs.get("trans_a") else a.shape[-1]
+    return 2.0 * out.size * k
 
 
 def _bytes_moved(region: Region, feeds, outs) -> int:
@@ -391,9 +407,14 @@ class _Optimizer:
                 entry = {"op_type": r.op_type, "ops": r.describe(), "nodes": r.node_names, "inputs": r.inputs,
                          "outputs": r.outputs, "shape": r.shape, "bytes": bytes_moved,
                          "max_abs_err": max(d.max_abs for d in diffs)}
+                flops = _region_flops(r, feeds, want)
+                if flops:
+                    entry["flops"] = flops
                 if machine is not None:
                     level = machine.level_for(bytes_moved)
-                    entry["predicted_s"] = bytes_moved / level.bandwidth
+                    # Roofline: the slower of the arithmetic at peak and the bytes at the level's bandwidth.
+                    entry["predicted_s"] = max(bytes_moved / level.bandwidth,
+                                               flops / machine.peak_flops["float32"] if flops else 0.0)
                     entry["memory_level"] = level.name
                     entry["level_bandwidth"] = level.bandwidth
                 if self.opts.measure:
@@ -404,6 +425,10 @@ class _Optimizer:
                     entry["achieved_bandwidth"] = bytes_moved / t_fused["median"]
                     if machine is not None:
                         entry["bandwidth_fraction"] = entry["achieved_bandwidth"] / entry["level_bandwidth"]
+                    if flops:
+                        entry["achieved_flops"] = flops / t_fused["median"]
+                        if machine is not None:
+                            entry["peak_fraction"] = entry["achieved_flops"] / machine.peak_flops["float32"]
                     if entry["speedup"] < self.opts.min_speedup:
                         self._reject(r, f"not faster than onnxruntime ({entry['speedup']:.2f}x, "
                                         f"needs {self.opts.min_speedup:.2f}x)")

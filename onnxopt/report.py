@@ -43,7 +43,8 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
     regions = report.get("regions", [])
     if regions:
         rt = Table(title=f"Fused regions: {len(regions)}")
-        for c in ("pattern", "count", "speedup (median)", "predicted µs", "measured µs", "GB/s", "% of level bw"):
+        for c in ("pattern", "count", "speedup (median)", "predicted µs", "measured µs", "GB/s", "% of level bw",
+                  "GFLOP/s (% of peak)"):
             rt.add_column(c, justify="right" if c != "pattern" else "left")
         groups = defaultdict(list)
         for r in regions:
@@ -54,8 +55,11 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
             meas = sum(r.get("measured_fused_s", 0) for r in rs) * 1e6
             bw = [r["achieved_bandwidth"] for r in rs if "achieved_bandwidth" in r]
             frac = [r["bandwidth_fraction"] for r in rs if "bandwidth_fraction" in r]
+            fl = [(r["achieved_flops"], r.get("peak_fraction", 0)) for r in rs if "achieved_flops" in r]
+            best = max(fl) if fl else None
             rt.add_row(ops, str(len(rs)), f"{sp[len(sp) // 2]:.2f}x" if sp else "-", f"{pred:.1f}", f"{meas:.1f}",
-                       f"{max(bw) / 1e9:.1f}" if bw else "-", f"{100 * max(frac):.0f}%" if frac else "-")
+                       f"{max(bw) / 1e9:.1f}" if bw else "-", f"{100 * max(frac):.0f}%" if frac else "-",
+                       f"{best[0] / 1e9:.1f} ({100 * best[1]:.0f}%)" if best else "-")
         console.print(rt)
     rejected = report.get("rejected", [])
     if rejected:

@@ -12,9 +12,9 @@ of a padded input (koff[k] = the tap's offset); the NI vectors of a row start at
 lets a tile cover one flat run of columns or NI separate output rows. A is read at a_ptr + i * a_ms + k * a_ks:
 packed weights ([M/MI][K][MI], a_ms = 1, a_ks = MI) or a row-major matrix.
 
-On AVX-512 LLVM folds each broadcast into its FMA (`vfmadd231ps zmm, zmm, [mem]{1to16}`); the accumulators,
-the NI B vectors and the broadcasts fit the register file by construction (register_tile.py), which the tests
-check on the generated assembly (no stack traffic).
+The broadcasts are `vbroadcastss` from memory (LLVM folds them into the FMA as `{1to16}` in the smaller variants).
+The accumulators, the NI B vectors, the broadcasts and, on AVX2, the lane masks fit the register file by
+construction (register_tile.py), which the tests check on the generated assembly (no vector stack traffic).
 """
 
 from __future__ import annotations

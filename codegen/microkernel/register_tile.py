@@ -12,7 +12,9 @@ The formula alone prefers a square tile (5 x 5 on 32 registers). Chimera's diges
 needs tie-breaks; we use the ones that make the tile usable by the kernels that call it:
 - MII >= 2 (two broadcasts in flight hide the load latency of the A values) and MI divisible by MII;
 - NI * lanes divides the pixel/column block of 64 floats, so a row of vectors covers whole cache lines.
-On 32 zmm registers this gives (MI, NI, MII) = (6, 4, 2); on 16 ymm registers (6, 2, 2), the classic 6 x 16 tile.
+On 32 zmm registers this gives (MI, NI, MII) = (6, 4, 2); on 16 ymm registers (6, 2, 2), the classic 6 x 16 tile,
+except that AVX2's masked loads hold their masks in ymm registers too (AVX-512 has k registers for them): counting
+those, AVX2 gets (4, 2, 2).
 """
 
 from __future__ import annotations
@@ -41,15 +43,19 @@ def intensity(mi: int, ni: int, ki: int) -> float:
     return mi * ni * ki / (ki * (mi + ni) + 2 * mi * ni)
 
 
-def solve_register_tile(registers: int, lanes: int, ki: int = 64, tie_breaks: bool = True) -> RegisterTile:
-    """The (MI, NI, MII) of highest intensity that fits the register file."""
+def solve_register_tile(registers: int, lanes: int, ki: int = 64, tie_breaks: bool = True,
+                        mask_registers: bool = False) -> RegisterTile:
+    """The (MI, NI, MII) of highest intensity that fits the register file.
+
+    `mask_registers`: the ISA keeps load/store masks in vector registers (AVX2's vmaskmov), one per B vector, so
+    they count against the limit too; AVX-512 keeps them in k registers."""
     best = None
     for ni in range(1, registers):
         if tie_breaks and (BLOCK_FLOATS % (ni * lanes) != 0):
             continue
         for mi in range(1, registers):
             for mii in range(1, mi + 1):
-                if mi * ni + ni + mii > registers:
+                if mi * ni + ni + mii + (ni if mask_registers else 0) > registers:
                     break
                 if tie_breaks and (mii < min(2, mi) or mi % mii != 0):
                     continue

@@ -21,18 +21,19 @@ class MicroKernel:
     requires: tuple[str, ...]
     registers: int
     lanes: int
+    masks_in_vector_registers: bool = False
 
     @property
     def tile(self) -> RegisterTile:
-        return solve_register_tile(self.registers, self.lanes)
+        return solve_register_tile(self.registers, self.lanes, mask_registers=self.masks_in_vector_registers)
 
 
 # Best first. The emitter (outer_product.py) is shared; what differs per target is the vector width and the number
 # of vector registers, hence the register tile.
 MICRO_KERNELS = (
     MicroKernel("avx512_fp32_outer_product", ("avx512f",), registers=32, lanes=16),
-    MicroKernel("avx2_fp32_outer_product", ("avx2", "fma"), registers=16, lanes=8),
-    MicroKernel("sse_fp32_outer_product", (), registers=16, lanes=4),
+    MicroKernel("avx2_fp32_outer_product", ("avx2", "fma"), registers=16, lanes=8, masks_in_vector_registers=True),
+    MicroKernel("sse_fp32_outer_product", (), registers=16, lanes=4, masks_in_vector_registers=True),
 )
 
 

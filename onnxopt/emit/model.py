@@ -41,7 +41,13 @@ def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
         m.CopyFrom(n)
         body.append(m)
     opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    return helper.make_function(DOMAIN, region.op_type, list(region.inputs), list(region.outputs), body, opsets)
+    # A fused node may read one tensor twice (Conv(x) + x); a function's inputs must have distinct names, and the
+    # body reads the first, so later copies get names of their own that nothing reads.
+    inputs, seen = [], set()
+    for i, x in enumerate(region.inputs):
+        inputs.append(x if x not in seen else f"{x}__again{i}")
+        seen.add(x)
+    return helper.make_function(DOMAIN, region.op_type, inputs, list(region.outputs), body, opsets)
 
 
 def stable_toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:

@@ -147,17 +147,26 @@ class ComputeRule:
         if len(s) > r:
             return None
         full = (1,) * (r - len(s)) + tuple(s)
-        if full == tuple(out_shape) or full[1:] == tuple(out_shape[1:]) and full[0] == 1:
+        out = tuple(out_shape)
+        if full == out:
             return POSITION
         if all(d == 1 for d in full):
             return SCALAR
+        # Batch items: dim 0 of a convolution, everything before the last two dims of a matmul. An input laid out
+        # like one item and shared by all of them is POSITION too; one that broadcasts over part of the batch is
+        # not supported (the chain stops before it).
+        batch = 1 if op == "conv" else r - 2
+        if batch > 0 and full[batch:] == out[batch:]:
+            return POSITION if all(d == 1 for d in full[:batch]) else None
+        if any(d != 1 and d != o for d, o in zip(full[:batch], out[:batch])):
+            return None
         if op == "conv":
             if full[1] == out_shape[1] and all(d == 1 for d in full[2:]) and full[0] in (1, out_shape[0]):
                 return CHANNEL
         else:
-            if full[-1] == out_shape[-1] and all(d == 1 for d in full[:-1]):
+            if full[-1] == out[-1] and all(d == 1 for d in full[:-1]):
                 return COLUMN
-            if full[-1] == 1 and full[-2] == out_shape[-2] and all(d == 1 for d in full[:-2]):
+            if full[-1] == 1 and full[-2] == out[-2] and all(d == 1 for d in full[:-2]):
                 return CHANNEL
         return None
 
