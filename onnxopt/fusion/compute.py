@@ -90,6 +90,9 @@ class ComputeRule:
             return "custom domain"
         if node.op_type not in ("Conv", "MatMul", "Gemm"):
             return "not a compute op"
+        if node.op_type == "Conv" and self.ew.opset < 9:
+            # The fallback unpacks the weights with int64 Constant shapes, which Constant accepts from opset 9.
+            return "opset below 9"
         if any(self.ew.dtype_of(x) != "float32" for x in node.input if x):
             return "not float32"
         out_shape = self.ew.shape_of(node.output[0])
