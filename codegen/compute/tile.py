@@ -27,7 +27,8 @@ from onnxopt.codegen.elementwise.lower import emit_body
 from onnxopt.codegen.vmath.isa import set_features
 from onnxopt.fusion.region import EwProgram
 
-from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask, masked_load, masked_store, splat
+from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask
+from ..vmath.irutil import broadcast, masked_load, masked_store
 from ..microkernel.register_tile import RegisterTile
 
 POSITION, CHANNEL, COLUMN, SCALAR = 0, 1, 2, 3
@@ -92,9 +93,9 @@ def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, 
         row_values = {}
         for e, kind in enumerate(spec.extra_kinds):
             if kind == CHANNEL:
-                row_values[e] = splat(b, b.load(b.gep(extras[e], [row], source_etype=F32), typ=F32), lanes)
+                row_values[e] = broadcast(b, b.load(b.gep(extras[e], [row], source_etype=F32), typ=F32), lanes)
             elif kind == SCALAR:
-                row_values[e] = splat(b, b.load(extras[e], typ=F32), lanes)
+                row_values[e] = broadcast(b, b.load(extras[e], typ=F32), lanes)
         for j in range(nv):
             pos = b.add(row_off, coff[j])
             values = {prog.inputs[0].name: acc[i][j]}
@@ -104,10 +105,10 @@ def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, 
                     values[name] = row_values[e]
                 else:
                     at = pos if kind == POSITION else coff[j]
-                    values[name] = masked_load(b, b.gep(extras[e], [at], source_etype=F32), masks[j], lanes)
+                    values[name] = masked_load(b, b.gep(extras[e], [at], source_etype=F32), ir.VectorType(F32, lanes), masks[j], 4)
             emit_body(b, prog, values, lanes)
             for k, v in enumerate(prog.outputs):
-                masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j])
+                masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j], 4)
     b.ret_void()
     return fn
 

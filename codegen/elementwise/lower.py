@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from onnxopt.codegen.vmath.irutil import intrinsic, suffix
+from onnxopt.codegen.vmath.irutil import broadcast, masked_load, masked_store
 from onnxopt.codegen.vmath.isa import set_features
 from onnxopt.fusion.region import EwProgram
 
@@ -25,12 +25,6 @@ PTR = ir.PointerType()
 I64 = ir.IntType(64)
 I32 = ir.IntType(32)
 VOID = ir.VoidType()
-
-
-def _splat_value(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
-    vty = ir.VectorType(scalar.type, lanes)
-    v = b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
 
 def _to_register(b, v, dtype):
@@ -69,19 +63,6 @@ def emit_body(b: ir.IRBuilder, prog: EwProgram, values: dict[str, ir.Value], lan
         dtypes[op.out] = op.dtype
 
 
-def _masked_load(b, ptr, mem_ty, mask, align):
-    vty = mem_ty
-    name = f"llvm.masked.load.{suffix(vty)}.p0"
-    return intrinsic(b, name, vty, [ptr, ir.Constant(I32, align), mask, ir.Constant(vty, ir.Undefined)])
-
-
-def _masked_store(b, val, ptr, mask, align):
-    name = f"llvm.masked.store.{suffix(val.type)}.p0"
-    fnty = ir.FunctionType(VOID, [val.type, PTR, I32, mask.type])
-    fn = b.module.globals.get(name) or ir.Function(b.module, fnty, name=name)
-    b.call(fn, [val, ptr, ir.Constant(I32, align), mask])
-
-
 def _arg_pointers(b, array_ptr, count):
     return [b.load(b.gep(array_ptr, [ir.Constant(I64, i)], source_etype=PTR), typ=PTR) for i in range(count)]
 
@@ -106,7 +87,7 @@ def _define_row_kernel(module: ir.Module, prog: EwProgram, name: str, mask: int,
     for i, v in enumerate(prog.inputs):
         if not (mask >> i) & 1:
             s = b.load(in_ptrs[i], typ=MEMORY_SCALAR[v.dtype], align=ITEMSIZE[v.dtype])
-            splats[v.name] = _to_register(b, _splat_value(b, s, lanes), v.dtype)
+            splats[v.name] = _to_register(b, broadcast(b, s, lanes), v.dtype)
     b.branch(cond_bb)
 
     b.position_at_end(cond_bb)
@@ -123,7 +104,7 @@ def _define_row_kernel(module: ir.Module, prog: EwProgram, name: str, mask: int,
             mty = ir.VectorType(MEMORY_SCALAR[v.dtype], lanes)
             p = bb_builder.gep(in_ptrs[k], [idx], source_etype=MEMORY_SCALAR[v.dtype])
             raw = (bb_builder.load(p, typ=mty, align=ITEMSIZE[v.dtype]) if tail_mask is None
-                   else _masked_load(bb_builder, p, mty, tail_mask, ITEMSIZE[v.dtype]))
+                   else masked_load(bb_builder, p, mty, tail_mask, ITEMSIZE[v.dtype]))
             values[v.name] = _to_register(bb_builder, raw, v.dtype)
         return values
 
@@ -134,7 +115,7 @@ def _define_row_kernel(module: ir.Module, prog: EwProgram, name: str, mask: int,
             if tail_mask is None:
                 bb_builder.store(val, p, align=ITEMSIZE[v.dtype])
             else:
-                _masked_store(bb_builder, val, p, tail_mask, ITEMSIZE[v.dtype])
+                masked_store(bb_builder, val, p, tail_mask, ITEMSIZE[v.dtype])
 
     b.position_at_end(body_bb)
     values = load_inputs(b, i, None)
@@ -150,7 +131,7 @@ def _define_row_kernel(module: ir.Module, prog: EwProgram, name: str, mask: int,
     b.position_at_end(tail_bb)
     remaining = b.trunc(b.sub(n, i), I32)
     lane_ids = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
-    tail_mask = b.icmp_signed("<", lane_ids, _splat_value(b, remaining, lanes))
+    tail_mask = b.icmp_signed("<", lane_ids, broadcast(b, remaining, lanes))
     values = load_inputs(b, i, tail_mask)
     emit_body(b, prog, values, lanes)
     store_outputs(b, values, i, tail_mask)

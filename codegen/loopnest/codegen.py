@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from llvmlite import ir
 
 from ..vmath.exp import vexp
-from ..vmath.irutil import intrinsic, suffix
+from ..vmath.irutil import broadcast, intrinsic, masked_load, masked_store, suffix
 from .affine import Affine, flat_offset
 from .expr import (
     Binary,
@@ -242,8 +242,7 @@ class FunctionEmitter:
         if vec.mask is None:
             self.b.store(value, ptr, align=ALIGN)
         else:
-            name = f"llvm.masked.store.{suffix(value.type)}.p0"
-            intrinsic(self.b, name, VOID, [value, ptr, ir.Constant(I32, ALIGN), vec.mask])
+            masked_store(self.b, value, ptr, vec.mask, ALIGN)
 
     def tensorized(self, s: Tensorized, env: dict) -> None:
         def use_intrinsic():
@@ -342,9 +341,7 @@ class FunctionEmitter:
         return self.splat(self.b.extract_element(value, ir.Constant(I32, 0)), vec.lanes)
 
     def masked_load(self, ptr, vty: ir.VectorType, mask) -> ir.Value:
-        name = f"llvm.masked.load.{suffix(vty)}.p0"
-        zeros = ir.Constant(vty, [ir.Constant(vty.element, 0)] * vty.count)  # inactive lanes read as 0
-        return intrinsic(self.b, name, vty, [ptr, ir.Constant(I32, ALIGN), mask, zeros])
+        return masked_load(self.b, ptr, vty, mask, ALIGN)  # inactive lanes read as 0
 
     def apply(self, e: Expr, args: list, mask) -> ir.Value:
         """One operation on already evaluated operands (scalars or vectors alike)."""
@@ -424,10 +421,7 @@ class FunctionEmitter:
     # Small helpers
 
     def splat(self, scalar: ir.Value, lanes: int) -> ir.Value:
-        vty = ir.VectorType(scalar.type, lanes)
-        first = self.b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(first, ir.Constant(vty, ir.Undefined),
-                                     ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+        return broadcast(self.b, scalar, lanes)
 
     @staticmethod
     def iota(lanes: int) -> ir.Constant:

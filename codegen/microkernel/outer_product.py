@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..vmath.irutil import fma, intrinsic, suffix
+from ..vmath.irutil import broadcast, fma, masked_load
 from .register_tile import RegisterTile
 
 F32 = ir.FloatType()
@@ -34,30 +34,11 @@ def as_i64(v) -> ir.Value:
     return v if isinstance(v, ir.Value) else ir.Constant(I64, int(v))
 
 
-def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
-    vty = ir.VectorType(scalar.type, lanes)
-    v = b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
-
-
 def lane_mask(b: ir.IRBuilder, valid: ir.Value, lanes: int) -> ir.Value:
     """<lanes x i1>: lane l is on when l < valid."""
     # 32-bit lanes: one compare into a mask register (64-bit lanes would take two and a merge).
     idx = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
-    return b.icmp_signed("<", idx, splat(b, b.trunc(valid, I32), lanes))
-
-
-def masked_load(b: ir.IRBuilder, ptr: ir.Value, mask: ir.Value, lanes: int) -> ir.Value:
-    vty = ir.VectorType(F32, lanes)
-    return intrinsic(b, f"llvm.masked.load.{suffix(vty)}.p0", vty,
-                     [ptr, ir.Constant(I32, 4), mask, ir.Constant(vty, [0.0] * lanes)])
-
-
-def masked_store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
-    name = f"llvm.masked.store.{suffix(value.type)}.p0"
-    fnty = ir.FunctionType(ir.VoidType(), [value.type, PTR, I32, mask.type])
-    fn = b.module.globals.get(name) or ir.Function(b.module, fnty, name=name)
-    b.call(fn, [value, ptr, ir.Constant(I32, 4), mask])
+    return b.icmp_signed("<", idx, broadcast(b, b.trunc(valid, I32), lanes))
 
 
 def emit_outer_product(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_ptr, a_ms, a_ks, b_ptr, koff_ptr,
@@ -86,12 +67,12 @@ def emit_outer_product(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_
     b.position_at_end(body)
     row_off = b.load(b.gep(koff_ptr, [k], source_etype=I64), typ=I64)
     b_row = b.gep(b_ptr, [row_off], source_etype=F32)
-    bvec = [masked_load(b, b.gep(b_row, [voff[j]], source_etype=F32), masks[j], lanes) for j in range(nv)]
+    bvec = [masked_load(b, b.gep(b_row, [voff[j]], source_etype=F32), vty, masks[j], 4) for j in range(nv)]
     a_k = b.gep(a_ptr, [b.mul(k, a_ks)], source_etype=F32)
     new_acc = [[None] * nv for _ in range(mi)]
     for g in range(0, mi, tile.mii):
         rows = range(g, min(g + tile.mii, mi))
-        avals = {i: splat(b, b.load(b.gep(a_k, [b.mul(ir.Constant(I64, i), a_ms)], source_etype=F32), typ=F32), lanes)
+        avals = {i: broadcast(b, b.load(b.gep(a_k, [b.mul(ir.Constant(I64, i), a_ms)], source_etype=F32), typ=F32), lanes)
                  for i in rows}
         for i in rows:
             for j in range(nv):

@@ -30,6 +30,26 @@ def intrinsic(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) ->
     return b.call(fn, args)
 
 
+def broadcast(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
+    """A runtime scalar in every lane (insertelement + zero shuffle: what LLVM turns into vbroadcast)."""
+    vty = ir.VectorType(scalar.type, lanes)
+    first = b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(I32, 0))
+    return b.shuffle_vector(first, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def masked_load(b: ir.IRBuilder, ptr: ir.Value, vty: ir.VectorType, mask: ir.Value, align: int) -> ir.Value:
+    """Load the lanes whose mask bit is set; the others read as zero and touch no memory."""
+    zeros = ir.Constant(vty, [ir.Constant(vty.element, 0)] * vty.count)
+    return intrinsic(b, f"llvm.masked.load.{suffix(vty)}.p0", vty, [ptr, ir.Constant(I32, align), mask, zeros])
+
+
+def masked_store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value, align: int) -> None:
+    name = f"llvm.masked.store.{suffix(value.type)}.p0"
+    fnty = ir.FunctionType(ir.VoidType(), [value.type, ir.PointerType(), I32, mask.type])
+    fn = b.module.globals.get(name) or ir.Function(b.module, fnty, name=name)
+    b.call(fn, [value, ptr, ir.Constant(I32, align), mask])
+
+
 def suffix(ty: ir.Type) -> str:
     """LLVM's type suffix for overloaded intrinsics: v16f32, f32, v8f64, v16i32..."""
     if isinstance(ty, ir.VectorType):
