@@ -307,6 +307,8 @@ class _Optimizer:
         if "elementwise" not in self.opts.skip_fusion:
             rejected = [] if plans else self.report["rejected"]
             plans.append(("elementwise", dedupe(ElementwiseRule(work).find_regions(rejected))))
+        if not self.opts.measure or self.cannot_run:
+            plans = plans[:1]  # only timing chooses between plans: without it, build and check the first only
         self.plans = plans
         regions = list({id(r): r for _, plan in plans for r in plan}.values())
         for r in regions:
@@ -326,13 +328,7 @@ class _Optimizer:
         t = time.perf_counter()
         if accepted and self.opts.measure and not self.cannot_run:
             accepted = self._whole_model_decision(original, work, accepted, built, src_path)
-        elif accepted:
-            # Nothing timed: the first plan (compute with epilogues, when enabled). Plans overlap, so only one.
-            first = {id(r) for r in self.plans[0][1]}
-            accepted = [r for r in accepted if id(r) in first]
-            self.report["regions"] = [e for e in self.report["regions"]
-                                      if any(e["op_type"] == r.op_type and e["nodes"] == r.node_names
-                                             for r in accepted)]
+
         self.report["timings"]["model_check_s"] = time.perf_counter() - t
 
         return self._emit(original, work, accepted, built, loaded, src_path, t_start)
