@@ -37,12 +37,21 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    "(default float32:1e-3)")
     p.add_argument("--atol", action="append", metavar="[DTYPE:]X", help="absolute tolerance (default float32:1e-4)")
     p.add_argument("--skip-fusion", action="append", metavar="KIND", help="do not fuse regions of this kind "
-                   "(elementwise)")
+                   "(elementwise, compute, pool)")
     p.add_argument("--threads", type=int, help="intra-op threads for measuring (default: all cores)")
     p.add_argument("--min-speedup", type=float, default=1.0,
                    help="emit a kernel only if it is at least this much faster than onnxruntime on its region")
+    p.add_argument("--plan", help="build only this whole-graph plan instead of timing them all: compute, "
+                   "compute-dense, compute-blocked (tensors between fused convolutions in the blocked layout), pool or "
+                   "elementwise")
     p.add_argument("--no-measure", action="store_true", help="do not time kernels (emit every correct kernel)")
     p.add_argument("--no-verify", action="store_true", help="skip the whole-model check (kernels are still checked)")
+    p.add_argument("--cost-cache", metavar="PATH", help="the measured-cost cache, an SQLite file shared across runs "
+                   "(default $ONNXOPT_CACHE_DIR/costs.sqlite, else $XDG_CACHE_HOME/onnxopt/costs.sqlite, else "
+                   "~/.cache/onnxopt/costs.sqlite)")
+    p.add_argument("--no-cost-cache", action="store_true", help="time every kernel again; read and write no cache")
+    p.add_argument("--no-tile-search", action="store_true", help="use the target's default register tile for "
+                   "compute kernels instead of timing a few")
     p.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true")
@@ -61,7 +70,8 @@ def cmd_optimize(argv) -> int:
     console = Console(stderr=True, quiet=a.quiet)
     result = optimize(a.input, a.output, input_shape=a.input_shape, target=a.target, check_input=a.check_input,
                       rtol=a.rtol, atol=a.atol, skip_fusion=a.skip_fusion, threads=a.threads,
-                      verify=not a.no_verify, measure=not a.no_measure, min_speedup=a.min_speedup, seed=a.seed,
+                      verify=not a.no_verify, measure=not a.no_measure, min_speedup=a.min_speedup, seed=a.seed, plan=a.plan,
+                      cost_cache=False if a.no_cost_cache else a.cost_cache, tile_search=not a.no_tile_search,
                       progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None)
     if a.report:
         with open(a.report, "w") as f:

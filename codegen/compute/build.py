@@ -9,6 +9,7 @@ from ..elementwise.types import ONNX_ENUM
 from ..glue.library import CtKernelDesc
 from ..microkernel.registry import select
 from ..target import Target
+from .blocked_tile import define_blocked_tile_functions
 from .tile import TileSpec, define_tile_functions
 
 
@@ -16,9 +17,16 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
     """Returns (object code, glue description, LLVM IR text)."""
     c = region.compute
     tile = select(target).tile
+    if getattr(c, "tile", None) is not None:  # chosen by the tile search (onnxopt/tune); weights packed for it
+        if c.tile.lanes != tile.lanes:
+            raise ValueError(f"register tile {c.tile} is for {c.tile.lanes} lanes, the target has {tile.lanes}")
+        tile = c.tile
     spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op == "conv")
     module = new_module(target, region.op_type)
-    tiles = define_tile_functions(module, region.op_type, spec, target.features)
+    # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
+    channel_vectors = c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")
+    define = define_blocked_tile_functions if channel_vectors else define_tile_functions
+    tiles = define(module, region.op_type, spec, target.features)
     ir_text = str(module)
     obj = compile_object(ir_text, target)
     a = c.attrs
@@ -34,4 +42,6 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
         desc.oc, desc.groups, desc.ic_g = a["oc"], a["groups"], a["ic_g"]
         desc.kernel, desc.strides, desc.dilations = a["kernel"], a["strides"], a["dilations"]
         desc.pads, desc.auto_pad = a["pads"], a["auto_pad"]
+        desc.in_blocked, desc.out_blocked = int(a.get("in_blocked", 0)), int(a.get("out_blocked", 0))
+        desc.channel_vectors = int(a.get("channel_vectors", 0))
     return obj, desc, ir_text

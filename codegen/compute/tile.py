@@ -113,15 +113,17 @@ def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, 
     return fn
 
 
-def define_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, features) -> list[list[str]]:
-    """All (mi, nv) variants; returns their names as [mi - 1][nv - 1]."""
+def define_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, features, define=None,
+                          tag: str = "m") -> list[list[str]]:
+    """All (mi, nv) variants of `define` (this file's tile by default); returns their names as [mi - 1][nv - 1]."""
+    define = define or define_tile_function
     set_features(module, features)
     names = []
     for mi in range(1, spec.tile.mi + 1):
         row = []
         for nv in range(1, spec.tile.ni + 1):
-            name = f"{prefix}_m{mi}v{nv}"
-            define_tile_function(module, name, spec, mi, nv)
+            name = f"{prefix}_{tag}{mi}v{nv}"
+            define(module, name, spec, mi, nv)
             row.append(name)
         names.append(row)
     return names

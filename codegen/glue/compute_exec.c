@@ -131,11 +131,24 @@ typedef struct {
   const float *x;
   float *pad;
   int64_t H, W, sh, sw, pt, pl, Hph, Wph;
+  int64_t C, L; /* L > 0: x is blocked [N][C / L][H][W][L] */
 } ct_pad_job;
+
+/* Where channel `index` (= n * C + c) of the input starts, and the distance between its pixels. */
+static const float *ct_channel_src(const float *x, int64_t index, int64_t C, int64_t L, int64_t HW, int64_t *es) {
+  if (L == 0) {
+    *es = 1;
+    return x + index * HW;
+  }
+  int64_t n = index / C, c = index % C, cb = (C + L - 1) / L;
+  *es = L;
+  return x + ((n * cb + c / L) * HW) * L + c % L;
+}
 
 static void ct_pad_channel(void *usr, size_t index) {
   const ct_pad_job *p = (const ct_pad_job *)usr;
-  const float *src = p->x + (int64_t)index * p->H * p->W;
+  int64_t es;
+  const float *src = ct_channel_src(p->x, (int64_t)index, p->C, p->L, p->H * p->W, &es);
   float *dst = p->pad + (int64_t)index * p->sh * p->sw * p->Hph * p->Wph;
   for (int64_t a = 0; a < p->sh; a++)
     for (int64_t bb = 0; bb < p->sw; bb++)
@@ -145,8 +158,8 @@ static void ct_pad_channel(void *usr, size_t index) {
           memset(dst, 0, (size_t)p->Wph * sizeof(float));
           continue;
         }
-        const float *row = src + ih * p->W;
-        if (p->sw == 1) {
+        const float *row = src + ih * p->W * es;
+        if (p->sw == 1 && es == 1) {
           int64_t c0 = p->pl, n = p->W; /* dst[c] = row[c - pl] */
           if (c0 + n > p->Wph) n = p->Wph - c0;
           memset(dst, 0, (size_t)(c0 < p->Wph ? c0 : p->Wph) * sizeof(float));
@@ -156,7 +169,7 @@ static void ct_pad_channel(void *usr, size_t index) {
         } else {
           for (int64_t c = 0; c < p->Wph; c++) {
             int64_t iw = c * p->sw + bb - p->pl;
-            dst[c] = iw >= 0 && iw < p->W ? row[iw] : 0.0f;
+            dst[c] = iw >= 0 && iw < p->W ? row[iw * es] : 0.0f;
           }
         }
       }
@@ -167,6 +180,7 @@ typedef struct {
   const float *x;
   float *col;
   int64_t C, H, W, ic_g, groups, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW;
+  int64_t L; /* L > 0: x is blocked */
 } ct_col_job;
 
 static void ct_col_row(void *usr, size_t index) {
@@ -175,7 +189,8 @@ static void ct_col_row(void *usr, size_t index) {
   int64_t item = (int64_t)index / K, k = (int64_t)index % K;
   int64_t n = item / p->groups, g = item % p->groups;
   int64_t ic = k / (p->kh * p->kw), r = (k / p->kw) % p->kh, c = k % p->kw;
-  const float *src = p->x + ((n * p->C) + g * p->ic_g + ic) * p->H * p->W;
+  int64_t es;
+  const float *src = ct_channel_src(p->x, n * p->C + g * p->ic_g + ic, p->C, p->L, p->H * p->W, &es);
   float *dst = p->col + (int64_t)index * p->OH * p->OW;
   for (int64_t oh = 0; oh < p->OH; oh++) {
     int64_t ih = oh * p->sh - p->pt + r * p->dh;
@@ -184,10 +199,10 @@ static void ct_col_row(void *usr, size_t index) {
       memset(row, 0, (size_t)p->OW * sizeof(float));
       continue;
     }
-    const float *in = src + ih * p->W;
+    const float *in = src + ih * p->W * es;
     for (int64_t ow = 0; ow < p->OW; ow++) {
       int64_t iw = ow * p->sw - p->pl + c * p->dw;
-      row[ow] = iw >= 0 && iw < p->W ? in[iw] : 0.0f;
+      row[ow] = iw >= 0 && iw < p->W ? in[iw * es] : 0.0f;
     }
   }
 }
@@ -249,31 +264,314 @@ static int64_t ct_same_pad(int64_t in, int64_t k, int64_t s, int64_t dil) {
   return need > 0 ? need : 0;
 }
 
+/* Pads (explicit or SAME) and the output size of a convolution on an H x W input. */
+static OrtStatus *ct_conv_geometry(const onnxopt_ct_desc *d, int64_t H, int64_t W, int64_t *pt, int64_t *pl,
+                                   int64_t *pb, int64_t *pr, int64_t *OH, int64_t *OW) {
+  *pt = d->pads[0], *pl = d->pads[1], *pb = d->pads[2], *pr = d->pads[3];
+  if (d->auto_pad) {
+    int64_t th = ct_same_pad(H, d->kh, d->sh, d->dh), tw = ct_same_pad(W, d->kw, d->sw, d->dw);
+    *pt = d->auto_pad == 1 ? th / 2 : th - th / 2;
+    *pl = d->auto_pad == 1 ? tw / 2 : tw - tw / 2;
+    *pb = th - *pt;
+    *pr = tw - *pl;
+  }
+  if (H + *pt + *pb < (d->kh - 1) * d->dh + 1 || W + *pl + *pr < (d->kw - 1) * d->dw + 1)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the convolution's input is smaller than its kernel");
+  *OH = (H + *pt + *pb - ((d->kh - 1) * d->dh + 1)) / d->sh + 1;
+  *OW = (W + *pl + *pr - ((d->kw - 1) * d->dw + 1)) / d->sw + 1;
+  return NULL;
+}
+
+static OrtStatus *ct_check_input(const onnxopt_ct_desc *d, const int64_t *xd, size_t xr) {
+  int64_t C = d->ic_g * d->groups;
+  if (d->in_blocked) {
+    if (xr != 5 || xd[1] != (C + d->lanes - 1) / d->lanes || xd[4] != d->lanes)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: the convolution's input is not in the blocked layout "
+                                        "[N, C / lanes, H, W, lanes] the kernel was built for");
+  } else if (xr != 4 || xd[1] != C) {
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the convolution's input is not [N, C, H, W] with the channels the "
+                                      "kernel was built for");
+  }
+  return NULL;
+}
+
+/* ---- A convolution whose outputs stay in the blocked layout [N][ceil(OC / L)][OH][OW][L] (L = lanes). ----
+ *
+ * The tiles (codegen/compute/blocked_tile.py) compute MI pixels of one output row times NI vectors of L output
+ * channels; the input is read as broadcasts at each tap's offset, so it can be in either layout: blocked (pixels L
+ * floats apart) or NCHW (pixels adjacent; a network's first convolution, with 3 channels, reads its image as it is).
+ * A padded convolution reads a zero-padded copy in the input's own layout; an unpadded one reads the input in place.
+ * Strides and dilations are just offsets: no stride phases here. A 1x1, stride 1, unpadded convolution walks the
+ * whole plane as one run of pixels ("flat"), cut into rows of CB_FLAT_ROW pixels for the split over threads. */
+#define CB_FLAT_ROW 96
+
+typedef struct {
+  const onnxopt_ct_desc *d;
+  int64_t N, OC, OCB, groups_of_vectors, OH, OW, K, Hp, Wp;
+  int64_t ps, item_in; /* the input's pixel stride (L blocked, 1 NCHW) and floats per batch item */
+  int flat;
+  int64_t rows, row_len; /* per item: rows of pixels and their length */
+  int64_t rtasks, gtasks;
+  const float *in, *w;
+  const int64_t *aoff;
+  float *out[CT_MAX_OUT];
+  const float *extra[CT_MAX_EXTRA];
+  int64_t extra_count[CT_MAX_EXTRA];
+} cb_job;
+
+static void cb_run_task(const cb_job *job, int64_t task) {
+  const onnxopt_ct_desc *d = job->d;
+  int64_t L = d->lanes, NI = d->ni, MI = d->mi;
+  int64_t rt = task / job->gtasks, gt = task % job->gtasks;
+  int64_t all_rows = job->N * job->rows;
+  int64_t r0 = rt * all_rows / job->rtasks, r1 = (rt + 1) * all_rows / job->rtasks;
+  int64_t g0 = gt * job->groups_of_vectors / job->gtasks, g1 = (gt + 1) * job->groups_of_vectors / job->gtasks;
+  int64_t plane_out = job->OH * job->OW * L, item_out = job->OCB * plane_out;
+  int64_t item_in = job->item_in, ps = job->ps;
+  int64_t a_ms = job->flat ? ps : d->sw * ps;
+  ct_tile t;
+  memset(&t, 0, sizeof(t));
+  t.koff = job->aoff;
+  t.k = job->K;
+  t.ldc = L;
+  t.a_ms = a_ms;
+  for (int64_t g = g0; g < g1; g++) {
+    int64_t vb = g * NI; /* first channel vector of this group */
+    int nv = (int)(job->OCB - vb < NI ? job->OCB - vb : NI);
+    t.b = job->w + g * job->K * NI * L;
+    for (int j = 0; j < nv; j++) {
+      int64_t left = job->OC - (vb + j) * L;
+      t.voff[j] = j * L;
+      t.lanes[j] = left < L ? left : L;
+    }
+    for (int64_t rr = r0; rr < r1; rr++) {
+      int64_t n = rr / job->rows, r = rr % job->rows;
+      int64_t in_row, out_row, len;
+      if (job->flat) {
+        in_row = r * job->row_len * ps;
+        out_row = r * job->row_len * L;
+        len = job->OH * job->OW - r * job->row_len;
+        if (len > job->row_len) len = job->row_len;
+      } else {
+        in_row = r * d->sh * job->Wp * ps;
+        out_row = r * job->OW * L;
+        len = job->OW;
+      }
+      for (int o = 0; o < d->sig.n_out; o++) t.out[o] = job->out[o] + n * item_out;
+      for (int e = 0; e < d->n_extra; e++) {
+        const float *base = job->extra[e] + (d->extra_nstride[e] ? n * job->extra_count[e] : 0);
+        if (d->extra_kind[e] == EX_CHANNEL) base += vb * L;
+        t.extra[e] = base;
+      }
+      const float *in_n = job->in + n * item_in + in_row;
+      for (int64_t p0 = 0; p0 < len; p0 += MI) {
+        int64_t mi = len - p0 < MI ? len - p0 : MI;
+        t.a = in_n + p0 * a_ms;
+        for (int j = 0; j < nv; j++) t.coff[j] = (vb + j) * plane_out + out_row + p0 * L;
+        d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)&t);
+      }
+    }
+  }
+}
+
+static void cb_task(void *usr, size_t index) { cb_run_task((const cb_job *)usr, (int64_t)index); }
+
+/* The input, zero-padded, in its own layout: one task per padded row of one plane (a channel, or a vector of
+   channels when blocked); a row is Wp pixels of ps floats. */
+typedef struct {
+  const float *x;
+  float *buf;
+  int64_t ps, H, W, Hp, Wp, pt, pl;
+} cb_copy_job;
+
+static void cb_copy_row(void *usr, size_t index) {
+  const cb_copy_job *p = (const cb_copy_job *)usr;
+  int64_t ps = p->ps, hp = (int64_t)index % p->Hp, plane = (int64_t)index / p->Hp, h = hp - p->pt;
+  float *dst = p->buf + (int64_t)index * p->Wp * ps;
+  if (h < 0 || h >= p->H) {
+    memset(dst, 0, (size_t)(p->Wp * ps) * sizeof(float));
+    return;
+  }
+  memset(dst, 0, (size_t)(p->pl * ps) * sizeof(float));
+  memset(dst + (p->pl + p->W) * ps, 0, (size_t)((p->Wp - p->pl - p->W) * ps) * sizeof(float));
+  memcpy(dst + p->pl * ps, p->x + (plane * p->H + h) * p->W * ps, (size_t)(p->W * ps) * sizeof(float));
+}
+
+/* NCHW <-> blocked for the kernel that computes in the blocked layout but takes and gives NCHW tensors: one task
+   per (item, channel) plane. */
+typedef struct {
+  float *nchw, *blocked;
+  int64_t C, L, HW;
+  int to_nchw;
+} cb_reorder_job;
+
+static void cb_reorder_plane(void *usr, size_t index) {
+  const cb_reorder_job *p = (const cb_reorder_job *)usr;
+  int64_t n = (int64_t)index / p->C, c = (int64_t)index % p->C, cb = (p->C + p->L - 1) / p->L;
+  float *plane = p->nchw + (int64_t)index * p->HW;
+  float *vec = p->blocked + (n * cb + c / p->L) * p->HW * p->L + c % p->L;
+  if (p->to_nchw) {
+    for (int64_t i = 0; i < p->HW; i++) plane[i] = vec[i * p->L];
+  } else {
+    for (int64_t i = 0; i < p->HW; i++) vec[i * p->L] = plane[i];
+  }
+}
+
+static OrtStatus *cb_reorder(OrtKernelContext *ctx, float *nchw, float *blocked, int64_t N, int64_t C, int64_t L,
+                             int64_t HW, int to_nchw) {
+  cb_reorder_job j = {nchw, blocked, C, L, HW, to_nchw};
+  if (!to_nchw) /* padding channels must be zero */
+    memset(blocked, 0, (size_t)(N * ((C + L - 1) / L) * L * HW) * sizeof(float));
+  if (N * C * HW < (1 << 16)) {
+    for (int64_t i = 0; i < N * C; i++) cb_reorder_plane(&j, (size_t)i);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, cb_reorder_plane, (size_t)(N * C), 0, &j);
+}
+
+static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv,
+                                  const int64_t *xd, const OrtValue *wv) {
+  if (d->groups != 1)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: a blocked-output convolution must have one group");
+  int64_t L = d->lanes, N = xd[0], C = d->ic_g, H = xd[2], W = xd[3];
+  int64_t pt, pl, pb, pr, OH, OW;
+  CHECK(ct_conv_geometry(d, H, W, &pt, &pl, &pb, &pr, &OH, &OW));
+  cb_job job;
+  memset(&job, 0, sizeof(job));
+  job.d = d;
+  job.N = N;
+  job.OC = d->oc;
+  job.OCB = (d->oc + L - 1) / L;
+  job.groups_of_vectors = (job.OCB + d->ni - 1) / d->ni;
+  job.OH = OH;
+  job.OW = OW;
+  job.K = C * d->kh * d->kw;
+  int64_t planes = d->in_blocked ? (C + L - 1) / L : C; /* per batch item */
+  job.ps = d->in_blocked ? L : 1;
+  int64_t odims[5] = {N, job.OCB, OH, OW, L}, nchw_dims[4] = {N, d->oc, OH, OW};
+  int64_t block_size = job.OCB * OH * OW * L; /* per item */
+  float *user_out[CT_MAX_OUT];
+  for (int o = 0; o < d->sig.n_out; o++) {
+    OrtValue *ov;
+    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, d->out_blocked ? odims : nchw_dims, d->out_blocked ? 5 : 4,
+                                       &ov));
+    CHECK(API(GetTensorMutableData)(ov, (void **)&user_out[o]));
+    job.out[o] = user_out[o];
+  }
+  /* Reuses the NCHW kernels' check: per-pixel inputs come in the outputs' layout. */
+  ct_job sizes;
+  memset(&sizes, 0, sizeof(sizes));
+  CHECK(ct_extras(d, &sizes, ctx, N, d->out_blocked ? block_size : d->oc * OH * OW, d->oc, 0));
+  memcpy(job.extra, sizes.extra, sizeof(job.extra));
+  memcpy(job.extra_count, sizes.extra_count, sizeof(job.extra_count));
+  if (N == 0 || OH * OW == 0) return NULL;
+  /* NCHW outputs: the tiles write blocked buffers, converted at the end; NCHW residuals are converted first. */
+  float *scratch = NULL;
+  if (!d->out_blocked) {
+    int n_pos = 0;
+    for (int e = 0; e < d->n_extra; e++) n_pos += d->extra_kind[e] == EX_POSITION;
+    scratch = (float *)malloc((size_t)((d->sig.n_out + n_pos) * N * block_size) * sizeof(float));
+    if (!scratch) return fail(ORT_FAIL, "onnxopt: out of memory for the convolution's blocked outputs");
+    float *next = scratch;
+    for (int o = 0; o < d->sig.n_out; o++, next += N * block_size) job.out[o] = next;
+    for (int e = 0; e < d->n_extra; e++) {
+      if (d->extra_kind[e] != EX_POSITION) continue;
+      int64_t items = d->extra_nstride[e] ? N : 1;
+      OrtStatus *rs = cb_reorder(ctx, (float *)job.extra[e], next, items, d->oc, L, OH * OW, 0);
+      if (rs) {
+        free(scratch);
+        return rs;
+      }
+      job.extra[e] = next;
+      job.extra_count[e] = block_size;
+      next += N * block_size;
+    }
+  }
+  const float *x;
+  CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
+  CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.w));
+  int padded = pt || pl || pb || pr;
+  job.flat = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !padded;
+  job.Hp = H + pt + pb;
+  job.Wp = W + pl + pr;
+  job.item_in = planes * job.Hp * job.Wp * job.ps;
+  float *buf = NULL;
+  int64_t *aoff = (int64_t *)malloc((size_t)(job.K > 0 ? job.K : 1) * sizeof(int64_t));
+  OrtStatus *st = NULL;
+  if (!aoff) {
+    free(scratch);
+    return fail(ORT_FAIL, "onnxopt: out of memory");
+  }
+  if (!padded) {
+    job.in = x;
+  } else {
+    int64_t total = N * job.item_in;
+    buf = (float *)malloc((size_t)total * sizeof(float));
+    if (!buf) {
+      free(aoff);
+      free(scratch);
+      return fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
+    }
+    cb_copy_job cj = {x, buf, job.ps, H, W, job.Hp, job.Wp, pt, pl};
+    int64_t rows = N * planes * job.Hp;
+    if (total < (1 << 16)) {
+      for (int64_t i = 0; i < rows; i++) cb_copy_row(&cj, (size_t)i);
+    } else {
+      st = API(KernelContext_ParallelFor)(ctx, cb_copy_row, (size_t)rows, 0, &cj);
+      if (st) goto done;
+    }
+    job.in = buf;
+  }
+  for (int64_t ic = 0, k = 0; ic < C; ic++)
+    for (int64_t r = 0; r < d->kh; r++)
+      for (int64_t c = 0; c < d->kw; c++, k++)
+        aoff[k] = d->in_blocked ? ((ic / L) * job.Hp * job.Wp + r * d->dh * job.Wp + c * d->dw) * L + ic % L
+                                : ic * job.Hp * job.Wp + r * d->dh * job.Wp + c * d->dw;
+  job.aoff = aoff;
+  if (job.flat) {
+    job.row_len = CB_FLAT_ROW;
+    job.rows = (OH * OW + CB_FLAT_ROW - 1) / CB_FLAT_ROW;
+  } else {
+    job.row_len = OW;
+    job.rows = OH;
+  }
+  double flops = 2.0 * (double)N * (double)OH * OW * (double)d->oc * (double)job.K;
+  int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
+  if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;
+  if (want < 1 || flops < CT_INLINE_FLOPS) want = 1;
+  job.rtasks = want < N * job.rows ? want : N * job.rows;
+  job.gtasks = (want + job.rtasks - 1) / job.rtasks;
+  if (job.gtasks > job.groups_of_vectors) job.gtasks = job.groups_of_vectors;
+  int64_t tasks = job.rtasks * job.gtasks;
+  if (tasks == 1) {
+    cb_run_task(&job, 0);
+  } else {
+    st = API(KernelContext_ParallelFor)(ctx, cb_task, (size_t)tasks, 0, &job);
+  }
+  for (int o = 0; !st && scratch && o < d->sig.n_out; o++)
+    st = cb_reorder(ctx, user_out[o], job.out[o], N, d->oc, L, OH * OW, 1);
+done:
+  free(buf);
+  free(aoff);
+  free(scratch);
+  return st;
+}
+
 static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   const OrtValue *xv, *wv;
   int64_t xd[MAX_RANK], wd[MAX_RANK];
   size_t xr, wr;
   CHECK(ct_dims(ctx, 0, &xv, xd, &xr));
   CHECK(ct_dims(ctx, 1, &wv, wd, &wr));
-  if (xr != 4 || xd[1] != d->ic_g * d->groups)
-    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the convolution's input is not [N, C, H, W] with the channels the "
-                                      "kernel was built for");
+  CHECK(ct_check_input(d, xd, xr));
+  if (d->out_blocked || d->channel_vectors) return ct_conv_blocked(d, ctx, xv, xd, wv);
+  int64_t L = d->in_blocked ? d->lanes : 0;
   ct_job job;
   memset(&job, 0, sizeof(job));
   job.d = d;
-  int64_t N = xd[0], C = xd[1], H = xd[2], W = xd[3];
-  int64_t pt = d->pads[0], pl = d->pads[1], pb = d->pads[2], pr = d->pads[3];
-  if (d->auto_pad) {
-    int64_t th = ct_same_pad(H, d->kh, d->sh, d->dh), tw = ct_same_pad(W, d->kw, d->sw, d->dw);
-    pt = d->auto_pad == 1 ? th / 2 : th - th / 2;
-    pl = d->auto_pad == 1 ? tw / 2 : tw - tw / 2;
-    pb = th - pt;
-    pr = tw - pl;
-  }
-  int64_t OH = (H + pt + pb - ((d->kh - 1) * d->dh + 1)) / d->sh + 1;
-  int64_t OW = (W + pl + pr - ((d->kw - 1) * d->dw + 1)) / d->sw + 1;
-  if (H + pt + pb < (d->kh - 1) * d->dh + 1 || W + pl + pr < (d->kw - 1) * d->dw + 1)
-    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the convolution's input is smaller than its kernel");
+  int64_t N = xd[0], C = d->ic_g * d->groups, H = xd[2], W = xd[3];
+  int64_t pt, pl, pb, pr, OH, OW;
+  CHECK(ct_conv_geometry(d, H, W, &pt, &pl, &pb, &pr, &OH, &OW));
   int64_t odims[4] = {N, d->oc, OH, OW};
   CHECK(ct_outputs(d, &job, ctx, odims, 4));
   job.items = N * d->groups;
@@ -288,7 +586,8 @@ static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   const float *x;
   CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
   CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.a));
-  int flat = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0;
+  /* A blocked input is never read in place: the padded copy (or im2col) turns it into planes. */
+  int flat = !L && d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && pt == 0 && pl == 0 && pb == 0 && pr == 0;
   int64_t *koff = (int64_t *)malloc((size_t)job.K * sizeof(int64_t));
   int64_t *offs = (int64_t *)malloc((size_t)job.items * 2 * sizeof(int64_t));
   float *pad = NULL;
@@ -315,7 +614,7 @@ static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
       st = fail(ORT_FAIL, "onnxopt: out of memory for the convolution's columns");
       goto done;
     }
-    ct_col_job cj = {x, pad, C, H, W, d->ic_g, d->groups, d->kh, d->kw, d->sh, d->sw, d->dh, d->dw, pt, pl, OH, OW};
+    ct_col_job cj = {x, pad, C, H, W, d->ic_g, d->groups, d->kh, d->kw, d->sh, d->sw, d->dh, d->dw, pt, pl, OH, OW, L};
     if (job.items * job.K * job.P < (1 << 16)) {
       for (int64_t i = 0; i < job.items * job.K; i++) ct_col_row(&cj, (size_t)i);
     } else {
@@ -339,7 +638,7 @@ static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
       st = fail(ORT_FAIL, "onnxopt: out of memory for the padded input");
       goto done;
     }
-    ct_pad_job pj = {x, pad, H, W, d->sh, d->sw, pt, pl, Hph, Wph};
+    ct_pad_job pj = {x, pad, H, W, d->sh, d->sw, pt, pl, Hph, Wph, C, L};
     if (N * C * plane < (1 << 16)) {
       for (int64_t i = 0; i < N * C; i++) ct_pad_channel(&pj, (size_t)i);
     } else {

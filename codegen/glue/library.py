@@ -17,6 +17,7 @@ from importlib import resources
 
 from onnxopt.errors import ToolchainError
 
+from ..pool.desc import PoolKernelDesc, pool_source
 from ..target import Target
 
 # Features gcc's __builtin_cpu_supports knows by these names: checked inside the library itself, so a non-Python
@@ -64,6 +65,9 @@ class CtKernelDesc:
     auto_pad: int = 0  # 0 explicit, 1 SAME_UPPER, 2 SAME_LOWER
     ic_g: int = 0
     trans_a: int = 0
+    in_blocked: int = 0  # conv input in the blocked layout [N, C/L, H, W, L] (L = lanes)
+    out_blocked: int = 0  # conv outputs (and per-pixel epilogue inputs) blocked; weights packed [C/(NI*L)][K][NI*L]
+    channel_vectors: int = 0  # the blocked kernel writing NCHW outputs (through a blocked buffer); weights as above
 
 
 _KIND = {"conv": "KIND_CONV", "matmul": "KIND_MATMUL"}
@@ -87,7 +91,7 @@ def _compute_source(i: int, k: CtKernelDesc) -> tuple[str, str]:
             f"c{i}_out_types}}, {k.mi}, {k.ni}, {k.lanes}, c{i}_tiles, {len(k.extra_kinds)}, c{i}_extra_kind, "
             f"c{i}_extra_nstride, {k.oc}, {k.groups}, {k.kernel[0]}, {k.kernel[1]}, {k.strides[0]}, {k.strides[1]}, "
             f"{k.dilations[0]}, {k.dilations[1]}, {{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ic_g}, "
-            f"{k.trans_a}}}")
+            f"{k.trans_a}, {k.in_blocked}, {k.out_blocked}, {k.channel_vectors}}}")
     return "".join(parts), init
 
 
@@ -117,6 +121,9 @@ def library_source(kernels: list, target: Target) -> str:
         parts.append(decls)
         parts.append(f"static const onnxopt_ct_desc c{i}_desc = {init};\n")
     refs = [f"&k{i}_desc.sig" for i in range(len(ew))] + [f"&c{i}_desc.sig" for i in range(len(ct))]
+    pools = [k for k in kernels if isinstance(k, PoolKernelDesc)]
+    parts.extend(pool_source(i, k) for i, k in enumerate(pools))
+    refs += [f"&p{i}_desc.sig" for i in range(len(pools))]
     parts.append(_c_array("onnxopt_sig *", "ONNXOPT_OPS", refs).replace("static const onnxopt_sig *",
                                                                          "static const onnxopt_sig *const"))
     parts.append(f"#define ONNXOPT_N_OPS {len(kernels)}\n")
@@ -126,7 +133,8 @@ def library_source(kernels: list, target: Target) -> str:
     files = resources.files("onnxopt.codegen.glue")
     glue = files.joinpath("ort_glue.c").read_text()
     compute = files.joinpath("compute_exec.c").read_text()
-    return glue.replace("/*@@LIBRARY@@*/", "".join(parts)).replace("/*@@COMPUTE@@*/", compute)
+    return glue.replace("/*@@LIBRARY@@*/", "".join(parts)).replace("/*@@COMPUTE@@*/", compute) \
+        .replace("/*@@POOL@@*/", files.joinpath("pool_exec.c").read_text())
 
 
 def _cc() -> str:

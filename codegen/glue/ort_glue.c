@@ -104,7 +104,7 @@ typedef void (*row_fn)(void **ins, void **outs, int64_t n);
 typedef void (*generic_fn)(void **ins, void **outs, int64_t n, const int64_t *inner_strides);
 
 /* What every fused op type declares to ORT; the first member of each kind's descriptor. */
-enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2 };
+enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2, KIND_POOL = 3 };
 typedef struct {
   const char *name;
   int kind;
@@ -140,7 +140,29 @@ typedef struct {
   int64_t ic_g;
   /* MatMul/Gemm: A row-major, or transposed (Gemm transA). */
   int trans_a;
+  /* Conv layouts: the input, and the outputs with their per-pixel epilogue inputs, in the blocked layout
+     [N][C / lanes][H][W][lanes] (compute_exec.c, ct_conv_blocked). A blocked output has weights packed
+     [ceil(oc / (ni * lanes))][ic_g * kh * kw][ni * lanes]. */
+  int in_blocked, out_blocked;
+  int channel_vectors; /* the blocked kernel (vectors of output channels) even though the outputs are NCHW */
 } onnxopt_ct_desc;
+
+/* MaxPool / AveragePool (2-D) or GlobalMaxPool / GlobalAveragePool with a fused epilogue (pool_exec.c runs it). */
+enum { POOL_MAX = 0, POOL_AVG = 1, POOL_GMAX = 2, POOL_GAVG = 3 };
+typedef void (*pool_fn)(const int64_t *args);
+typedef struct {
+  onnxopt_sig sig;
+  int op, lanes;
+  pool_fn rows;                 /* windowed: a band of output rows of one plane (codegen/pool/kernels.py) */
+  pool_fn global;               /* global: up to `lanes` channels */
+  int64_t kh, kw, sh, sw, dh, dw, pads[4]; /* pads: top, left, bottom, right */
+  int auto_pad;                 /* 0 explicit, 1 SAME_UPPER, 2 SAME_LOWER, 3 VALID */
+  int ceil_mode, count_include_pad;
+  int rank;                     /* of the input: 4 for windowed pools, >= 3 for global ones */
+  int n_extra;                  /* epilogue inputs: op inputs 1.. */
+  const int *extra_kind;        /* POSITION, CHANNEL, COLUMN (unused), SCALAR */
+  const int64_t *extra_nstride; /* 1: has the batch dim, 0: shared by the batch */
+} onnxopt_pool_desc;
 
 typedef struct {
   OnnxoptCustomOp base; /* first, so an OnnxoptCustomOp* is also an onnxopt_op* */
@@ -336,6 +358,8 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
 
 /*@@COMPUTE@@*/
 
+/*@@POOL@@*/
+
 /* ---- OrtCustomOp callbacks ---- */
 
 static const onnxopt_sig *desc_of(const OnnxoptCustomOp *op) { return ((const onnxopt_op *)op)->desc; }
@@ -361,6 +385,7 @@ static void op_compute_v1(void *kernel, OrtKernelContext *ctx) { (void)kernel; (
 static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx) {
   const onnxopt_sig *sig = (const onnxopt_sig *)kernel;
   if (sig->kind == KIND_ELEMENTWISE) return ew_compute((const onnxopt_ew_desc *)kernel, ctx);
+  if (sig->kind == KIND_POOL) return pool_compute((const onnxopt_pool_desc *)kernel, ctx);
   return ct_compute((const onnxopt_ct_desc *)kernel, ctx);
 }
 static void op_destroy(void *kernel) { (void)kernel; }

@@ -42,12 +42,18 @@ def lane_mask(b: ir.IRBuilder, valid: ir.Value, lanes: int) -> ir.Value:
 
 
 def emit_outer_product(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_ptr, a_ms, a_ks, b_ptr, koff_ptr,
-                       k_count, voff: list, masks: list) -> list[list[ir.Value]]:
-    """Emit the K loop at the builder's position; returns the accumulators C[i][j] after it (i < mi, j < nv)."""
+                       k_count, voff: list, masks: list, a_by_table: bool = False, b_ks=None,
+                       ) -> list[list[ir.Value]]:
+    """Emit the K loop at the builder's position; returns the accumulators C[i][j] after it (i < mi, j < nv).
+
+    `a_by_table`: the table addresses A instead of B (A[i, k] at a_ptr + i * a_ms + koff[k]) and B rows are
+    linear (b_ptr + k * b_ks). This is the blocked-layout convolution, where the broadcasts are input pixels at the
+    taps' offsets and the vectors are output channels of the packed weights."""
     lanes = tile.lanes
     vty = ir.VectorType(F32, lanes)
     zero = ir.Constant(vty, [0.0] * lanes)
-    a_ms, a_ks, k_count = as_i64(a_ms), as_i64(a_ks), as_i64(k_count)
+    a_ms, k_count = as_i64(a_ms), as_i64(k_count)
+    a_ks = None if a_by_table else as_i64(a_ks)
     fn = b.function
     pre = b.block
     loop = fn.append_basic_block("k.loop")
@@ -65,10 +71,16 @@ def emit_outer_product(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_
     b.branch(body)
 
     b.position_at_end(body)
-    row_off = b.load(b.gep(koff_ptr, [k], source_etype=I64), typ=I64)
-    b_row = b.gep(b_ptr, [row_off], source_etype=F32)
-    bvec = [masked_load(b, b.gep(b_row, [voff[j]], source_etype=F32), vty, masks[j], 4) for j in range(nv)]
-    a_k = b.gep(a_ptr, [b.mul(k, a_ks)], source_etype=F32)
+    table = b.load(b.gep(koff_ptr, [k], source_etype=I64), typ=I64)
+    if a_by_table:
+        b_row = b.gep(b_ptr, [b.mul(k, as_i64(b_ks))], source_etype=F32)
+        a_k = b.gep(a_ptr, [table], source_etype=F32)
+        # Packed weights are zero-padded to whole vectors: full loads, no masks.
+        bvec = [b.load(b.gep(b_row, [voff[j]], source_etype=F32), typ=vty, align=4) for j in range(nv)]
+    else:
+        b_row = b.gep(b_ptr, [table], source_etype=F32)
+        a_k = b.gep(a_ptr, [b.mul(k, a_ks)], source_etype=F32)
+        bvec = [masked_load(b, b.gep(b_row, [voff[j]], source_etype=F32), vty, masks[j], 4) for j in range(nv)]
     new_acc = [[None] * nv for _ in range(mi)]
     for g in range(0, mi, tile.mii):
         rows = range(g, min(g + tile.mii, mi))

@@ -66,3 +66,35 @@ def solve_register_tile(registers: int, lanes: int, ki: int = 64, tie_breaks: bo
     if best is None:
         raise ValueError(f"no register tile fits {registers} registers of {lanes} lanes")
     return best[1]
+
+
+def candidate_tiles(registers: int, lanes: int, mask_registers: bool = False, limit: int = 4, ki: int = 64,
+                    max_ni: int = 4) -> list[RegisterTile]:
+    """The register tiles worth timing: every (MI, NI) that fits the register file under the solver's legality
+    rules (MII >= 2 where MI >= 2, MI divisible by MII, NI * lanes dividing the 64-float block, MI * NI + NI + MII,
+    plus NI masks where they live in vector registers, within `registers`), ranked by Chimera's intensity, the
+    best `limit` kept. The solver's tile is always first. One MII per (MI, NI): the smallest legal one (the
+    solver's tie-break). `max_ni` is the glue's limit on vectors per tile (CT_NV_MAX).
+
+    This is the machine model's pruning of the measured search (onnxopt/tune/tile_search.py): a handful of tiles
+    out of the hundreds that fit, and the formula's order decides which handful."""
+    best = solve_register_tile(registers, lanes, ki, mask_registers=mask_registers)
+    ranked = []
+    for ni in range(1, max_ni + 1):
+        if BLOCK_FLOATS % (ni * lanes) != 0:
+            continue
+        for mi in range(1, registers):
+            fits = False
+            for mii in range(min(2, mi), mi + 1):
+                if mi * ni + ni + mii + (ni if mask_registers else 0) > registers:
+                    break
+                fits = True
+                if mi % mii != 0:
+                    continue
+                ranked.append(((intensity(mi, ni, ki), -mii, -abs(mi - ni)), RegisterTile(mi, ni, mii, lanes)))
+                break
+            if not fits:
+                break
+    ranked.sort(key=lambda kt: kt[0], reverse=True)
+    out = [best] + [t for _, t in ranked if (t.mi, t.ni) != (best.mi, best.ni)]
+    return out[:max(1, limit)]

@@ -16,6 +16,7 @@ import onnx
 from onnx import helper
 
 from onnxopt import __version__
+from onnxopt.fusion.layout import blocked_outputs
 from onnxopt.fusion.region import Region
 from onnxopt.graph.fold import outer_names_of, remove_dead_nodes
 from onnxopt.graph.load import ort_loadable_ir
@@ -111,6 +112,11 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
                                               name=f"{r.op_type}__{len(emitted)}", domain=DOMAIN))
     del g.node[:]
     g.node.extend(stable_toposort(new_nodes))
+    # Tensors that fused convolutions pass in the blocked layout no longer have the shapes the model declared.
+    blocked = {o for r in regions for o in blocked_outputs(r)}
+    keep = [v for v in g.value_info if v.name not in blocked]
+    del g.value_info[:]
+    g.value_info.extend(keep)
     have = {t.name for t in g.initializer}
     for r in regions:
         for t in (r.compute.initializers if r.compute is not None else ()):

@@ -47,6 +47,9 @@ class ComputeParams:
     # Constants the original nodes read that are not initializers (ConstantOfShape outputs, left unfolded because
     # they are big): the standalone check of the region needs them as initializers.
     orig_consts: list[onnx.TensorProto] = field(default_factory=list)
+    tile: object = None  # a RegisterTile chosen by the tile search (retile below); None: the target's default
+    # Conv: the weights after BatchNorm folding, [oc, ic_g, kh, kw], for re-packing in another layout.
+    weights: np.ndarray | None = None
 
 
 class ComputeRule:
@@ -310,6 +313,7 @@ class ComputeRule:
             w = (w.astype(np.float64) * s[:, None, None, None]).astype(np.float32)
             b0 = bias.astype(np.float64) if bias is not None else np.zeros(oc)
             bias = ((b0 - mean) * s + b_bn).astype(np.float32)
+        params.weights = w
         groups = int(_attr(node, "group", 1))
         ocg = oc // groups
         mb = -(-ocg // self.mi)
@@ -391,3 +395,60 @@ class ComputeRule:
 
 class _Reject(Exception):
     pass
+
+
+def pack_weights(w: np.ndarray, groups: int, mi: int) -> np.ndarray:
+    """Conv weights [oc, ic_g, kh, kw] -> the micro-kernel's [groups][ceil(oc_g / mi)][ic_g * kh * kw][mi], rows
+    past oc_g zero (what ComputeRule._conv stores)."""
+    oc = np.shape(w)[0]
+    w = np.asarray(w, np.float32).reshape(groups, oc // groups, -1)
+    _, ocg, k = w.shape
+    mb = -(-ocg // mi)
+    padded = np.zeros((groups, mb * mi, k), np.float32)
+    padded[:, :ocg, :] = w
+    return np.ascontiguousarray(padded.reshape(groups, mb, mi, k).transpose(0, 1, 3, 2))
+
+
+def apply_tile(region: Region, tile) -> Region:
+    """Give a compute region's kernel another register tile, in place: a convolution's weights are repacked for
+    the tile's MI (they are packed [groups][ceil(oc_g / MI)][K][MI]) and the function fallback's unpack shape is
+    rebuilt to match; a matmul reads A through strides and needs nothing else. The op type is recomputed (the tile
+    is part of it). Returns the region."""
+    from dataclasses import replace
+
+    c = region.compute
+    if c is None:
+        raise ValueError("only compute regions have a register tile")
+    new = replace(c, tile=tile, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
+    if c.op == "conv":
+        if c.attrs.get("in_blocked") or c.attrs.get("out_blocked"):
+            raise ValueError("a blocked-layout convolution has its own tile")
+        wname = region.inputs[1]
+        old = next((t for t in c.initializers if t.name == wname), None)
+        if old is None or not wname.endswith("__packed_w"):
+            raise ValueError(f"no packed weights {wname} in the region")
+        packed = numpy_helper.to_array(old)  # [groups, mb, k, mi0]
+        groups, mb0, k, mi0 = packed.shape
+        ocg = c.attrs["oc"] // groups
+        w = packed.transpose(0, 1, 3, 2).reshape(groups, mb0 * mi0, k)[:, :ocg, :].reshape(groups * ocg, k)
+        repacked = pack_weights(w, groups, tile.mi)
+        new.initializers = [numpy_helper.from_array(repacked, wname) if t.name == wname else t
+                            for t in c.initializers]
+        new.attrs["packed_shape"] = repacked.shape
+        # The fallback reshapes the transposed packed weights to [groups, mb * MI, k] before slicing oc_g rows.
+        s1 = wname[:-len("__packed_w")] + "__unpack_s1"
+        shape = numpy_helper.from_array(np.asarray([groups, repacked.shape[1] * tile.mi, k], np.int64), s1)
+        hits = [i for i, n in enumerate(c.body) if n.op_type == "Constant" and list(n.output) == [s1]]
+        if len(hits) != 1:
+            raise ValueError(f"the fallback has no unpack shape {s1}")
+        new.body[hits[0]] = helper.make_node("Constant", [], [s1], value=shape)
+    region.compute = new
+    region.compute_op_type(region.op_type_key)
+    return region
+
+
+def retile(region: Region, tile) -> Region:
+    """A copy of a compute region whose kernel uses `tile` (see apply_tile); the region itself is unchanged."""
+    from dataclasses import replace
+
+    return apply_tile(replace(region, measured={}, rejected=None), tile)

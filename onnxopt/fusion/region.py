@@ -98,13 +98,21 @@ class Region:
     rejected: str | None = None
     measured: dict = field(default_factory=dict)
     compute: object = None  # fusion.compute.ComputeParams for Conv/MatMul regions
+    pool: object = None  # fusion.pool.PoolParams for MaxPool/AveragePool/GlobalMaxPool/GlobalAveragePool regions
+    op_type_key: str = ""  # the target text the op type was computed with (compute_op_type), to recompute it
 
     def compute_op_type(self, target_name: str) -> str:
+        self.op_type_key = target_name
         text = self.kind + "|" + target_name + "|" + self.program.signature()
         if self.compute is not None:
             c = self.compute
             text += "|" + json.dumps([c.op, c.extra_kinds, c.extra_nstride,
                                       {k: repr(v) for k, v in sorted(c.attrs.items())}], sort_keys=True)
+            tile = getattr(c, "tile", None)
+            if tile is not None:  # a searched register tile: another kernel, another op type
+                text += "|tile" + json.dumps([tile.mi, tile.ni, tile.mii, tile.lanes])
+        if self.pool is not None:
+            text += "|pool" + json.dumps(self.pool.key(), sort_keys=True)
         h = hashlib.sha256(text.encode()).hexdigest()
         self.op_type = f"{self.kind}_{h[:16]}"
         return self.op_type

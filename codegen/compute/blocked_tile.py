@@ -1,0 +1,91 @@
+"""One tile of a convolution in the blocked layout (NCHW16c on AVX-512, NCHW8c on AVX2), with its fused epilogue.
+
+In the blocked layout a tensor [N, C, H, W] is stored as [N, ceil(C / L), H, W, L] (L = the vector's lanes, the
+channels past C zero), so one vector holds L channels of one pixel. The tile computes `mi` output pixels of one
+output row (the broadcast side of the outer product: input values at each tap) times `nv` vectors of L output
+channels (the vector side: packed weights), so every lane does useful work whatever the image width, which is where
+the NCHW kernel (vectors along the image row) loses: 7x7 and 14x14 outputs, 56-wide rows.
+
+The record is the same `ct_tile` as tile.py, with these meanings:
+- A: the input pixel under tap 0 of the tile's first pixel (the input, or its zero-padded copy, blocked or NCHW: the
+  broadcasts do not care); A_MS: the distance between the tile's pixels (stride * L blocked, stride NCHW); KOFF: per
+  k = (ic, kh, kw), the tap's offset from A;
+- B: the packed weights of this group of NI channel vectors, [K][NI * L] (zero-padded), rows NI * L apart;
+- VOFF[j] = j * L: vector j within a weights row, and within per-channel epilogue inputs;
+- COFF[j]: the output offset of vector j of the tile's first pixel; LDC: the stride between pixels (L);
+- LANES[j]: the real channels of vector j (the rest are written as zeros, which the next blocked kernel relies on).
+
+Epilogue inputs: CHANNEL (bias, BatchNorm, SE scale) are vectors at base + VOFF[j]; POSITION (a residual) must be
+a blocked tensor of the output's shape, read like the output; SCALAR is broadcast.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from onnxopt.codegen.elementwise.lower import emit_body
+
+from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask
+from ..vmath.irutil import broadcast, masked_load
+from .tile import (CHANNEL, POSITION, SCALAR, SLOT_A, SLOT_A_MS, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K, SLOT_KOFF,
+                   SLOT_LANES, SLOT_LDC, SLOT_OUT, SLOT_VOFF, TileSpec, _slot, define_tile_functions)
+
+
+def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, nv: int) -> ir.Function:
+    lanes = spec.tile.lanes
+    vty = ir.VectorType(F32, lanes)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+    fn.args[0].add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    t = fn.args[0]
+    a = _slot(b, t, SLOT_A, PTR)
+    a_ms = _slot(b, t, SLOT_A_MS, I64)
+    bp = _slot(b, t, SLOT_B, PTR)
+    koff = _slot(b, t, SLOT_KOFF, PTR)
+    k_count = _slot(b, t, SLOT_K, I64)
+    ldc = _slot(b, t, SLOT_LDC, I64)
+    voff = [_slot(b, t, SLOT_VOFF + j, I64) for j in range(nv)]
+    coff = [_slot(b, t, SLOT_COFF + j, I64) for j in range(nv)]
+    masks = [lane_mask(b, _slot(b, t, SLOT_LANES + j, I64), lanes) for j in range(nv)]
+    prog = spec.epilogue
+    outs = [_slot(b, t, SLOT_OUT + k, PTR) for k in range(len(prog.outputs))]
+    extras = [_slot(b, t, SLOT_EXTRA + e, PTR) for e in range(len(prog.inputs) - 1)]
+
+    acc = emit_outer_product(b, spec.tile, mi, nv, a, a_ms, None, bp, koff, k_count, voff, masks,
+                             a_by_table=True, b_ks=spec.tile.ni * lanes)
+
+    zero = ir.Constant(vty, [0.0] * lanes)
+    # Per-channel inputs are the same for every pixel of the tile: loaded once per vector.
+    chan = {}
+    for e, kind in enumerate(spec.extra_kinds):
+        if kind == CHANNEL:
+            chan[e] = [masked_load(b, b.gep(extras[e], [voff[j]], source_etype=F32), vty, masks[j], 4)
+                       for j in range(nv)]
+        elif kind == SCALAR:
+            chan[e] = [broadcast(b, b.load(extras[e], typ=F32), lanes)] * nv
+        elif kind != POSITION:
+            raise ValueError("a blocked convolution's epilogue inputs are per channel, per pixel or scalars")
+    for i in range(mi):
+        pix = b.mul(ir.Constant(I64, i), ldc)
+        for j in range(nv):
+            pos = b.add(pix, coff[j])
+            values = {prog.inputs[0].name: acc[i][j]}
+            for e, kind in enumerate(spec.extra_kinds):
+                name = prog.inputs[e + 1].name
+                if kind == POSITION:
+                    values[name] = b.load(b.gep(extras[e], [pos], source_etype=F32), typ=vty, align=4)
+                else:
+                    values[name] = chan[e][j]
+            emit_body(b, prog, values, lanes)
+            for k, v in enumerate(prog.outputs):
+                # Channels past C are stored as exact zeros: the next kernel's packed weights are zero there,
+                # and 0 * (inf or NaN from an epilogue on padding) would not be.
+                value = b.select(masks[j], values[v.name], zero)
+                b.store(value, b.gep(outs[k], [pos], source_etype=F32), align=4)
+    b.ret_void()
+    return fn
+
+
+def define_blocked_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, features) -> list[list[str]]:
+    """All (mi, nv) variants; returns their names as [mi - 1][nv - 1]."""
+    return define_tile_functions(module, prefix, spec, features, define=define_blocked_tile_function, tag="b")

@@ -1,0 +1,282 @@
+/* ---- Pools (MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool) with fused epilogues. ----
+ *
+ * Inserted into ort_glue.c by library.py. The generated functions (codegen/pool/kernels.py) do the arithmetic; this
+ * file follows onnxruntime's shape rules, makes the average's divisor tables and splits the work over ORT's pool.
+ *
+ * Windowed pools (NCHW, 2-D). Output sizes, pads and average divisors follow onnxruntime 1.31 (checked against it
+ * in tests/codegen/test_pool_kernels.py; older releases may differ in ceil mode):
+ * - SAME_UPPER/SAME_LOWER pad (ceil(in / s) - 1) * s + k - in in total, with the undilated kernel, split with C's
+ *   truncating division (the head gets the smaller half for SAME_UPPER);
+ * - out = (in + pads - d * (k - 1) - 1) / s + 1, truncating; with ceil_mode rounded up, then one less if the last
+ *   window would start in the tail padding ((out - 1) * s >= in + head pad);
+ * - a window's taps past in + tail pad count for nothing in an average, even inside the image (a negative tail pad);
+ *   count_include_pad=1 divides by the taps before that point, count_include_pad=0 by the taps in the image;
+ * - max starts from the lowest float, so a window with no tap in the image gives -FLT_MAX, like onnxruntime.
+ * The work is a list of units, one band of output rows of one (n, c) plane each; the kernel reads the input in place
+ * (masked loads at the image's edges, a shared row of padding above and below it).
+ *
+ * Global pools (any rank >= 3): one call reduces `lanes` channels of one batch item.
+ */
+
+enum { PX_POSITION = 0, PX_CHANNEL = 1, PX_COLUMN = 2, PX_SCALAR = 3 }; /* epilogue input kinds */
+#define POOL_MAX_OUT 4
+#define POOL_MAX_EXTRA 8
+#define POOL_TARGET_TASKS 64
+#define POOL_TASK_MIN_WORK 65536.0   /* taps (or elements read) per task, at least */
+#define POOL_INLINE_WORK 393216.0    /* below this, one thread is faster than waking the pool */
+#define POOL_BAND_BYTES 16384        /* input rows of a band, read once per strip of output columns */
+
+typedef struct { /* mirrors the slots of codegen/pool/kernels.py */
+  const float *src;   /* windowed: the plane; global: the call's first channel */
+  int64_t stride;     /* windowed: floats between input rows (W); global: H * W */
+  int64_t ow, n;      /* windowed: output width, output rows in the band; global: n = channels in the call */
+  const float *inv_h, *inv_w;
+  float *out[POOL_MAX_OUT];
+  const float *extra[POOL_MAX_EXTRA];
+  int64_t vw, pl, row0, vh; /* windowed: valid width and height, left pad, input row of the band's first row */
+  const float *padrow;      /* windowed: vw floats of padding, read for rows outside [0, vh) */
+} pool_args;
+
+typedef struct {
+  const onnxopt_pool_desc *d;
+  const float *x;
+  int64_t N, C, H, W, He, We, OH, OW, pt, pl, HW;
+  int64_t band_rows, bands, units, tasks;
+  const float *padrow, *inv_h, *inv_w;
+  float *out[POOL_MAX_OUT];
+  const float *extra[POOL_MAX_EXTRA];
+  int64_t extra_count[POOL_MAX_EXTRA]; /* elements per batch item */
+} pool_job;
+
+static OrtStatus *pool_input(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *dims, size_t *rank) {
+  OrtTensorTypeAndShapeInfo *info;
+  CHECK(API(KernelContext_GetInput)(ctx, i, v));
+  CHECK(API(GetTensorTypeAndShape)(*v, &info));
+  OrtStatus *st = API(GetDimensionsCount)(info, rank);
+  if (!st && *rank > MAX_RANK) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: tensor rank above 12");
+  if (!st) st = API(GetDimensions)(info, dims, *rank);
+  API(ReleaseTensorTypeAndShapeInfo)(info);
+  return st;
+}
+
+static int64_t pool_ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : a / b; }
+
+/* onnxruntime's output size and pads along one axis. */
+static int64_t pool_out_size(int64_t in, int64_t k, int64_t s, int64_t dil, int auto_pad, int ceil_mode,
+                             int64_t *head, int64_t *tail) {
+  if (auto_pad == 1 || auto_pad == 2) {
+    int64_t need = (pool_ceil_div(in, s) - 1) * s + k - in;
+    *head = auto_pad == 1 ? need / 2 : (need + 1) / 2;
+    *tail = need - *head;
+  } else if (auto_pad == 3) {
+    *head = *tail = 0;
+  }
+  int64_t num = in + *head + *tail - dil * (k - 1) - 1;
+  if (!ceil_mode) return num / s + 1;
+  int64_t out = pool_ceil_div(num, s) + 1;
+  if ((out - 1) * s >= in + *head) out--;
+  return out;
+}
+
+/* 1 / (the taps of each output position along one axis that an average divides by); 0 where there are none. */
+static void pool_inverse_counts(float *inv, int64_t out, int64_t k, int64_t s, int64_t dil, int64_t head,
+                                int64_t in, int64_t tail, int include_pad) {
+  int64_t end = in + tail, valid = in < end ? in : end;
+  for (int64_t o = 0; o < out; o++) {
+    int64_t cnt = 0;
+    for (int64_t t = 0; t < k; t++) {
+      int64_t p = o * s - head + t * dil;
+      if (include_pad ? p < end : (p >= 0 && p < valid)) cnt++;
+    }
+    inv[o] = cnt ? 1.0f / (float)cnt : 0.0f;
+  }
+}
+
+static void pool_set_extras(const pool_job *j, pool_args *a, int64_t n, int64_t pos_off, int64_t chan_off) {
+  const onnxopt_pool_desc *d = j->d;
+  for (int e = 0; e < d->n_extra; e++) {
+    const float *base = j->extra[e] + (d->extra_nstride[e] ? n * j->extra_count[e] : 0);
+    if (d->extra_kind[e] == PX_POSITION) base += pos_off;
+    else if (d->extra_kind[e] == PX_CHANNEL) base += chan_off;
+    a->extra[e] = base;
+  }
+}
+
+static void pool_window_units(const pool_job *j, int64_t u0, int64_t u1) {
+  const onnxopt_pool_desc *d = j->d;
+  for (int64_t u = u0; u < u1; u++) {
+    int64_t plane = u / j->bands, band = u % j->bands;
+    int64_t n = plane / j->C, c = plane % j->C;
+    int64_t oh0 = band * j->band_rows;
+    pool_args a;
+    memset(&a, 0, sizeof(a));
+    a.src = j->x + plane * j->H * j->W;
+    a.stride = j->W;
+    a.ow = j->OW;
+    a.n = j->OH - oh0 < j->band_rows ? j->OH - oh0 : j->band_rows;
+    a.inv_h = j->inv_h ? j->inv_h + oh0 : NULL;
+    a.inv_w = j->inv_w;
+    a.vw = j->We;
+    a.pl = j->pl;
+    a.row0 = oh0 * d->sh - j->pt;
+    a.vh = j->He;
+    a.padrow = j->padrow;
+    int64_t off = plane * j->OH * j->OW + oh0 * j->OW;
+    for (int o = 0; o < d->sig.n_out; o++) a.out[o] = j->out[o] + off;
+    pool_set_extras(j, &a, n, c * j->OH * j->OW + oh0 * j->OW, c);
+    d->rows((const int64_t *)&a);
+  }
+}
+
+static void pool_global_units(const pool_job *j, int64_t u0, int64_t u1) {
+  const onnxopt_pool_desc *d = j->d;
+  int64_t groups = (j->C + d->lanes - 1) / d->lanes;
+  for (int64_t u = u0; u < u1; u++) {
+    int64_t n = u / groups, c0 = (u % groups) * d->lanes;
+    pool_args a;
+    memset(&a, 0, sizeof(a));
+    a.src = j->x + (n * j->C + c0) * j->HW;
+    a.stride = j->HW;
+    a.n = j->C - c0 < d->lanes ? j->C - c0 : d->lanes;
+    for (int o = 0; o < d->sig.n_out; o++) a.out[o] = j->out[o] + n * j->C + c0;
+    pool_set_extras(j, &a, n, c0, c0);
+    d->global((const int64_t *)&a);
+  }
+}
+
+static void pool_task(void *usr, size_t index) {
+  const pool_job *j = (const pool_job *)usr;
+  int64_t u0 = (int64_t)index * j->units / j->tasks, u1 = ((int64_t)index + 1) * j->units / j->tasks;
+  if (j->d->global)
+    pool_global_units(j, u0, u1);
+  else
+    pool_window_units(j, u0, u1);
+}
+
+static OrtStatus *pool_compute(const onnxopt_pool_desc *d, OrtKernelContext *ctx) {
+  const OrtValue *xv;
+  int64_t xd[MAX_RANK];
+  size_t xr;
+  CHECK(pool_input(ctx, 0, &xv, xd, &xr));
+  int global = d->global != NULL;
+  if ((int)xr != d->rank || xr < 3)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the pool's input does not have the rank the kernel was built for");
+  pool_job j;
+  memset(&j, 0, sizeof(j));
+  j.d = d;
+  j.N = xd[0];
+  j.C = xd[1];
+  int64_t od[MAX_RANK];
+  od[0] = j.N;
+  od[1] = j.C;
+  if (global) {
+    j.HW = 1;
+    for (size_t k = 2; k < xr; k++) {
+      j.HW *= xd[k];
+      od[k] = 1;
+    }
+    if (j.HW == 0 && j.N * j.C > 0)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: a global pool over an empty image");
+  } else {
+    j.H = xd[2];
+    j.W = xd[3];
+    if (j.W > ((int64_t)1 << 30)) /* the kernels compute column indices in 32 bits */
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: the pool's input is wider than 2^30");
+    int64_t pt = d->pads[0], pl = d->pads[1], pb = d->pads[2], pr = d->pads[3];
+    j.OH = pool_out_size(j.H, d->kh, d->sh, d->dh, d->auto_pad, d->ceil_mode, &pt, &pb);
+    j.OW = pool_out_size(j.W, d->kw, d->sw, d->dw, d->auto_pad, d->ceil_mode, &pl, &pr);
+    if (j.OH < 0 || j.OW < 0) return fail(ORT_INVALID_ARGUMENT, "onnxopt: the pool's input is smaller than its window");
+    j.pt = pt;
+    j.pl = pl;
+    /* An average ignores taps past the tail pad, even inside the image (a negative tail pad): read them as padding. */
+    j.He = d->op == POOL_AVG && pb < 0 ? j.H + pb : j.H;
+    j.We = d->op == POOL_AVG && pr < 0 ? j.W + pr : j.W;
+    od[2] = j.OH;
+    od[3] = j.OW;
+  }
+  for (int o = 0; o < d->sig.n_out; o++) {
+    OrtValue *ov;
+    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, od, xr, &ov));
+    CHECK(API(GetTensorMutableData)(ov, (void **)&j.out[o]));
+  }
+  int64_t per_item = global ? j.C : j.C * j.OH * j.OW;
+  for (int e = 0; e < d->n_extra; e++) {
+    const OrtValue *v;
+    int64_t dims[MAX_RANK];
+    size_t rank;
+    CHECK(pool_input(ctx, (size_t)(1 + e), &v, dims, &rank));
+    CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&j.extra[e]));
+    int64_t have = 1, want = d->extra_kind[e] == PX_POSITION ? per_item : d->extra_kind[e] == PX_CHANNEL ? j.C : 1;
+    for (size_t k = 0; k < rank; k++) have *= dims[k];
+    j.extra_count[e] = want;
+    if (d->extra_nstride[e]) want *= j.N;
+    if (have != want)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: an input of a fused epilogue has a different size than the "
+                                        "kernel was built for; re-run onnxopt with --input-shape for these inputs");
+  }
+  if (j.N * j.C == 0 || (!global && j.OH * j.OW == 0)) return NULL;
+  CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&j.x));
+
+  double work;
+  int64_t planes = j.N * j.C;
+  if (global) {
+    j.units = j.N * ((j.C + d->lanes - 1) / d->lanes);
+    work = (double)planes * (double)j.HW;
+  } else {
+    work = (double)planes * ((double)j.OH * (double)j.OW * (double)(d->kh * d->kw) + (double)(j.H * j.W));
+    /* Bands of output rows: enough units for the threads when there are few planes, and few enough input rows
+       that the strips after the first one of a band read them from L1. */
+    double want = work / POOL_TASK_MIN_WORK;
+    if (want > POOL_TARGET_TASKS) want = POOL_TARGET_TASKS;
+    int64_t bands = work < POOL_INLINE_WORK ? 1 : (int64_t)(want / (double)planes + 0.999);
+    int64_t fit = (POOL_BAND_BYTES / (j.W * (int64_t)sizeof(float) + 1) - (d->kh - 1) * d->dh) / d->sh;
+    if (fit < 4) fit = 4;
+    if (bands < (j.OH + fit - 1) / fit) bands = (j.OH + fit - 1) / fit;
+    if (bands < 1) bands = 1;
+    if (bands > j.OH) bands = j.OH;
+    j.band_rows = (j.OH + bands - 1) / bands;
+    j.bands = (j.OH + j.band_rows - 1) / j.band_rows;
+    j.units = planes * j.bands;
+  }
+  j.tasks = work < POOL_INLINE_WORK ? 1 : (int64_t)(work / POOL_TASK_MIN_WORK);
+  if (j.tasks > POOL_TARGET_TASKS) j.tasks = POOL_TARGET_TASKS;
+  if (j.tasks > j.units) j.tasks = j.units;
+  if (j.tasks < 1) j.tasks = 1;
+  if (global) {
+    if (j.tasks == 1) {
+      pool_global_units(&j, 0, j.units);
+      return NULL;
+    }
+    return API(KernelContext_ParallelFor)(ctx, pool_task, (size_t)j.tasks, 0, &j);
+  }
+
+  OrtStatus *st = NULL;
+  float *padrow = (float *)malloc((size_t)(j.W + 1) * sizeof(float));
+  float *inv = d->op == POOL_AVG ? (float *)malloc((size_t)(j.OH + j.OW) * sizeof(float)) : NULL;
+  if (!padrow || (d->op == POOL_AVG && !inv)) {
+    st = fail(ORT_FAIL, "onnxopt: out of memory");
+    goto done;
+  }
+  {
+    float pad = d->op == POOL_MAX ? -3.402823466e+38f : 0.0f;
+    for (int64_t i = 0; i <= j.W; i++) padrow[i] = pad;
+  }
+  j.padrow = padrow;
+  if (inv) {
+    int64_t pt = d->pads[0], pl = d->pads[1], pb = d->pads[2], pr = d->pads[3];
+    pool_out_size(j.H, d->kh, d->sh, d->dh, d->auto_pad, d->ceil_mode, &pt, &pb);
+    pool_out_size(j.W, d->kw, d->sw, d->dw, d->auto_pad, d->ceil_mode, &pl, &pr);
+    pool_inverse_counts(inv, j.OH, d->kh, d->sh, d->dh, pt, j.H, pb, d->count_include_pad);
+    pool_inverse_counts(inv + j.OH, j.OW, d->kw, d->sw, d->dw, pl, j.W, pr, d->count_include_pad);
+    j.inv_h = inv;
+    j.inv_w = inv + j.OH;
+  }
+  if (j.tasks == 1)
+    pool_window_units(&j, 0, j.units);
+  else
+    st = API(KernelContext_ParallelFor)(ctx, pool_task, (size_t)j.tasks, 0, &j);
+done:
+  free(padrow);
+  free(inv);
+  return st;
+}

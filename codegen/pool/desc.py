@@ -1,0 +1,55 @@
+"""The glue's description of a pool op type, and its C initializer (the tables library.py links in)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PoolKernelDesc:
+    """What the glue needs to know of one pool op type (pool_exec.c): the op, its window and its epilogue."""
+
+    op_type: str
+    op: str  # "max", "avg" (2-D windows), "gmax", "gavg" (global)
+    in_types: list[int]
+    out_types: list[int]
+    lanes: int
+    rows: str | None  # windowed: <op>_rows (codegen/pool/kernels.py)
+    glob: str | None  # global: <op>_global
+    kernel: tuple[int, int] = (1, 1)
+    strides: tuple[int, int] = (1, 1)
+    dilations: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
+    auto_pad: int = 0  # 0 explicit, 1 SAME_UPPER, 2 SAME_LOWER, 3 VALID
+    ceil_mode: int = 0
+    count_include_pad: int = 0
+    rank: int = 4  # of the input
+    extra_kinds: list[int] = field(default_factory=list)
+    extra_nstride: list[int] = field(default_factory=list)
+
+
+_POOL_OP = {"max": "POOL_MAX", "avg": "POOL_AVG", "gmax": "POOL_GMAX", "gavg": "POOL_GAVG"}
+
+
+def pool_source(i: int, k: PoolKernelDesc) -> str:
+    """Declarations, tables and the descriptor of pool op number i."""
+    parts = []
+    for sym in (k.rows, k.glob):
+        if sym:
+            parts.append(f"extern void {sym}(const int64_t *);\n")
+    parts.append(_c_array("int", f"p{i}_in_types", k.in_types))
+    parts.append(_c_array("int", f"p{i}_out_types", k.out_types))
+    parts.append(_c_array("int", f"p{i}_extra_kind", k.extra_kinds or []))
+    parts.append(_c_array("int64_t", f"p{i}_extra_nstride", k.extra_nstride or []))
+    parts.append(f'static const onnxopt_pool_desc p{i}_desc = {{{{"{k.op_type}", KIND_POOL, {len(k.in_types)}, '
+                 f"{len(k.out_types)}, p{i}_in_types, p{i}_out_types}}, {_POOL_OP[k.op]}, {k.lanes}, "
+                 f"{k.rows or 'NULL'}, {k.glob or 'NULL'}, {k.kernel[0]}, {k.kernel[1]}, "
+                 f"{k.strides[0]}, {k.strides[1]}, {k.dilations[0]}, {k.dilations[1]}, "
+                 f"{{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ceil_mode}, {k.count_include_pad}, "
+                 f"{k.rank}, {len(k.extra_kinds or [])}, p{i}_extra_kind, p{i}_extra_nstride}};\n")
+    return "".join(parts)
+
+
+def _c_array(ctype: str, name: str, values) -> str:
+    body = ", ".join(str(v) for v in values) or "0"
+    return f"static const {ctype} {name}[] = {{{body}}};\n"

@@ -1,0 +1,264 @@
+"""The measured-cost cache: what timing a region's kernel against onnxruntime found, kept on disk and reused.
+
+Checking a kernel is cheap; timing it is not (about a tenth of a second per region, more for the tile search). A
+model converted twice, or fifty models that share their layers, need each measurement once. The cache is an SQLite
+file (stdlib sqlite3, WAL journal, a busy timeout) that several processes can share, e.g. a batch conversion.
+
+Location: `optimize(cost_cache=PATH)` / `--cost-cache PATH`, else `$ONNXOPT_CACHE_DIR/costs.sqlite`, else
+`$XDG_CACHE_HOME/onnxopt/costs.sqlite`, else `~/.cache/onnxopt/costs.sqlite`. `cost_cache=False` /
+`--no-cost-cache` turns it off.
+
+A row is keyed by the sha256 of everything the time depends on: the region's op type (which hashes its
+computation and the target's name, CPU and features; the register tile too), the runtime input shapes that were
+timed, the thread count (and the CPUs this process may use), onnxruntime's version, onnxopt's version and the CPU
+model, so a cache copied to another machine or kept across an upgrade never answers for what it did not measure.
+The readable parts are stored as columns too, for inspection with any SQLite client.
+
+Only timings are reused: every kernel is still checked against onnxruntime on every run. A file that cannot be
+opened, is not a database, has another schema version or stays locked past the timeout never stops an
+optimization: the cache turns itself off, and the report (and one Python warning) says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sqlite3
+import time
+import warnings
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 5.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS region_cost (
+    key TEXT PRIMARY KEY,
+    op_type TEXT NOT NULL,
+    shapes TEXT NOT NULL,          -- JSON: the runtime input shapes timed, in the fused op's input order
+    threads INTEGER NOT NULL,      -- intra-op threads asked for (0: onnxruntime's default)
+    cpus INTEGER NOT NULL,         -- CPUs this process could use
+    ort_version TEXT NOT NULL,
+    onnxopt_version TEXT NOT NULL,
+    cpu TEXT NOT NULL,
+    original_s REAL NOT NULL,      -- onnxruntime running the region's original ops, median seconds per run
+    fused_s REAL NOT NULL,         -- the fused kernel, median seconds per run (same interleaved run)
+    speedup REAL NOT NULL,
+    measured_at REAL NOT NULL      -- unix time
+);
+CREATE TABLE IF NOT EXISTS tile_choice (
+    key TEXT PRIMARY KEY,
+    op_type TEXT NOT NULL,         -- the region's op type with the target's default tile
+    shapes TEXT NOT NULL,
+    threads INTEGER NOT NULL,
+    cpus INTEGER NOT NULL,
+    ort_version TEXT NOT NULL,
+    onnxopt_version TEXT NOT NULL,
+    cpu TEXT NOT NULL,
+    tile TEXT NOT NULL,            -- JSON [mi, ni, mii, lanes]: the tile chosen
+    candidates TEXT NOT NULL,      -- JSON [{"tile": [...], "seconds": s or null, "error": ...}]
+    measured_at REAL NOT NULL
+);
+"""
+
+
+class CostCacheWarning(UserWarning):
+    """The cost cache could not be used; the optimization goes on without it."""
+
+
+def default_path() -> str:
+    d = os.environ.get("ONNXOPT_CACHE_DIR")
+    if not d:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        d = os.path.join(xdg, "onnxopt") if xdg else os.path.join(os.path.expanduser("~"), ".cache", "onnxopt")
+    return os.path.join(d, "costs.sqlite")
+
+
+def cpu_model() -> str:
+    """The CPU's model string ("AMD EPYC 9454 48-Core Processor"), or what the platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":")[0].strip() in ("model name", "Model", "cpu model", "Hardware"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _ort_version() -> str:
+    try:
+        import onnxruntime
+
+        return onnxruntime.__version__
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+class CostCache:
+    """Measured seconds per (region, shapes, threads, machine, versions), in an SQLite file."""
+
+    def __init__(self, path=None, timeout: float = BUSY_TIMEOUT_S):
+        from onnxopt import __version__
+
+        path = os.fspath(path) if path else default_path()
+        if os.path.isdir(path):
+            path = os.path.join(path, "costs.sqlite")
+        self.path = os.path.abspath(path)
+        self.timeout = timeout
+        self.hits = self.misses = 0
+        self.tile_hits = self.tile_misses = 0
+        self.warning: str | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._ident = {"ort_version": _ort_version(), "onnxopt_version": __version__, "cpu": cpu_model(),
+                       "cpus": usable_cpus()}
+        try:
+            self._open()
+        except (sqlite3.Error, OSError, ValueError) as e:
+            self._disable(f"cannot open {self.path} ({type(e).__name__}: {e})")
+
+    # ---- state ----
+    @property
+    def enabled(self) -> bool:
+        return self._conn is not None
+
+    def _open(self):
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            # Reads the header: a file that is not a database fails here.
+            conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA.split(";\n"):
+                    if statement.strip():
+                        conn.execute(statement)
+                rows = conn.execute("SELECT version FROM schema_version").fetchall()
+                if not rows:
+                    conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+                    version = SCHEMA_VERSION
+                else:
+                    version = rows[0][0]
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            if version != SCHEMA_VERSION:
+                raise ValueError(f"schema version {version}, this onnxopt reads version {SCHEMA_VERSION}; "
+                                 "point --cost-cache elsewhere or delete the file")
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _disable(self, why: str):
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+        self._conn = None
+        if self.warning is None:  # warn once
+            self.warning = f"cost cache off: {why}; kernels are timed without it"
+            warnings.warn(self.warning, CostCacheWarning, stacklevel=3)
+
+    def close(self):
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def summary(self) -> dict:
+        out = {"path": self.path, "enabled": self.enabled, "hits": self.hits, "misses": self.misses,
+               "tile_hits": self.tile_hits, "tile_misses": self.tile_misses}
+        if self.warning:
+            out["warning"] = self.warning
+        return out
+
+    # ---- keys ----
+    def _key(self, kind: str, op_type: str, shapes, threads, extra=None) -> tuple[str, dict]:
+        cols = {"op_type": op_type, "shapes": json.dumps([[int(d) for d in s] for s in shapes]),
+                "threads": int(threads or 0), **self._ident}
+        doc = dict(cols, kind=kind, extra=extra)
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest(), cols
+
+    def key(self, op_type: str, shapes, threads) -> str:
+        """The key of a region's timing (exposed for tests and inspection)."""
+        return self._key("region", op_type, shapes, threads)[0]
+
+    def _query(self, sql, args=()):
+        if self._conn is None:
+            return None
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.Error as e:
+            self._disable(f"{self.path}: {type(e).__name__}: {e}")
+            return None
+
+    # ---- region timings ----
+    def get_region(self, op_type: str, shapes, threads) -> dict | None:
+        """The stored timing of this region on these shapes, or None (counted as a hit or a miss)."""
+        if self._conn is None:
+            return None
+        rows = self._query("SELECT original_s, fused_s, speedup, measured_at FROM region_cost WHERE key = ?",
+                           (self.key(op_type, shapes, threads),))
+        if rows and all(isinstance(v, float) and v > 0 and v == v and v != float("inf") for v in rows[0][:2]):
+            self.hits += 1
+            return dict(zip(("original_s", "fused_s", "speedup", "measured_at"), rows[0]))
+        if self._conn is not None:
+            self.misses += 1
+        return None
+
+    def put_region(self, op_type: str, shapes, threads, original_s: float, fused_s: float) -> None:
+        key, cols = self._key("region", op_type, shapes, threads)
+        self._query("INSERT OR REPLACE INTO region_cost (key, op_type, shapes, threads, cpus, ort_version, "
+                    "onnxopt_version, cpu, original_s, fused_s, speedup, measured_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, cols["op_type"], cols["shapes"], cols["threads"], cols["cpus"], cols["ort_version"],
+                     cols["onnxopt_version"], cols["cpu"], float(original_s), float(fused_s),
+                     float(original_s) / float(fused_s), time.time()))
+
+    # ---- tile searches ----
+    def get_tile(self, op_type: str, shapes, threads, space) -> dict | None:
+        """The stored tile search of this region over this candidate space (a list of tiles as lists)."""
+        if self._conn is None:
+            return None
+        key, _ = self._key("tile", op_type, shapes, threads, extra=space)
+        rows = self._query("SELECT tile, candidates, measured_at FROM tile_choice WHERE key = ?", (key,))
+        if rows:
+            try:
+                out = {"tile": json.loads(rows[0][0]), "candidates": json.loads(rows[0][1]),
+                       "measured_at": rows[0][2]}
+            except (TypeError, ValueError):
+                out = None
+            if out is not None and out["tile"] in space:
+                self.tile_hits += 1
+                return out
+        if self._conn is not None:
+            self.tile_misses += 1
+        return None
+
+    def put_tile(self, op_type: str, shapes, threads, space, tile, candidates) -> None:
+        key, cols = self._key("tile", op_type, shapes, threads, extra=space)
+        self._query("INSERT OR REPLACE INTO tile_choice (key, op_type, shapes, threads, cpus, ort_version, "
+                    "onnxopt_version, cpu, tile, candidates, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, cols["op_type"], cols["shapes"], cols["threads"], cols["cpus"], cols["ort_version"],
+                     cols["onnxopt_version"], cols["cpu"], json.dumps(list(tile)), json.dumps(candidates),
+                     time.time()))
+
+
+def open_cost_cache(option) -> CostCache | None:
+    """`optimize(cost_cache=...)`: False -> no cache; None -> the default location; a path -> that file."""
+    if option is False:
+        return None
+    return CostCache(None if option in (None, True) else option)

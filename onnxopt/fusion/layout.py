@@ -1,0 +1,262 @@
+"""Blocked layouts kept across chains of fused convolutions.
+
+A tensor [N, C, H, W] in the blocked layout is stored as [N, ceil(C / L), H, W, L], L = the target's vector lanes
+(NCHW16c on AVX-512, NCHW8c on AVX2), channels past C zero. A convolution kernel that writes it computes vectors of
+output channels (codegen/compute/blocked_tile.py): every lane is busy whatever the image size. The next convolution
+reads it directly (a blocked kernel as broadcasts at each tap, an NCHW kernel through its padded copy), so between
+two fused convolutions there is no reorder node at all; the layout changes only inside a kernel's input copy.
+
+`assign_blocked_layouts` decides, for one plan, which region outputs are blocked: those of one-group convolutions
+whose every consumer is a fused convolution reading the tensor as its input, or as a per-pixel epilogue input of a
+convolution that is itself blocked. It is a fixed point: dropping one region from the blocked set can disqualify
+the regions that feed it or that it feeds. Graph outputs, and tensors read by anything left to onnxruntime or by an
+elementwise region, stay NCHW.
+
+The layout is part of each fused op: its attributes (in the op type's hash), its packed weights, and its function
+fallback, which wraps the original ops in Transpose/Reshape (and Pad/Slice when C is not a multiple of L) so that
+it computes the same blocked tensors without the library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .compute import POSITION
+from .region import Region
+
+
+# ---- numpy forms, for the kernel checks and the tests ----
+def to_blocked(a: np.ndarray, lanes: int) -> np.ndarray:
+    n, c, h, w = a.shape
+    cb = -(-c // lanes)
+    out = np.zeros((n, cb * lanes, h, w), a.dtype)
+    out[:, :c] = a
+    return np.ascontiguousarray(out.reshape(n, cb, lanes, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def from_blocked(a: np.ndarray, channels: int) -> np.ndarray:
+    n, cb, h, w, lanes = a.shape
+    return np.ascontiguousarray(a.transpose(0, 1, 4, 2, 3).reshape(n, cb * lanes, h, w)[:, :channels])
+
+
+# ---- what a region reads and writes blocked ----
+def blocked_inputs(region: Region) -> set[str]:
+    c = region.compute
+    if c is None or c.op != "conv":
+        return set()
+    names = {region.inputs[0]} if c.attrs.get("in_blocked") else set()
+    if c.attrs.get("out_blocked"):
+        extras = region.inputs[len(region.inputs) - len(c.extra_kinds):]
+        names |= {x for x, k in zip(extras, c.extra_kinds) if k == POSITION}
+    return names
+
+
+def blocked_outputs(region: Region) -> set[str]:
+    c = region.compute
+    return set(region.outputs) if c is not None and c.attrs.get("out_blocked") else set()
+
+
+# ---- the decision ----
+def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, ni: int, opset: int) -> int:
+    """Convert the regions of one plan in place; returns how many write blocked outputs."""
+    owner: dict[int, Region] = {}
+    node_pos = {id(n): i for i, n in enumerate(index.nodes)}
+    for r in regions:
+        for n in r.nodes:
+            owner[node_pos[id(n)]] = r
+    producer = {o: r for r in regions for o in r.outputs}
+
+    def static(name):
+        s = shape_of(name)
+        return s is not None and len(s) == 4 and all(isinstance(d, int) for d in s[1:])
+
+    def is_conv(r):
+        return r is not None and r.compute is not None and r.compute.op == "conv"
+
+    def roles(t: str, r: Region) -> set[str]:
+        out = set()
+        if r.inputs[0] == t:
+            out.add("x")
+        extras = r.inputs[len(r.inputs) - len(r.compute.extra_kinds):]
+        for x, k in zip(extras, r.compute.extra_kinds):
+            if x == t:
+                out.add("pos" if k == POSITION else "other")
+        return out or {"other"}
+
+    blocked = {id(r) for r in regions
+               if is_conv(r) and r.compute.attrs["groups"] == 1 and static(r.inputs[0])
+               and all(static(o) for o in r.outputs)}
+    by_id = {id(r): r for r in regions}
+    changed = True
+    while changed:
+        changed = False
+        for rid in list(blocked):
+            r = by_id[rid]
+            ok = True
+            for t in r.outputs:
+                if t in index.graph_outputs:
+                    ok = False
+                for c in index.consumers.get(t, []):
+                    user = owner.get(c)
+                    if not is_conv(user) or user is r:
+                        ok = False
+                        break
+                    rl = roles(t, user)
+                    if "other" in rl or ("pos" in rl and id(user) not in blocked) or not static(user.inputs[0]):
+                        ok = False
+                        break
+                if not ok:
+                    break
+            extras = r.inputs[len(r.inputs) - len(r.compute.extra_kinds):]
+            for x, k in zip(extras, r.compute.extra_kinds):
+                if k == POSITION and (producer.get(x) is None or id(producer[x]) not in blocked):
+                    ok = False
+            if not ok:
+                blocked.discard(rid)
+                changed = True
+    for r in regions:
+        if not is_conv(r):
+            continue
+        src = producer.get(r.inputs[0])
+        in_blocked = src is not None and id(src) in blocked
+        out_blocked = id(r) in blocked
+        if in_blocked or out_blocked:
+            _convert(r, in_blocked, out_blocked, shape_of, lanes, ni, opset)
+    return len(blocked)
+
+
+# ---- the conversion ----
+def _i64(name, values):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(values, np.int64), name))
+
+
+def block_nodes(src: str, dst: str, c: int, h: int, w: int, lanes: int, opset: int) -> list[onnx.NodeProto]:
+    """[N, C, H, W] -> [N, C/L, H, W, L] (zero channels added): Pad, Reshape, Transpose."""
+    cb = -(-c // lanes)
+    nodes = []
+    cur = src
+    if cb * lanes != c:
+        pads = [0, 0, 0, 0, 0, cb * lanes - c, 0, 0]
+        if opset >= 11:
+            nodes += [_i64(f"{dst}__pads", pads), helper.make_node("Pad", [cur, f"{dst}__pads"], [f"{dst}__padded"])]
+        else:
+            nodes.append(helper.make_node("Pad", [cur], [f"{dst}__padded"], pads=pads))
+        cur = f"{dst}__padded"
+    nodes += [_i64(f"{dst}__shape5", [0, cb, lanes, h, w]),
+              helper.make_node("Reshape", [cur, f"{dst}__shape5"], [f"{dst}__split"]),
+              helper.make_node("Transpose", [f"{dst}__split"], [dst], perm=[0, 1, 3, 4, 2])]
+    return nodes
+
+
+def unblock_nodes(src: str, dst: str, c: int, h: int, w: int, lanes: int, opset: int) -> list[onnx.NodeProto]:
+    """[N, C/L, H, W, L] -> [N, C, H, W]: Transpose, Reshape, Slice."""
+    cb = -(-c // lanes)
+    full = dst if cb * lanes == c else f"{dst}__full"
+    nodes = [helper.make_node("Transpose", [src], [f"{dst}__t"], perm=[0, 1, 4, 2, 3]),
+             _i64(f"{dst}__shape4", [0, cb * lanes, h, w]),
+             helper.make_node("Reshape", [f"{dst}__t", f"{dst}__shape4"], [full])]
+    if full != dst:
+        if opset >= 10:
+            nodes += [_i64(f"{dst}__starts", [0]), _i64(f"{dst}__ends", [c]), _i64(f"{dst}__axes", [1]),
+                      helper.make_node("Slice", [full, f"{dst}__starts", f"{dst}__ends", f"{dst}__axes"], [dst])]
+        else:
+            nodes.append(helper.make_node("Slice", [full], [dst], starts=[0], ends=[c], axes=[1]))
+    return nodes
+
+
+def pack_blocked_weights(w: np.ndarray, lanes: int, ni: int) -> np.ndarray:
+    """[OC, IC, KH, KW] -> [ceil(OC / (NI * L))][IC * KH * KW][NI * L], zero-padded."""
+    oc = w.shape[0]
+    k = int(np.prod(w.shape[1:]))
+    width = ni * lanes
+    groups = -(-oc // width)
+    padded = np.zeros((groups * width, k), np.float32)
+    padded[:oc] = w.reshape(oc, k)
+    return np.ascontiguousarray(padded.reshape(groups, width, k).transpose(0, 2, 1))
+
+
+def use_channel_vectors(r: Region, lanes: int, ni: int, opset: int) -> None:
+    """Give a one-group NCHW convolution the blocked kernel (vectors of output channels), NCHW in and out: it
+    computes into blocked buffers and reorders at the end, which pays where the NCHW kernel leaves lanes idle."""
+    _convert(r, False, False, None, lanes, ni, opset, channel_vectors=True)
+
+
+def with_channel_vectors(region: Region, lanes: int, ni: int, opset: int) -> Region:
+    """`use_channel_vectors` on a region whose compute params may be shared (a plan's copy): the params are copied
+    first, and the op type recomputed. Returns the region."""
+    c = region.compute
+    region.compute = replace(c, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
+    region.inputs = list(region.inputs)
+    use_channel_vectors(region, lanes, ni, opset)
+    if region.op_type_key:
+        region.compute_op_type(region.op_type_key)
+    return region
+
+
+def channel_vectors_apply(region: Region, lanes: int) -> bool:
+    """Whether the channel-vector kernel can replace this region's NCHW kernel."""
+    c = region.compute
+    return (lanes >= 8 and c is not None and c.op == "conv" and c.attrs.get("groups") == 1 and c.weights is not None
+            and not c.attrs.get("in_blocked") and not c.attrs.get("channel_vectors"))
+
+
+def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni, opset, channel_vectors=False):
+    c = r.compute
+    a = c.attrs
+    body = list(c.body)
+    conv_at = next(i for i, n in enumerate(body) if n.op_type == "Conv")
+    conv = body[conv_at]
+    if out_blocked or channel_vectors:
+        w = c.weights
+        packed = pack_blocked_weights(w, lanes, ni)
+        old_name = r.inputs[1]
+        name = f"{old_name}_blocked"
+        c.initializers = [t for t in c.initializers if t.name != old_name] + [numpy_helper.from_array(packed, name)]
+        r.inputs[1] = name
+        oc, k = w.shape[0], int(np.prod(w.shape[1:]))
+        u = f"{name}__unpack"
+        unpack = [helper.make_node("Transpose", [name], [f"{u}_t"], perm=[0, 2, 1]),
+                  _i64(f"{u}_s1", [packed.shape[0] * packed.shape[2], k]),
+                  helper.make_node("Reshape", [f"{u}_t", f"{u}_s1"], [f"{u}_r"])]
+        if opset >= 10:
+            unpack += [_i64(f"{u}_starts", [0]), _i64(f"{u}_ends", [oc]), _i64(f"{u}_axes", [0]),
+                       helper.make_node("Slice", [f"{u}_r", f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_sl"])]
+        else:
+            unpack.append(helper.make_node("Slice", [f"{u}_r"], [f"{u}_sl"], starts=[0], ends=[oc], axes=[0]))
+        unpack += [_i64(f"{u}_s2", list(w.shape)), helper.make_node("Reshape", [f"{u}_sl", f"{u}_s2"], [conv.input[1]])]
+        body = unpack + body[conv_at:]
+        a["packed_shape"] = packed.shape
+    renames: dict[str, str] = {}
+    prologue: list[onnx.NodeProto] = []
+    epilogue: list[onnx.NodeProto] = []
+    extras = zip(r.inputs[len(r.inputs) - len(c.extra_kinds):], c.extra_kinds)
+    to_unblock = ([r.inputs[0]] if in_blocked else []) + ([x for x, k in extras if k == POSITION] if out_blocked else [])
+    for x in dict.fromkeys(to_unblock):
+        _, ch, h, w_ = shape_of(x)
+        renames[x] = f"{x}__nchw"
+        prologue += unblock_nodes(x, renames[x], ch, h, w_, lanes, opset)
+    if out_blocked:
+        for o in r.outputs:
+            _, ch, h, w_ = shape_of(o)
+            renames[o] = f"{o}__nchw"
+            epilogue += block_nodes(renames[o], o, ch, h, w_, lanes, opset)
+    new_body = []
+    for n in body:
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        for i, x in enumerate(m.input):
+            if x in renames:
+                m.input[i] = renames[x]
+        for i, x in enumerate(m.output):
+            if x in renames:
+                m.output[i] = renames[x]
+        new_body.append(m)
+    c.body = prologue + new_body + epilogue
+    a["in_blocked"] = int(in_blocked)
+    a["out_blocked"] = int(out_blocked)
+    a["channel_vectors"] = int(out_blocked or channel_vectors)
+    a["block"] = lanes

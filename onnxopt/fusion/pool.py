@@ -1,0 +1,184 @@
+"""Fusion rule: a pool (MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool) with the elementwise chain after it.
+
+    MaxPool -> Relu                    AveragePool -> Add(residual) -> Clip
+    GlobalAveragePool -> Mul(scale) -> Add(bias)
+
+becomes one kernel (codegen/pool): the pooled vector runs through the chain in registers before it is stored. The
+epilogue grows exactly as a compute op's does (fusion/compute.py): consumers that the elementwise rule admits, with
+the pool's output shape, whose other inputs broadcast as POSITION (laid out like the output), CHANNEL (one value per
+channel) or SCALAR; one-element constants are folded into the code.
+
+Admitted: float32, NCHW. MaxPool and AveragePool over 2-D windows (any kernel, strides, dilations, pads, auto_pad,
+ceil_mode, count_include_pad); MaxPool only when its Indices output is unused. Global pools over any spatial rank.
+The function fallback is the original nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from .compute import ACC, MAX_EXTRAS, MAX_OUTPUTS, ComputeRule
+from .elementwise import _attr
+from .region import EwOp, EwProgram, Region, Value
+
+POOL_OPS = {"MaxPool": "max", "AveragePool": "avg", "GlobalMaxPool": "gmax", "GlobalAveragePool": "gavg"}
+AUTO_PAD = {"NOTSET": 0, "SAME_UPPER": 1, "SAME_LOWER": 2, "VALID": 3}
+
+
+@dataclass
+class PoolParams:
+    """The pool op of a region and its attributes (all in the op type's hash)."""
+
+    op: str  # "max", "avg", "gmax", "gavg"
+    attrs: dict = field(default_factory=dict)
+    extra_kinds: list[int] = field(default_factory=list)
+    extra_nstride: list[int] = field(default_factory=list)
+
+    def key(self) -> list:
+        return [self.op, self.extra_kinds, self.extra_nstride, {k: repr(v) for k, v in sorted(self.attrs.items())}]
+
+
+class PoolRule:
+    kind_names = {"max": "MaxPool", "avg": "AveragePool", "gmax": "GlobalMaxPool", "gavg": "GlobalAveragePool"}
+
+    def __init__(self, model: onnx.ModelProto):
+        # The compute rule's helpers classify epilogue inputs; the micro-kernel tile size does not matter here.
+        self.cr = ComputeRule(model, 1)
+        self.ew = self.cr.ew
+        self.index = self.ew.index
+
+    def admits(self, node) -> str | None:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in POOL_OPS:
+            return "not a pool"
+        op = POOL_OPS[node.op_type]
+        if not node.input or self.ew.dtype_of(node.input[0]) != "float32":
+            return "not float32"
+        if len(node.output) > 1 and node.output[1] and (self.index.consumers.get(node.output[1])
+                                                         or node.output[1] in self.index.graph_outputs):
+            return "MaxPool's Indices output is used"
+        ti = self.ew.info.get(node.input[0])
+        rank = ti.rank if ti is not None and ti.rank is not None else 0
+        if op in ("gmax", "gavg"):
+            if rank < 3:
+                return "input rank unknown or below 3"
+            return None
+        if rank != 4:
+            return "not a 2-D pool over [N, C, H, W]"
+        if len(_attr(node, "kernel_shape", [])) != 2:
+            return "kernel_shape is not 2-D"
+        auto = _attr(node, "auto_pad", b"NOTSET")
+        if (auto.decode() if isinstance(auto, bytes) else auto) not in AUTO_PAD:
+            return "unknown auto_pad"
+        return None
+
+    def find_regions(self, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
+        regions = []
+        for i, node in enumerate(self.index.nodes):
+            if i in claimed or node.op_type not in POOL_OPS or node.domain not in ("", "ai.onnx"):
+                continue
+            why = self.admits(node)
+            if why is not None:
+                if rejected is not None:
+                    rejected.append({"nodes": [node.name or node.output[0]], "reason": f"{node.op_type}: {why}"})
+                continue
+            try:
+                region, group = self._region_from(i, claimed)
+            except _Reject as e:
+                if rejected is not None:
+                    rejected.append({"nodes": [node.name or node.output[0]], "reason": str(e)})
+                continue
+            claimed.update(group)
+            regions.append(region)
+        return regions
+
+    def _region_from(self, i: int, claimed: set[int]):
+        idx = self.index
+        node = idx.nodes[i]
+        out_shape = self.ew.shape_of(node.output[0])
+        members = [i]
+        values = {node.output[0]}
+        extras: list[str] = []
+        kinds: list[int] = []
+        changed = out_shape is not None  # without a known output shape, no epilogue
+        while changed:
+            changed = False
+            for v in sorted(values):
+                for c in idx.consumers.get(v, []):
+                    if c in members or c in claimed or c < i:
+                        continue
+                    cn = idx.nodes[c]
+                    if self.ew.admits(cn) is not None or self.ew.shape_of(cn.output[0]) != out_shape:
+                        continue
+                    if self.ew.dtype_of(cn.output[0]) != "float32":
+                        continue
+                    new_extras = []
+                    ok = True
+                    for x in cn.input:
+                        if not x or x in values or x in extras or self.ew.scalar_const(x) is not None:
+                            continue
+                        k = self.cr._epilogue_kind(x, out_shape, "conv")
+                        if k is None:
+                            ok = False
+                            break
+                        new_extras.append((x, k))
+                    if not ok or len(extras) + len(new_extras) > MAX_EXTRAS:
+                        continue
+                    if idx.escapes_and_returns(set(members) | {c}):
+                        continue
+                    members.append(c)
+                    values.add(cn.output[0])
+                    for x, k in new_extras:
+                        extras.append(x)
+                        kinds.append(k)
+                    changed = True
+        group = set(members)
+        members = sorted(members)
+        outputs = [o for m in members for o in idx.nodes[m].output[:1] if idx.is_used_outside(o, group)]
+        if not outputs:
+            raise _Reject("no output is used")
+        if len(outputs) > MAX_OUTPUTS:
+            raise _Reject(f"more than {MAX_OUTPUTS} outputs")
+        return self._build(node, members, extras, kinds, outputs, out_shape), group
+
+    def _build(self, node, members, extras, kinds, outputs, out_shape) -> Region:
+        idx = self.index
+        op = POOL_OPS[node.op_type]
+        params = PoolParams(op)
+        xs = self.ew.info[node.input[0]].shape
+        params.attrs["rank"] = len(xs)
+        if op in ("max", "avg"):
+            auto = _attr(node, "auto_pad", b"NOTSET")
+            auto = auto.decode() if isinstance(auto, bytes) else auto
+            params.attrs.update(
+                kernel=tuple(int(k) for k in _attr(node, "kernel_shape")),
+                strides=tuple(int(s) for s in (_attr(node, "strides", None) or [1, 1])),
+                dilations=tuple(int(d) for d in (_attr(node, "dilations", None) or [1, 1])),
+                pads=tuple(int(p) for p in (_attr(node, "pads", None) or [0, 0, 0, 0])) if auto == "NOTSET"
+                else (0, 0, 0, 0),
+                auto_pad=AUTO_PAD[auto], ceil_mode=int(_attr(node, "ceil_mode", 0)))
+            if op == "avg":
+                params.attrs["count_include_pad"] = int(_attr(node, "count_include_pad", 0))
+        consts: dict = {}
+        ops = [EwOp("Identity", (ACC,), node.output[0], "float32")]
+        for m in members[1:]:
+            ops.append(self.ew._to_op(idx.nodes[m], consts))
+        params.extra_kinds = list(kinds)
+        params.extra_nstride = [self.cr._nstride(x, k, out_shape, "conv") for x, k in zip(extras, kinds)]
+        prog = EwProgram(inputs=[Value(ACC, "float32")] + [Value(x, "float32") for x in extras], consts=consts,
+                         ops=ops, outputs=[Value(o, "float32") for o in outputs])
+        if out_shape is not None:
+            shape = list(out_shape)
+        else:  # symbolic sizes that shape inference could not follow through the window: the rank is enough
+            ti = self.ew.info.get(node.output[0])
+            dims = ti.shape if ti is not None and ti.shape is not None else [None] * len(xs)
+            shape = [d if isinstance(d, (int, str)) and not str(d).startswith("unk__") else None for d in dims]
+        region = Region(self.kind_names[op], [idx.nodes[m] for m in members], [node.input[0]] + extras, outputs,
+                        prog, shape)
+        region.pool = params
+        return region
+
+
+class _Reject(Exception):
+    pass

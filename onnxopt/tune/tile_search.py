@@ -1,0 +1,289 @@
+"""The register-tile search: a few tiles that the machine model ranks best, each built, checked and timed.
+
+The space is every register tile the micro-kernel can use on the target (MI rows of C by NI vectors, MII
+broadcasts in flight) under the solver's legality rules; `candidate_tiles` ranks it by Chimera's intensity
+formula and keeps the best few (3), the solver's own tile first. That is the pruning: on AVX-512 (32 zmm) the
+space holds about fifty (MI, NI) shapes and the search times (6, 4), (5, 4) and (4, 4) ((14, 2) is next, and was
+always slower here).
+
+Each candidate is compiled (`build_compute` with the region retiled: a convolution's weights are repacked for the
+tile's MI), linked into one library, run on the region's runtime shapes in onnxruntime, checked against
+onnxruntime running the original ops, and then all are timed in one interleaved run. The fastest wins if it beats
+the default tile by 3% (less is timing noise); otherwise the default stays. Regions under 2 MFLOP are not searched
+(the tile cannot matter there), nor blocked-layout convolutions (their tile is a different kernel).
+
+A one-group NCHW convolution also gets one more candidate: the blocked-layout kernel (vectors of output channels,
+fusion/layout.py) run with NCHW inputs and outputs, which wins on narrow images and loses where its reorders cost
+more than the idle lanes of the NCHW kernel.
+
+The result is kept in the cost cache under the region's default op type, its input shapes and the thread count,
+with the candidate space in the key: a second run reuses it without building anything.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnxopt.codegen.compute.build import build_compute
+from onnxopt.codegen.glue.library import link_library
+from onnxopt.codegen.microkernel.register_tile import RegisterTile, candidate_tiles
+from onnxopt.codegen.microkernel.registry import select
+from dataclasses import replace
+
+from onnxopt.fusion.compute import retile
+from onnxopt.fusion.layout import channel_vectors_apply, with_channel_vectors
+from onnxopt.timing import make_session, time_interleaved
+from onnxopt.verify import Tolerance, compare
+
+MIN_SEARCH_FLOPS = 2e6
+CANDIDATES = 3
+MARGIN = 1.03  # a candidate must be this much faster than the default tile to replace it
+
+
+def tile_list(t: RegisterTile) -> list[int]:
+    return [t.mi, t.ni, t.mii, t.lanes]
+
+
+def tile_from(values) -> RegisterTile:
+    mi, ni, mii, lanes = (int(v) for v in values)
+    return RegisterTile(mi, ni, mii, lanes)
+
+
+@dataclass
+class TileSearchResult:
+    tile: RegisterTile  # the tile to use
+    default: RegisterTile  # the target's solver tile
+    candidates: list[dict] = field(default_factory=list)  # {"tile": [mi, ni, mii, lanes], "seconds": s | None, ...}
+    cost_cache: str | None = None  # "hit", "miss", or None without a cache
+    skipped: str | None = None  # why no search ran
+    vectors: str = "pixels"  # "channels": the blocked kernel with NCHW inputs and outputs (fusion/layout.py)
+    # op type -> (object code, glue description) of each candidate built: the pipeline reuses the chosen one
+    built: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def changed(self) -> bool:
+        return self.tile != self.default or self.vectors != "pixels"
+
+    def to_report(self) -> dict:
+        out = {"chosen": tile_list(self.tile), "default": tile_list(self.default), "candidates": self.candidates,
+               "vectors": self.vectors}
+        if self.cost_cache:
+            out["cost_cache"] = self.cost_cache
+        if self.skipped:
+            out["skipped"] = self.skipped
+        if not self.skipped:
+            secs = {(tuple(c["tile"]), c.get("vectors", "pixels")): c.get("seconds") for c in self.candidates}
+            d = secs.get((tuple(tile_list(self.default)), "pixels"))
+            t = secs.get((tuple(tile_list(self.tile)), self.vectors))
+            if d and t:
+                out["gain"] = d / t
+        return out
+
+
+def search_space(target, limit: int = CANDIDATES) -> list[RegisterTile]:
+    """The tiles the search times on this target, best predicted first (the solver's tile)."""
+    mk = select(target)
+    return candidate_tiles(mk.registers, mk.lanes, mk.masks_in_vector_registers, limit=limit)
+
+
+def region_flops(region, info, bindings) -> float:
+    """2 x multiply-adds of a compute region on its inferred shapes (symbolic dims from `bindings`, else 1)."""
+    c = region.compute
+
+    def dims(shape):
+        return [d if isinstance(d, int) else int(bindings.get(d, 1)) if isinstance(d, str) else 1 for d in shape]
+
+    out = int(np.prod(dims(region.shape))) if region.shape else 0
+    if c.op == "conv":
+        kh, kw = c.attrs["kernel"]
+        return 2.0 * out * c.attrs["ic_g"] * kh * kw
+    a = info.get(region.inputs[0])
+    if a is None or not a.shape:
+        return 0.0
+    k = dims(a.shape)[-2] if c.attrs.get("trans_a") and len(a.shape) >= 2 else dims(a.shape)[-1]
+    return 2.0 * out * k
+
+
+def _tolerance(want) -> Tolerance:
+    # As the pipeline's kernel check: a reduction in another order differs by about K * eps * sum |a * b|.
+    scale = max((float(np.max(np.abs(w))) for w in want if np.size(w)), default=1.0)
+    return Tolerance({"float32": 1e-4}, {"float32": max(1e-5, 2e-6 * scale)})
+
+
+def search_tile(region, model, target, threads: int | None = None, cache=None, *, info=None, bindings=None,
+                seed: int = 0, space: list[RegisterTile] | None = None, min_time: float = 0.1,
+                min_flops: float = MIN_SEARCH_FLOPS, margin: float = MARGIN) -> TileSearchResult:
+    """Time the candidate register tiles of one compute region (op type computed with the default tile) on its
+    runtime shapes and return the fastest. `model` is the shape-inferred graph the region was found in; `cache`
+    a CostCache or None. `space` replaces the machine model's candidates (the first is the baseline)."""
+    from onnxopt.annotate.shapes import tensor_info
+    from onnxopt.pipeline import _region_feeds, _region_models
+
+    default = select(target).tile
+    if region.compute is None:
+        return TileSearchResult(default, default, skipped="not a compute region")
+    c = region.compute
+    if c.attrs.get("in_blocked") or c.attrs.get("out_blocked"):
+        return TileSearchResult(default, default, skipped="blocked layout: the tile is the blocked kernel's")
+    current = c.tile if c.tile is not None else default
+    if current != default:
+        return TileSearchResult(current, default, skipped="the tile is already chosen")
+    tiles = list(space) if space is not None else search_space(target)
+    if len(tiles) < 1 or (space is None and len(tiles) < 2):
+        return TileSearchResult(default, default, skipped="no other tile fits the register file")
+    info = info if info is not None else tensor_info(model)
+    bindings = bindings or {}
+    flops = region_flops(region, info, bindings)
+    if flops < min_flops:
+        return TileSearchResult(default, default, skipped=f"{flops / 1e6:.2f} MFLOP: the tile cannot matter")
+
+    feeds = _region_feeds(region, info, bindings, seed, model)
+    shapes = [list(v.shape) for v in feeds.values()]
+    # Besides the tiles, a one-group convolution can run the blocked kernel (vectors of output channels) with NCHW
+    # inputs and outputs: better where the image rows leave the NCHW kernel's lanes idle, worse where the reorders
+    # cost more than the lanes gain. Only timing tells.
+    mk = select(target)
+    channels = space is None and channel_vectors_apply(region, mk.lanes)
+    space_key = [tile_list(t) for t in tiles] + ([tile_list(default) + [1]] if channels else [])
+    if cache is not None and cache.enabled:
+        hit = cache.get_tile(region.op_type, shapes, threads, space_key)
+        if hit is not None:
+            return TileSearchResult(tile_from(hit["tile"][:4]), default, hit["candidates"], cost_cache="hit",
+                                    vectors="channels" if hit["tile"][4:] == [1] else "pixels")
+
+    candidates = [{"tile": tile_list(t)} for t in tiles]
+    kinds = [(t, "pixels") for t in tiles]
+    if channels:
+        candidates.append({"tile": tile_list(default), "vectors": "channels"})
+        kinds.append((default, "channels"))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    variants, objs, descs = [], [], []
+    for cand, (t, vectors) in zip(candidates, kinds):
+        try:
+            if vectors == "channels":
+                v = with_channel_vectors(replace(region, measured={}, rejected=None), mk.lanes, mk.tile.ni, opset)
+            else:
+                v = region if t == current else retile(region, t)
+            obj, desc, _ = build_compute(v, target)
+        except Exception as e:  # noqa: BLE001 - a tile that does not build is left out
+            cand["error"] = f"build: {type(e).__name__}: {e}"
+            continue
+        variants.append((cand, (t, vectors), v))
+        objs.append(obj)
+        descs.append(desc)
+    # The same op type twice (the default and its copy) would register twice: keep the first.
+    seen: set[str] = set()
+    keep = []
+    for i, (cand, t, v) in enumerate(variants):
+        if v.op_type in seen:
+            cand["error"] = "duplicate op type"
+            continue
+        seen.add(v.op_type)
+        keep.append(i)
+    variants = [variants[i] for i in keep]
+    objs = [objs[i] for i in keep]
+    descs = [descs[i] for i in keep]
+
+    timed = []
+    if variants:
+        with tempfile.TemporaryDirectory(prefix="onnxopt-tiles-") as tmp:
+            lib = os.path.join(tmp, "tiles.so")
+            try:
+                link_library(descs, objs, target, lib)
+                orig, _ = _region_models(region, model, info)
+                want = make_session(orig, threads).run(None, feeds)
+            except Exception as e:  # noqa: BLE001 - no search; the pipeline checks the default kernel as usual
+                return TileSearchResult(default, default, candidates,
+                                        skipped=f"could not run: {str(e).splitlines()[0][:200]}")
+            tol = _tolerance(want)
+            sessions = []
+            for cand, t, v in variants:
+                try:
+                    _, fused = _region_models(v, model, info)
+                    s = make_session(fused, threads, library=lib)
+                    got = s.run(None, feeds)
+                except Exception as e:  # noqa: BLE001
+                    cand["error"] = f"run: {str(e).splitlines()[0][:200]}"
+                    continue
+                bad = [d for d in compare(region.outputs, want, got, tol) if not d.ok]
+                if bad:
+                    cand["error"] = f"wrong results on {bad[0].name} (max abs {bad[0].max_abs:.3g})"
+                    continue
+                sessions.append(s)
+                timed.append((cand, t))
+            baseline = (default if space is None else tiles[0], "pixels")
+            chosen = baseline
+            if sessions:
+                times = time_interleaved(sessions, feeds, min_time=min_time, max_blocks=10, min_blocks=3)
+                for (cand, _), tm in zip(timed, times):
+                    cand["seconds"] = tm["median"]
+                secs = {t: cand["seconds"] for cand, t in timed}
+                best = min(secs, key=secs.get)
+                base = secs.get(baseline)
+                if base is None:
+                    chosen = best
+                elif secs[best] * margin < base:
+                    # A win of a few percent can be noise: time the two again, and keep the winner only if it
+                    # wins again.
+                    at = {t: i for i, (_, t) in enumerate(timed)}
+                    again = time_interleaved([sessions[at[baseline]], sessions[at[best]]], feeds,
+                                             min_time=min_time, max_blocks=10, min_blocks=3)
+                    timed[at[best]][0]["confirm_gain"] = again[0]["median"] / again[1]["median"]
+                    if again[1]["median"] * margin < again[0]["median"]:
+                        chosen = best
+            del sessions
+    secs = {t: cand["seconds"] for cand, t in timed}
+    if not variants or not secs:
+        chosen = (default, "pixels")
+    result = TileSearchResult(chosen[0], default, candidates, cost_cache="miss" if cache is not None and cache.enabled
+                              else None, built={d.op_type: (o, d) for o, d in zip(objs, descs)}, vectors=chosen[1])
+    if cache is not None and cache.enabled and secs:
+        cache.put_tile(region.op_type, shapes, threads, space_key,
+                       tile_list(chosen[0]) + ([1] if chosen[1] == "channels" else []), candidates)
+    return result
+
+
+def _main(argv=None) -> int:
+    """`python -m onnxopt.tune unit/U14 chimera/G1.gemm1 ...`: search the tile of one seed conv or
+    matmul (models.conv_shapes' tables) at a time and print each candidate's time; no cache."""
+    import argparse
+
+    from onnxopt.codegen.target import parse_target
+    from onnxopt.fusion.compute import ComputeRule
+    from onnxopt.models.conv_shapes import ALL_CONVS, ALL_MATMULS, conv_model, matmul_model
+    from onnxopt.pipeline import _infer
+
+    p = argparse.ArgumentParser(prog="python -m onnxopt.tune")
+    p.add_argument("shapes", nargs="+", help="names from onnxopt.models.conv_shapes (ALL_CONVS, ALL_MATMULS)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--min-time", type=float, default=0.3, help="seconds of interleaved timing per search")
+    p.add_argument("--epilogue", default="relu")
+    a = p.parse_args(argv)
+    target = parse_target(None)
+    for name in a.shapes:
+        if name in ALL_CONVS:
+            model = conv_model(ALL_CONVS[name], epilogue=a.epilogue)
+        elif name in ALL_MATMULS:
+            model = matmul_model(ALL_MATMULS[name], epilogue=a.epilogue)
+        else:
+            p.error(f"unknown shape {name}")
+        work = _infer(model)
+        regions = ComputeRule(work, select(target).tile.mi).find_regions(set(), [])
+        for r in regions:
+            r.compute_op_type(f"{target.name}|{target.cpu}|{target.llvm_features}|rank{len(r.shape)}")
+            res = search_tile(r, work, target, a.threads, None, min_time=a.min_time)
+            base = next((c.get("seconds") for c in res.candidates if c["tile"] == tile_list(res.default)), None)
+            print(f"{name} ({r.describe()}): chosen {tile_list(res.tile)[:3]} {res.vectors}"
+                  + (f" [{res.skipped}]" if res.skipped else ""))
+            for c in res.candidates:
+                s = c.get("seconds")
+                rel = f"  {base / s:5.2f}x the default" if s and base else ""
+                if "confirm_gain" in c:
+                    rel += f" (timed again: {c['confirm_gain']:.2f}x)"
+                label = f"{str(c['tile'][:3])} {c.get('vectors', 'pixels')}"
+                print(f"   {label:20s} {s * 1e6:10.1f} us{rel}" if s else f"   {label} {c}")
+    return 0
