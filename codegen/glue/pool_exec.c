@@ -48,17 +48,6 @@ typedef struct {
   int64_t extra_count[POOL_MAX_EXTRA]; /* elements per batch item */
 } pool_job;
 
-static OrtStatus *pool_input(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *dims, size_t *rank) {
-  OrtTensorTypeAndShapeInfo *info;
-  CHECK(API(KernelContext_GetInput)(ctx, i, v));
-  CHECK(API(GetTensorTypeAndShape)(*v, &info));
-  OrtStatus *st = API(GetDimensionsCount)(info, rank);
-  if (!st && *rank > MAX_RANK) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: tensor rank above 12");
-  if (!st) st = API(GetDimensions)(info, dims, *rank);
-  API(ReleaseTensorTypeAndShapeInfo)(info);
-  return st;
-}
-
 static int64_t pool_ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : a / b; }
 
 /* onnxruntime's output size and pads along one axis. */
@@ -157,7 +146,7 @@ static OrtStatus *pool_compute(const onnxopt_pool_desc *d, OrtKernelContext *ctx
   const OrtValue *xv;
   int64_t xd[MAX_RANK];
   size_t xr;
-  CHECK(pool_input(ctx, 0, &xv, xd, &xr));
+  CHECK(ct_dims(ctx, 0, &xv, xd, &xr));
   int global = d->global != NULL;
   if ((int)xr != d->rank || xr < 3)
     return fail(ORT_INVALID_ARGUMENT, "onnxopt: the pool's input does not have the rank the kernel was built for");
@@ -204,7 +193,7 @@ static OrtStatus *pool_compute(const onnxopt_pool_desc *d, OrtKernelContext *ctx
     const OrtValue *v;
     int64_t dims[MAX_RANK];
     size_t rank;
-    CHECK(pool_input(ctx, (size_t)(1 + e), &v, dims, &rank));
+    CHECK(ct_dims(ctx, (size_t)(1 + e), &v, dims, &rank));
     CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&j.extra[e]));
     int64_t have = 1, want = d->extra_kind[e] == PX_POSITION ? per_item : d->extra_kind[e] == PX_CHANNEL ? j.C : 1;
     for (size_t k = 0; k < rank; k++) have *= dims[k];

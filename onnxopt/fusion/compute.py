@@ -195,6 +195,21 @@ class ComputeRule:
                 bn = c
                 members.append(cons[0])
                 values = {c.output[0]}
+        self.grow_epilogue(i, claimed, members, values, extras, kinds, out_shape, op, MAX_EXTRAS - 1)
+        group = set(members)
+        outputs = [o for m in sorted(members) for o in idx.nodes[m].output if idx.is_used_outside(o, group)]
+        if not outputs:
+            raise _Reject("no output is used")
+        if len(outputs) > MAX_OUTPUTS:
+            raise _Reject(f"more than {MAX_OUTPUTS} outputs")
+        return self._build(node, bn, sorted(members), extras, kinds, outputs, out_shape), group
+
+    def grow_epilogue(self, i: int, claimed: set[int], members: list[int], values: set[str], extras: list[str],
+                      kinds: list[int], out_shape, op: str, max_extras: int) -> None:
+        """Add to `members` (in place) every elementwise consumer of the region's values that keeps the output shape
+        and whose other inputs broadcast as POSITION/CHANNEL/COLUMN/SCALAR (appended to `extras`/`kinds`, at most
+        `max_extras`), as long as the group does not leave and re-enter itself. Shared with PoolRule."""
+        idx = self.index
         changed = True
         while changed:
             changed = False
@@ -217,10 +232,9 @@ class ComputeRule:
                             ok = False
                             break
                         new_extras.append((x, k))
-                    if not ok or len(extras) + len(new_extras) + 1 > MAX_EXTRAS:
+                    if not ok or len(extras) + len(new_extras) > max_extras:
                         continue
-                    trial = set(members) | {c}
-                    if idx.escapes_and_returns(trial):
+                    if idx.escapes_and_returns(set(members) | {c}):
                         continue
                     members.append(c)
                     values.add(cn.output[0])
@@ -228,13 +242,6 @@ class ComputeRule:
                         extras.append(x)
                         kinds.append(k)
                     changed = True
-        group = set(members)
-        outputs = [o for m in sorted(members) for o in idx.nodes[m].output if idx.is_used_outside(o, group)]
-        if not outputs:
-            raise _Reject("no output is used")
-        if len(outputs) > MAX_OUTPUTS:
-            raise _Reject(f"more than {MAX_OUTPUTS} outputs")
-        return self._build(node, bn, sorted(members), extras, kinds, outputs, out_shape), group
 
     # ---- the region ----
     def _build(self, node, bn, members, extras, kinds, outputs, out_shape) -> Region:

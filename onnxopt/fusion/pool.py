@@ -101,38 +101,8 @@ class PoolRule:
         values = {node.output[0]}
         extras: list[str] = []
         kinds: list[int] = []
-        changed = out_shape is not None  # without a known output shape, no epilogue
-        while changed:
-            changed = False
-            for v in sorted(values):
-                for c in idx.consumers.get(v, []):
-                    if c in members or c in claimed or c < i:
-                        continue
-                    cn = idx.nodes[c]
-                    if self.ew.admits(cn) is not None or self.ew.shape_of(cn.output[0]) != out_shape:
-                        continue
-                    if self.ew.dtype_of(cn.output[0]) != "float32":
-                        continue
-                    new_extras = []
-                    ok = True
-                    for x in cn.input:
-                        if not x or x in values or x in extras or self.ew.scalar_const(x) is not None:
-                            continue
-                        k = self.cr._epilogue_kind(x, out_shape, "conv")
-                        if k is None:
-                            ok = False
-                            break
-                        new_extras.append((x, k))
-                    if not ok or len(extras) + len(new_extras) > MAX_EXTRAS:
-                        continue
-                    if idx.escapes_and_returns(set(members) | {c}):
-                        continue
-                    members.append(c)
-                    values.add(cn.output[0])
-                    for x, k in new_extras:
-                        extras.append(x)
-                        kinds.append(k)
-                    changed = True
+        if out_shape is not None:  # without a known output shape, no epilogue
+            self.cr.grow_epilogue(i, claimed, members, values, extras, kinds, out_shape, "conv", MAX_EXTRAS)
         group = set(members)
         members = sorted(members)
         outputs = [o for m in members for o in idx.nodes[m].output[:1] if idx.is_used_outside(o, group)]
