@@ -184,15 +184,22 @@ def _region_feeds(region: Region, info, bindings, seed, model) -> dict[str, np.n
     return feeds
 
 
+def _channel_vector_kernel(mk) -> tuple[int, int] | None:
+    """(lanes, NI) of the target's channel-vector kernel (what ConvTranspose runs on); None below 8 lanes."""
+    return (mk.lanes, mk.tile.ni) if mk.lanes >= 8 else None
+
+
 def _region_flops(region: Region, feeds, outs) -> float:
     """Multiply-adds (x2) of a compute region's convolution or matmul; 0 for elementwise regions."""
     c = region.compute
     if c is None or not outs:
         return 0.0
     out = np.asarray(outs[0])
-    if c.op == "conv":
+    if c.op in ("conv", "conv_transpose"):
         kh, kw = c.attrs["kernel"]
-        return 2.0 * out.size * c.attrs["ic_g"] * kh * kw
+        # A transposed convolution's taps each reach 1 / (sh * sw) of the output pixels.
+        per = 1 if c.op == "conv" else c.attrs["strides"][0] * c.attrs["strides"][1]
+        return 2.0 * out.size * c.attrs["ic_g"] * kh * kw / per
     a = feeds.get(region.inputs[0])
     if a is None:
         return 0.0
@@ -322,13 +329,15 @@ class _Optimizer:
             return out
 
         if "compute" not in self.opts.skip_fusion:
-            mi = select_micro_kernel(self.opts.target).tile.mi
+            mk = select_micro_kernel(self.opts.target)
+            mi = mk.tile.mi
             # Dense convolutions only is a plan of its own: depthwise ones are memory-bound, and onnxruntime's
             # blocked kernels for them are hard to beat while our layout is NCHW (see docs/architecture.md).
             for name, grouped in (("compute", True), ("compute-dense", False)):
                 claimed: set[int] = set()
                 rejected = self.report["rejected"] if grouped else []
-                plan = ComputeRule(work, mi, grouped=grouped).find_regions(claimed, rejected)
+                plan = ComputeRule(work, mi, grouped=grouped, blocked=_channel_vector_kernel(mk)).find_regions(
+                    claimed, rejected)
                 if "pool" not in self.opts.skip_fusion:  # pools with their epilogues (fusion/pool.py)
                     plan += PoolRule(work).find_regions(claimed, rejected)
                 if "elementwise" not in self.opts.skip_fusion:
@@ -392,7 +401,7 @@ class _Optimizer:
         if mk.lanes < 8:
             return []
         claimed: set[int] = set()
-        rule = ComputeRule(work, mk.tile.mi)
+        rule = ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk))
         plan = rule.find_regions(claimed, [])
         if not assign_blocked_layouts(plan, rule.index, rule.ew.shape_of, mk.lanes, mk.tile.ni, rule.ew.opset):
             return []

@@ -21,7 +21,9 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
         if c.tile.lanes != tile.lanes:
             raise ValueError(f"register tile {c.tile} is for {c.tile.lanes} lanes, the target has {tile.lanes}")
         tile = c.tile
-    spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op == "conv")
+    if c.attrs.get("packed_ni", tile.ni) != tile.ni:  # ConvTranspose packs its weights for the default tile
+        raise ValueError(f"the weights are packed for NI={c.attrs['packed_ni']}, the tile has NI={tile.ni}")
+    spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul")
     module = new_module(target, region.op_type)
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
     channel_vectors = c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")
@@ -38,10 +40,12 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
         extra_kinds=list(c.extra_kinds), extra_nstride=list(c.extra_nstride),
         trans_a=int(a.get("trans_a", 0)),
     )
-    if c.op == "conv":
+    if c.op in ("conv", "conv_transpose"):
         desc.oc, desc.groups, desc.ic_g = a["oc"], a["groups"], a["ic_g"]
         desc.kernel, desc.strides, desc.dilations = a["kernel"], a["strides"], a["dilations"]
         desc.pads, desc.auto_pad = a["pads"], a["auto_pad"]
         desc.in_blocked, desc.out_blocked = int(a.get("in_blocked", 0)), int(a.get("out_blocked", 0))
         desc.channel_vectors = int(a.get("channel_vectors", 0))
+        desc.transposed = int(c.op == "conv_transpose")
+        desc.output_padding = tuple(a.get("output_padding", (0, 0)))
     return obj, desc, ir_text

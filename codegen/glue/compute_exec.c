@@ -302,18 +302,35 @@ static OrtStatus *ct_check_input(const onnxopt_ct_desc *d, const int64_t *xd, si
  * floats apart) or NCHW (pixels adjacent; a network's first convolution, with 3 channels, reads its image as it is).
  * A padded convolution reads a zero-padded copy in the input's own layout; an unpadded one reads the input in place.
  * Strides and dilations are just offsets: no stride phases here. A 1x1, stride 1, unpadded convolution walks the
- * whole plane as one run of pixels ("flat"), cut into rows of CB_FLAT_ROW pixels for the split over threads. */
+ * whole plane as one run of pixels ("flat"), cut into rows of CB_FLAT_ROW pixels for the split over threads.
+ *
+ * A transposed convolution (ConvTranspose) runs on the same tiles, split into output phases. Output rows
+ * oh = ph + q * sh receive only the taps r = t * sh + a with a = (ph + pt) mod sh, from input rows
+ * q + base(ph) - t * dh: for each phase that is a stride-1 convolution of the input, with its own tap table, its own
+ * block of the packed weights ([ceil(OC / (NI * L))][sh][sw][IC][th][tw][NI * L], the kernel zero-padded to
+ * th * sh x tw * sw taps) and its output pixels sw * L floats apart, rows sh * OW * L apart. No multiply-add is
+ * spent on the zeros a strided transposed convolution would insert between input pixels. Each phase is a cb_phase;
+ * a convolution has one. */
 #define CB_FLAT_ROW 96
+#define CB_MAX_PHASES 64
+
+typedef struct {
+  int64_t rows, row_len, pixels; /* per item: rows of pixels, their length, all pixels (the last row may be short) */
+  int64_t in_row, a_ms;          /* floats between input rows and between the row's pixels */
+  int64_t out_base, out_row, ldc; /* floats: the output offset of pixel 0, between rows, between pixels */
+  const int64_t *aoff;           /* per k: the tap's offset from the pixel's input */
+  int64_t w_off;                 /* floats into each group of vectors' weights */
+} cb_phase;
 
 typedef struct {
   const onnxopt_ct_desc *d;
-  int64_t N, OC, OCB, groups_of_vectors, OH, OW, K, Hp, Wp;
-  int64_t ps, item_in; /* the input's pixel stride (L blocked, 1 NCHW) and floats per batch item */
-  int flat;
-  int64_t rows, row_len; /* per item: rows of pixels and their length */
+  int64_t N, OC, OCB, groups_of_vectors, OH, OW, K, K_all; /* K per phase; K_all: weights rows per group */
+  int64_t item_in;                                         /* input floats per batch item */
+  int n_phases;
+  cb_phase phase[CB_MAX_PHASES];
+  int64_t rows; /* per item, all phases */
   int64_t rtasks, gtasks;
   const float *in, *w;
-  const int64_t *aoff;
   float *out[CT_MAX_OUT];
   const float *extra[CT_MAX_EXTRA];
   int64_t extra_count[CT_MAX_EXTRA];
@@ -327,18 +344,13 @@ static void cb_run_task(const cb_job *job, int64_t task) {
   int64_t r0 = rt * all_rows / job->rtasks, r1 = (rt + 1) * all_rows / job->rtasks;
   int64_t g0 = gt * job->groups_of_vectors / job->gtasks, g1 = (gt + 1) * job->groups_of_vectors / job->gtasks;
   int64_t plane_out = job->OH * job->OW * L, item_out = job->OCB * plane_out;
-  int64_t item_in = job->item_in, ps = job->ps;
-  int64_t a_ms = job->flat ? ps : d->sw * ps;
   ct_tile t;
   memset(&t, 0, sizeof(t));
-  t.koff = job->aoff;
   t.k = job->K;
-  t.ldc = L;
-  t.a_ms = a_ms;
   for (int64_t g = g0; g < g1; g++) {
     int64_t vb = g * NI; /* first channel vector of this group */
     int nv = (int)(job->OCB - vb < NI ? job->OCB - vb : NI);
-    t.b = job->w + g * job->K * NI * L;
+    const float *wg = job->w + g * job->K_all * NI * L;
     for (int j = 0; j < nv; j++) {
       int64_t left = job->OC - (vb + j) * L;
       t.voff[j] = j * L;
@@ -346,28 +358,26 @@ static void cb_run_task(const cb_job *job, int64_t task) {
     }
     for (int64_t rr = r0; rr < r1; rr++) {
       int64_t n = rr / job->rows, r = rr % job->rows;
-      int64_t in_row, out_row, len;
-      if (job->flat) {
-        in_row = r * job->row_len * ps;
-        out_row = r * job->row_len * L;
-        len = job->OH * job->OW - r * job->row_len;
-        if (len > job->row_len) len = job->row_len;
-      } else {
-        in_row = r * d->sh * job->Wp * ps;
-        out_row = r * job->OW * L;
-        len = job->OW;
-      }
+      const cb_phase *ph = job->phase;
+      while (r >= ph->rows) r -= (ph++)->rows;
+      int64_t len = ph->pixels - r * ph->row_len;
+      if (len > ph->row_len) len = ph->row_len;
+      t.koff = ph->aoff;
+      t.b = wg + ph->w_off;
+      t.a_ms = ph->a_ms;
+      t.ldc = ph->ldc;
       for (int o = 0; o < d->sig.n_out; o++) t.out[o] = job->out[o] + n * item_out;
       for (int e = 0; e < d->n_extra; e++) {
         const float *base = job->extra[e] + (d->extra_nstride[e] ? n * job->extra_count[e] : 0);
         if (d->extra_kind[e] == EX_CHANNEL) base += vb * L;
         t.extra[e] = base;
       }
-      const float *in_n = job->in + n * item_in + in_row;
+      const float *in_r = job->in + n * job->item_in + r * ph->in_row;
+      int64_t out_r = ph->out_base + r * ph->out_row;
       for (int64_t p0 = 0; p0 < len; p0 += MI) {
         int64_t mi = len - p0 < MI ? len - p0 : MI;
-        t.a = in_n + p0 * a_ms;
-        for (int j = 0; j < nv; j++) t.coff[j] = (vb + j) * plane_out + out_row + p0 * L;
+        t.a = in_r + p0 * ph->a_ms;
+        for (int j = 0; j < nv; j++) t.coff[j] = (vb + j) * plane_out + out_r + p0 * ph->ldc;
         d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)&t);
       }
     }
@@ -429,13 +439,48 @@ static OrtStatus *cb_reorder(OrtKernelContext *ctx, float *nchw, float *blocked,
   return API(KernelContext_ParallelFor)(ctx, cb_reorder_plane, (size_t)(N * C), 0, &j);
 }
 
+/* One axis of a transposed convolution, output phase ph (outputs ph, ph + s, ...): the block a of kernel taps it
+   uses (taps a, a + s, ...) and the input index its first tap reads for output ph itself; tap t reads dil * t
+   before it. ONNX pads are never negative, so ph + pad - a * dil >= 0 and the division is exact. */
+static void cbt_axis(int64_t ph, int64_t s, int64_t dil, int64_t pad, int64_t *a, int64_t *base) {
+  *a = s == 1 ? 0 : (ph + pad) % s;
+  *base = (ph + pad - *a * dil) / s;
+}
+
+/* The input range every phase of one axis reads, as the padded copy's leading border and length. */
+static void cbt_border(int64_t in, int64_t out, int64_t s, int64_t taps, int64_t dil, int64_t pad, int64_t *begin,
+                       int64_t *padded) {
+  int64_t lo = 0, hi = in;
+  for (int64_t ph = 0; ph < s && ph < out; ph++) {
+    int64_t a, base, q = (out - ph + s - 1) / s;
+    cbt_axis(ph, s, dil, pad, &a, &base);
+    if (base - (taps - 1) * dil < lo) lo = base - (taps - 1) * dil;
+    if (q + base > hi) hi = q + base;
+  }
+  *begin = -lo;
+  *padded = hi - lo;
+}
+
 static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv,
                                   const int64_t *xd, const OrtValue *wv) {
   if (d->groups != 1)
     return fail(ORT_INVALID_ARGUMENT, "onnxopt: a blocked-output convolution must have one group");
   int64_t L = d->lanes, N = xd[0], C = d->ic_g, H = xd[2], W = xd[3];
   int64_t pt, pl, pb, pr, OH, OW;
-  CHECK(ct_conv_geometry(d, H, W, &pt, &pl, &pb, &pr, &OH, &OW));
+  int64_t th = d->kh, tw = d->kw; /* taps per phase */
+  if (d->transposed) {
+    pt = d->pads[0], pl = d->pads[1], pb = d->pads[2], pr = d->pads[3];
+    OH = (H - 1) * d->sh - pt - pb + (d->kh - 1) * d->dh + 1 + d->out_pad[0];
+    OW = (W - 1) * d->sw - pl - pr + (d->kw - 1) * d->dw + 1 + d->out_pad[1];
+    if (H < 1 || W < 1 || OH < 1 || OW < 1)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: the transposed convolution's output would be empty");
+    if (d->sh * d->sw > CB_MAX_PHASES)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: transposed convolution strides above 64 phases");
+    th = (d->kh + d->sh - 1) / d->sh;
+    tw = (d->kw + d->sw - 1) / d->sw;
+  } else {
+    CHECK(ct_conv_geometry(d, H, W, &pt, &pl, &pb, &pr, &OH, &OW));
+  }
   cb_job job;
   memset(&job, 0, sizeof(job));
   job.d = d;
@@ -445,9 +490,11 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   job.groups_of_vectors = (job.OCB + d->ni - 1) / d->ni;
   job.OH = OH;
   job.OW = OW;
-  job.K = C * d->kh * d->kw;
+  job.K = C * th * tw;
+  job.n_phases = d->transposed ? (int)(d->sh * d->sw) : 1;
+  job.K_all = job.K * job.n_phases;
   int64_t planes = d->in_blocked ? (C + L - 1) / L : C; /* per batch item */
-  job.ps = d->in_blocked ? L : 1;
+  int64_t ps = d->in_blocked ? L : 1;
   int64_t odims[5] = {N, job.OCB, OH, OW, L}, nchw_dims[4] = {N, d->oc, OH, OW};
   int64_t block_size = job.OCB * OH * OW * L; /* per item */
   float *user_out[CT_MAX_OUT];
@@ -465,6 +512,14 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   memcpy(job.extra, sizes.extra, sizeof(job.extra));
   memcpy(job.extra_count, sizes.extra_count, sizeof(job.extra_count));
   if (N == 0 || OH * OW == 0) return NULL;
+  /* The padded copy: a convolution's pads; for a transposed one, the rows and columns its phases read around the
+     input. */
+  int64_t Pt = pt, Pl = pl, Hp = H + pt + pb, Wp = W + pl + pr;
+  if (d->transposed) {
+    cbt_border(H, OH, d->sh, th, d->dh, pt, &Pt, &Hp);
+    cbt_border(W, OW, d->sw, tw, d->dw, pl, &Pl, &Wp);
+  }
+  int padded = Pt || Pl || Hp != H || Wp != W;
   /* NCHW outputs: the tiles write blocked buffers, converted at the end; NCHW residuals are converted first. */
   float *scratch = NULL;
   if (!d->out_blocked) {
@@ -490,13 +545,9 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   const float *x;
   CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
   CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.w));
-  int padded = pt || pl || pb || pr;
-  job.flat = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !padded;
-  job.Hp = H + pt + pb;
-  job.Wp = W + pl + pr;
-  job.item_in = planes * job.Hp * job.Wp * job.ps;
+  job.item_in = planes * Hp * Wp * ps;
   float *buf = NULL;
-  int64_t *aoff = (int64_t *)malloc((size_t)(job.K > 0 ? job.K : 1) * sizeof(int64_t));
+  int64_t *aoff = (int64_t *)malloc((size_t)(job.K_all > 0 ? job.K_all : 1) * sizeof(int64_t));
   OrtStatus *st = NULL;
   if (!aoff) {
     free(scratch);
@@ -512,8 +563,8 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
       free(scratch);
       return fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
     }
-    cb_copy_job cj = {x, buf, job.ps, H, W, job.Hp, job.Wp, pt, pl};
-    int64_t rows = N * planes * job.Hp;
+    cb_copy_job cj = {x, buf, ps, H, W, Hp, Wp, Pt, Pl};
+    int64_t rows = N * planes * Hp;
     if (total < (1 << 16)) {
       for (int64_t i = 0; i < rows; i++) cb_copy_row(&cj, (size_t)i);
     } else {
@@ -522,20 +573,50 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
     }
     job.in = buf;
   }
-  for (int64_t ic = 0, k = 0; ic < C; ic++)
-    for (int64_t r = 0; r < d->kh; r++)
-      for (int64_t c = 0; c < d->kw; c++, k++)
-        aoff[k] = d->in_blocked ? ((ic / L) * job.Hp * job.Wp + r * d->dh * job.Wp + c * d->dw) * L + ic % L
-                                : ic * job.Hp * job.Wp + r * d->dh * job.Wp + c * d->dw;
-  job.aoff = aoff;
-  if (job.flat) {
-    job.row_len = CB_FLAT_ROW;
-    job.rows = (OH * OW + CB_FLAT_ROW - 1) / CB_FLAT_ROW;
-  } else {
-    job.row_len = OW;
-    job.rows = OH;
-  }
-  double flops = 2.0 * (double)N * (double)OH * OW * (double)d->oc * (double)job.K;
+  for (int64_t ph = 0, i = 0; ph < (d->transposed ? d->sh : 1); ph++)
+    for (int64_t pw = 0; pw < (d->transposed ? d->sw : 1); pw++, i++) {
+      cb_phase *p = &job.phase[i];
+      int64_t *tab = aoff + i * job.K;
+      int64_t ah = 0, aw = 0, bh = 0, bw = 0; /* tap blocks, input index of tap 0 (in the padded copy) */
+      int64_t step_h = d->dh, step_w = d->dw;
+      if (d->transposed) {
+        cbt_axis(ph, d->sh, d->dh, pt, &ah, &bh);
+        cbt_axis(pw, d->sw, d->dw, pl, &aw, &bw);
+        bh += Pt;
+        bw += Pl;
+        step_h = -d->dh; /* tap t reads dil * t rows before tap 0 */
+        step_w = -d->dw;
+        p->row_len = OW > pw ? (OW - pw + d->sw - 1) / d->sw : 0;
+        p->rows = OH > ph && p->row_len ? (OH - ph + d->sh - 1) / d->sh : 0;
+        p->pixels = p->rows * p->row_len;
+        p->in_row = Wp * ps;
+        p->a_ms = ps;
+        p->out_base = (ph * OW + pw) * L;
+        p->out_row = d->sh * OW * L;
+        p->ldc = d->sw * L;
+        p->w_off = (ah * d->sw + aw) * job.K * d->ni * L;
+      } else {
+        int flat = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !padded;
+        p->pixels = OH * OW;
+        p->row_len = flat ? CB_FLAT_ROW : OW;
+        p->rows = (p->pixels + p->row_len - 1) / p->row_len;
+        p->in_row = flat ? CB_FLAT_ROW * ps : d->sh * Wp * ps;
+        p->a_ms = flat ? ps : d->sw * ps;
+        p->out_base = 0;
+        p->out_row = p->row_len * L;
+        p->ldc = L;
+        p->w_off = 0;
+      }
+      for (int64_t ic = 0, k = 0; ic < C; ic++)
+        for (int64_t r = 0; r < th; r++)
+          for (int64_t c = 0; c < tw; c++, k++) {
+            int64_t y = bh + r * step_h, xx = bw + c * step_w;
+            tab[k] = d->in_blocked ? ((ic / L) * Hp * Wp + y * Wp + xx) * L + ic % L : ic * Hp * Wp + y * Wp + xx;
+          }
+      p->aoff = tab;
+      job.rows += p->rows;
+    }
+  double flops = 2.0 * (double)N * (double)OH * OW * (double)d->oc * (double)job.K_all / job.n_phases;
   int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
   if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;
   if (want < 1 || flops < CT_INLINE_FLOPS) want = 1;
@@ -564,7 +645,7 @@ static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   CHECK(ct_dims(ctx, 0, &xv, xd, &xr));
   CHECK(ct_dims(ctx, 1, &wv, wd, &wr));
   CHECK(ct_check_input(d, xd, xr));
-  if (d->out_blocked || d->channel_vectors) return ct_conv_blocked(d, ctx, xv, xd, wv);
+  if (d->out_blocked || d->channel_vectors || d->transposed) return ct_conv_blocked(d, ctx, xv, xd, wv);
   int64_t L = d->in_blocked ? d->lanes : 0;
   ct_job job;
   memset(&job, 0, sizeof(job));

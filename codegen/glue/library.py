@@ -47,7 +47,7 @@ class CtKernelDesc:
     """What the glue needs to know of one compute op type (a convolution or a matmul with its epilogue)."""
 
     op_type: str
-    kind: str  # "conv" or "matmul"
+    kind: str  # "conv", "conv_transpose" or "matmul"
     in_types: list[int]
     out_types: list[int]
     mi: int
@@ -68,9 +68,11 @@ class CtKernelDesc:
     in_blocked: int = 0  # conv input in the blocked layout [N, C/L, H, W, L] (L = lanes)
     out_blocked: int = 0  # conv outputs (and per-pixel epilogue inputs) blocked; weights packed [C/(NI*L)][K][NI*L]
     channel_vectors: int = 0  # the blocked kernel writing NCHW outputs (through a blocked buffer); weights as above
+    transposed: int = 0  # ConvTranspose, on the blocked kernel, by output phases (compute_exec.c)
+    output_padding: tuple[int, int] = (0, 0)
 
 
-_KIND = {"conv": "KIND_CONV", "matmul": "KIND_MATMUL"}
+_KIND = {"conv": "KIND_CONV", "conv_transpose": "KIND_CONV", "matmul": "KIND_MATMUL"}
 
 
 def _c_array(ctype: str, name: str, values) -> str:
@@ -91,7 +93,8 @@ def _compute_source(i: int, k: CtKernelDesc) -> tuple[str, str]:
             f"c{i}_out_types}}, {k.mi}, {k.ni}, {k.lanes}, c{i}_tiles, {len(k.extra_kinds)}, c{i}_extra_kind, "
             f"c{i}_extra_nstride, {k.oc}, {k.groups}, {k.kernel[0]}, {k.kernel[1]}, {k.strides[0]}, {k.strides[1]}, "
             f"{k.dilations[0]}, {k.dilations[1]}, {{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ic_g}, "
-            f"{k.trans_a}, {k.in_blocked}, {k.out_blocked}, {k.channel_vectors}}}")
+            f"{k.trans_a}, {k.in_blocked}, {k.out_blocked}, {k.channel_vectors}, {k.transposed}, "
+            f"{{{k.output_padding[0]}, {k.output_padding[1]}}}}}")
     return "".join(parts), init
 
 

@@ -145,6 +145,10 @@ typedef struct {
      [ceil(oc / (ni * lanes))][ic_g * kh * kw][ni * lanes]. */
   int in_blocked, out_blocked;
   int channel_vectors; /* the blocked kernel (vectors of output channels) even though the outputs are NCHW */
+  /* ConvTranspose (always on the blocked kernel): op input 0 is [N, IC, H, W] (ic_g = IC), weights packed
+     [ceil(oc / (ni * lanes))][sh][sw][IC][ceil(kh / sh)][ceil(kw / sw)][ni * lanes] (compute_exec.c). */
+  int transposed;
+  int64_t out_pad[2]; /* output_padding: rows, columns */
 } onnxopt_ct_desc;
 
 /* MaxPool / AveragePool (2-D) or GlobalMaxPool / GlobalAveragePool with a fused epilogue (pool_exec.c runs it). */

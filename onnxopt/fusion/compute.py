@@ -20,11 +20,13 @@ time), transA is handled by the kernel's strides.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from . import conv_transpose
 from .elementwise import ElementwiseRule, _attr
 from .region import EwOp, EwProgram, Region, Value
 
@@ -38,7 +40,7 @@ ACC = "__acc"
 class ComputeParams:
     """The compute op of a region and what its kernel and function fallback need."""
 
-    op: str  # "conv" or "matmul"
+    op: str  # "conv", "conv_transpose" or "matmul"
     extra_kinds: list[int] = field(default_factory=list)
     extra_nstride: list[int] = field(default_factory=list)  # 1 when the input has the batch dim, 0 when shared
     attrs: dict = field(default_factory=dict)
@@ -53,10 +55,14 @@ class ComputeParams:
 
 
 class ComputeRule:
-    kind_names = {"conv": "Conv", "matmul": "MatMul"}
+    kind_names = {"conv": "Conv", "conv_transpose": "ConvTranspose", "matmul": "MatMul"}
+    _ops = {"Conv": "conv", "ConvTranspose": "conv_transpose", "MatMul": "matmul", "Gemm": "matmul"}
 
-    def __init__(self, model: onnx.ModelProto, mi: int, grouped: bool = True):
+    def __init__(self, model: onnx.ModelProto, mi: int, grouped: bool = True,
+                 blocked: tuple[int, int] | None = None):
         self.grouped = grouped  # also grouped and depthwise convolutions
+        # (lanes, NI) of the target's channel-vector kernel, which ConvTranspose runs on; None: no ConvTranspose.
+        self.blocked = blocked
         self.ew = ElementwiseRule(model, min_ops=1)
         self.model = model
         self.index = self.ew.index
@@ -91,9 +97,9 @@ class ComputeRule:
     def admits(self, node) -> str | None:
         if node.domain not in ("", "ai.onnx"):
             return "custom domain"
-        if node.op_type not in ("Conv", "MatMul", "Gemm"):
+        if node.op_type not in self._ops:
             return "not a compute op"
-        if node.op_type == "Conv" and self.ew.opset < 9:
+        if node.op_type in ("Conv", "ConvTranspose") and self.ew.opset < 9:
             # The fallback unpacks the weights with int64 Constant shapes, which Constant accepts from opset 9.
             return "opset below 9"
         if any(self.ew.dtype_of(x) != "float32" for x in node.input if x):
@@ -101,6 +107,8 @@ class ComputeRule:
         out_shape = self.ew.shape_of(node.output[0])
         if out_shape is None:
             return "output shape unknown"
+        if node.op_type == "ConvTranspose":
+            return conv_transpose.admit_reason(self, node)
         if node.op_type == "Conv":
             w = self._const(node.input[1])
             if w is None or w.ndim != 4:
@@ -132,7 +140,12 @@ class ComputeRule:
     def find_regions(self, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
         regions = []
         for i, node in enumerate(self.index.nodes):
-            if i in claimed or self.admits(node) is not None:
+            if i in claimed:
+                continue
+            why = self.admits(node)
+            if why is not None:
+                if rejected is not None and node.op_type in self._ops and node.domain in ("", "ai.onnx"):
+                    rejected.append({"nodes": [node.name or node.output[0]], "reason": f"{node.op_type}: {why}"})
                 continue
             try:
                 r = self._region_from(i, claimed)
@@ -179,7 +192,8 @@ class ComputeRule:
     def _region_from(self, i: int, claimed: set[int]):
         idx = self.index
         node = idx.nodes[i]
-        op = "conv" if node.op_type == "Conv" else "matmul"
+        # How epilogue inputs broadcast: a transposed convolution's output is NCHW like a convolution's.
+        op = "matmul" if self._ops[node.op_type] == "matmul" else "conv"
         out_shape = self.ew.shape_of(node.output[0])
         members = [i]
         values = {node.output[0]}
@@ -249,14 +263,15 @@ class ComputeRule:
         ew_nodes = [idx.nodes[m] for m in members if idx.nodes[m] is not node and idx.nodes[m] is not bn]
         consts: dict = {}
         ops: list[EwOp] = []
-        params = ComputeParams("conv" if node.op_type == "Conv" else "matmul")
+        params = ComputeParams(self._ops[node.op_type])
         head_out = (bn or node).output[0]
         uid = node.output[0]
         inputs: list[str]
         body: list[onnx.NodeProto] = []
         pre_extras: list[tuple[str, int]] = []
-        if params.op == "conv":
-            inputs, head_body, bias_name = self._conv(node, bn, params, head_out, uid)
+        if params.op in ("conv", "conv_transpose"):
+            build = self._conv if params.op == "conv" else partial(conv_transpose.build, self)
+            inputs, head_body, bias_name = build(node, bn, params, head_out, uid)
             body += head_body
             if bias_name:
                 pre_extras.append((bias_name, CHANNEL))

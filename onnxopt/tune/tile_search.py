@@ -98,9 +98,10 @@ def region_flops(region, info, bindings) -> float:
         return [d if isinstance(d, int) else int(bindings.get(d, 1)) if isinstance(d, str) else 1 for d in shape]
 
     out = int(np.prod(dims(region.shape))) if region.shape else 0
-    if c.op == "conv":
+    if c.op in ("conv", "conv_transpose"):
         kh, kw = c.attrs["kernel"]
-        return 2.0 * out * c.attrs["ic_g"] * kh * kw
+        per = 1 if c.op == "conv" else c.attrs["strides"][0] * c.attrs["strides"][1]
+        return 2.0 * out * c.attrs["ic_g"] * kh * kw / per
     a = info.get(region.inputs[0])
     if a is None or not a.shape:
         return 0.0
@@ -129,6 +130,8 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
     c = region.compute
     if c.attrs.get("in_blocked") or c.attrs.get("out_blocked"):
         return TileSearchResult(default, default, skipped="blocked layout: the tile is the blocked kernel's")
+    if c.op == "conv_transpose":
+        return TileSearchResult(default, default, skipped="a transposed convolution has one kernel (channel vectors)")
     current = c.tile if c.tile is not None else default
     if current != default:
         return TileSearchResult(current, default, skipped="the tile is already chosen")
