@@ -21,8 +21,9 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
         if c.tile.lanes != tile.lanes:
             raise ValueError(f"register tile {c.tile} is for {c.tile.lanes} lanes, the target has {tile.lanes}")
         tile = c.tile
-    if c.attrs.get("packed_ni", tile.ni) != tile.ni:  # ConvTranspose packs its weights for the default tile
-        raise ValueError(f"the weights are packed for NI={c.attrs['packed_ni']}, the tile has NI={tile.ni}")
+    # ConvTranspose packs its weights for the default tile.
+    if c.attrs.get("packed_ni", tile.ni) != tile.ni or c.attrs.get("packed_mi", tile.mi) != tile.mi:
+        raise ValueError(f"the weights are packed for another register tile than {tile}")
     spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul")
     module = new_module(target, region.op_type)
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).

@@ -461,6 +461,21 @@ static void cbt_border(int64_t in, int64_t out, int64_t s, int64_t taps, int64_t
   *padded = hi - lo;
 }
 
+/* The output size of a transposed convolution and its taps per phase (the kernel padded to a multiple of the
+   stride). */
+static OrtStatus *ct_transposed_geometry(const onnxopt_ct_desc *d, int64_t H, int64_t W, int64_t *OH, int64_t *OW,
+                                         int64_t *th, int64_t *tw) {
+  *OH = (H - 1) * d->sh - d->pads[0] - d->pads[2] + (d->kh - 1) * d->dh + 1 + d->out_pad[0];
+  *OW = (W - 1) * d->sw - d->pads[1] - d->pads[3] + (d->kw - 1) * d->dw + 1 + d->out_pad[1];
+  if (H < 1 || W < 1 || *OH < 1 || *OW < 1)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the transposed convolution's output would be empty");
+  if (d->sh * d->sw > CB_MAX_PHASES)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: transposed convolution strides above 64 phases");
+  *th = (d->kh + d->sh - 1) / d->sh;
+  *tw = (d->kw + d->sw - 1) / d->sw;
+  return NULL;
+}
+
 static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv,
                                   const int64_t *xd, const OrtValue *wv) {
   if (d->groups != 1)
@@ -470,14 +485,7 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   int64_t th = d->kh, tw = d->kw; /* taps per phase */
   if (d->transposed) {
     pt = d->pads[0], pl = d->pads[1], pb = d->pads[2], pr = d->pads[3];
-    OH = (H - 1) * d->sh - pt - pb + (d->kh - 1) * d->dh + 1 + d->out_pad[0];
-    OW = (W - 1) * d->sw - pl - pr + (d->kw - 1) * d->dw + 1 + d->out_pad[1];
-    if (H < 1 || W < 1 || OH < 1 || OW < 1)
-      return fail(ORT_INVALID_ARGUMENT, "onnxopt: the transposed convolution's output would be empty");
-    if (d->sh * d->sw > CB_MAX_PHASES)
-      return fail(ORT_INVALID_ARGUMENT, "onnxopt: transposed convolution strides above 64 phases");
-    th = (d->kh + d->sh - 1) / d->sh;
-    tw = (d->kw + d->sw - 1) / d->sw;
+    CHECK(ct_transposed_geometry(d, H, W, &OH, &OW, &th, &tw));
   } else {
     CHECK(ct_conv_geometry(d, H, W, &pt, &pl, &pb, &pr, &OH, &OW));
   }
@@ -638,6 +646,154 @@ done:
   return st;
 }
 
+/* ---- A transposed convolution with few output channels: pixel vectors, by output phase. ----
+ *
+ * With few output channels the channel-vector kernel leaves lanes idle (one channel: 1 of 16) and its NCHW output
+ * goes through a blocked buffer 16 times the size. Here each output phase (see ct_conv_blocked) is an ordinary NCHW
+ * convolution job: the packed weights of the phase ([sh][sw][ceil(OC / MI)][IC * th * tw][MI]) times vectors of
+ * the phase's output pixels, read from the input (in place when the phase is a plain 1x1 of it, as in a 2x2 / 2
+ * kernel; else from one zero-bordered copy shared by all phases) through the phase's tap table. Each phase writes
+ * its own dense block [N][OC][Qh][Qw] of a scratch buffer, epilogue applied; one last pass interleaves the phases
+ * into the output. Per-pixel epilogue inputs are not supported here (the optimizer uses channel vectors then). */
+typedef struct {
+  float *const *scratch; /* per output */
+  float *const *out;
+  int n_out;
+  int64_t OC, OH, OW, sh, sw;
+  const int64_t *phase_off, *qh, *qw; /* per phase: floats into the scratch, rows, columns */
+} ctt_interleave_job;
+
+static void ctt_interleave_plane(void *usr, size_t index) {
+  const ctt_interleave_job *p = (const ctt_interleave_job *)usr;
+  int64_t plane = (int64_t)index; /* n * OC + oc */
+  for (int o = 0; o < p->n_out; o++) {
+    float *dst = p->out[o] + plane * p->OH * p->OW;
+    for (int64_t oh = 0; oh < p->OH; oh++) {
+      int64_t ph = oh % p->sh, q = oh / p->sh;
+      float *row = dst + oh * p->OW;
+      for (int64_t pw = 0; pw < p->sw && pw < p->OW; pw++) {
+        int64_t i = ph * p->sw + pw, w = p->qw[i];
+        const float *src = p->scratch[o] + p->phase_off[i] + (plane * p->qh[i] + q) * w;
+        for (int64_t c = 0; c < w; c++) row[pw + c * p->sw] = src[c];
+      }
+    }
+  }
+}
+
+static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv,
+                                            const int64_t *xd, const OrtValue *wv) {
+  int64_t N = xd[0], C = d->ic_g, H = xd[2], W = xd[3];
+  int64_t OH, OW, th, tw;
+  CHECK(ct_transposed_geometry(d, H, W, &OH, &OW, &th, &tw));
+  for (int e = 0; e < d->n_extra; e++)
+    if (d->extra_kind[e] == EX_POSITION)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: a pixel-vector transposed convolution takes no per-pixel input");
+  int64_t odims[4] = {N, d->oc, OH, OW};
+  ct_job base;
+  memset(&base, 0, sizeof(base));
+  base.d = d;
+  CHECK(ct_outputs(d, &base, ctx, odims, 4));
+  CHECK(ct_extras(d, &base, ctx, N, d->oc * OH * OW, d->oc, 0));
+  if (N == 0) return NULL;
+  int64_t n_ph = d->sh * d->sw, K = C * th * tw, mb = (d->oc + d->mi - 1) / d->mi;
+  int64_t Pt, Pl, Hp, Wp;
+  cbt_border(H, OH, d->sh, th, d->dh, d->pads[0], &Pt, &Hp);
+  cbt_border(W, OW, d->sw, tw, d->dw, d->pads[1], &Pl, &Wp);
+  int padded = Pt || Pl || Hp != H || Wp != W;
+  int64_t phase_off[CB_MAX_PHASES], qh[CB_MAX_PHASES], qw[CB_MAX_PHASES], total = 0;
+  for (int64_t i = 0; i < n_ph; i++) {
+    int64_t ph = i / d->sw, pw = i % d->sw;
+    qh[i] = OH > ph ? (OH - ph + d->sh - 1) / d->sh : 0;
+    qw[i] = OW > pw ? (OW - pw + d->sw - 1) / d->sw : 0;
+    phase_off[i] = total;
+    total += N * d->oc * qh[i] * qw[i];
+  }
+  const float *x, *w;
+  CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
+  CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&w));
+  float *scratch = (float *)malloc((size_t)(total * d->sig.n_out) * sizeof(float));
+  int64_t *koff = (int64_t *)malloc((size_t)(K > 0 ? K : 1) * sizeof(int64_t));
+  int64_t *offs = (int64_t *)malloc((size_t)N * 2 * sizeof(int64_t));
+  float *pad = NULL;
+  OrtStatus *st = NULL;
+  if (!scratch || !koff || !offs) {
+    st = fail(ORT_FAIL, "onnxopt: out of memory");
+    goto done;
+  }
+  const float *in = x;
+  if (padded) {
+    pad = (float *)malloc((size_t)(N * C * Hp * Wp) * sizeof(float));
+    if (!pad) {
+      st = fail(ORT_FAIL, "onnxopt: out of memory for the padded input");
+      goto done;
+    }
+    ct_pad_job pj = {x, pad, H, W, 1, 1, Pt, Pl, Hp, Wp, C, 0};
+    if (N * C * Hp * Wp < (1 << 16)) {
+      for (int64_t i = 0; i < N * C; i++) ct_pad_channel(&pj, (size_t)i);
+    } else {
+      st = API(KernelContext_ParallelFor)(ctx, ct_pad_channel, (size_t)(N * C), 0, &pj);
+      if (st) goto done;
+    }
+    in = pad;
+  }
+  for (int64_t i = 0; i < n_ph && !st; i++) {
+    if (qh[i] == 0 || qw[i] == 0) continue;
+    int64_t ah, aw, bh, bw;
+    cbt_axis(i / d->sw, d->sh, d->dh, d->pads[0], &ah, &bh);
+    cbt_axis(i % d->sw, d->sw, d->dw, d->pads[1], &aw, &bw);
+    bh += Pt;
+    bw += Pl;
+    ct_job job = base;
+    job.items = N;
+    job.groups = 1;
+    job.M = d->oc;
+    job.K = K;
+    job.P = qh[i] * qw[i];
+    job.OH = qh[i];
+    job.OW = qw[i];
+    job.a = w + (ah * d->sw + aw) * mb * d->mi * K;
+    job.b = in;
+    job.a_off = offs;
+    job.b_off = offs + N;
+    for (int64_t n = 0; n < N; n++) {
+      offs[n] = 0;
+      offs[N + n] = n * C * Hp * Wp;
+    }
+    for (int o = 0; o < d->sig.n_out; o++) job.out[o] = scratch + o * total + phase_off[i];
+    /* One tap reading the input pixel for pixel: the phase is a 1x1 over the whole plane. */
+    int flat = th == 1 && tw == 1 && bh == 0 && bw == 0 && qh[i] == Hp && qw[i] == Wp;
+    for (int64_t ic = 0, k = 0; ic < C; ic++)
+      for (int64_t r = 0; r < th; r++)
+        for (int64_t c = 0; c < tw; c++, k++) koff[k] = ic * Hp * Wp + (bh - r * d->dh) * Wp + bw - c * d->dw;
+    job.koff = koff;
+    if (flat) {
+      job.ptiles = (job.P + d->ni * d->lanes - 1) / (d->ni * d->lanes);
+    } else {
+      job.rows_mode = 1;
+      job.Wph = Wp;
+      job.cseg = (qw[i] + d->lanes - 1) / d->lanes;
+      job.ptiles = (qh[i] + d->ni - 1) / d->ni * job.cseg;
+    }
+    st = ct_run(&job, ctx);
+  }
+  if (!st) {
+    float *scr[CT_MAX_OUT];
+    for (int o = 0; o < d->sig.n_out; o++) scr[o] = scratch + o * total;
+    ctt_interleave_job ij = {scr, base.out, d->sig.n_out, d->oc, OH, OW, d->sh, d->sw, phase_off, qh, qw};
+    if (N * d->oc * OH * OW < (1 << 16)) {
+      for (int64_t i = 0; i < N * d->oc; i++) ctt_interleave_plane(&ij, (size_t)i);
+    } else {
+      st = API(KernelContext_ParallelFor)(ctx, ctt_interleave_plane, (size_t)(N * d->oc), 0, &ij);
+    }
+  }
+done:
+  free(pad);
+  free(koff);
+  free(offs);
+  free(scratch);
+  return st;
+}
+
 static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   const OrtValue *xv, *wv;
   int64_t xd[MAX_RANK], wd[MAX_RANK];
@@ -645,6 +801,7 @@ static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   CHECK(ct_dims(ctx, 0, &xv, xd, &xr));
   CHECK(ct_dims(ctx, 1, &wv, wd, &wr));
   CHECK(ct_check_input(d, xd, xr));
+  if (d->transposed && !d->channel_vectors) return ct_conv_transposed_pixels(d, ctx, xv, xd, wv);
   if (d->out_blocked || d->channel_vectors || d->transposed) return ct_conv_blocked(d, ctx, xv, xd, wv);
   int64_t L = d->in_blocked ? d->lanes : 0;
   ct_job job;

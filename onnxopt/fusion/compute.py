@@ -270,7 +270,8 @@ class ComputeRule:
         body: list[onnx.NodeProto] = []
         pre_extras: list[tuple[str, int]] = []
         if params.op in ("conv", "conv_transpose"):
-            build = self._conv if params.op == "conv" else partial(conv_transpose.build, self)
+            build = self._conv if params.op == "conv" else partial(conv_transpose.build, self,
+                                                                   has_position_input=POSITION in kinds)
             inputs, head_body, bias_name = build(node, bn, params, head_out, uid)
             body += head_body
             if bias_name:

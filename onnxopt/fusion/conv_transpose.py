@@ -2,8 +2,10 @@
 
 A strided transposed convolution is computed by output phases (codegen/glue/compute_exec.c): output rows
 oh = ph + q * sh take only the kernel taps r = t * sh + a with a = (ph + pt) mod sh, so every phase is a stride-1
-convolution of the input with a sub-kernel of ceil(kh / sh) x ceil(kw / sw) taps, on the blocked (channel-vector)
-kernel, and no multiply-add is spent on the zeros that "insert zeros, then convolve" would add. The kernel is
+convolution of the input with a sub-kernel of ceil(kh / sh) x ceil(kw / sw) taps, and no multiply-add is spent on
+the zeros that "insert zeros, then convolve" would add. The phases run on the channel-vector kernel (vectors of
+output channels, blocked per phase), or, for few output channels, on the pixel-vector kernel (vectors along each
+phase's output rows, interleaved into the output at the end). The kernel is
 zero-padded to a multiple of the stride so every phase has the same number of taps; the packed weights are a plain
 reshape and transpose of the padded kernel, which the function fallback undoes with Transpose, Reshape and Slice
 before running the original ConvTranspose.
@@ -52,28 +54,50 @@ def admit_reason(rule, node) -> str | None:
     return None
 
 
-def pack_phase_weights(w: np.ndarray, strides, lanes: int, ni: int) -> np.ndarray:
-    """[IC, OC, KH, KW] -> [ceil(OC / (NI * L))][SH][SW][IC][ceil(KH / SH)][ceil(KW / SW)][NI * L]: per group of NI
-    channel vectors, the taps r = t * SH + a of phase block (a, b) together, each row NI * L output channels."""
+def _padded(w: np.ndarray, strides, width: int) -> tuple[np.ndarray, int]:
+    """The kernel zero-padded to a multiple of the stride and the output channels to a multiple of `width`, as
+    [IC, blocks, width, th, sh, tw, sw] (tap r = t * sh + a); and the number of blocks."""
     ic, oc, kh, kw = w.shape
     sh, sw = strides
     th, tw = -(-kh // sh), -(-kw // sw)
-    width = ni * lanes
-    gv = -(-oc // width)
-    full = np.zeros((ic, gv * width, th * sh, tw * sw), np.float32)
+    blocks = -(-oc // width)
+    full = np.zeros((ic, blocks * width, th * sh, tw * sw), np.float32)
     full[:, :oc, :kh, :kw] = w
-    return np.ascontiguousarray(full.reshape(ic, gv, width, th, sh, tw, sw).transpose(1, 4, 6, 0, 3, 5, 2))
+    return full.reshape(ic, blocks, width, th, sh, tw, sw), blocks
 
 
-def unpack_phase_weights(packed: np.ndarray, shape) -> np.ndarray:
+# The packed layouts as permutations of _padded's axes (IC, blocks, width, th, sh, tw, sw), and back.
+CHANNEL_VECTOR_PERM = (1, 4, 6, 0, 3, 5, 2)  # [blocks of NI * L channels][sh][sw][IC][th][tw][NI * L]
+PIXEL_VECTOR_PERM = (4, 6, 1, 0, 3, 5, 2)  # [sh][sw][blocks of MI channels][IC][th][tw][MI]
+
+
+def pack_phase_weights(w: np.ndarray, strides, width: int, perm=CHANNEL_VECTOR_PERM) -> np.ndarray:
+    """[IC, OC, KH, KW] -> the phase-major packing `perm` names, blocks of `width` output channels (NI * L for the
+    channel-vector kernel, MI for the pixel-vector one): the taps r = t * SH + a of phase block a are together."""
+    full, _ = _padded(w, strides, width)
+    return np.ascontiguousarray(full.transpose(perm))
+
+
+def _inverse(perm):
+    return [perm.index(i) for i in range(len(perm))]
+
+
+def unpack_phase_weights(packed: np.ndarray, shape, perm=CHANNEL_VECTOR_PERM) -> np.ndarray:
     """The inverse of pack_phase_weights (what the fallback's nodes compute)."""
-    gv, sh, sw, ic, th, tw, width = packed.shape
-    full = packed.transpose(3, 0, 6, 4, 1, 5, 2).reshape(ic, gv * width, th * sh, tw * sw)
+    ic, blocks, width, th, sh, tw, sw = packed.transpose(_inverse(perm)).shape
+    full = packed.transpose(_inverse(perm)).reshape(ic, blocks * width, th * sh, tw * sw)
     _, oc, kh, kw = shape
     return full[:, :oc, :kh, :kw]
 
 
-def build(rule, node, bn, params, head_out: str, uid: str):
+def use_pixel_vectors(oc: int, lanes: int, has_position_input: bool) -> bool:
+    """Few output channels leave the channel-vector kernel's lanes idle and its NCHW output goes through a blocked
+    buffer; there the pixel-vector kernel (vectors along the phase's output rows) wins (benchmarks/
+    conv_transpose.py). It takes no per-pixel epilogue input."""
+    return oc <= lanes and not has_position_input
+
+
+def build(rule, node, bn, params, head_out: str, uid: str, *, has_position_input: bool = False):
     """Fill `params` for a ConvTranspose (BatchNorm folded): returns (region inputs, fallback body, bias name)."""
     lanes, ni = rule.blocked
     w = rule._const(node.input[1]).astype(np.float32)
@@ -89,7 +113,10 @@ def build(rule, node, bn, params, head_out: str, uid: str):
     dil = tuple(int(v) for v in _attr(node, "dilations", [1, 1]))
     pads = [int(v) for v in _attr(node, "pads", [0, 0, 0, 0])]
     out_pad = tuple(int(v) for v in _attr(node, "output_padding", [0, 0]))
-    packed = pack_phase_weights(w, strides, lanes, ni)
+    pixels = use_pixel_vectors(oc, lanes, has_position_input)
+    perm = PIXEL_VECTOR_PERM if pixels else CHANNEL_VECTOR_PERM
+    width = rule.mi if pixels else ni * lanes
+    packed = pack_phase_weights(w, strides, width, perm)
     wname = f"{uid}__phase_w"
     params.initializers.append(numpy_helper.from_array(packed, wname))
     bname = None
@@ -98,15 +125,16 @@ def build(rule, node, bn, params, head_out: str, uid: str):
         params.initializers.append(numpy_helper.from_array(bias, bname))
     params.attrs = dict(oc=oc, groups=1, kernel=(kh, kw), strides=strides, dilations=dil, pads=tuple(pads),
                         auto_pad=0, ic_g=ic, output_padding=out_pad, packed_shape=packed.shape, in_blocked=0,
-                        out_blocked=0, channel_vectors=1, block=lanes, packed_ni=ni)
+                        out_blocked=0, channel_vectors=int(not pixels), block=lanes)
+    params.attrs["packed_mi" if pixels else "packed_ni"] = width if pixels else ni
 
     def const(name, values):
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(values, np.int64),
                                                                                       name))
-    gv, sh, sw, _, th, tw, width = packed.shape
+    full_shape = [ic, -(-oc // width) * width, -(-kh // strides[0]) * strides[0], -(-kw // strides[1]) * strides[1]]
     u = f"{uid}__unpack"
-    body = [helper.make_node("Transpose", [wname], [f"{u}_t"], perm=[3, 0, 6, 4, 1, 5, 2]),
-            const(f"{u}_s", [ic, gv * width, th * sh, tw * sw]),
+    body = [helper.make_node("Transpose", [wname], [f"{u}_t"], perm=_inverse(perm)),
+            const(f"{u}_s", full_shape),
             helper.make_node("Reshape", [f"{u}_t", f"{u}_s"], [f"{u}_full"])]
     if rule.ew.opset >= 10:
         body += [const(f"{u}_starts", [0, 0, 0]), const(f"{u}_ends", [oc, kh, kw]), const(f"{u}_axes", [1, 2, 3]),

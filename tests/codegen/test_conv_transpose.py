@@ -12,7 +12,8 @@ from onnx import helper
 
 from onnxopt.codegen.microkernel.registry import select
 from onnxopt.codegen.target import parse_target
-from onnxopt.fusion.conv_transpose import pack_phase_weights, unpack_phase_weights
+from onnxopt.fusion.conv_transpose import (CHANNEL_VECTOR_PERM, PIXEL_VECTOR_PERM, pack_phase_weights,
+                                           unpack_phase_weights)
 
 MK = select(parse_target("native"))
 needs_vectors = pytest.mark.skipif(MK.lanes < 8, reason="ConvTranspose runs on the channel-vector kernel (8+ lanes)")
@@ -66,19 +67,26 @@ def convt_model(n, ic, oc, h, w, k=(2, 2), s=(2, 2), d=(1, 1), pads=(0, 0, 0, 0)
     return _model(nodes, inputs, [_vi("y", [nb, oc, oh, ow])], inits, opset=opset)
 
 
-def test_phase_packing_round_trips():
+@pytest.mark.parametrize("perm,width", [(CHANNEL_VECTOR_PERM, 64), (PIXEL_VECTOR_PERM, 6)])
+def test_phase_packing_round_trips(perm, width):
     rng = np.random.default_rng(0)
     for shape, strides in (((5, 19, 3, 3), (2, 2)), ((4, 7, 2, 4), (2, 3)), ((3, 33, 1, 1), (1, 1))):
         w = rng.standard_normal(shape).astype(np.float32)
-        packed = pack_phase_weights(w, strides, 16, 4)
-        np.testing.assert_array_equal(unpack_phase_weights(packed, shape), w)
-        # Each phase block holds only its own taps: tap r = t * sh + a sits in block a.
-        ic, oc, kh, kw = shape
-        a, b = kh % strides[0] if kh > strides[0] else 0, 0
-        t = (kh - 1) // strides[0]
-        r = t * strides[0] + a
-        if r < kh:
-            np.testing.assert_array_equal(packed[0, a, b, :, t, 0, :min(oc, 64)], w[:, :64, r, b])
+        packed = pack_phase_weights(w, strides, width, perm)
+        np.testing.assert_array_equal(unpack_phase_weights(packed, shape, perm), w)
+
+
+def test_phase_blocks_hold_their_taps():
+    """Channel vectors: tap (r, c) = (t * sh + a, u * sw + b) of output channel o sits in block (a, b), row
+    (ic, t, u), lane o; pixel vectors: in phase block (a, b), channel block o // MI, lane o % MI."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((3, 20, 3, 4)).astype(np.float32)
+    cv = pack_phase_weights(w, (2, 3), 16, CHANNEL_VECTOR_PERM)  # [gv, sh, sw, ic, th, tw, 16]
+    pv = pack_phase_weights(w, (2, 3), 6, PIXEL_VECTOR_PERM)  # [sh, sw, mb, ic, th, tw, 6]
+    for ic, o, r, c in ((0, 0, 0, 0), (2, 19, 2, 3), (1, 7, 1, 2)):
+        t, a, u, b = r // 2, r % 2, c // 3, c % 3
+        assert cv[o // 16, a, b, ic, t, u, o % 16] == w[ic, o, r, c]
+        assert pv[a, b, o // 6, ic, t, u, o % 6] == w[ic, o, r, c]
 
 
 CORNERS = {
@@ -96,6 +104,11 @@ CORNERS = {
     "k1s3": dict(n=1, ic=6, oc=18, h=4, w=5, k=(1, 1), s=(3, 3), out_pad=(2, 1)),
     # many channels (several groups of vectors), batch 8, no bias
     "wide-batch8": dict(n=8, ic=40, oc=130, h=5, w=6, k=(2, 2), bias=False),
+    # few output channels (pixel vectors): the DBNet head's last layer, a 2x2 / 2 read in place
+    "oc1-k2s2": dict(n=2, ic=16, oc=1, h=21, w=37, k=(2, 2)),
+    # pixel vectors through the padded copy, uneven phases
+    "oc3-k3s2": dict(n=1, ic=7, oc=3, h=9, w=20, k=(3, 3), pads=(1, 1, 1, 1), out_pad=(1, 0)),
+    "oc16-k4s2p1": dict(n=1, ic=10, oc=16, h=6, w=35, k=(4, 4), pads=(1, 1, 1, 1)),
 }
 
 
@@ -113,8 +126,9 @@ def test_conv_transpose_corners(name, tmp_path):
     (("residual", "relu"), "ConvTranspose -> Add -> Relu"),
     (("hardswish",), "ConvTranspose -> Add -> Clip -> Div -> Mul"),
 ])
-def test_conv_transpose_epilogues(post, ops, tmp_path):
-    m = convt_model(1, 16, 24, 8, 7, k=(4, 4), pads=(1, 1, 1, 1), post=post)
+@pytest.mark.parametrize("oc", [24, 8])  # channel vectors; pixel vectors (channel vectors with a residual)
+def test_conv_transpose_epilogues(post, ops, oc, tmp_path):
+    m = convt_model(1, 16, oc, 8, 7, k=(4, 4), pads=(1, 1, 1, 1), post=post)
     check(m, tmp_path, ops=ops)
 
 
