@@ -33,6 +33,7 @@ typedef struct { /* mirrors the slots of codegen/compute/tile.py */
 typedef struct {
   const onnxopt_ct_desc *d;
   int64_t items, groups, M, K, P; /* P: columns per row of C (OH * OW, or N of a matmul) */
+  int64_t K_rows;                  /* rows of a packed conv weights block when more than K are stored; 0: K */
   int64_t mblocks, ptiles, ptasks, mtasks;
   int rows_mode;
   int64_t OH, OW, Wph, cseg;
@@ -92,7 +93,8 @@ static void ct_run_task(const ct_job *job, int64_t task) {
       int64_t m0 = mb * d->mi;
       int64_t mi = job->M - m0 < d->mi ? job->M - m0 : d->mi;
       t.m0 = m0;
-      t.a = d->sig.kind == KIND_CONV ? a_item + mb * job->K * d->mi : a_item + m0 * job->a_ms;
+      t.a = d->sig.kind == KIND_CONV ? a_item + mb * (job->K_rows ? job->K_rows : job->K) * d->mi
+                                     : a_item + m0 * job->a_ms;
       d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)&t);
     }
   }
@@ -307,8 +309,8 @@ static OrtStatus *ct_check_input(const onnxopt_ct_desc *d, const int64_t *xd, si
  * A transposed convolution (ConvTranspose) runs on the same tiles, split into output phases. Output rows
  * oh = ph + q * sh receive only the taps r = t * sh + a with a = (ph + pt) mod sh, from input rows
  * q + base(ph) - t * dh: for each phase that is a stride-1 convolution of the input, with its own tap table, its own
- * block of the packed weights ([ceil(OC / (NI * L))][sh][sw][IC][th][tw][NI * L], the kernel zero-padded to
- * th * sh x tw * sw taps) and its output pixels sw * L floats apart, rows sh * OW * L apart. No multiply-add is
+ * block of the packed weights ([ceil(OC / (NI * L))][sh][sw][th][tw][IC][NI * L], the kernel zero-padded to
+ * th * sh x tw * sw taps; a phase's real taps come first and its K stops at the last one) and its output pixels sw * L floats apart, rows sh * OW * L apart. No multiply-add is
  * spent on the zeros a strided transposed convolution would insert between input pixels. Each phase is a cb_phase;
  * a convolution has one. */
 #define CB_FLAT_ROW 96
@@ -320,11 +322,12 @@ typedef struct {
   int64_t out_base, out_row, ldc; /* floats: the output offset of pixel 0, between rows, between pixels */
   const int64_t *aoff;           /* per k: the tap's offset from the pixel's input */
   int64_t w_off;                 /* floats into each group of vectors' weights */
+  int64_t K;                     /* the rows up to the phase's last real tap */
 } cb_phase;
 
 typedef struct {
   const onnxopt_ct_desc *d;
-  int64_t N, OC, OCB, groups_of_vectors, OH, OW, K, K_all; /* K per phase; K_all: weights rows per group */
+  int64_t N, OC, OCB, groups_of_vectors, OH, OW, K, K_all; /* K: rows per phase block; K_all: per group */
   int64_t item_in;                                         /* input floats per batch item */
   int n_phases;
   cb_phase phase[CB_MAX_PHASES];
@@ -346,7 +349,6 @@ static void cb_run_task(const cb_job *job, int64_t task) {
   int64_t plane_out = job->OH * job->OW * L, item_out = job->OCB * plane_out;
   ct_tile t;
   memset(&t, 0, sizeof(t));
-  t.k = job->K;
   for (int64_t g = g0; g < g1; g++) {
     int64_t vb = g * NI; /* first channel vector of this group */
     int nv = (int)(job->OCB - vb < NI ? job->OCB - vb : NI);
@@ -363,6 +365,7 @@ static void cb_run_task(const cb_job *job, int64_t task) {
       int64_t len = ph->pixels - r * ph->row_len;
       if (len > ph->row_len) len = ph->row_len;
       t.koff = ph->aoff;
+      t.k = ph->K;
       t.b = wg + ph->w_off;
       t.a_ms = ph->a_ms;
       t.ldc = ph->ldc;
@@ -459,6 +462,13 @@ static void cbt_border(int64_t in, int64_t out, int64_t s, int64_t taps, int64_t
   }
   *begin = -lo;
   *padded = hi - lo;
+}
+
+/* The weights rows a transposed convolution's phase block (a, b) needs: its rows are (t, u, ic) and its real taps
+   t < ceil((kh - a) / sh), u < ceil((kw - b) / sw) come first, so it stops after the last real one. */
+static int64_t ct_phase_rows(const onnxopt_ct_desc *d, int64_t a, int64_t b, int64_t tw, int64_t C) {
+  int64_t rh = d->kh > a ? (d->kh - a + d->sh - 1) / d->sh : 0, rw = d->kw > b ? (d->kw - b + d->sw - 1) / d->sw : 0;
+  return rh && rw ? ((rh - 1) * tw + rw) * C : 0;
 }
 
 /* The output size of a transposed convolution and its taps per phase (the kernel padded to a multiple of the
@@ -603,6 +613,7 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
         p->out_row = d->sh * OW * L;
         p->ldc = d->sw * L;
         p->w_off = (ah * d->sw + aw) * job.K * d->ni * L;
+        p->K = ct_phase_rows(d, ah, aw, tw, C);
       } else {
         int flat = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !padded;
         p->pixels = OH * OW;
@@ -614,11 +625,14 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
         p->out_row = p->row_len * L;
         p->ldc = L;
         p->w_off = 0;
+        p->K = job.K;
       }
-      for (int64_t ic = 0, k = 0; ic < C; ic++)
+      /* k = (r, c, ic) for a transposed convolution (its packing), (ic, r, c) for a convolution. */
+      for (int64_t ic = 0; ic < C; ic++)
         for (int64_t r = 0; r < th; r++)
-          for (int64_t c = 0; c < tw; c++, k++) {
+          for (int64_t c = 0; c < tw; c++) {
             int64_t y = bh + r * step_h, xx = bw + c * step_w;
+            int64_t k = d->transposed ? (r * tw + c) * C + ic : (ic * th + r) * tw + c;
             tab[k] = d->in_blocked ? ((ic / L) * Hp * Wp + y * Wp + xx) * L + ic % L : ic * Hp * Wp + y * Wp + xx;
           }
       p->aoff = tab;
@@ -650,7 +664,7 @@ done:
  *
  * With few output channels the channel-vector kernel leaves lanes idle (one channel: 1 of 16) and its NCHW output
  * goes through a blocked buffer 16 times the size. Here each output phase (see ct_conv_blocked) is an ordinary NCHW
- * convolution job: the packed weights of the phase ([sh][sw][ceil(OC / MI)][IC * th * tw][MI]) times vectors of
+ * convolution job: the packed weights of the phase ([sh][sw][ceil(OC / MI)][th * tw * IC][MI]) times vectors of
  * the phase's output pixels, read from the input (in place when the phase is a plain 1x1 of it, as in a 2x2 / 2
  * kernel; else from one zero-bordered copy shared by all phases) through the phase's tap table. Each phase writes
  * its own dense block [N][OC][Qh][Qw] of a scratch buffer, epilogue applied; one last pass interleaves the phases
@@ -660,7 +674,7 @@ typedef struct {
   float *const *out;
   int n_out;
   int64_t OC, OH, OW, sh, sw;
-  const int64_t *phase_off, *qh, *qw; /* per phase: floats into the scratch, rows, columns */
+  const int64_t *phase_off, *nstr, *qh, *qw; /* per phase: floats into the scratch, between items, rows, columns */
 } ctt_interleave_job;
 
 static void ctt_interleave_plane(void *usr, size_t index) {
@@ -673,11 +687,62 @@ static void ctt_interleave_plane(void *usr, size_t index) {
       float *row = dst + oh * p->OW;
       for (int64_t pw = 0; pw < p->sw && pw < p->OW; pw++) {
         int64_t i = ph * p->sw + pw, w = p->qw[i];
-        const float *src = p->scratch[o] + p->phase_off[i] + (plane * p->qh[i] + q) * w;
+        int64_t n = plane / p->OC, oc = plane % p->OC;
+        const float *src = p->scratch[o] + p->phase_off[i] + n * p->nstr[i] + (oc * p->qh[i] + q) * w;
         for (int64_t c = 0; c < w; c++) row[pw + c * p->sw] = src[c];
       }
     }
   }
+}
+
+/* A kernel as large as its stride, without pads: every phase is a 1x1 of the whole input, so the phases are merged
+   into the rows of one matrix product (rows (phase, oc), weights packed [ceil(sh * sw * OC / MI)][IC][MI]) that
+   reads the input once. The per-channel epilogue inputs are repeated per phase to match the rows. The optimizer
+   packs the weights this way under the same condition (onnxopt/fusion/conv_transpose.py, phases_merged). */
+static int ctt_phases_merged(const onnxopt_ct_desc *d) {
+  return d->kh == d->sh && d->kw == d->sw && !d->pads[0] && !d->pads[1] && !d->pads[2] && !d->pads[3] &&
+         !d->out_pad[0] && !d->out_pad[1];
+}
+
+static OrtStatus *ctt_run_merged(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const ct_job *base, const float *x,
+                                 const float *w, float *scratch, int64_t *koff, int64_t *offs, float **chan, int64_t N,
+                                 int64_t C, int64_t HW) {
+  int64_t n_ph = d->sh * d->sw, total = N * n_ph * d->oc * HW, rep = 0;
+  ct_job job = *base;
+  job.items = N;
+  job.groups = 1;
+  job.M = n_ph * d->oc;
+  job.K = C;
+  job.P = HW;
+  job.a = w;
+  job.b = x;
+  job.a_off = offs;
+  job.b_off = offs + N;
+  for (int64_t n = 0; n < N; n++) {
+    offs[n] = 0;
+    offs[N + n] = n * C * HW;
+  }
+  for (int64_t k = 0; k < C; k++) koff[k] = k * HW;
+  job.koff = koff;
+  for (int o = 0; o < d->sig.n_out; o++) job.out[o] = scratch + o * total;
+  for (int e = 0; e < d->n_extra; e++)
+    if (d->extra_kind[e] == EX_CHANNEL) rep += (d->extra_nstride[e] ? N : 1) * n_ph * d->oc;
+  if (rep) {
+    float *next = *chan = (float *)malloc((size_t)rep * sizeof(float));
+    if (!next) return fail(ORT_FAIL, "onnxopt: out of memory");
+    for (int e = 0; e < d->n_extra; e++) {
+      if (d->extra_kind[e] != EX_CHANNEL) continue;
+      int64_t items = d->extra_nstride[e] ? N : 1;
+      float *start = next;
+      for (int64_t n = 0; n < items; n++)
+        for (int64_t i = 0; i < n_ph; i++, next += d->oc)
+          memcpy(next, base->extra[e] + n * d->oc, (size_t)d->oc * sizeof(float));
+      job.extra[e] = start;
+      job.extra_count[e] = n_ph * d->oc;
+    }
+  }
+  job.ptiles = (HW + d->ni * d->lanes - 1) / (d->ni * d->lanes);
+  return ct_run(&job, ctx);
 }
 
 static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv,
@@ -700,12 +765,15 @@ static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelC
   cbt_border(H, OH, d->sh, th, d->dh, d->pads[0], &Pt, &Hp);
   cbt_border(W, OW, d->sw, tw, d->dw, d->pads[1], &Pl, &Wp);
   int padded = Pt || Pl || Hp != H || Wp != W;
-  int64_t phase_off[CB_MAX_PHASES], qh[CB_MAX_PHASES], qw[CB_MAX_PHASES], total = 0;
+  /* Scratch: per phase [N][OC][Qh][Qw], phases one after the other; merged, [N][phase][OC][H][W]. */
+  int merged = ctt_phases_merged(d);
+  int64_t phase_off[CB_MAX_PHASES], nstr[CB_MAX_PHASES], qh[CB_MAX_PHASES], qw[CB_MAX_PHASES], total = 0;
   for (int64_t i = 0; i < n_ph; i++) {
     int64_t ph = i / d->sw, pw = i % d->sw;
     qh[i] = OH > ph ? (OH - ph + d->sh - 1) / d->sh : 0;
     qw[i] = OW > pw ? (OW - pw + d->sw - 1) / d->sw : 0;
-    phase_off[i] = total;
+    phase_off[i] = merged ? i * d->oc * H * W : total;
+    nstr[i] = merged ? n_ph * d->oc * H * W : d->oc * qh[i] * qw[i];
     total += N * d->oc * qh[i] * qw[i];
   }
   const float *x, *w;
@@ -714,11 +782,15 @@ static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelC
   float *scratch = (float *)malloc((size_t)(total * d->sig.n_out) * sizeof(float));
   int64_t *koff = (int64_t *)malloc((size_t)(K > 0 ? K : 1) * sizeof(int64_t));
   int64_t *offs = (int64_t *)malloc((size_t)N * 2 * sizeof(int64_t));
-  float *pad = NULL;
+  float *pad = NULL, *chan = NULL;
   OrtStatus *st = NULL;
   if (!scratch || !koff || !offs) {
     st = fail(ORT_FAIL, "onnxopt: out of memory");
     goto done;
+  }
+  if (merged) {
+    st = ctt_run_merged(d, ctx, &base, x, w, scratch, koff, offs, &chan, N, C, H * W);
+    goto interleave;
   }
   const float *in = x;
   if (padded) {
@@ -747,7 +819,8 @@ static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelC
     job.items = N;
     job.groups = 1;
     job.M = d->oc;
-    job.K = K;
+    job.K = ct_phase_rows(d, ah, aw, tw, C);
+    job.K_rows = K;
     job.P = qh[i] * qw[i];
     job.OH = qh[i];
     job.OW = qw[i];
@@ -762,9 +835,9 @@ static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelC
     for (int o = 0; o < d->sig.n_out; o++) job.out[o] = scratch + o * total + phase_off[i];
     /* One tap reading the input pixel for pixel: the phase is a 1x1 over the whole plane. */
     int flat = th == 1 && tw == 1 && bh == 0 && bw == 0 && qh[i] == Hp && qw[i] == Wp;
-    for (int64_t ic = 0, k = 0; ic < C; ic++)
-      for (int64_t r = 0; r < th; r++)
-        for (int64_t c = 0; c < tw; c++, k++) koff[k] = ic * Hp * Wp + (bh - r * d->dh) * Wp + bw - c * d->dw;
+    for (int64_t r = 0, k = 0; r < th; r++)
+      for (int64_t c = 0; c < tw; c++)
+        for (int64_t ic = 0; ic < C; ic++, k++) koff[k] = ic * Hp * Wp + (bh - r * d->dh) * Wp + bw - c * d->dw;
     job.koff = koff;
     if (flat) {
       job.ptiles = (job.P + d->ni * d->lanes - 1) / (d->ni * d->lanes);
@@ -776,10 +849,11 @@ static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelC
     }
     st = ct_run(&job, ctx);
   }
+interleave:
   if (!st) {
     float *scr[CT_MAX_OUT];
     for (int o = 0; o < d->sig.n_out; o++) scr[o] = scratch + o * total;
-    ctt_interleave_job ij = {scr, base.out, d->sig.n_out, d->oc, OH, OW, d->sh, d->sw, phase_off, qh, qw};
+    ctt_interleave_job ij = {scr, base.out, d->sig.n_out, d->oc, OH, OW, d->sh, d->sw, phase_off, nstr, qh, qw};
     if (N * d->oc * OH * OW < (1 << 16)) {
       for (int64_t i = 0; i < N * d->oc; i++) ctt_interleave_plane(&ij, (size_t)i);
     } else {
@@ -788,6 +862,7 @@ static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelC
   }
 done:
   free(pad);
+  free(chan);
   free(koff);
   free(offs);
   free(scratch);

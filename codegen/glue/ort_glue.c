@@ -146,7 +146,8 @@ typedef struct {
   int in_blocked, out_blocked;
   int channel_vectors; /* the blocked kernel (vectors of output channels) even though the outputs are NCHW */
   /* ConvTranspose (always on the blocked kernel): op input 0 is [N, IC, H, W] (ic_g = IC), weights packed
-     [ceil(oc / (ni * lanes))][sh][sw][IC][ceil(kh / sh)][ceil(kw / sw)][ni * lanes] (compute_exec.c). */
+     [ceil(oc / (ni * lanes))][sh][sw][ceil(kh / sh)][ceil(kw / sw)][IC][ni * lanes], or with few output
+     channels (channel_vectors 0) [sh][sw][ceil(oc / mi)][ceil(kh / sh)][ceil(kw / sw)][IC][mi] (compute_exec.c). */
   int transposed;
   int64_t out_pad[2]; /* output_padding: rows, columns */
 } onnxopt_ct_desc;

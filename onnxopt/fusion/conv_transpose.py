@@ -67,8 +67,10 @@ def _padded(w: np.ndarray, strides, width: int) -> tuple[np.ndarray, int]:
 
 
 # The packed layouts as permutations of _padded's axes (IC, blocks, width, th, sh, tw, sw), and back.
-CHANNEL_VECTOR_PERM = (1, 4, 6, 0, 3, 5, 2)  # [blocks of NI * L channels][sh][sw][IC][th][tw][NI * L]
-PIXEL_VECTOR_PERM = (4, 6, 1, 0, 3, 5, 2)  # [sh][sw][blocks of MI channels][IC][th][tw][MI]
+# Within a phase block the rows are (t, u, ic): the taps a phase really has (t < ceil((kh - a) / sh)) come first, so
+# the kernel stops before the padding taps (a 3x3 / 2 computes 10 taps of its 4 phases, not 16).
+CHANNEL_VECTOR_PERM = (1, 4, 6, 3, 5, 0, 2)  # [blocks of NI * L channels][sh][sw][th][tw][IC][NI * L]
+PIXEL_VECTOR_PERM = (4, 6, 1, 3, 5, 0, 2)  # [sh][sw][blocks of MI channels][th][tw][IC][MI]
 
 
 def pack_phase_weights(w: np.ndarray, strides, width: int, perm=CHANNEL_VECTOR_PERM) -> np.ndarray:
@@ -88,6 +90,22 @@ def unpack_phase_weights(packed: np.ndarray, shape, perm=CHANNEL_VECTOR_PERM) ->
     full = packed.transpose(_inverse(perm)).reshape(ic, blocks * width, th * sh, tw * sw)
     _, oc, kh, kw = shape
     return full[:, :oc, :kh, :kw]
+
+
+def phases_merged(kernel, strides, pads, out_pad) -> bool:
+    """A kernel as large as its stride, without pads: every phase is a 1x1 of the whole input, and the pixel-vector
+    kernel merges the phases into the rows of one matrix product (the glue's ctt_phases_merged: the same rule)."""
+    return tuple(kernel) == tuple(strides) and not any(pads) and not any(out_pad)
+
+
+def pack_merged_weights(w: np.ndarray, mi: int) -> np.ndarray:
+    """[IC, OC, SH, SW] (kernel = stride) -> [ceil(SH * SW * OC / MI)][IC][MI], rows (a, b, oc)."""
+    ic, oc, sh, sw = w.shape
+    m = sh * sw * oc
+    mb = -(-m // mi)
+    rows = np.zeros((ic, mb * mi), np.float32)
+    rows[:, :m] = w.transpose(0, 2, 3, 1).reshape(ic, m)
+    return np.ascontiguousarray(rows.reshape(ic, mb, mi).transpose(1, 0, 2))
 
 
 def use_pixel_vectors(oc: int, lanes: int, has_position_input: bool) -> bool:
@@ -114,9 +132,10 @@ def build(rule, node, bn, params, head_out: str, uid: str, *, has_position_input
     pads = [int(v) for v in _attr(node, "pads", [0, 0, 0, 0])]
     out_pad = tuple(int(v) for v in _attr(node, "output_padding", [0, 0]))
     pixels = use_pixel_vectors(oc, lanes, has_position_input)
+    merged = pixels and phases_merged((kh, kw), strides, pads, out_pad)
     perm = PIXEL_VECTOR_PERM if pixels else CHANNEL_VECTOR_PERM
     width = rule.mi if pixels else ni * lanes
-    packed = pack_phase_weights(w, strides, width, perm)
+    packed = pack_merged_weights(w, width) if merged else pack_phase_weights(w, strides, width, perm)
     wname = f"{uid}__phase_w"
     params.initializers.append(numpy_helper.from_array(packed, wname))
     bname = None
@@ -131,17 +150,29 @@ def build(rule, node, bn, params, head_out: str, uid: str, *, has_position_input
     def const(name, values):
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(values, np.int64),
                                                                                       name))
-    full_shape = [ic, -(-oc // width) * width, -(-kh // strides[0]) * strides[0], -(-kw // strides[1]) * strides[1]]
     u = f"{uid}__unpack"
-    body = [helper.make_node("Transpose", [wname], [f"{u}_t"], perm=_inverse(perm)),
-            const(f"{u}_s", full_shape),
-            helper.make_node("Reshape", [f"{u}_t", f"{u}_s"], [f"{u}_full"])]
-    if rule.ew.opset >= 10:
-        body += [const(f"{u}_starts", [0, 0, 0]), const(f"{u}_ends", [oc, kh, kw]), const(f"{u}_axes", [1, 2, 3]),
-                 helper.make_node("Slice", [f"{u}_full", f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_w"])]
+
+    def sliced(src, dst, ends, axes):
+        if rule.ew.opset >= 10:
+            return [const(f"{dst}_starts", [0] * len(ends)), const(f"{dst}_ends", ends), const(f"{dst}_axes", axes),
+                    helper.make_node("Slice", [src, f"{dst}_starts", f"{dst}_ends", f"{dst}_axes"], [dst])]
+        return [helper.make_node("Slice", [src], [dst], starts=[0] * len(ends), ends=ends, axes=axes)]
+
+    if merged:  # [mb, IC, MI] -> [IC, mb * MI] -> the first SH * SW * OC rows -> [IC, SH, SW, OC] -> [IC, OC, SH, SW]
+        body = [helper.make_node("Transpose", [wname], [f"{u}_t"], perm=[1, 0, 2]),
+                const(f"{u}_s", [ic, packed.shape[0] * width]),
+                helper.make_node("Reshape", [f"{u}_t", f"{u}_s"], [f"{u}_rows"]),
+                *sliced(f"{u}_rows", f"{u}_m", [kh * kw * oc], [1]),
+                const(f"{u}_s2", [ic, kh, kw, oc]),
+                helper.make_node("Reshape", [f"{u}_m", f"{u}_s2"], [f"{u}_hwo"]),
+                helper.make_node("Transpose", [f"{u}_hwo"], [f"{u}_w"], perm=[0, 3, 1, 2])]
     else:
-        body.append(helper.make_node("Slice", [f"{u}_full"], [f"{u}_w"], starts=[0, 0, 0], ends=[oc, kh, kw],
-                                     axes=[1, 2, 3]))
+        full_shape = [ic, -(-oc // width) * width, -(-kh // strides[0]) * strides[0],
+                      -(-kw // strides[1]) * strides[1]]
+        body = [helper.make_node("Transpose", [wname], [f"{u}_t"], perm=_inverse(perm)),
+                const(f"{u}_s", full_shape),
+                helper.make_node("Reshape", [f"{u}_t", f"{u}_s"], [f"{u}_full"]),
+                *sliced(f"{u}_full", f"{u}_w", [oc, kh, kw], [1, 2, 3])]
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     body.append(helper.make_node("ConvTranspose", [node.input[0], f"{u}_w"] + ([bname] if bname else []),
                                  [head_out], name=node.name, **attrs))

@@ -12,8 +12,8 @@ from onnx import helper
 
 from onnxopt.codegen.microkernel.registry import select
 from onnxopt.codegen.target import parse_target
-from onnxopt.fusion.conv_transpose import (CHANNEL_VECTOR_PERM, PIXEL_VECTOR_PERM, pack_phase_weights,
-                                           unpack_phase_weights)
+from onnxopt.fusion.conv_transpose import (CHANNEL_VECTOR_PERM, PIXEL_VECTOR_PERM, pack_merged_weights,
+                                           pack_phase_weights, phases_merged, unpack_phase_weights)
 
 MK = select(parse_target("native"))
 needs_vectors = pytest.mark.skipif(MK.lanes < 8, reason="ConvTranspose runs on the channel-vector kernel (8+ lanes)")
@@ -76,17 +76,31 @@ def test_phase_packing_round_trips(perm, width):
         np.testing.assert_array_equal(unpack_phase_weights(packed, shape, perm), w)
 
 
+def test_merged_packing():
+    """Kernel = stride, no pads: rows (a, b, oc) of one matrix, MI at a time."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((5, 3, 2, 2)).astype(np.float32)
+    packed = pack_merged_weights(w, 6)  # 12 rows -> 2 blocks
+    assert packed.shape == (2, 5, 6)
+    for ic, o, a, b in ((0, 0, 0, 0), (4, 2, 1, 1), (3, 1, 0, 1)):
+        m = (a * 2 + b) * 3 + o
+        assert packed[m // 6, ic, m % 6] == w[ic, o, a, b]
+    assert phases_merged((2, 2), (2, 2), (0, 0, 0, 0), (0, 0))
+    assert not phases_merged((2, 2), (2, 2), (0, 0, 0, 0), (1, 0))
+    assert not phases_merged((4, 4), (2, 2), (1, 1, 1, 1), (0, 0))
+
+
 def test_phase_blocks_hold_their_taps():
     """Channel vectors: tap (r, c) = (t * sh + a, u * sw + b) of output channel o sits in block (a, b), row
-    (ic, t, u), lane o; pixel vectors: in phase block (a, b), channel block o // MI, lane o % MI."""
+    (t, u, ic), lane o; pixel vectors: in phase block (a, b), channel block o // MI, lane o % MI."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((3, 20, 3, 4)).astype(np.float32)
-    cv = pack_phase_weights(w, (2, 3), 16, CHANNEL_VECTOR_PERM)  # [gv, sh, sw, ic, th, tw, 16]
-    pv = pack_phase_weights(w, (2, 3), 6, PIXEL_VECTOR_PERM)  # [sh, sw, mb, ic, th, tw, 6]
+    cv = pack_phase_weights(w, (2, 3), 16, CHANNEL_VECTOR_PERM)  # [gv, sh, sw, th, tw, ic, 16]
+    pv = pack_phase_weights(w, (2, 3), 6, PIXEL_VECTOR_PERM)  # [sh, sw, mb, th, tw, ic, 6]
     for ic, o, r, c in ((0, 0, 0, 0), (2, 19, 2, 3), (1, 7, 1, 2)):
         t, a, u, b = r // 2, r % 2, c // 3, c % 3
-        assert cv[o // 16, a, b, ic, t, u, o % 16] == w[ic, o, r, c]
-        assert pv[a, b, o // 6, ic, t, u, o % 6] == w[ic, o, r, c]
+        assert cv[o // 16, a, b, t, u, ic, o % 16] == w[ic, o, r, c]
+        assert pv[a, b, o // 6, t, u, ic, o % 6] == w[ic, o, r, c]
 
 
 CORNERS = {
@@ -106,6 +120,8 @@ CORNERS = {
     "wide-batch8": dict(n=8, ic=40, oc=130, h=5, w=6, k=(2, 2), bias=False),
     # few output channels (pixel vectors): the DBNet head's last layer, a 2x2 / 2 read in place
     "oc1-k2s2": dict(n=2, ic=16, oc=1, h=21, w=37, k=(2, 2)),
+    # phases merged into one matrix product, with a per-channel epilogue (BatchNorm) repeated per phase
+    "oc7-k3s3-bn": dict(n=3, ic=9, oc=7, h=5, w=13, k=(3, 3), s=(3, 3), post=("bn", "relu")),
     # pixel vectors through the padded copy, uneven phases
     "oc3-k3s2": dict(n=1, ic=7, oc=3, h=9, w=20, k=(3, 3), pads=(1, 1, 1, 1), out_pad=(1, 0)),
     "oc16-k4s2p1": dict(n=1, ic=10, oc=16, h=6, w=35, k=(4, 4), pads=(1, 1, 1, 1)),
@@ -115,7 +131,8 @@ CORNERS = {
 @needs_vectors
 @pytest.mark.parametrize("name", sorted(CORNERS))
 def test_conv_transpose_corners(name, tmp_path):
-    check(convt_model(**CORNERS[name]), tmp_path, ops="ConvTranspose")
+    case = CORNERS[name]
+    check(convt_model(**case), tmp_path, ops=None if case.get("post") else "ConvTranspose")
 
 
 @needs_vectors
