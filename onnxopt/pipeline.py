@@ -28,7 +28,7 @@ from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
 from onnxopt.cost_cache import open_cost_cache
 from onnxopt.emit.model import DOMAIN, build_fused_model
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
-from onnxopt.fusion.compute import ComputeRule, apply_tile
+from onnxopt.fusion.compute import ComputeRule, apply_tile, conv_macs_per_output
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
 from onnxopt.fusion.pool import PoolRule
 from onnxopt.fusion.layout import (assign_blocked_layouts, blocked_inputs, blocked_outputs, from_blocked, to_blocked,
@@ -195,11 +195,9 @@ def _region_flops(region: Region, feeds, outs) -> float:
     if c is None or not outs:
         return 0.0
     out = np.asarray(outs[0])
-    if c.op in ("conv", "conv_transpose"):
-        kh, kw = c.attrs["kernel"]
-        # A transposed convolution's taps each reach 1 / (sh * sw) of the output pixels.
-        per = 1 if c.op == "conv" else c.attrs["strides"][0] * c.attrs["strides"][1]
-        return 2.0 * out.size * c.attrs["ic_g"] * kh * kw / per
+    macs = conv_macs_per_output(c)
+    if macs is not None:
+        return 2.0 * out.size * macs
     a = feeds.get(region.inputs[0])
     if a is None:
         return 0.0

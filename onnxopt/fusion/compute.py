@@ -54,6 +54,16 @@ class ComputeParams:
     weights: np.ndarray | None = None
 
 
+def conv_macs_per_output(params: ComputeParams) -> float | None:
+    """Multiply-adds per output element of a convolution or transposed convolution region (whose taps each reach
+    1 / (sh * sw) of the output pixels); None for a matmul."""
+    if params.op not in ("conv", "conv_transpose"):
+        return None
+    kh, kw = params.attrs["kernel"]
+    per = 1 if params.op == "conv" else params.attrs["strides"][0] * params.attrs["strides"][1]
+    return params.attrs["ic_g"] * kh * kw / per
+
+
 class ComputeRule:
     kind_names = {"conv": "Conv", "conv_transpose": "ConvTranspose", "matmul": "MatMul"}
     _ops = {"Conv": "conv", "ConvTranspose": "conv_transpose", "MatMul": "matmul", "Gemm": "matmul"}

@@ -34,7 +34,7 @@ from onnxopt.codegen.microkernel.register_tile import RegisterTile, candidate_ti
 from onnxopt.codegen.microkernel.registry import select
 from dataclasses import replace
 
-from onnxopt.fusion.compute import retile
+from onnxopt.fusion.compute import conv_macs_per_output, retile
 from onnxopt.fusion.layout import channel_vectors_apply, with_channel_vectors
 from onnxopt.timing import make_session, time_interleaved
 from onnxopt.verify import Tolerance, compare
@@ -98,10 +98,9 @@ def region_flops(region, info, bindings) -> float:
         return [d if isinstance(d, int) else int(bindings.get(d, 1)) if isinstance(d, str) else 1 for d in shape]
 
     out = int(np.prod(dims(region.shape))) if region.shape else 0
-    if c.op in ("conv", "conv_transpose"):
-        kh, kw = c.attrs["kernel"]
-        per = 1 if c.op == "conv" else c.attrs["strides"][0] * c.attrs["strides"][1]
-        return 2.0 * out * c.attrs["ic_g"] * kh * kw / per
+    macs = conv_macs_per_output(c)
+    if macs is not None:
+        return 2.0 * out * macs
     a = info.get(region.inputs[0])
     if a is None or not a.shape:
         return 0.0
@@ -131,7 +130,7 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
     if c.attrs.get("in_blocked") or c.attrs.get("out_blocked"):
         return TileSearchResult(default, default, skipped="blocked layout: the tile is the blocked kernel's")
     if c.op == "conv_transpose":
-        return TileSearchResult(default, default, skipped="a transposed convolution has one kernel (channel vectors)")
+        return TileSearchResult(default, default, skipped="a transposed convolution's kernel is chosen by its output channels")
     current = c.tile if c.tile is not None else default
     if current != default:
         return TileSearchResult(current, default, skipped="the tile is already chosen")
