@@ -117,17 +117,13 @@ class ComputeRule:
         out_shape = self.ew.shape_of(node.output[0])
         if out_shape is None:
             return "output shape unknown"
+        if node.op_type in ("Conv", "ConvTranspose"):
+            why = self.conv_operands_reason(node)
+            if why is not None:
+                return why
         if node.op_type == "ConvTranspose":
             return conv_transpose.admit_reason(self, node)
         if node.op_type == "Conv":
-            w = self._const(node.input[1])
-            if w is None or w.ndim != 4:
-                return "not a 2-D convolution with constant weights"
-            if len(node.input) > 2 and node.input[2] and self._const(node.input[2]) is None:
-                return "bias is not constant"
-            xs = self.ew.shape_of(node.input[0])
-            if xs is None or len(xs) != 4 or not isinstance(xs[1], int):
-                return "input is not [N, C, H, W] with a known C"
             if not self.grouped and int(_attr(node, "group", 1)) != 1:
                 return "grouped convolution (left to onnxruntime in this plan)"
             if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", b"SAME_UPPER", b"SAME_LOWER"):
@@ -144,6 +140,19 @@ class ComputeRule:
                     return "Gemm alpha with a runtime B"
                 if c and _attr(node, "beta", 1.0) != 1.0 and self._const(c) is None:
                     return "Gemm beta with a runtime C"
+        return None
+
+    def conv_operands_reason(self, node) -> str | None:
+        """What a convolution or transposed convolution needs of its operands: constant 4-D weights, a constant
+        bias, an [N, C, H, W] input with a known C."""
+        w = self._const(node.input[1])
+        if w is None or w.ndim != 4:
+            return "not a 2-D convolution with constant weights"
+        if len(node.input) > 2 and node.input[2] and self._const(node.input[2]) is None:
+            return "bias is not constant"
+        xs = self.ew.shape_of(node.input[0])
+        if xs is None or len(xs) != 4 or not isinstance(xs[1], int):
+            return "input is not [N, C, H, W] with a known C"
         return None
 
     # ---- growth ----

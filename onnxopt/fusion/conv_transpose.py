@@ -22,17 +22,11 @@ MAX_PHASES = 64  # sh * sw; the glue's phase table (CB_MAX_PHASES)
 
 
 def admit_reason(rule, node) -> str | None:
-    """Why `rule` (a ComputeRule) cannot fuse this ConvTranspose node; None when it can."""
+    """Why `rule` (a ComputeRule, which has checked the operands: conv_operands_reason) cannot fuse this
+    ConvTranspose node; None when it can."""
     if rule.blocked is None:
         return "ConvTranspose needs the channel-vector kernel, which this target lacks (fewer than 8 lanes)"
     w = rule._const(node.input[1])
-    if w is None or w.ndim != 4:
-        return "not a 2-D transposed convolution with constant weights"
-    if len(node.input) > 2 and node.input[2] and rule._const(node.input[2]) is None:
-        return "bias is not constant"
-    xs = rule.ew.shape_of(node.input[0])
-    if xs is None or len(xs) != 4 or not isinstance(xs[1], int):
-        return "input is not [N, C, H, W] with a known C"
     if int(_attr(node, "group", 1)) != 1:
         return "grouped ConvTranspose (left to onnxruntime)"
     if _attr(node, "output_shape", None):
