@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxopt import __version__
 from onnxopt.codegen.compute.build import build_compute
@@ -28,6 +28,7 @@ from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
 from onnxopt.cost_cache import open_cost_cache
 from onnxopt.emit.model import DOMAIN, build_fused_model
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
+from onnxopt.fusion import blocked_passthrough
 from onnxopt.fusion.compute import ComputeRule, apply_tile, conv_macs_per_output
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
 from onnxopt.fusion.pool import PoolRule
@@ -374,6 +375,8 @@ class _Optimizer:
 
         t = time.perf_counter()
         accepted = self._check_regions(work, built) if built else []
+        # Passthrough nodes of blocked chains have no kernel to check: they stay while both their ends do.
+        accepted += [r for r in regions if r.relayout is not None]
         kept = _consistent_layouts(accepted)
         kept_ids = {id(r) for r in kept}
         for r in accepted:
@@ -393,17 +396,36 @@ class _Optimizer:
         return self._emit(original, work, accepted, built, loaded, src_path, t_start)
 
     def _blocked_plan(self, work) -> list[Region]:
-        """Compute regions with the tensors between fused convolutions in the blocked layout (fusion/layout.py);
-        empty when no tensor can be blocked."""
+        """Compute regions with the tensors between fused convolutions in the blocked layout (fusion/layout.py),
+        running through the ops onnxruntime can compute on blocked tensors (fusion/blocked_passthrough.py); empty
+        when no tensor can be blocked."""
         mk = select_micro_kernel(self.opts.target)
         if mk.lanes < 8:
             return []
         claimed: set[int] = set()
         rule = ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk))
         plan = rule.find_regions(claimed, [])
-        if not assign_blocked_layouts(plan, rule.index, rule.ew.shape_of, mk.lanes, mk.tile.ni, rule.ew.opset):
+        ew = rule.ew
+
+        def const_of(name):
+            t = ew.inits.get(name)
+            return None if t is None else numpy_helper.to_array(t)
+
+        passthrough = {}
+        for i, node in enumerate(rule.index.nodes):
+            if i in claimed or blocked_passthrough.admit(node, ew.shape_of, const_of, mk.lanes, ew.opset) is not None:
+                continue
+            for form in blocked_passthrough.rewrites(node, ew.shape_of, const_of, mk.lanes, ew.opset):
+                if blocked_passthrough.check(node, form, ew.shape_of, const_of, mk.lanes, ew.opset, work.ir_version):
+                    passthrough[i] = form
+                    break
+        blocked = assign_blocked_layouts(plan, rule.index, ew.shape_of, mk.lanes, mk.tile.ni, ew.opset, passthrough)
+        if not blocked:
             return []
-        if "pool" not in self.opts.skip_fusion:  # pools read and write NCHW: they end blocked chains
+        relayouts = [r for r in blocked if r.relayout is not None]
+        claimed.update(rule.index.producer[r.outputs[0]] for r in relayouts)
+        plan += relayouts
+        if "pool" not in self.opts.skip_fusion:  # pools left out of the chains read and write NCHW
             plan += PoolRule(work).find_regions(claimed, [])
         if "elementwise" not in self.opts.skip_fusion:
             plan += ElementwiseRule(work).find_regions([], exclude=claimed)
@@ -413,6 +435,8 @@ class _Optimizer:
         """Compile each distinct kernel once; a region whose kernel fails to compile is rejected."""
         built = {}  # op_type -> (obj, desc, [regions])
         for r in regions:
+            if r.relayout is not None:  # onnxruntime's own nodes: nothing to compile
+                continue
             if r.op_type in built:
                 built[r.op_type][2].append(r)
                 continue
@@ -733,7 +757,10 @@ class _Optimizer:
         self.report["timings"]["verify_s"] = time.perf_counter() - t
 
         self.report["after"] = _op_counts(fused)
-        self.report["fused_regions"] = len(accepted)
+        self.report["fused_regions"] = sum(r.relayout is None for r in accepted)
+        relayouts = [r.node_names[0] for r in accepted if r.relayout is not None]
+        if relayouts:  # onnxruntime nodes rewritten to run on blocked tensors
+            self.report["blocked_passthrough"] = relayouts
         written = []
         if self.output:
             try:

@@ -106,6 +106,11 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
             m = onnx.NodeProto()
             m.CopyFrom(n)
             new_nodes.append(m)
+        elif r.relayout is not None:  # the node rewritten for blocked tensors (fusion/blocked_passthrough.py)
+            for m in r.relayout:
+                c = onnx.NodeProto()
+                c.CopyFrom(m)
+                new_nodes.append(c)
         elif id(r) not in emitted:
             emitted.add(id(r))
             new_nodes.append(helper.make_node(r.op_type, list(r.inputs), list(r.outputs),
@@ -125,9 +130,10 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
                 g.initializer.append(t)
     funcs = {}
     for r in regions:
-        funcs.setdefault(r.op_type, _function_for(r, model))
+        if r.relayout is None:
+            funcs.setdefault(r.op_type, _function_for(r, model))
     out.functions.extend(funcs.values())
-    if regions and not any(o.domain == DOMAIN for o in out.opset_import):
+    if funcs and not any(o.domain == DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     remove_dead_nodes(out)
     ort_loadable_ir(out, needs_functions=bool(regions))  # also fixes IR 3 models that gained initializers

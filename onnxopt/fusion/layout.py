@@ -45,6 +45,8 @@ def from_blocked(a: np.ndarray, channels: int) -> np.ndarray:
 
 # ---- what a region reads and writes blocked ----
 def blocked_inputs(region: Region) -> set[str]:
+    if region.relayout is not None:
+        return set(region.inputs)
     c = region.compute
     if c is None or c.op != "conv":
         return set()
@@ -56,19 +58,24 @@ def blocked_inputs(region: Region) -> set[str]:
 
 
 def blocked_outputs(region: Region) -> set[str]:
+    if region.relayout is not None:
+        return set(region.outputs)
     c = region.compute
     return set(region.outputs) if c is not None and c.attrs.get("out_blocked") else set()
 
 
 # ---- the decision ----
-def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, ni: int, opset: int) -> int:
-    """Convert the regions of one plan in place; returns how many write blocked outputs."""
+def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, ni: int, opset: int,
+                           passthrough: dict[int, list[onnx.NodeProto]] | None = None) -> list[Region]:
+    """Convert the regions of one plan in place. `passthrough` maps the index of a node that onnxruntime can run
+    on blocked tensors (fusion/blocked_passthrough.py) to its rewritten nodes. Returns the regions that write
+    blocked outputs, with one `relayout` region per passthrough node kept blocked."""
+    passthrough = passthrough or {}
     owner: dict[int, Region] = {}
     node_pos = {id(n): i for i, n in enumerate(index.nodes)}
     for r in regions:
         for n in r.nodes:
             owner[node_pos[id(n)]] = r
-    producer = {o: r for r in regions for o in r.outputs}
 
     def static(name):
         s = shape_of(name)
@@ -87,46 +94,65 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
                 out.add("pos" if k == POSITION else "other")
         return out or {"other"}
 
-    blocked = {id(r) for r in regions
-               if is_conv(r) and r.compute.attrs["groups"] == 1 and static(r.inputs[0])
-               and all(static(o) for o in r.outputs)}
+    # The candidates: one-group convolutions and passthrough nodes. Each one that cannot write blocked tensors is
+    # dropped until none changes: a tensor stays blocked only if its producer and every consumer handle it.
+    blocked_regions = {id(r) for r in regions
+                       if is_conv(r) and r.compute.attrs["groups"] == 1 and static(r.inputs[0])
+                       and all(static(o) for o in r.outputs)}
+    blocked_nodes = {i for i in passthrough if i not in owner}
     by_id = {id(r): r for r in regions}
+
+    def made_blocked(t: str) -> bool:
+        i = index.producer.get(t)
+        if i is None:
+            return False
+        return i in blocked_nodes if i not in owner else id(owner[i]) in blocked_regions
+
+    def readable(t: str, producer) -> bool:
+        if t in index.graph_outputs or t in index.used_by_subgraphs:
+            return False
+        for c in index.consumers.get(t, []):
+            if c in blocked_nodes:
+                continue
+            user = owner.get(c)
+            if not is_conv(user) or user is producer:
+                return False
+            rl = roles(t, user)
+            if "other" in rl or ("pos" in rl and id(user) not in blocked_regions) or not static(user.inputs[0]):
+                return False
+        return True
+
     changed = True
     while changed:
         changed = False
-        for rid in list(blocked):
+        for rid in list(blocked_regions):
             r = by_id[rid]
-            ok = True
-            for t in r.outputs:
-                if t in index.graph_outputs:
-                    ok = False
-                for c in index.consumers.get(t, []):
-                    user = owner.get(c)
-                    if not is_conv(user) or user is r:
-                        ok = False
-                        break
-                    rl = roles(t, user)
-                    if "other" in rl or ("pos" in rl and id(user) not in blocked) or not static(user.inputs[0]):
-                        ok = False
-                        break
-                if not ok:
-                    break
             extras = r.inputs[len(r.inputs) - len(r.compute.extra_kinds):]
-            for x, k in zip(extras, r.compute.extra_kinds):
-                if k == POSITION and (producer.get(x) is None or id(producer[x]) not in blocked):
-                    ok = False
+            ok = all(readable(t, r) for t in r.outputs) and all(
+                made_blocked(x) for x, k in zip(extras, r.compute.extra_kinds) if k == POSITION)
             if not ok:
-                blocked.discard(rid)
+                blocked_regions.discard(rid)
+                changed = True
+        for i in list(blocked_nodes):
+            node = index.nodes[i]
+            data = [x for x in node.input if x and static(x)]
+            if not (data and all(made_blocked(x) for x in data) and all(readable(o, None) for o in node.output if o)):
+                blocked_nodes.discard(i)
                 changed = True
     for r in regions:
         if not is_conv(r):
             continue
-        src = producer.get(r.inputs[0])
-        in_blocked = src is not None and id(src) in blocked
-        out_blocked = id(r) in blocked
+        in_blocked = made_blocked(r.inputs[0])
+        out_blocked = id(r) in blocked_regions
         if in_blocked or out_blocked:
             _convert(r, in_blocked, out_blocked, shape_of, lanes, ni, opset)
-    return len(blocked)
+    relayouts = []
+    for i in sorted(blocked_nodes):
+        node = index.nodes[i]
+        data = [x for x in node.input if x and static(x)]
+        relayouts.append(Region(kind="relayout", nodes=[node], inputs=data, outputs=[o for o in node.output if o],
+                                program=None, shape=list(shape_of(node.output[0])), relayout=passthrough[i]))
+    return [by_id[rid] for rid in blocked_regions] + relayouts
 
 
 # ---- the conversion ----

@@ -100,9 +100,15 @@ class Region:
     compute: object = None  # fusion.compute.ComputeParams for Conv/MatMul regions
     pool: object = None  # fusion.pool.PoolParams for MaxPool/AveragePool/GlobalMaxPool/GlobalAveragePool regions
     op_type_key: str = ""  # the target text the op type was computed with (compute_op_type), to recompute it
+    # kind "relayout": no kernel; the node is replaced by these onnxruntime nodes that run on blocked tensors
+    # (fusion/blocked_passthrough.py)
+    relayout: list | None = None
 
     def compute_op_type(self, target_name: str) -> str:
         self.op_type_key = target_name
+        if self.relayout is not None:  # emitted as its nodes, never as a custom op: the name only tells it apart
+            self.op_type = "relayout_" + hashlib.sha256("|".join(self.outputs).encode()).hexdigest()[:16]
+            return self.op_type
         text = self.kind + "|" + target_name + "|" + self.program.signature()
         if self.compute is not None:
             c = self.compute

@@ -156,7 +156,7 @@ def regions_of(model):
     model = onnx.shape_inference.infer_shapes(model)
     rule = ComputeRule(model, MK.tile.mi)
     regions = rule.find_regions(set(), [])
-    count = assign_blocked_layouts(regions, rule.index, rule.ew.shape_of, LANES, NI, rule.ew.opset)
+    count = len(assign_blocked_layouts(regions, rule.index, rule.ew.shape_of, LANES, NI, rule.ew.opset))
     return {r.outputs[0]: r for r in regions}, count
 
 
