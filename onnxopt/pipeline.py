@@ -411,15 +411,18 @@ class _Optimizer:
             t = ew.inits.get(name)
             return None if t is None else numpy_helper.to_array(t)
 
-        passthrough = {}
+        passthrough, exits = {}, {}
         for i, node in enumerate(rule.index.nodes):
             if i in claimed or blocked_passthrough.admit(node, ew.shape_of, const_of, mk.lanes, ew.opset) is not None:
                 continue
             for form in blocked_passthrough.rewrites(node, ew.shape_of, const_of, mk.lanes, ew.opset):
                 if blocked_passthrough.check(node, form, ew.shape_of, const_of, mk.lanes, ew.opset, work.ir_version):
                     passthrough[i] = form
+                    if node.op_type in blocked_passthrough.GLOBAL_POOLS:
+                        exits[i] = blocked_passthrough.exit_form(node, form, ew.shape_of, mk.lanes, ew.opset)
                     break
-        blocked = assign_blocked_layouts(plan, rule.index, ew.shape_of, mk.lanes, mk.tile.ni, ew.opset, passthrough)
+        blocked = assign_blocked_layouts(plan, rule.index, ew.shape_of, mk.lanes, mk.tile.ni, ew.opset, passthrough,
+                                         exits)
         if not blocked:
             return []
         relayouts = [r for r in blocked if r.relayout is not None]

@@ -14,6 +14,9 @@ The padding channels of a blocked tensor are zero, and every rewrite keeps them 
 channels of a concatenation or a split stay where the next kernel expects them), which is what the condition on
 C % L protects. The rewritten node is plain ONNX, so the model stays correct without the library.
 
+A global pool can also end a chain: `exit_form` reads the blocked tensor and reorders its [N, C, 1, 1] result to
+NCHW for the ops after it (a classifier's Flatten and Gemm).
+
 `admit` says whether a node can be rewritten (None) or why not; `rewrite` gives the replacement nodes; `check`
 runs both forms of one node in onnxruntime on random data, once per distinct node, before a plan relies on them.
 """
@@ -164,6 +167,26 @@ def rewrites(node: onnx.NodeProto, shape_of, const_of, lanes: int, opset: int) -
     if node.op_type != "Resize":
         return [first]
     return [first, _resize(node, shape_of, const_of, lanes, opset, integer_form=False)]
+
+
+def exit_form(node: onnx.NodeProto, blocked_form: list[onnx.NodeProto], shape_of, lanes: int,
+              opset: int) -> list[onnx.NodeProto]:
+    """A global pool that reads a blocked tensor and gives NCHW, for readers left to onnxruntime (a classifier's
+    Flatten): the blocked form into a temporary, then the reorder of its [N, C, 1, 1] result, which is tiny."""
+    from .layout import unblock_nodes
+
+    out = node.output[0]
+    _, c, h, w = shape_of(out)
+    tmp = f"{out}__blocked_pool"
+    nodes = []
+    for m in blocked_form:
+        c_ = onnx.NodeProto()
+        c_.CopyFrom(m)
+        for i, o in enumerate(c_.output):
+            if o == out:
+                c_.output[i] = tmp
+        nodes.append(c_)
+    return nodes + unblock_nodes(tmp, out, c, h, w, lanes, opset)
 
 
 _checked: dict[str, bool] = {}

@@ -59,18 +59,22 @@ def blocked_inputs(region: Region) -> set[str]:
 
 def blocked_outputs(region: Region) -> set[str]:
     if region.relayout is not None:
-        return set(region.outputs)
+        return set() if region.kind == "relayout-exit" else set(region.outputs)
     c = region.compute
     return set(region.outputs) if c is not None and c.attrs.get("out_blocked") else set()
 
 
 # ---- the decision ----
 def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, ni: int, opset: int,
-                           passthrough: dict[int, list[onnx.NodeProto]] | None = None) -> list[Region]:
+                           passthrough: dict[int, list[onnx.NodeProto]] | None = None,
+                           exits: dict[int, list[onnx.NodeProto]] | None = None) -> list[Region]:
     """Convert the regions of one plan in place. `passthrough` maps the index of a node that onnxruntime can run
-    on blocked tensors (fusion/blocked_passthrough.py) to its rewritten nodes. Returns the regions that write
-    blocked outputs, with one `relayout` region per passthrough node kept blocked."""
+    on blocked tensors (fusion/blocked_passthrough.py) to its rewritten nodes; `exits` maps a node that can read a
+    blocked tensor and still give NCHW (a global pool before a classifier) to its nodes. Returns the regions that
+    write blocked outputs, with one `relayout` region per passthrough node kept blocked and one `relayout-exit`
+    region per exit node that reads a blocked tensor."""
     passthrough = passthrough or {}
+    exits = exits or {}
     owner: dict[int, Region] = {}
     node_pos = {id(n): i for i, n in enumerate(index.nodes)}
     for r in regions:
@@ -112,7 +116,7 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
         if t in index.graph_outputs or t in index.used_by_subgraphs:
             return False
         for c in index.consumers.get(t, []):
-            if c in blocked_nodes:
+            if c in blocked_nodes or (c in exits and c not in owner):
                 continue
             user = owner.get(c)
             if not is_conv(user) or user is producer:
@@ -152,6 +156,12 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
         data = [x for x in node.input if x and static(x)]
         relayouts.append(Region(kind="relayout", nodes=[node], inputs=data, outputs=[o for o in node.output if o],
                                 program=None, shape=list(shape_of(node.output[0])), relayout=passthrough[i]))
+    for i in sorted(set(exits) - blocked_nodes - set(owner)):
+        node = index.nodes[i]
+        data = [x for x in node.input if x and static(x)]
+        if data and all(made_blocked(x) for x in data):
+            relayouts.append(Region(kind="relayout-exit", nodes=[node], inputs=data, outputs=[node.output[0]],
+                                    program=None, shape=list(shape_of(node.output[0])), relayout=exits[i]))
     return [by_id[rid] for rid in blocked_regions] + relayouts
 
 

@@ -198,3 +198,21 @@ def test_blocked_chain_through_split_concat_pools_and_resize(tmp_path, batch):
     assert ops.count("MaxPool") == 2 and ops.count("Split") == 1 and ops.count("Concat") == 2
     assert res.report["fused_regions"] == len([nd for nd in res.model.graph.node if nd.domain == "onnxopt"])
     check_answers(res, model, ch.feeds)
+
+
+@needs_vectors
+def test_global_pool_ends_a_chain_for_a_classifier(tmp_path):
+    """A classifier's tail: the last convolution writes blocked, the global pool reads it blocked and gives NCHW to
+    Flatten, which onnxruntime runs."""
+    ch = Chain(8, 9, 7, batch=2)
+    a = ch.conv("x", "a", L + 4)
+    b = ch.conv(a, "b", 2 * L + 3)
+    ch.nodes.append(n("GlobalAveragePool", [b], ["gap"], name="gap"))
+    ch.nodes.append(n("Flatten", ["gap"], ["flat"], name="flat", axis=1))
+    model = ch.model(["flat"])
+    res = optimize_blocked(model, tmp_path)
+    assert res.report["blocked_passthrough"] == ["gap"]
+    producer = {o: nd for nd in res.model.graph.node for o in nd.output}
+    assert producer["b"].domain == "onnxopt"
+    assert producer["flat"].op_type == "Flatten" and producer["gap"].op_type != "GlobalAveragePool"
+    check_answers(res, model, ch.feeds)
