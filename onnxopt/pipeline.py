@@ -42,6 +42,7 @@ from onnxopt.tune import search_tile
 from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare, load_check_inputs, make_inputs, random_array
 
 # Whole-graph plans, timed against each other (see _Optimizer._run).
+WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this much faster than --min-speedup asks
 PLANS = ("compute", "compute-dense", "compute-blocked", "pool", "elementwise")
 FUSION_KINDS = ("elementwise", "compute", "pool")
 
@@ -694,8 +695,11 @@ class _Optimizer:
                 decisions["dropped"].append({"op_type": kind, "gain": t_cur / t_trial})
                 current, s_cur = trial, s_trial
         if current:
-            t_orig, t_cur = compare(s_orig, s_cur)
-            if t_cur >= t_orig * self.opts.min_speedup ** -1:
+            # The last word, timed longer, with a margin: two sessions of the same model differ by 1-3% run to run
+            # on a shared machine, and a model that only measured faster by that much is not known to be faster.
+            ta, tb = time_interleaved([s_orig, s_cur], feeds, min_time=1.5, max_blocks=60, min_blocks=10)
+            t_orig, t_cur = ta["median"], tb["median"]
+            if t_orig / t_cur < self.opts.min_speedup * WHOLE_MODEL_MARGIN:
                 for r in current:
                     self._reject(r, f"the fused model is not faster than the original ({t_orig / t_cur:.2f}x)")
                 self.report["regions"] = []
