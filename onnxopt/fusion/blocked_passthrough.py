@@ -200,7 +200,7 @@ def check(node: onnx.NodeProto, new: list[onnx.NodeProto], shape_of, const_of, l
 
     ins = [x for x in node.input if x and shape_of(x) is not None and len(shape_of(x)) == 4]
     outs = [o for o in node.output if o]
-    key = repr(([m.op_type for m in new], node.op_type, [(a.name, helper.get_attribute_value(a)) for a in node.attribute],
+    key = repr(([m.op_type for m in new], ir_version, node.op_type, [(a.name, helper.get_attribute_value(a)) for a in node.attribute],
                 [shape_of(x)[1:] for x in ins], [shape_of(o)[1:] for o in outs], lanes, opset,
                 [str(const_of(x)) for x in node.input if x and x not in ins]))
     if key in _checked:
@@ -215,7 +215,8 @@ def check(node: onnx.NodeProto, new: list[onnx.NodeProto], shape_of, const_of, l
                               [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o, _ in out_shapes],
                               initializer=consts)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-        m.ir_version = min(ir_version, m.ir_version) if ir_version >= 3 else m.ir_version
+        # The model's IR version, but at least 4: IR 3 wanted every initializer listed as a graph input.
+        m.ir_version = min(max(ir_version, 4), m.ir_version)
         so = ort.SessionOptions()
         so.log_severity_level = 3
         return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -33,11 +33,11 @@ def one_node(node, in_shapes, opset, consts=()):
         lambda t: np.asarray(values[t]) if t in values else None)
 
 
-def forms_that_pass(node, in_shapes, opset, consts=()):
+def forms_that_pass(node, in_shapes, opset, consts=(), ir_version=8):
     m, shape_of, const_of = one_node(node, in_shapes, opset, consts)
     assert bp.admit(node, shape_of, const_of, LANES, opset) is None
     return [[x.op_type for x in form] for form in bp.rewrites(node, shape_of, const_of, LANES, opset)
-            if bp.check(node, form, shape_of, const_of, LANES, opset, 8)]
+            if bp.check(node, form, shape_of, const_of, LANES, opset, ir_version)]
 
 
 L = 16  # shapes below are written for 16 lanes; on 8 lanes they are multiples too
@@ -94,6 +94,15 @@ def test_nearest_resize(mode, nearest):
     # A scale that is not an integer goes through the 4-D Resize.
     forms = forms_that_pass(node, [("x", [1, L, 6, 6])], 13, [("scales", np.array([1, 1, 1.5, 2.5], np.float32))])
     assert forms and "Resize" in forms[0]
+
+
+def test_check_runs_for_ir3_models():
+    """The model zoo's `light` graphs are IR 3 (initializers listed as inputs): the check still runs."""
+    node = n("Resize", ["x", "scales"], ["y"], mode="nearest")  # opset 10: no roi, no coordinate modes
+    consts = [("scales", np.array([1, 1, 2, 2], np.float32))]
+    assert len(forms_that_pass(node, [("x", [1, L, 3, 4])], 10, consts, ir_version=3)) == 2
+    assert forms_that_pass(n("MaxPool", ["x"], ["y"], kernel_shape=[3, 3]), [("x", [1, L, 5, 5])], 8,
+                           ir_version=3) == [["MaxPool"]]
 
 
 def test_admit_reasons():
