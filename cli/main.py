@@ -40,7 +40,8 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    "(elementwise, compute, pool)")
     p.add_argument("--threads", type=int, help="intra-op threads for measuring (default: all cores)")
     p.add_argument("--min-speedup", type=float, default=1.0,
-                   help="emit a kernel only if it is at least this much faster than onnxruntime on its region")
+                   help="emit a kernel only if it is at least this much faster than onnxruntime on its region; the "
+                   "whole fused model must be 2%% faster than this too")
     p.add_argument("--plan", help="build only this whole-graph plan instead of timing them all: compute, "
                    "compute-dense, compute-blocked (tensors between fused convolutions in the blocked layout), pool or "
                    "elementwise")

@@ -166,7 +166,8 @@ def rewrites(node: onnx.NodeProto, shape_of, const_of, lanes: int, opset: int) -
     first = rewrite(node, shape_of, const_of, lanes, opset)
     if node.op_type != "Resize":
         return [first]
-    return [first, _resize(node, shape_of, const_of, lanes, opset, integer_form=False)]
+    general = _resize(node, shape_of, const_of, lanes, opset, integer_form=False)
+    return [first] if [m.op_type for m in general] == [m.op_type for m in first] else [first, general]
 
 
 def exit_form(node: onnx.NodeProto, blocked_form: list[onnx.NodeProto], shape_of, lanes: int,
