@@ -325,6 +325,35 @@ typedef struct {
   int64_t K;                     /* the rows up to the phase's last real tap */
 } cb_phase;
 
+/* A padded convolution need not copy its whole input into a zero-padded buffer (for an early layer that copy costs
+ * as much as a sixth of the convolution): the tiles whose taps stay inside the input read it in place, and only a
+ * tile whose window crosses the border copies that window, zero-padded, into a small buffer on its task's stack and
+ * reads it there. The window holds, per plane and kernel row, the `span` input pixels under the widest tile:
+ * [planes][kh][span][ps]; `koff` gives each tap's offset in it. ct_conv_blocked picks this or the full copy, whichever
+ * copies less (a 7x7 output has no interior tile). */
+#define CB_WINDOW_MAX_FLOATS 16384
+
+typedef struct {
+  int on;
+  const int64_t *koff;
+  int64_t planes, ps, H, W, kh, dh, sh, sw, pt, pl, span, reach_w; /* reach_w: (kw - 1) * dw */
+} cb_window;
+
+static void cb_fill_window(const cb_window *w, float *dst, const float *x_item, int64_t ih0, int64_t iw0) {
+  int64_t ps = w->ps, lo = iw0 < 0 ? -iw0 : 0, hi = w->W - iw0 < w->span ? w->W - iw0 : w->span;
+  for (int64_t p = 0; p < w->planes; p++)
+    for (int64_t r = 0; r < w->kh; r++, dst += w->span * ps) {
+      int64_t ih = ih0 + r * w->dh;
+      if (ih < 0 || ih >= w->H || hi <= lo) {
+        memset(dst, 0, (size_t)(w->span * ps) * sizeof(float));
+        continue;
+      }
+      memset(dst, 0, (size_t)(lo * ps) * sizeof(float));
+      memcpy(dst + lo * ps, x_item + ((p * w->H + ih) * w->W + iw0 + lo) * ps, (size_t)((hi - lo) * ps) * sizeof(float));
+      memset(dst + hi * ps, 0, (size_t)((w->span - hi) * ps) * sizeof(float));
+    }
+}
+
 typedef struct {
   const onnxopt_ct_desc *d;
   int64_t N, OC, OCB, groups_of_vectors, OH, OW, K, K_all; /* K: rows per phase block; K_all: per group */
@@ -333,6 +362,7 @@ typedef struct {
   cb_phase phase[CB_MAX_PHASES];
   int64_t rows; /* per item, all phases */
   int64_t rtasks, gtasks;
+  cb_window win;
   const float *in, *w;
   float *out[CT_MAX_OUT];
   const float *extra[CT_MAX_EXTRA];
@@ -347,6 +377,8 @@ static void cb_run_task(const cb_job *job, int64_t task) {
   int64_t r0 = rt * all_rows / job->rtasks, r1 = (rt + 1) * all_rows / job->rtasks;
   int64_t g0 = gt * job->groups_of_vectors / job->gtasks, g1 = (gt + 1) * job->groups_of_vectors / job->gtasks;
   int64_t plane_out = job->OH * job->OW * L, item_out = job->OCB * plane_out;
+  const cb_window *w = &job->win;
+  float window[w->on ? CB_WINDOW_MAX_FLOATS : 1] __attribute__((aligned(64)));
   ct_tile t;
   memset(&t, 0, sizeof(t));
   for (int64_t g = g0; g < g1; g++) {
@@ -383,6 +415,17 @@ static void cb_run_task(const cb_job *job, int64_t task) {
       for (int64_t ti = 0; ti < tiles; ti++) {
         int64_t p0 = ti * len / tiles, mi = (ti + 1) * len / tiles - p0;
         t.a = in_r + p0 * ph->a_ms;
+        if (w->on) { /* a convolution: rows are output rows, pixels output columns */
+          int64_t ih0 = r * w->sh - w->pt, iw0 = p0 * w->sw - w->pl;
+          const float *x_item = job->in + n * job->item_in;
+          t.koff = ph->aoff;
+          t.a = x_item + (ih0 * w->W + iw0) * w->ps;
+          if (ih0 < 0 || ih0 + (w->kh - 1) * w->dh >= w->H || iw0 < 0 || iw0 + (mi - 1) * w->sw + w->reach_w >= w->W) {
+            cb_fill_window(w, window, x_item, ih0, iw0);
+            t.koff = w->koff;
+            t.a = window;
+          }
+        }
         for (int j = 0; j < nv; j++) t.coff[j] = (vb + j) * plane_out + out_r + p0 * ph->ldc;
         d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)&t);
       }
@@ -489,6 +532,35 @@ static OrtStatus *ct_transposed_geometry(const onnxopt_ct_desc *d, int64_t H, in
   return NULL;
 }
 
+/* Whether the convolution's padded taps are better served by border windows than by a padded copy of the input:
+   fills `w` (but its table) and says yes when the border tiles copy fewer floats than the full copy would.
+   ONNXOPT_CONV_BORDER=window or =copy in the environment forces one way (tests run both on every shape; A/B timing). */
+static int cb_window_pays(const onnxopt_ct_desc *d, cb_window *w, int64_t N, int64_t planes, int64_t ps, int64_t H,
+                          int64_t W, int64_t OH, int64_t OW, int64_t Hp, int64_t Wp, int64_t pt, int64_t pl,
+                          int64_t groups) {
+  int64_t MI = d->mi;
+  w->planes = planes, w->ps = ps, w->H = H, w->W = W, w->kh = d->kh, w->dh = d->dh, w->sh = d->sh, w->sw = d->sw;
+  w->pt = pt, w->pl = pl, w->reach_w = (d->kw - 1) * d->dw;
+  w->span = (MI - 1) * d->sw + w->reach_w + 1;
+  int64_t floats = planes * d->kh * w->span * ps;
+  if (floats > CB_WINDOW_MAX_FLOATS || OW == 0) return 0;
+  const char *force = getenv("ONNXOPT_CONV_BORDER");
+  if (force && !strcmp(force, "window")) return 1;
+  if (force && !strcmp(force, "copy")) return 0;
+  /* Tiles per row as cb_run_task splits them; those that cross the left or right border. */
+  int64_t tiles = (OW + MI - 1) / MI, edge_tiles = 0, edge_rows = 0;
+  for (int64_t ti = 0; ti < tiles; ti++) {
+    int64_t p0 = ti * OW / tiles, mi = (ti + 1) * OW / tiles - p0, iw0 = p0 * d->sw - pl;
+    edge_tiles += iw0 < 0 || iw0 + (mi - 1) * d->sw + w->reach_w >= W;
+  }
+  for (int64_t oh = 0; oh < OH; oh++) {
+    int64_t ih0 = oh * d->sh - pt;
+    edge_rows += ih0 < 0 || ih0 + (d->kh - 1) * d->dh >= H;
+  }
+  double window_copy = (double)N * groups * (edge_rows * tiles + (OH - edge_rows) * edge_tiles) * floats;
+  return window_copy < (double)N * planes * Hp * Wp * ps;
+}
+
 static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv,
                                   const int64_t *xd, const OrtValue *wv) {
   if (d->groups != 1)
@@ -566,15 +638,21 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   const float *x;
   CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
   CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.w));
+  job.win.on = !d->transposed && padded &&
+               cb_window_pays(d, &job.win, N, planes, ps, H, W, OH, OW, Hp, Wp, pt, pl, job.groups_of_vectors);
+  if (job.win.on) { /* the tables address the input itself */
+    Hp = H;
+    Wp = W;
+  }
   job.item_in = planes * Hp * Wp * ps;
   float *buf = NULL;
-  int64_t *aoff = (int64_t *)malloc((size_t)(job.K_all > 0 ? job.K_all : 1) * sizeof(int64_t));
+  int64_t *aoff = (int64_t *)malloc((size_t)(job.K_all + (job.win.on ? job.K : 0) + 1) * sizeof(int64_t));
   OrtStatus *st = NULL;
   if (!aoff) {
     free(scratch);
     return fail(ORT_FAIL, "onnxopt: out of memory");
   }
-  if (!padded) {
+  if (!padded || job.win.on) {
     job.in = x;
   } else {
     int64_t total = N * job.item_in;
@@ -641,6 +719,15 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
       p->aoff = tab;
       job.rows += p->rows;
     }
+  if (job.win.on) {
+    int64_t *tab = aoff + job.K_all, span = job.win.span;
+    for (int64_t ic = 0; ic < C; ic++)
+      for (int64_t r = 0; r < th; r++)
+        for (int64_t c = 0; c < tw; c++)
+          tab[(ic * th + r) * tw + c] = d->in_blocked ? (((ic / L) * th + r) * span + c * d->dw) * L + ic % L
+                                                      : (ic * th + r) * span + c * d->dw;
+    job.win.koff = tab;
+  }
   double flops = 2.0 * (double)N * (double)OH * OW * (double)d->oc * (double)job.K_all / job.n_phases;
   int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
   if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;

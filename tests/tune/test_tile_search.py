@@ -205,7 +205,8 @@ def test_a_cached_non_default_tile_goes_through_the_pipeline(kind, tmp_path):
     c = CostCache(path)
     c.put_tile(r.op_type, shapes, 1, space, forced, [{"tile": t} for t in space])
     c.close()
-    res = onnxopt_optimize(m, cost_cache=str(path), threads=1, min_speedup=1e-6)
+    # The compute plan, named: whether it or the elementwise plan wins a model this small is a matter of timing noise.
+    res = onnxopt_optimize(m, cost_cache=str(path), threads=1, min_speedup=1e-6, plan="compute")
     rep = res.report
     assert rep["cost_cache"]["tile_hits"] == 1 and rep["tile_search"]["changed"] == 1
     if kind == "channels":
