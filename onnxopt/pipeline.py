@@ -699,6 +699,7 @@ class _Optimizer:
             # on a shared machine, and a model that only measured faster by that much is not known to be faster.
             ta, tb = time_interleaved([s_orig, s_cur], feeds, min_time=1.5, max_blocks=60, min_blocks=10)
             t_orig, t_cur = ta["median"], tb["median"]
+            decisions["final_candidate_s"] = t_cur  # what the plan measured, emitted or not
             if t_orig / t_cur < self.opts.min_speedup * WHOLE_MODEL_MARGIN:
                 for r in current:
                     self._reject(r, f"the fused model is not faster than the original ({t_orig / t_cur:.2f}x)")

@@ -332,6 +332,7 @@ typedef struct {
  * [planes][kh][span][ps]; `koff` gives each tap's offset in it. ct_conv_blocked picks this or the full copy, whichever
  * copies less (a 7x7 output has no interior tile). */
 #define CB_WINDOW_MAX_FLOATS 16384
+#define CB_WINDOW_COPY_WEIGHT 4.0
 
 typedef struct {
   int on;
@@ -533,7 +534,8 @@ static OrtStatus *ct_transposed_geometry(const onnxopt_ct_desc *d, int64_t H, in
 }
 
 /* Whether the convolution's padded taps are better served by border windows than by a padded copy of the input:
-   fills `w` (but its table) and says yes when the border tiles copy fewer floats than the full copy would.
+   fills `w` (but its table) and says yes when the border tiles copy fewer floats than CB_WINDOW_COPY_WEIGHT times
+   what the full copy would.
    ONNXOPT_CONV_BORDER=window or =copy in the environment forces one way (tests run both on every shape; A/B timing). */
 static int cb_window_pays(const onnxopt_ct_desc *d, cb_window *w, int64_t N, int64_t planes, int64_t ps, int64_t H,
                           int64_t W, int64_t OH, int64_t OW, int64_t Hp, int64_t Wp, int64_t pt, int64_t pl,
@@ -557,8 +559,12 @@ static int cb_window_pays(const onnxopt_ct_desc *d, cb_window *w, int64_t N, int
     int64_t ih0 = oh * d->sh - pt;
     edge_rows += ih0 < 0 || ih0 + (d->kh - 1) * d->dh >= H;
   }
+  /* A window is copied within L1/L2 right before its tile reads it; the full copy goes through memory, in its own
+     pass over the threads, into a buffer malloc'd per call. Measured (benchmarks/conv_border.py), windows win up to
+     about 4x the floats: 64 channels at 20x20 copy 2.2x the floats and ran 1.14x faster, 32 at 40x40 1.23x and
+     1.07x; 256 at 14x14 (11x) ran 0.97x. */
   double window_copy = (double)N * groups * (edge_rows * tiles + (OH - edge_rows) * edge_tiles) * floats;
-  return window_copy < (double)N * planes * Hp * Wp * ps;
+  return window_copy < CB_WINDOW_COPY_WEIGHT * (double)N * planes * Hp * Wp * ps;
 }
 
 static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv,
