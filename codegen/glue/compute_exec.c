@@ -329,8 +329,9 @@ typedef struct {
  * as much as a sixth of the convolution): the tiles whose taps stay inside the input read it in place, and only a
  * tile whose window crosses the border copies that window, zero-padded, into a small buffer on its task's stack and
  * reads it there. The window holds, per plane and kernel row, the `span` input pixels under the widest tile:
- * [planes][kh][span][ps]; `koff` gives each tap's offset in it. ct_conv_blocked picks this or the full copy, whichever
- * copies less (a 7x7 output has no interior tile). */
+ * [planes][kh][span][ps]; `koff` gives each tap's offset in it. ct_conv_blocked picks this or the full copy per call
+ * (cb_window_pays: a 7x7 output has no interior tile). The window lives on the stack of the thread running the task,
+ * CB_WINDOW_MAX_FLOATS at most (64 KB); a larger window means the full copy. */
 #define CB_WINDOW_MAX_FLOATS 16384
 #define CB_WINDOW_COPY_WEIGHT 4.0
 
@@ -419,12 +420,13 @@ static void cb_run_task(const cb_job *job, int64_t task) {
         if (w->on) { /* a convolution: rows are output rows, pixels output columns */
           int64_t ih0 = r * w->sh - w->pt, iw0 = p0 * w->sw - w->pl;
           const float *x_item = job->in + n * job->item_in;
-          t.koff = ph->aoff;
-          t.a = x_item + (ih0 * w->W + iw0) * w->ps;
           if (ih0 < 0 || ih0 + (w->kh - 1) * w->dh >= w->H || iw0 < 0 || iw0 + (mi - 1) * w->sw + w->reach_w >= w->W) {
             cb_fill_window(w, window, x_item, ih0, iw0);
             t.koff = w->koff;
             t.a = window;
+          } else {
+            t.koff = ph->aoff;
+            t.a = x_item + (ih0 * w->W + iw0) * w->ps;
           }
         }
         for (int j = 0; j < nv; j++) t.coff[j] = (vb + j) * plane_out + out_r + p0 * ph->ldc;
@@ -561,8 +563,8 @@ static int cb_window_pays(const onnxopt_ct_desc *d, cb_window *w, int64_t N, int
   }
   /* A window is copied within L1/L2 right before its tile reads it; the full copy goes through memory, in its own
      pass over the threads, into a buffer malloc'd per call. Measured (benchmarks/conv_border.py), windows win up to
-     about 4x the floats: 64 channels at 20x20 copy 2.2x the floats and ran 1.14x faster, 32 at 40x40 1.23x and
-     1.07x; 256 at 14x14 (11x) ran 0.97x. */
+     about 4x the floats: 64 channels at 20x20 copy 2.2x the floats and ran 1.02-1.14x faster, 32 at 40x40 1.23x
+     and 1.06-1.07x; 256 at 14x14 (11x) ran 0.95-0.97x. */
   double window_copy = (double)N * groups * (edge_rows * tiles + (OH - edge_rows) * edge_tiles) * floats;
   return window_copy < CB_WINDOW_COPY_WEIGHT * (double)N * planes * Hp * Wp * ps;
 }

@@ -173,6 +173,19 @@ def test_assignment_chain_ends_and_graph_outputs():
     assert blocked_outputs(regions["c"]) == set() and blocked_inputs(regions["c"]) == {"b"}
 
 
+@needs_vectors
+def test_chain_exit_computes_on_channel_vectors_when_it_has_a_vector_of_channels():
+    """A chain's last convolution (blocked in, NCHW out) runs the channel-vector kernel into a blocked buffer when it
+    has at least L output channels; with fewer, the NCHW kernel, whose vectors run along the image row."""
+    for oc, vectors in ((LANES + 3, 1), (LANES - 5, 0)):
+        ch = Chain(8, 10, 10)
+        a = ch.conv("x", "a", 32)
+        ch.conv(a, "b", oc)
+        regions, _ = regions_of(ch.model(["b"]))
+        attrs = regions["b"].compute.attrs
+        assert (attrs["in_blocked"], attrs["out_blocked"], attrs["channel_vectors"]) == (1, 0, vectors)
+
+
 def test_assignment_stops_at_ops_left_to_onnxruntime():
     ch = Chain(8, 10, 10)
     a = ch.conv("x", "a", 16)
