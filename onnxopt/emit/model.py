@@ -113,8 +113,10 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
                 new_nodes.append(c)
         elif id(r) not in emitted:
             emitted.add(id(r))
+            # Named after the first original node it replaces, so profiles of the fused model read like the original's.
+            first = r.nodes[0].name if r.nodes and r.nodes[0].name else r.op_type
             new_nodes.append(helper.make_node(r.op_type, list(r.inputs), list(r.outputs),
-                                              name=f"{r.op_type}__{len(emitted)}", domain=DOMAIN))
+                                              name=f"{first}__onnxopt{len(emitted)}", domain=DOMAIN))
     del g.node[:]
     g.node.extend(stable_toposort(new_nodes))
     # Tensors that fused convolutions pass in the blocked layout no longer have the shapes the model declared.
