@@ -42,6 +42,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated shape names")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    unknown = [s for s in a.set.split(",") if s not in SETS]
+    if unknown:
+        p.error(f"unknown --set {', '.join(unknown)}; choose from {', '.join(SETS)}")
     machine = load_machine()
     # The machine model's peak is for all cores; scale it to the threads used.
     peak = machine.peak_flops["float32"] * min(a.threads, machine.cores) / machine.cores
