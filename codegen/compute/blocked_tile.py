@@ -15,6 +15,11 @@ The record is the same `ct_tile` as tile.py, with these meanings:
 - COFF[j]: the output offset of vector j of the tile's first pixel; LDC: the stride between pixels (L);
 - LANES[j]: the real channels of vector j (the rest are written as zeros, which the next blocked kernel relies on).
 
+A depthwise convolution's tile (microkernel/depthwise.py) is one channel vector (nv = 1) of up to
+`depthwise_mi` pixels: A is the input vector of the same channels, B the filters [taps][L], KOFF as above, and it
+reads the input in place whatever the padding: a border tile's variant takes the range of input positions that
+exist, LO <= p < HI (the A_KS and M0 slots, unused by the other tiles), and reads the rest as zeros.
+
 Epilogue inputs: CHANNEL (bias, BatchNorm, SE scale) are vectors at base + VOFF[j]; POSITION (a residual) must be
 a blocked tensor of the output's shape, read like the output; SCALAR is broadcast.
 """
@@ -25,13 +30,22 @@ from llvmlite import ir
 
 from onnxopt.codegen.elementwise.lower import emit_body
 
+from ..microkernel.depthwise import emit_depthwise
 from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask
 from ..vmath.irutil import broadcast, masked_load
-from .tile import (CHANNEL, POSITION, SCALAR, SLOT_A, SLOT_A_MS, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K, SLOT_KOFF,
-                   SLOT_LANES, SLOT_LDC, SLOT_OUT, SLOT_VOFF, TileSpec, _slot, define_tile_functions)
+from ..vmath.isa import set_features
+from .tile import (CHANNEL, POSITION, SCALAR, SLOT_A, SLOT_A_KS, SLOT_A_MS, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K,
+                   SLOT_KOFF, SLOT_LANES, SLOT_M0, SLOT_LDC, SLOT_OUT, SLOT_VOFF, TileSpec, _slot, define_tile_functions)
 
 
-def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, nv: int) -> ir.Function:
+SLOT_LO, SLOT_HI = SLOT_A_KS, SLOT_M0  # a depthwise border tile's input positions (see above)
+
+
+def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, nv: int,
+                                 depthwise: tuple[int, int, int, bool] | None = None) -> ir.Function:
+    """`depthwise` = (kw, sw, dw, bounded): the kernel-row loop of microkernel/depthwise.py (one channel vector,
+    nv = 1) instead of the outer product, with the input positions bounded by the LO and HI slots when `bounded`;
+    the epilogue is the same."""
     lanes = spec.tile.lanes
     vty = ir.VectorType(F32, lanes)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
@@ -51,8 +65,14 @@ def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, m
     outs = [_slot(b, t, SLOT_OUT + k, PTR) for k in range(len(prog.outputs))]
     extras = [_slot(b, t, SLOT_EXTRA + e, PTR) for e in range(len(prog.inputs) - 1)]
 
-    acc = emit_outer_product(b, spec.tile, mi, nv, a, a_ms, None, bp, koff, k_count, voff, masks,
-                             a_by_table=True, b_ks=spec.tile.ni * lanes)
+    if depthwise:
+        kw, sw, dw, bounded = depthwise
+        bounds = (_slot(b, t, SLOT_LO, I64), _slot(b, t, SLOT_HI, I64)) if bounded else None
+        acc = [[v] for v in emit_depthwise(b, lanes, mi, kw, sw, dw, a, bp, koff,
+                                           b.sdiv(k_count, ir.Constant(I64, kw)), bounds)]
+    else:
+        acc = emit_outer_product(b, spec.tile, mi, nv, a, a_ms, None, bp, koff, k_count, voff, masks,
+                                 a_by_table=True, b_ks=spec.tile.ni * lanes)
 
     zero = ir.Constant(vty, [0.0] * lanes)
     # Per-channel inputs are the same for every pixel of the tile: loaded once per vector.
@@ -89,3 +109,19 @@ def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, m
 def define_blocked_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, features) -> list[list[str]]:
     """All (mi, nv) variants; returns their names as [mi - 1][nv - 1]."""
     return define_tile_functions(module, prefix, spec, features, define=define_blocked_tile_function, tag="b")
+
+
+def define_depthwise_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, features, mi: int, kw: int,
+                                    sw: int, dw: int) -> list[list[str]]:
+    """The depthwise tiles of 1..mi pixels (one channel vector each), inside the image and at its border; returns
+    their names as [mi - 1][border]. The glue runs them with the register tile (mi, 1)."""
+    set_features(module, features)
+    names = []
+    for m in range(1, mi + 1):
+        row = []
+        for bounded in (False, True):
+            name = f"{prefix}_d{m}" + ("b" if bounded else "")
+            define_blocked_tile_function(module, name, spec, m, 1, depthwise=(kw, sw, dw, bounded))
+            row.append(name)
+        names.append(row)
+    return names

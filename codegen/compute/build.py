@@ -7,16 +7,18 @@ from onnxopt.fusion.region import Region
 from ..compile import compile_object, new_module
 from ..elementwise.types import ONNX_ENUM
 from ..glue.library import CtKernelDesc
+from ..microkernel.depthwise import depthwise_mi
 from ..microkernel.registry import select
 from ..target import Target
-from .blocked_tile import define_blocked_tile_functions
+from .blocked_tile import define_blocked_tile_functions, define_depthwise_tile_functions
 from .tile import TileSpec, define_tile_functions
 
 
 def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, str]:
     """Returns (object code, glue description, LLVM IR text)."""
     c = region.compute
-    tile = select(target).tile
+    kernel = select(target)
+    tile = kernel.tile
     if getattr(c, "tile", None) is not None:  # chosen by the tile search (onnxopt/tune); weights packed for it
         if c.tile.lanes != tile.lanes:
             raise ValueError(f"register tile {c.tile} is for {c.tile.lanes} lanes, the target has {tile.lanes}")
@@ -28,8 +30,14 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
     module = new_module(target, region.op_type)
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
     channel_vectors = c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")
-    define = define_blocked_tile_functions if channel_vectors else define_tile_functions
-    tiles = define(module, region.op_type, spec, target.features)
+    mi, ni = tile.mi, tile.ni
+    if channel_vectors and c.attrs.get("groups", 1) > 1:  # depthwise: one channel vector times its filters
+        kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
+        mi, ni = depthwise_mi(kernel.registers, kw, int(kernel.masks_in_vector_registers)), 1
+        tiles = define_depthwise_tile_functions(module, region.op_type, spec, target.features, mi, kw, sw, dw)
+    else:
+        define = define_blocked_tile_functions if channel_vectors else define_tile_functions
+        tiles = define(module, region.op_type, spec, target.features)
     ir_text = str(module)
     obj = compile_object(ir_text, target)
     a = c.attrs
@@ -37,7 +45,7 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
         op_type=region.op_type, kind=c.op,
         in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
         out_types=[ONNX_ENUM["float32"]] * len(region.outputs),
-        mi=tile.mi, ni=tile.ni, lanes=tile.lanes, tiles=tiles,
+        mi=mi, ni=ni, lanes=tile.lanes, tiles=tiles,
         extra_kinds=list(c.extra_kinds), extra_nstride=list(c.extra_nstride),
         trans_a=int(a.get("trans_a", 0)),
     )

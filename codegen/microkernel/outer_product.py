@@ -51,9 +51,40 @@ def emit_outer_product(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_
     taps' offsets and the vectors are output channels of the packed weights."""
     lanes = tile.lanes
     vty = ir.VectorType(F32, lanes)
-    zero = ir.Constant(vty, [0.0] * lanes)
-    a_ms, k_count = as_i64(a_ms), as_i64(k_count)
+    a_ms = as_i64(a_ms)
     a_ks = None if a_by_table else as_i64(a_ks)
+
+    def step(k, acc):
+        table = b.load(b.gep(koff_ptr, [k], source_etype=I64), typ=I64)
+        if a_by_table:
+            b_row = b.gep(b_ptr, [b.mul(k, as_i64(b_ks))], source_etype=F32)
+            a_k = b.gep(a_ptr, [table], source_etype=F32)
+            # Packed weights are zero-padded to whole vectors: full loads, no masks.
+            bvec = [b.load(b.gep(b_row, [voff[j]], source_etype=F32), typ=vty, align=4) for j in range(nv)]
+        else:
+            b_row = b.gep(b_ptr, [table], source_etype=F32)
+            a_k = b.gep(a_ptr, [b.mul(k, a_ks)], source_etype=F32)
+            bvec = [masked_load(b, b.gep(b_row, [voff[j]], source_etype=F32), vty, masks[j], 4) for j in range(nv)]
+        new_acc = [[None] * nv for _ in range(mi)]
+        for g in range(0, mi, tile.mii):
+            rows = range(g, min(g + tile.mii, mi))
+            avals = {i: broadcast(b, b.load(b.gep(a_k, [b.mul(ir.Constant(I64, i), a_ms)], source_etype=F32),
+                                            typ=F32), lanes)
+                     for i in rows}
+            for i in rows:
+                for j in range(nv):
+                    new_acc[i][j] = fma(b, avals[i], bvec[j], acc[i][j])
+        return new_acc
+
+    return emit_k_loop(b, lanes, mi, nv, k_count, step)
+
+
+def emit_k_loop(b: ir.IRBuilder, lanes: int, mi: int, nv: int, k_count, step) -> list[list[ir.Value]]:
+    """The loop k in [0, k_count) around mi x nv vector accumulators, zero at the start (and when k_count is 0).
+    `step(k, acc)` emits one iteration's body and returns the new accumulators; returns them after the loop."""
+    vty = ir.VectorType(F32, lanes)
+    zero = ir.Constant(vty, [0.0] * lanes)
+    k_count = as_i64(k_count)
     fn = b.function
     pre = b.block
     loop = fn.append_basic_block("k.loop")
@@ -71,29 +102,13 @@ def emit_outer_product(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_
     b.branch(body)
 
     b.position_at_end(body)
-    table = b.load(b.gep(koff_ptr, [k], source_etype=I64), typ=I64)
-    if a_by_table:
-        b_row = b.gep(b_ptr, [b.mul(k, as_i64(b_ks))], source_etype=F32)
-        a_k = b.gep(a_ptr, [table], source_etype=F32)
-        # Packed weights are zero-padded to whole vectors: full loads, no masks.
-        bvec = [b.load(b.gep(b_row, [voff[j]], source_etype=F32), typ=vty, align=4) for j in range(nv)]
-    else:
-        b_row = b.gep(b_ptr, [table], source_etype=F32)
-        a_k = b.gep(a_ptr, [b.mul(k, a_ks)], source_etype=F32)
-        bvec = [masked_load(b, b.gep(b_row, [voff[j]], source_etype=F32), vty, masks[j], 4) for j in range(nv)]
-    new_acc = [[None] * nv for _ in range(mi)]
-    for g in range(0, mi, tile.mii):
-        rows = range(g, min(g + tile.mii, mi))
-        avals = {i: broadcast(b, b.load(b.gep(a_k, [b.mul(ir.Constant(I64, i), a_ms)], source_etype=F32), typ=F32), lanes)
-                 for i in rows}
-        for i in rows:
-            for j in range(nv):
-                new_acc[i][j] = fma(b, avals[i], bvec[j], acc_phis[i][j])
+    new_acc = step(k, acc_phis)
+    body_end = b.block
     k_next = b.add(k, ir.Constant(I64, 1))
     for i in range(mi):
         for j in range(nv):
-            acc_phis[i][j].add_incoming(new_acc[i][j], body)
-    k.add_incoming(k_next, body)
+            acc_phis[i][j].add_incoming(new_acc[i][j], body_end)
+    k.add_incoming(k_next, body_end)
     b.cbranch(b.icmp_signed("<", k_next, k_count), loop, done)
 
     b.position_at_end(done)
@@ -103,7 +118,7 @@ def emit_outer_product(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_
         for j in range(nv):
             p = b.phi(vty, name=f"r{i}_{j}")
             p.add_incoming(zero, pre)
-            p.add_incoming(new_acc[i][j], body)
+            p.add_incoming(new_acc[i][j], body_end)
             row.append(p)
         result.append(row)
     return result

@@ -65,6 +65,14 @@ def blocked_outputs(region: Region) -> set[str]:
 
 
 # ---- the decision ----
+def is_depthwise(c) -> bool:
+    """A convolution with one input and one output channel per group, which the depthwise channel-vector tiles
+    compute (codegen/microkernel/depthwise.py)."""
+    a = c.attrs
+    return (c.op == "conv" and a.get("groups", 1) > 1 and a.get("ic_g") == 1 and a.get("oc") == a["groups"]
+            and c.weights is not None)
+
+
 def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, ni: int, opset: int,
                            passthrough: dict[int, list[onnx.NodeProto]] | None = None,
                            exits: dict[int, list[onnx.NodeProto]] | None = None) -> list[Region]:
@@ -98,11 +106,12 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
                 out.add("pos" if k == POSITION else "other")
         return out or {"other"}
 
-    # The candidates: one-group convolutions and passthrough nodes. Each one that cannot write blocked tensors is
-    # dropped until none changes: a tensor stays blocked only if its producer and every consumer handle it.
+    # The candidates: one-group and depthwise convolutions, and passthrough nodes. Each one that cannot write
+    # blocked tensors is dropped until none changes: a tensor stays blocked only if its producer and every consumer
+    # handle it, and a depthwise convolution only if its input is blocked too (its tiles read channel vectors).
     blocked_regions = {id(r) for r in regions
-                       if is_conv(r) and r.compute.attrs["groups"] == 1 and static(r.inputs[0])
-                       and all(static(o) for o in r.outputs)}
+                       if is_conv(r) and (r.compute.attrs["groups"] == 1 or is_depthwise(r.compute))
+                       and static(r.inputs[0]) and all(static(o) for o in r.outputs)}
     blocked_nodes = {i for i in passthrough if i not in owner}
     by_id = {id(r): r for r in regions}
 
@@ -133,7 +142,8 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
             r = by_id[rid]
             extras = r.inputs[len(r.inputs) - len(r.compute.extra_kinds):]
             ok = all(readable(t, r) for t in r.outputs) and all(
-                made_blocked(x) for x, k in zip(extras, r.compute.extra_kinds) if k == POSITION)
+                made_blocked(x) for x, k in zip(extras, r.compute.extra_kinds) if k == POSITION) and (
+                not is_depthwise(r.compute) or made_blocked(r.inputs[0]))
             if not ok:
                 blocked_regions.discard(rid)
                 changed = True
@@ -151,8 +161,9 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
         # A chain's last convolution, blocked in and NCHW out, still computes on vectors of output channels (into a
         # blocked buffer, reordered at the end) when it has a vector's worth of them: the NCHW kernel reading a
         # blocked input copies it into planes first, and ran 2x onnxruntime's time on a 64->64 3x3 at 56x56.
-        exit_vectors = (in_blocked and not out_blocked and r.compute.attrs.get("groups") == 1
-                        and r.compute.weights is not None and r.compute.weights.shape[0] >= lanes)
+        # So does a depthwise one, whatever its channels: its NCHW kernel has one output channel per group.
+        exit_vectors = in_blocked and not out_blocked and r.compute.weights is not None and (
+            (r.compute.attrs.get("groups") == 1 and r.compute.weights.shape[0] >= lanes) or is_depthwise(r.compute))
         if in_blocked or out_blocked:
             _convert(r, in_blocked, out_blocked, shape_of, lanes, ni, opset, channel_vectors=exit_vectors)
     relayouts = []
@@ -253,7 +264,8 @@ def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni
     conv = body[conv_at]
     if out_blocked or channel_vectors:
         w = c.weights
-        packed = pack_blocked_weights(w, lanes, ni)
+        # Depthwise tiles are one channel vector wide (codegen/microkernel/depthwise.py).
+        packed = pack_blocked_weights(w, lanes, 1 if is_depthwise(c) else ni)
         old_name = r.inputs[1]
         name = f"{old_name}_blocked"
         c.initializers = [t for t in c.initializers if t.name != old_name] + [numpy_helper.from_array(packed, name)]

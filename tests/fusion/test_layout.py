@@ -30,8 +30,9 @@ LANES, NI = MK.lanes, MK.tile.ni
 needs_vectors = pytest.mark.skipif(LANES < 8, reason="blocked layouts need AVX2 or AVX-512")
 
 
-def conv_node(x, out, w, b, k=3, s=1, p=1, d=1, group=1, pads=None):
-    return n("Conv", [x, w, b], [out], name=out, kernel_shape=[k, k], strides=[s, s], dilations=[d, d],
+def conv_node(x, out, w, b, k=3, s=1, p=1, d=1, group=1, pads=None, kw=None):
+    kw = k if kw is None else kw
+    return n("Conv", [x, w, b], [out], name=out, kernel_shape=[k, kw], strides=[s, s], dilations=[d, d],
              pads=pads or [p, p, p, p], group=group)
 
 
@@ -45,13 +46,15 @@ class Chain:
         self.inputs = [vi("x", F32, [batch, c_in, h, w])]
         self.feeds = {"x": self.rng.standard_normal((batch, c_in, h, w)).astype(np.float32)}
 
-    def conv(self, x, out, oc, k=3, s=1, p=1, d=1, group=1, pads=None, act="Relu"):
+    def conv(self, x, out, oc, k=3, s=1, p=1, d=1, group=1, pads=None, act="Relu", kw=None):
+        """A k x kw kernel (kw defaults to k)."""
         icg = self.c[x] // group
-        w = (self.rng.standard_normal((oc, icg, k, k)) / np.sqrt(icg * k * k)).astype(np.float32)
+        kw = k if kw is None else kw
+        w = (self.rng.standard_normal((oc, icg, k, kw)) / np.sqrt(icg * k * kw)).astype(np.float32)
         b = self.rng.standard_normal(oc).astype(np.float32) * 0.1
         self.inits += [numpy_helper.from_array(w, f"{out}_w"), numpy_helper.from_array(b, f"{out}_b")]
         head = out if act is None else f"{out}_pre"
-        self.nodes.append(conv_node(x, head, f"{out}_w", f"{out}_b", k, s, p, d, group, pads))
+        self.nodes.append(conv_node(x, head, f"{out}_w", f"{out}_b", k, s, p, d, group, pads, kw))
         if act:
             self.nodes.append(n(act, [head], [out], name=f"{out}_act"))
         self.c[out] = oc
@@ -254,7 +257,7 @@ def test_blocked_tensor_passes_between_fused_convolutions_without_reorder(tmp_pa
 @needs_vectors
 def test_residual_blocks_and_depthwise_reader(tmp_path):
     """ResNet-style blocks (residual add in the epilogue, a strided projection), then a depthwise convolution that
-    reads the blocked tensor through its NCHW path; batch 8."""
+    reads the blocked tensor and ends the chain (its channel-vector tiles, reordered to NCHW at the end); batch 8."""
     ch = Chain(16, 12, 12, batch=8, seed=3)
     a = ch.conv("x", "a", 32)
     b = ch.conv(a, "b", 32)

@@ -1,0 +1,140 @@
+"""Depthwise convolutions inside blocked chains (codegen/microkernel/depthwise.py, compute_exec.c's
+cb_run_depthwise_task): one channel vector per tile, each input vector loaded once per kernel row and shared by the
+taps that read it, the input read in place whatever the padding (kernel rows outside the image left out, columns
+outside it read as zeros by the border tiles' masked loads)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from onnxopt.codegen.compile import compile_assembly, new_module
+from onnxopt.codegen.compute.blocked_tile import define_depthwise_tile_functions
+from onnxopt.codegen.compute.tile import TileSpec
+from onnxopt.codegen.microkernel.depthwise import DEPTHWISE_MI_MAX, depthwise_mi
+from onnxopt.codegen.microkernel.registry import select
+from onnxopt.codegen.target import parse_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fusion"))
+from test_layout import Chain, check_answers, fused_nodes, needs_vectors, optimize_blocked  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_microkernel import _identity_program, _instructions, _loops  # noqa: E402
+
+
+@st.composite
+def depthwise_convs(draw):
+    """Kernel rows and columns apart (1x1 to 7x7, 3x5 ...), dilation, stride, pads up to the kernel's reach and an
+    image at least one window large after padding; widths past two 14-pixel tiles, so that rows have border tiles
+    on both sides and interior ones between."""
+    kh, kw = draw(st.sampled_from([1, 2, 3, 5, 7])), draw(st.sampled_from([1, 3, 5, 7]))
+    d, s = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    reach_h, reach_w = (kh - 1) * d + 1, (kw - 1) * d + 1
+    pads = [draw(st.integers(0, min(3, r - 1))) for r in (reach_h, reach_w, reach_h, reach_w)]
+    h = draw(st.integers(max(1, reach_h - pads[0] - pads[2]), 12))
+    w = draw(st.integers(max(1, reach_w - pads[1] - pads[3]), 40))
+    return kh, kw, d, s, pads, h, w
+
+
+@needs_vectors
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(c=st.integers(1, 40), conv=depthwise_convs(), batch=st.sampled_from([1, 2]), act=st.sampled_from(
+    ["Relu", "Sigmoid", None]))
+def test_depthwise_in_a_blocked_chain_matches_onnxruntime(tmp_path_factory, c, conv, batch, act):
+    """1x1 (writes blocked) -> depthwise (blocked in and out) -> 1x1 (ends the chain): channel counts that are not
+    a multiple of the lanes, every border case of the padding, checked with and without the library."""
+    kh, kw, d, s, pads, h, w = conv
+    ch = Chain(3, h, w, batch=batch, seed=c + 11 * kh + kw)
+    a = ch.conv("x", "a", c, k=1, p=0)
+    b = ch.conv(a, "b", c, k=kh, kw=kw, s=s, d=d, pads=pads, group=c, act=act)
+    ch.conv(b, "c", 7, k=1, p=0, act=None)
+    model = ch.model(["c"])
+    res = optimize_blocked(model, tmp_path_factory.mktemp("dw"))
+    assert [r["layout"] for r in res.report["regions"]] == ["nchw->blocked", "blocked->blocked", "blocked->nchw"]
+    check_answers(res, model, ch.feeds)
+
+
+@needs_vectors
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(c=st.integers(1, 40), conv=depthwise_convs(), batch=st.sampled_from([1, 3]))
+def test_depthwise_ending_a_chain_matches_onnxruntime(tmp_path_factory, c, conv, batch):
+    """A depthwise convolution whose output is the graph's: blocked input, NCHW output through the blocked buffer
+    and the reorder at the end."""
+    kh, kw, d, s, pads, h, w = conv
+    ch = Chain(4, h, w, batch=batch, seed=c + kh)
+    a = ch.conv("x", "a", c, k=1, p=0, act="Sigmoid")
+    ch.conv(a, "b", c, k=kh, kw=kw, s=s, d=d, pads=pads, group=c, act="Relu")
+    model = ch.model(["b"])
+    res = optimize_blocked(model, tmp_path_factory.mktemp("dwx"))
+    assert [r["layout"] for r in res.report["regions"]] == ["nchw->blocked", "blocked->nchw"]
+    check_answers(res, model, ch.feeds)
+
+
+@needs_vectors
+def test_mobilenet_block_stays_blocked_with_a_residual(tmp_path):
+    """An inverted residual block (expand 1x1, depthwise 3x3, project 1x1 + residual add) twice, then a strided
+    depthwise: every tensor between the fused convolutions stays blocked, the residual read blocked in the
+    projection's epilogue."""
+    ch = Chain(24, 15, 29, batch=2, seed=9)
+    x = ch.conv("x", "stem", 24, k=3, s=1, p=1)
+    for i in range(2):
+        e = ch.conv(x, f"e{i}", 72, k=1, p=0)
+        dw = ch.conv(e, f"dw{i}", 72, k=3, p=1, group=72)
+        pr = ch.conv(dw, f"p{i}", 24, k=1, p=0, act=None)
+        x = ch.add(pr, x, f"r{i}", relu=False)
+    ch.conv(x, "down", 24, k=5, s=2, p=2, group=24)
+    model = ch.model(["down"])
+    res = optimize_blocked(model, tmp_path)
+    layouts = [r["layout"] for r in res.report["regions"]]
+    assert layouts == ["nchw->blocked"] + ["blocked->blocked"] * 6 + ["blocked->nchw"]
+    assert len(res.model.graph.node) == len(fused_nodes(res.model)) == 8  # no reorder node anywhere
+    check_answers(res, model, ch.feeds)
+
+
+def test_depthwise_tile_width_fits_the_register_file():
+    assert depthwise_mi(32, 3) == DEPTHWISE_MI_MAX
+    assert depthwise_mi(16, 3, mask_registers=1) == 11  # AVX2: 11 accumulators + 3 filters + 1 input + 1 mask
+    assert depthwise_mi(16, 7, mask_registers=1) == 7
+    assert depthwise_mi(8, 7) == 1
+
+
+def _depthwise_loop(level, mi, kw, sw, dw, bounded):
+    target = parse_target(level)
+    spec = TileSpec(select(target).tile, _identity_program(), (), packed_a=True)
+    module = new_module(target, "dw")
+    define_depthwise_tile_functions(module, "dw", spec, target.features, mi, kw, sw, dw)
+    asm = compile_assembly(str(module), target)
+    name = f"dw_d{mi}" + ("b" if bounded else "")
+    body = asm.split(f"\n{name}:", 1)[1]
+    body = re.split(r"\n[A-Za-z_][\w.$]*:", body, 1)[0]
+    loops = [lp for lp in _loops(body.splitlines()) if any(i.startswith("vfmadd") for i in lp)]
+    assert len(loops) == 1, body
+    return loops[0]
+
+
+@pytest.mark.parametrize("level,mi,kw,sw,dw", [("x86-64-v4", 14, 3, 1, 1), ("x86-64-v4", 14, 5, 1, 1),
+                                               ("x86-64-v4", 10, 3, 2, 1), ("x86-64-v4", 12, 3, 1, 2),
+                                               ("x86-64-v3", 11, 3, 1, 1)])
+@pytest.mark.parametrize("bounded", [False, True])
+def test_kernel_row_loads_each_input_vector_once(level, mi, kw, sw, dw, bounded):
+    """Per kernel row: mi * kw FMAs, kw filter loads and one load per input position the row's taps read, and no
+    vector register stored to the stack in the loop. (AVX2's border tiles keep their per-position masks, which are
+    loop-invariant, on the stack and reload them: ymm masks do not fit beside the accumulators.)"""
+    loop = _depthwise_loop(level, mi, kw, sw, dw, bounded)
+    vector_width = "zmm" if level == "x86-64-v4" else "ymm"
+    fmas = [i for i in loop if i.startswith("vfmadd")]
+    assert len(fmas) == mi * kw and all(vector_width in i for i in fmas)
+    positions = len({i * sw + c * dw for i in range(mi) for c in range(kw)})
+    operands = [i.split(None, 1)[1].split(", ") for i in loop
+                if i.startswith(("vmovups", "vmovaps", "vmaskmovps", "vfmadd"))]
+    data_loads = [ops for ops in operands if any("(" in o and "%rsp" not in o for o in ops[:-1])]
+    assert len(data_loads) == positions + kw
+    stack_stores = [i for i in loop if i.startswith("v") and i.split(", ")[-1].endswith("(%rsp)")]
+    assert not stack_stores
+    if level == "x86-64-v4" or not bounded:
+        assert not [i for i in loop if i.startswith("v") and "(%rsp)" in i and vector_width in i]
