@@ -529,6 +529,49 @@ typedef struct {
   int to_nchw;
 } cb_reorder_job;
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CB_HAVE_TRANSPOSE16 1
+/* 16 pixels x 16 channels -> 16 channels x 16 pixels in registers: pairs interleaved, then quads, then 128-bit
+   lanes twice. After the second step u[4g + j] holds, in its 128-bit lane q, channel 4q + j of pixels 4g..4g+3. */
+__attribute__((target("avx512f"))) static void cb_transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int k = 0; k < 8; k++) {
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+  for (int g = 0; g < 4; g++) {
+    __m512 *a = t + 4 * g, *o = u + 4 * g;
+    o[0] = _mm512_shuffle_ps(a[0], a[2], 0x44);
+    o[1] = _mm512_shuffle_ps(a[0], a[2], 0xEE);
+    o[2] = _mm512_shuffle_ps(a[1], a[3], 0x44);
+    o[3] = _mm512_shuffle_ps(a[1], a[3], 0xEE);
+  }
+  for (int j = 0; j < 4; j++) {
+    __m512 v = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88), w = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD);
+    __m512 v2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88), w2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_shuffle_f32x4(v, v2, 0x88);      /* channel j */
+    r[4 + j] = _mm512_shuffle_f32x4(w, w2, 0x88);  /* channel 4 + j */
+    r[8 + j] = _mm512_shuffle_f32x4(v, v2, 0xDD);  /* channel 8 + j */
+    r[12 + j] = _mm512_shuffle_f32x4(w, w2, 0xDD); /* channel 12 + j */
+  }
+}
+
+/* Blocked (16 lanes) -> NCHW for pixels [i0, i1) of one channel vector, 16 pixels at a time; returns where it
+   stopped (the scalar loop does the rest). Only 16-lane blocked tensors exist on AVX-512 targets. */
+__attribute__((target("avx512f"))) static int64_t cb_to_nchw16(const float *vec, float *planes, int64_t HW,
+                                                               int64_t lanes, int64_t i0, int64_t i1) {
+  int64_t i = i0;
+  for (; i + 16 <= i1; i += 16) {
+    __m512 r[16];
+    for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_ps(vec + (i + k) * 16);
+    cb_transpose16(r);
+    for (int64_t l = 0; l < lanes; l++) _mm512_storeu_ps(planes + l * HW + i, r[l]);
+  }
+  return i;
+}
+#endif
+
 static void cb_reorder_run(void *usr, size_t index) {
   const cb_reorder_job *p = (const cb_reorder_job *)usr;
   int64_t L = p->L, cb = (p->C + L - 1) / L;
@@ -538,6 +581,9 @@ static void cb_reorder_run(void *usr, size_t index) {
   float *vec = p->blocked + v * p->HW * L;
   float *planes = p->nchw + (n * p->C + c0) * p->HW;
   if (p->to_nchw) {
+#ifdef CB_HAVE_TRANSPOSE16
+    if (L == 16) i0 = cb_to_nchw16(vec, planes, p->HW, lanes, i0, i1);
+#endif
     for (int64_t i = i0; i < i1; i++)
       for (int64_t l = 0; l < lanes; l++) planes[l * p->HW + i] = vec[i * L + l];
   } else { /* padding channels must be zero */
