@@ -138,3 +138,27 @@ def test_kernel_row_loads_each_input_vector_once(level, mi, kw, sw, dw, bounded)
     assert not stack_stores
     if level == "x86-64-v4" or not bounded:
         assert not [i for i in loop if i.startswith("v") and "(%rsp)" in i and vector_width in i]
+
+
+def test_depthwise_on_avx2_blocks_of_8(tmp_path):
+    """The AVX2 target (NCHW8c, 11-pixel depthwise tiles, masks in vector registers) on this machine, when it has
+    AVX2: channels not a multiple of 8, a 5x5 with a stride, both border variants."""
+    import onnxopt
+    from onnxopt.codegen.target import missing_cpu_flags
+
+    missing = missing_cpu_flags(parse_target("x86-64-v3").required_cpu_flags)
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(missing)} for x86-64-v3")
+    ch = Chain(5, 13, 31, batch=2, seed=4)
+    a = ch.conv("x", "a", 21, k=1, p=0)
+    b = ch.conv(a, "b", 21, k=3, p=1, group=21)
+    c = ch.conv(b, "c", 21, k=5, s=2, pads=[2, 1, 2, 2], group=21, act="Sigmoid")
+    ch.conv(c, "d", 6, k=1, p=0, act=None)
+    model = ch.model(["d"])
+    res = onnxopt.optimize(model, str(tmp_path / "fused.onnx"), plan="compute-blocked", measure=False,
+                           target="x86-64-v3")
+    assert res.report["target"]["name"] == "x86-64-v3"
+    assert any(list(t.dims) == [3, 25, 8] for t in res.model.graph.initializer)  # 5x5 filters in vectors of 8
+    assert [r["layout"] for r in res.report["regions"]] == ["nchw->blocked"] + ["blocked->blocked"] * 2 + [
+        "blocked->nchw"]
+    check_answers(res, model, ch.feeds)
