@@ -22,6 +22,7 @@ from onnxopt import __version__
 from onnxopt.codegen.compute.build import build_compute
 from onnxopt.codegen.elementwise.build import build_elementwise
 from onnxopt.codegen.pool.build import build_pool
+from onnxopt.codegen.microkernel.depthwise import depthwise_mi
 from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
 from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
@@ -32,8 +33,8 @@ from onnxopt.fusion import blocked_passthrough
 from onnxopt.fusion.compute import ComputeRule, apply_tile, conv_macs_per_output
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
 from onnxopt.fusion.pool import PoolRule
-from onnxopt.fusion.layout import (assign_blocked_layouts, blocked_inputs, blocked_outputs, from_blocked, to_blocked,
-                                   with_channel_vectors)
+from onnxopt.fusion.layout import (assign_blocked_layouts, blocked_inputs, blocked_outputs, from_blocked,
+                                   is_depthwise, to_blocked, with_channel_vectors)
 from onnxopt.fusion.region import Region
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.load import check_output_path, commit_files, load_model, parse_input_shapes, save_model
@@ -487,7 +488,12 @@ class _Optimizer:
         return t_orig, t_fused
 
     def _tile_of(self, r: Region) -> list[int]:
-        t = r.compute.tile if r.compute.tile is not None else select_micro_kernel(self.opts.target).tile
+        mk = select_micro_kernel(self.opts.target)
+        c = r.compute
+        if is_depthwise(c) and (c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")):
+            # Its own tile: pixels of one channel vector (codegen/microkernel/depthwise.py), as build_compute picks.
+            return [depthwise_mi(mk.registers, c.attrs["kernel"][1], int(mk.masks_in_vector_registers)), 1, 1]
+        t = c.tile if c.tile is not None else mk.tile
         return [t.mi, t.ni, t.mii]
 
     def _search_tiles(self, work, regions):

@@ -93,6 +93,8 @@ def test_mobilenet_block_stays_blocked_with_a_residual(tmp_path):
     layouts = [r["layout"] for r in res.report["regions"]]
     assert layouts == ["nchw->blocked"] + ["blocked->blocked"] * 6 + ["blocked->nchw"]
     assert len(res.model.graph.node) == len(fused_nodes(res.model)) == 8  # no reorder node anywhere
+    tiles = {e["nodes"][0]: e["tile"] for e in res.report["regions"]}
+    assert tiles["dw0_pre"] == tiles["down_pre"] == [DEPTHWISE_MI_MAX, 1, 1]  # the depthwise tile, in the report
     check_answers(res, model, ch.feeds)
 
 
