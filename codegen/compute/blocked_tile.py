@@ -35,7 +35,8 @@ from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_
 from ..vmath.irutil import broadcast, masked_load
 from ..vmath.isa import set_features
 from .tile import (CHANNEL, POSITION, SCALAR, SLOT_A, SLOT_A_KS, SLOT_A_MS, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K,
-                   SLOT_KOFF, SLOT_LANES, SLOT_M0, SLOT_LDC, SLOT_OUT, SLOT_VOFF, TileSpec, _slot, define_tile_functions)
+                   SLOT_KOFF, SLOT_LANES, SLOT_LDC, SLOT_M0, SLOT_OUT, SLOT_VOFF, TileSpec, _slot,
+                   define_tile_functions)
 
 
 SLOT_LO, SLOT_HI = SLOT_A_KS, SLOT_M0  # a depthwise border tile's input positions (see above)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from onnxopt.fusion.layout import is_depthwise
 from onnxopt.fusion.region import Region
 
 from ..compile import compile_object, new_module
@@ -31,7 +32,7 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
     channel_vectors = c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")
     mi, ni = tile.mi, tile.ni
-    if channel_vectors and c.attrs.get("groups", 1) > 1:  # depthwise: one channel vector times its filters
+    if channel_vectors and is_depthwise(c):  # one channel vector times its filters
         kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
         mi, ni = depthwise_mi(kernel.registers, kw, int(kernel.masks_in_vector_registers)), 1
         tiles = define_depthwise_tile_functions(module, region.op_type, spec, target.features, mi, kw, sw, dw)

@@ -520,8 +520,9 @@ static void cb_copy_row(void *usr, size_t index) {
 
 /* NCHW <-> blocked for the kernel that computes in the blocked layout but takes and gives NCHW tensors. One task
    per run of CB_REORDER_RUN pixels of one vector of channels, pixel by pixel: the blocked side is read (written) as
-   one stream and the L planes as L streams. (One task per plane, striding through the blocked buffer L floats at a
-   time, went over the whole buffer once per channel: 3x slower on a 16-channel 56x56 output.) */
+   one stream and the L planes as L streams; on AVX-512, 16 pixels at a time through a register transpose. (One task
+   per plane, striding through the blocked buffer L floats at a time, went over the whole buffer once per channel: a
+   16-channel depthwise 3x3 /2 to 56x56 with NCHW output took 59-63 us with it, 39-40 now.) */
 #define CB_REORDER_RUN 1024
 typedef struct {
   float *nchw, *blocked;
