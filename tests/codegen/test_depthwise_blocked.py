@@ -42,7 +42,7 @@ def depthwise_convs(draw):
 
 
 @needs_vectors
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(c=st.integers(1, 40), conv=depthwise_convs(), batch=st.sampled_from([1, 2]), act=st.sampled_from(
     ["Relu", "Sigmoid", None]))
 def test_depthwise_in_a_blocked_chain_matches_onnxruntime(tmp_path_factory, c, conv, batch, act):
@@ -60,7 +60,7 @@ def test_depthwise_in_a_blocked_chain_matches_onnxruntime(tmp_path_factory, c, c
 
 
 @needs_vectors
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(c=st.integers(1, 40), conv=depthwise_convs(), batch=st.sampled_from([1, 3]))
 def test_depthwise_ending_a_chain_matches_onnxruntime(tmp_path_factory, c, conv, batch):
     """A depthwise convolution whose output is the graph's: blocked input, NCHW output through the blocked buffer
