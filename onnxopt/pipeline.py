@@ -22,7 +22,7 @@ from onnxopt import __version__
 from onnxopt.codegen.compute.build import build_compute
 from onnxopt.codegen.elementwise.build import build_elementwise
 from onnxopt.codegen.pool.build import build_pool
-from onnxopt.codegen.microkernel.depthwise import depthwise_mi
+from onnxopt.codegen.microkernel.depthwise import depthwise_mi_for
 from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
 from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
@@ -492,7 +492,7 @@ class _Optimizer:
         c = r.compute
         if is_depthwise(c) and (c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")):
             # Its own tile: pixels of one channel vector (codegen/microkernel/depthwise.py), as build_compute picks.
-            return [depthwise_mi(mk.registers, c.attrs["kernel"][1], int(mk.masks_in_vector_registers)), 1, 1]
+            return [depthwise_mi_for(mk, c.attrs["kernel"][1]), 1, 1]
         t = c.tile if c.tile is not None else mk.tile
         return [t.mi, t.ni, t.mii]
 

@@ -8,7 +8,7 @@ from onnxopt.fusion.region import Region
 from ..compile import compile_object, new_module
 from ..elementwise.types import ONNX_ENUM
 from ..glue.library import CtKernelDesc
-from ..microkernel.depthwise import depthwise_mi
+from ..microkernel.depthwise import depthwise_mi_for
 from ..microkernel.registry import select
 from ..target import Target
 from .blocked_tile import define_blocked_tile_functions, define_depthwise_tile_functions
@@ -34,7 +34,7 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
     mi, ni = tile.mi, tile.ni
     if channel_vectors and is_depthwise(c):  # one channel vector times its filters
         kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
-        mi, ni = depthwise_mi(kernel.registers, kw, int(kernel.masks_in_vector_registers)), 1
+        mi, ni = depthwise_mi_for(kernel, kw), 1
         tiles = define_depthwise_tile_functions(module, region.op_type, spec, target.features, mi, kw, sw, dw)
     else:
         define = define_blocked_tile_functions if channel_vectors else define_tile_functions

@@ -685,6 +685,18 @@ static int cb_window_pays(const onnxopt_ct_desc *d, cb_window *w, int64_t N, int
   return window_copy < CB_WINDOW_COPY_WEIGHT * (double)N * planes * Hp * Wp * ps;
 }
 
+/* Splits a blocked convolution's `rows` (all items) x `groups` (of channel vectors) into tasks of at least
+   CT_TASK_MIN_FLOPS, CT_TARGET_TASKS at most, rows first; one task below CT_INLINE_FLOPS. Returns the task count. */
+static int64_t cb_split(cb_job *job, double flops, int64_t rows, int64_t groups) {
+  int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
+  if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;
+  if (want < 1 || flops < CT_INLINE_FLOPS) want = 1;
+  job->rtasks = want < rows ? want : rows;
+  job->gtasks = (want + job->rtasks - 1) / job->rtasks;
+  if (job->gtasks > groups) job->gtasks = groups;
+  return job->rtasks * job->gtasks;
+}
+
 /* The rest of ct_conv_blocked for a depthwise convolution (cb_run_depthwise_task); frees `scratch`. */
 static OrtStatus *cb_depthwise(cb_job *job, const onnxopt_ct_desc *d, OrtKernelContext *ctx, const float *x,
                                int64_t H, int64_t W, int64_t pt, int64_t pl, float *scratch, float *const *user_out) {
@@ -702,14 +714,8 @@ static OrtStatus *cb_depthwise(cb_job *job, const onnxopt_ct_desc *d, OrtKernelC
   for (int64_t r = 0; r < d->kh; r++)
     for (int64_t c = 0; c < d->kw; c++) tab[r * d->kw + c] = (r * d->dh * W + c * d->dw) * L;
   job->phase[0].aoff = tab;
-  double flops = 2.0 * (double)job->N * job->OH * job->OW * (double)d->oc * (double)job->K;
-  int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
-  if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;
-  if (want < 1 || flops < CT_INLINE_FLOPS) want = 1;
-  job->rtasks = want < job->N * job->OH ? want : job->N * job->OH;
-  job->gtasks = (want + job->rtasks - 1) / job->rtasks;
-  if (job->gtasks > job->OCB) job->gtasks = job->OCB;
-  int64_t tasks = job->rtasks * job->gtasks;
+  int64_t tasks = cb_split(job, 2.0 * (double)job->N * job->OH * job->OW * (double)d->oc * (double)job->K,
+                           job->N * job->OH, job->OCB);
   OrtStatus *st = NULL;
   if (tasks == 1) {
     cb_run_depthwise_task(job, 0);
@@ -897,14 +903,8 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
                                                       : (ic * th + r) * span + c * d->dw;
     job.win.koff = tab;
   }
-  double flops = 2.0 * (double)N * (double)OH * OW * (double)d->oc * (double)job.K_all / job.n_phases;
-  int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
-  if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;
-  if (want < 1 || flops < CT_INLINE_FLOPS) want = 1;
-  job.rtasks = want < N * job.rows ? want : N * job.rows;
-  job.gtasks = (want + job.rtasks - 1) / job.rtasks;
-  if (job.gtasks > job.groups_of_vectors) job.gtasks = job.groups_of_vectors;
-  int64_t tasks = job.rtasks * job.gtasks;
+  int64_t tasks = cb_split(&job, 2.0 * (double)N * (double)OH * OW * (double)d->oc * (double)job.K_all / job.n_phases,
+                           N * job.rows, job.groups_of_vectors);
   if (tasks == 1) {
     cb_run_task(&job, 0);
   } else {

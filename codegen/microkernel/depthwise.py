@@ -38,6 +38,12 @@ def depthwise_mi(registers: int, kw: int, mask_registers: int = 0) -> int:
     return max(1, min(DEPTHWISE_MI_MAX, registers - kw - 1 - mask_registers))
 
 
+def depthwise_mi_for(kernel, kw: int) -> int:
+    """`depthwise_mi` on a target's micro-kernel (registry.MicroKernel): its registers, and one lane mask when the
+    target keeps masks in vector registers (AVX2)."""
+    return depthwise_mi(kernel.registers, kw, int(kernel.masks_in_vector_registers))
+
+
 def emit_depthwise(b: ir.IRBuilder, lanes: int, mi: int, kw: int, sw: int, dw: int, a_ptr, b_ptr, koff_ptr,
                    rows, bounds=None) -> list[ir.Value]:
     """Emit the kernel-row loop (`rows` iterations) at the builder's position; returns the mi accumulators.
