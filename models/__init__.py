@@ -2,6 +2,8 @@
 
 `build_model("mobilenetv3" | "yolo" | "bert" | "resnet50" | "ocr_detector", **kwargs)` returns an
 `onnx.ModelProto`; see each module's `build` for its arguments. `random_inputs(model)` makes a matching feed dict.
+The OptiFX paper's CNNs are "inception_v3", "densenet_bc", "mobilenetv2", "squeezenet", "nasnet_a", "unet16"
+and "resnet50".
 `conv_shapes` holds the seed papers' benchmark conv/GEMM shapes and single-op model builders.
 """
 
@@ -13,7 +15,20 @@ import onnx
 
 from onnxopt.errors import UsageError
 
-from . import bert, conv_shapes, mobilenetv3, ocr_detector, resnet50, yolo
+from . import (
+    bert,
+    conv_shapes,
+    densenet_bc,
+    inception_v3,
+    mobilenetv2,
+    mobilenetv3,
+    nasnet_a,
+    ocr_detector,
+    resnet50,
+    squeezenet,
+    unet16,
+    yolo,
+)
 from .inputs import random_inputs
 from .save import save_model
 
@@ -23,6 +38,12 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "bert": bert.build,
     "resnet50": resnet50.build,
     "ocr_detector": ocr_detector.build,
+    "inception_v3": inception_v3.build,
+    "densenet_bc": densenet_bc.build,
+    "mobilenetv2": mobilenetv2.build,
+    "squeezenet": squeezenet.build,
+    "nasnet_a": nasnet_a.build,
+    "unet16": unet16.build,
 }
 
 
