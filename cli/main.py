@@ -37,14 +37,20 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    "(default float32:1e-3)")
     p.add_argument("--atol", action="append", metavar="[DTYPE:]X", help="absolute tolerance (default float32:1e-4)")
     p.add_argument("--skip-fusion", action="append", metavar="KIND", help="do not fuse regions of this kind "
-                   "(elementwise, compute, pool)")
+                   "(elementwise, compute, pool, afusion)")
+    p.add_argument("--no-afusion", action="store_true", help="no AFUSION kernels (two convolutions in one kernel); "
+                   "the same as --skip-fusion afusion")
+    p.add_argument("--search-budget", type=float, default=60.0, metavar="SECONDS",
+                   help="time limit of the backtracking search over fusion plans (default 60)")
+    p.add_argument("--no-prune", action="store_true", help="keep every legal fusion candidate instead of pruning "
+                   "those the roofline predicts no gain for (OptiFX's theta_opt = 1.05)")
     p.add_argument("--threads", type=int, help="intra-op threads for measuring (default: all cores)")
     p.add_argument("--min-speedup", type=float, default=1.0,
                    help="emit a kernel only if it is at least this much faster than onnxruntime on its region; the "
                    "whole fused model must be 2%% faster than this too")
     p.add_argument("--plan", help="build only this whole-graph plan instead of timing them all: compute, "
-                   "compute-dense, compute-blocked (tensors between fused convolutions in the blocked layout), pool or "
-                   "elementwise")
+                   "compute-dense, compute-blocked (tensors between fused convolutions in the blocked layout), afusion "
+                   "(the blocked plan with convolution pairs fused into one kernel each), pool or elementwise")
     p.add_argument("--no-measure", action="store_true", help="do not time kernels (emit every correct kernel)")
     p.add_argument("--no-verify", action="store_true", help="skip the whole-model check (kernels are still checked)")
     p.add_argument("--cost-cache", metavar="PATH", help="the measured-cost cache, an SQLite file shared across runs "
@@ -70,9 +76,11 @@ def cmd_optimize(argv) -> int:
     a = _optimize_parser().parse_args(argv)
     console = Console(stderr=True, quiet=a.quiet)
     result = optimize(a.input, a.output, input_shape=a.input_shape, target=a.target, check_input=a.check_input,
-                      rtol=a.rtol, atol=a.atol, skip_fusion=a.skip_fusion, threads=a.threads,
+                      rtol=a.rtol, atol=a.atol, threads=a.threads,
+                      skip_fusion=(a.skip_fusion or []) + (["afusion"] if a.no_afusion else []),
                       verify=not a.no_verify, measure=not a.no_measure, min_speedup=a.min_speedup, seed=a.seed, plan=a.plan,
                       cost_cache=False if a.no_cost_cache else a.cost_cache, tile_search=not a.no_tile_search,
+                      search_budget=a.search_budget, prune=not a.no_prune,
                       progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None)
     if a.report:
         with open(a.report, "w") as f:
@@ -153,6 +161,10 @@ def cmd_bench(argv) -> int:
     p.add_argument("b", nargs="?", help="the optimized model")
     p.add_argument("--kernels", action="store_true", help="benchmark each fused kernel of one optimized model "
                    "against the machine's measured bandwidth")
+    p.add_argument("--search-budget", type=float, default=60.0, metavar="SECONDS",
+                   help="time limit of the backtracking search over fusion plans (default 60)")
+    p.add_argument("--no-prune", action="store_true", help="keep every legal fusion candidate instead of pruning "
+                   "those the roofline predicts no gain for (OptiFX's theta_opt = 1.05)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
     p.add_argument("--min-time", type=float, default=2.0, help="seconds of timing per side (default 2)")
     p.add_argument("--input", action="append", metavar="NAME:FILE.npy", help="real inputs instead of random ones")

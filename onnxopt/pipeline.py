@@ -30,6 +30,7 @@ from onnxopt.cost_cache import open_cost_cache
 from onnxopt.emit.model import DOMAIN, build_fused_model
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
 from onnxopt.fusion import blocked_passthrough
+from onnxopt.fusion.afusion.plan import afusion_pairs, apply_pairs, greedy_pairs
 from onnxopt.fusion.compute import ComputeRule, apply_tile, conv_macs_per_output
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
 from onnxopt.fusion.pool import PoolRule
@@ -44,8 +45,8 @@ from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare, load_ch
 
 # Whole-graph plans, timed against each other (see _Optimizer._run).
 WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this much faster than --min-speedup asks
-PLANS = ("compute", "compute-dense", "compute-blocked", "pool", "elementwise")
-FUSION_KINDS = ("elementwise", "compute", "pool")
+PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "pool", "elementwise")
+FUSION_KINDS = ("elementwise", "compute", "pool", "afusion")
 
 
 @dataclass
@@ -72,6 +73,8 @@ class Options:
     plan: str | None = None  # build only this plan (PLANS), instead of timing them all
     cost_cache: object = None  # measured-cost cache: a path, None (the default location) or False (off)
     tile_search: bool = True  # time a few register tiles per compute region (with measure)
+    search_budget: float = 60.0  # seconds for the backtracking search over fusion plans (onnxopt/fusion/search)
+    prune: bool = True  # prune fusion candidates by the roofline (OptiFX's theta_opt)
 
 
 def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -233,7 +236,11 @@ def optimize(model, output: str | None = None, **kwargs) -> Result:
         plan=kwargs.pop("plan", None),
         cost_cache=kwargs.pop("cost_cache", None),
         tile_search=bool(kwargs.pop("tile_search", True)),
+        search_budget=float(kwargs.pop("search_budget", 60.0)),
+        prune=bool(kwargs.pop("prune", True)),
     )
+    if opts.search_budget <= 0:
+        raise UsageError(f"--search-budget {opts.search_budget}: give a positive number of seconds")
     if kwargs:
         raise UsageError(f"unknown option(s) {', '.join(kwargs)} for onnxopt.optimize")
     if opts.plan is not None and opts.plan not in PLANS:
@@ -347,6 +354,13 @@ class _Optimizer:
             blocked_plan = self._blocked_plan(work)
             if blocked_plan:
                 plans.append(("compute-blocked", dedupe(blocked_plan)))
+            if "afusion" not in self.opts.skip_fusion and mk.lanes >= 8:
+                # AFUSION pairs within the blocked plan, or within the compute plan when no tensor can be blocked
+                # (a depthwise convolution on the graph's input, say).
+                base = blocked_plan or next(p for n, p in plans if n == "compute")
+                afusion = self._afusion_plan(work, base)
+                if afusion:
+                    plans.append(("afusion", dedupe(afusion)))
         if "compute" in self.opts.skip_fusion and "pool" not in self.opts.skip_fusion:  # pools without compute
             claimed = set()
             plan = PoolRule(work).find_regions(claimed, self.report["rejected"])
@@ -402,10 +416,12 @@ class _Optimizer:
         running through the ops onnxruntime can compute on blocked tensors (fusion/blocked_passthrough.py); empty
         when no tensor can be blocked."""
         mk = select_micro_kernel(self.opts.target)
+        self._blocked_rule = None
         if mk.lanes < 8:
             return []
         claimed: set[int] = set()
         rule = ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk))
+        self._blocked_rule = rule
         plan = rule.find_regions(claimed, [])
         ew = rule.ew
 
@@ -435,6 +451,52 @@ class _Optimizer:
         if "elementwise" not in self.opts.skip_fusion:
             plan += ElementwiseRule(work).find_regions([], exclude=claimed)
         return plan
+
+    def _afusion_plan(self, work, blocked_plan: list[Region]) -> list[Region] | None:
+        """The blocked plan with convolution pairs fused into AFUSION kernels (onnxopt/fusion/afusion); None when
+        no pair can be."""
+        mk = select_micro_kernel(self.opts.target)
+        rule = self._blocked_rule or ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk))
+        pairs, refused = afusion_pairs(blocked_plan, rule.index, rule.ew.shape_of, mk.lanes,
+                                       self.opts.threads or os.cpu_count() or 1)
+        self.report.setdefault("afusion", {})["refused"] = refused
+        chosen = self._search_pairs(work, pairs)
+        self.report["afusion"]["pairs"] = [{"nodes": p.first.node_names + p.second.node_names,
+                                            "band_rows": p.band_rows} for p in chosen]
+        if not chosen:
+            return None
+        return apply_pairs(blocked_plan, chosen, mk.lanes, mk.tile.ni, _opset(work))
+
+    def _search_pairs(self, work, pairs):
+        """OptiFX's candidates (Algorithm 1) and backtracking search (Algorithm 2, onnxopt/fusion/search) over the
+        whole graph, costed by the roofline; the AFUSION SISO candidates of the plan it finds pick which legal pairs
+        are fused. The candidate counts and the search's figures go in report["search"]. When the search fails, every
+        legal pair is taken in graph order (greedy_pairs)."""
+        from onnxopt.fusion.search import backtrack_search, generate_candidates
+
+        t = time.perf_counter()
+        entry = self.report.setdefault("search", {})
+        try:
+            kinds = tuple(k for k in ("vertical", "horizontal", "afusion") if k not in self.opts.skip_fusion)
+            machine = _machine() or "xeon-gold-6240"
+            cands = generate_candidates(work, machine, prune=self.opts.prune, kinds=kinds)
+            entry["candidates"] = cands.counts()
+            res = backtrack_search(cands, budget_s=self.opts.search_budget)
+            entry.update({"baseline_s": res.baseline_cost, "best_s": res.best_cost, "expansions": res.expansions,
+                          "stopped_by_budget": res.stopped_by_budget, "seconds": time.perf_counter() - t,
+                          "plan": [{"kind": c.kind, "pattern": c.pattern, "nodes": list(c.members),
+                                    "predicted_speedup": c.predicted_speedup} for c in res.plan]})
+            wanted = {frozenset(c.rops) for c in res.plan if c.kind == "afusion" and c.pattern == "SISO"}
+            chosen = [p for p in pairs if frozenset(p.first.node_names[:1] + p.second.node_names[:1]) in wanted]
+            entry["afusion_pairs_chosen"] = len(chosen)
+            if os.environ.get("ONNXOPT_AFUSION_PAIRS") == "all":  # tests and benchmarks: every legal pair
+                return greedy_pairs(pairs)
+            return greedy_pairs(chosen)
+        except Exception as e:  # noqa: BLE001 - the search only chooses among legal pairs: fall back to all
+            entry["error"] = f"{type(e).__name__}: {e}"[:300]
+            return greedy_pairs(pairs)
+        finally:
+            self.report["timings"]["fusion_search_s"] = time.perf_counter() - t
 
     def _build(self, regions):
         """Compile each distinct kernel once; a region whose kernel fails to compile is rejected."""
@@ -490,6 +552,8 @@ class _Optimizer:
     def _tile_of(self, r: Region) -> list[int]:
         mk = select_micro_kernel(self.opts.target)
         c = r.compute
+        if c.op == "afusion":  # the parts' tiles
+            return [self._tile_of(p) for p in c.parts]
         if is_depthwise(c) and (c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")):
             # Its own tile: pixels of one channel vector (codegen/microkernel/depthwise.py), as build_compute picks.
             return [depthwise_mi_for(mk, c.attrs["kernel"][1]), 1, 1]
@@ -506,7 +570,7 @@ class _Optimizer:
         info = tensor_info(work)
         done: dict[tuple, object] = {}
         for r in regions:
-            if r.compute is None:
+            if r.compute is None or r.compute.op == "afusion":
                 continue
             feeds_key = (r.op_type, tuple(tuple(d if isinstance(d, int) else self.bindings.get(d, d)
                                                 for d in (info[x].shape if x in info else ()))

@@ -17,6 +17,19 @@ from .tile import TileSpec, define_tile_functions
 
 def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, str]:
     """Returns (object code, glue description, LLVM IR text)."""
+    if region.compute.op == "afusion":  # two convolutions in one kernel (codegen/compute/afusion.py)
+        from .afusion import build_afusion
+
+        return build_afusion(region, target)
+    module = new_module(target, region.op_type)
+    desc = define_compute(module, region, region.op_type, target)
+    ir_text = str(module)
+    return compile_object(ir_text, target), desc, ir_text
+
+
+def define_compute(module, region: Region, name: str, target: Target) -> CtKernelDesc:
+    """Define the tile functions of one compute region in `module`, their symbols prefixed by `name`; returns the
+    glue's description of the op (named `name`)."""
     c = region.compute
     kernel = select(target)
     tile = kernel.tile
@@ -28,22 +41,19 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
     if c.attrs.get("packed_ni", tile.ni) != tile.ni or c.attrs.get("packed_mi", tile.mi) != tile.mi:
         raise ValueError(f"the weights are packed for another register tile than {tile}")
     spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul")
-    module = new_module(target, region.op_type)
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
     channel_vectors = c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")
     mi, ni = tile.mi, tile.ni
     if channel_vectors and is_depthwise(c):  # one channel vector times its filters
         kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
         mi, ni = depthwise_mi_for(kernel, kw), 1
-        tiles = define_depthwise_tile_functions(module, region.op_type, spec, target.features, mi, kw, sw, dw)
+        tiles = define_depthwise_tile_functions(module, name, spec, target.features, mi, kw, sw, dw)
     else:
         define = define_blocked_tile_functions if channel_vectors else define_tile_functions
-        tiles = define(module, region.op_type, spec, target.features)
-    ir_text = str(module)
-    obj = compile_object(ir_text, target)
+        tiles = define(module, name, spec, target.features)
     a = c.attrs
     desc = CtKernelDesc(
-        op_type=region.op_type, kind=c.op,
+        op_type=name, kind=c.op,
         in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
         out_types=[ONNX_ENUM["float32"]] * len(region.outputs),
         mi=mi, ni=ni, lanes=tile.lanes, tiles=tiles,
@@ -58,4 +68,4 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
         desc.channel_vectors = int(a.get("channel_vectors", 0))
         desc.transposed = int(c.op == "conv_transpose")
         desc.output_padding = tuple(a.get("output_padding", (0, 0)))
-    return obj, desc, ir_text
+    return desc

@@ -227,13 +227,13 @@ static int64_t ct_numel(const int64_t *dims, size_t rank) {
 }
 
 /* Epilogue inputs: pointers, and a check that each has the size the optimizer planned for. */
-static OrtStatus *ct_extras(const onnxopt_ct_desc *d, ct_job *job, OrtKernelContext *ctx, int64_t batch,
-                            int64_t per_item_position, int64_t channels, int64_t columns) {
+static OrtStatus *ct_extras_at(const onnxopt_ct_desc *d, ct_job *job, OrtKernelContext *ctx, int first_input,
+                               int64_t batch, int64_t per_item_position, int64_t channels, int64_t columns) {
   for (int e = 0; e < d->n_extra; e++) {
     const OrtValue *v;
     int64_t dims[MAX_RANK];
     size_t rank;
-    CHECK(ct_dims(ctx, (size_t)(2 + e), &v, dims, &rank));
+    CHECK(ct_dims(ctx, (size_t)(first_input + e), &v, dims, &rank));
     CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&job->extra[e]));
     int64_t have = ct_numel(dims, rank), want = 1;
     switch (d->extra_kind[e]) {
@@ -249,6 +249,12 @@ static OrtStatus *ct_extras(const onnxopt_ct_desc *d, ct_job *job, OrtKernelCont
                                         "kernel was built for; re-run onnxopt with --input-shape for these inputs");
   }
   return NULL;
+}
+
+/* A compute op's epilogue inputs are its inputs 2.. (after the input and the weights). */
+static OrtStatus *ct_extras(const onnxopt_ct_desc *d, ct_job *job, OrtKernelContext *ctx, int64_t batch,
+                            int64_t per_item_position, int64_t channels, int64_t columns) {
+  return ct_extras_at(d, job, ctx, 2, batch, per_item_position, channels, columns);
 }
 
 static OrtStatus *ct_outputs(const onnxopt_ct_desc *d, ct_job *job, OrtKernelContext *ctx, const int64_t *dims,
@@ -444,16 +450,44 @@ static void cb_task(void *usr, size_t index) { cb_run_task((const cb_job *)usr, 
    bounded variant, told which input columns exist. No padded copy, no windows: for a depthwise convolution either
    would cost about as much as its arithmetic. The tap table is (r * dh * W + c * dw) * L, row r's taps from the
    pixel under tap (r, 0). */
+/* One output row `oh` of one channel vector of a depthwise convolution, all its pixels: `in_plane` is the vector's
+   input plane, `wg` its filters, `tab` the tap table; `t` carries the outputs, extras, ldc (L) and a_ms (sw * L).
+   Pixel p goes to coff_row + p * L. Also used by AFUSION (afusion_exec.c), which writes rows into a scratch band. */
+static void cb_depthwise_row(const onnxopt_ct_desc *d, const cb_window *w, ct_tile *t, const float *in_plane,
+                             const float *wg, const int64_t *tab, int64_t oh, int64_t OW, int64_t coff_row) {
+  int64_t L = d->lanes, MI = d->mi, kw = d->kw;
+  int64_t ih0 = oh * w->sh - w->pt;
+  int64_t kr0 = ih0 < 0 ? (-ih0 + w->dh - 1) / w->dh : 0;               /* first kernel row inside */
+  int64_t kr1 = w->H - ih0 > 0 ? (w->H - ih0 + w->dh - 1) / w->dh : 0; /* one past the last */
+  if (kr1 > w->kh) kr1 = w->kh;
+  t->k = kr1 > kr0 ? (kr1 - kr0) * kw : 0;
+  t->koff = tab;
+  t->b = wg + kr0 * kw * L;
+  /* The tile's pixel 0 under tap (kr0, 0); may lie left of the row when the tile starts in the padding, where
+     the bounded tile reads nothing. */
+  const float *row_in = in_plane + ((ih0 + kr0 * w->dh) * w->W) * L;
+  int64_t tiles = (OW + MI - 1) / MI;
+  for (int64_t ti = 0; ti < tiles; ti++) {
+    int64_t p0 = ti * OW / tiles, mi = (ti + 1) * OW / tiles - p0;
+    int64_t iw0 = p0 * w->sw - w->pl;
+    int border = iw0 < 0 || iw0 + (mi - 1) * w->sw + w->reach_w >= w->W;
+    t->a = row_in + iw0 * L;
+    t->a_ks = -iw0;     /* LO: the first input column that exists, from the tile's pixel 0 */
+    t->m0 = w->W - iw0; /* HI: one past the last */
+    t->coff[0] = coff_row + p0 * L;
+    d->tiles[(mi - 1) * 2 + border]((const int64_t *)t);
+  }
+}
+
 static void cb_run_depthwise_task(const cb_job *job, int64_t task) {
   const onnxopt_ct_desc *d = job->d;
   const cb_window *w = &job->win; /* geometry only: H, W, strides, pads */
-  int64_t L = d->lanes, MI = d->mi, kw = d->kw;
+  int64_t L = d->lanes;
   int64_t rt = task / job->gtasks, gt = task % job->gtasks;
   int64_t all_rows = job->N * job->OH;
   int64_t r0 = rt * all_rows / job->rtasks, r1 = (rt + 1) * all_rows / job->rtasks;
   int64_t g0 = gt * job->OCB / job->gtasks, g1 = (gt + 1) * job->OCB / job->gtasks;
   int64_t plane_out = job->OH * job->OW * L, item_out = job->OCB * plane_out, plane_in = w->H * w->W * L;
-  int64_t reach_w = w->reach_w;
   ct_tile t;
   memset(&t, 0, sizeof(t));
   t.ldc = L;
@@ -464,33 +498,14 @@ static void cb_run_depthwise_task(const cb_job *job, int64_t task) {
     const float *wg = job->w + g * job->K * L;
     for (int64_t rr = r0; rr < r1; rr++) {
       int64_t n = rr / job->OH, oh = rr % job->OH;
-      int64_t ih0 = oh * w->sh - w->pt;
-      int64_t kr0 = ih0 < 0 ? (-ih0 + w->dh - 1) / w->dh : 0;               /* first kernel row inside */
-      int64_t kr1 = w->H - ih0 > 0 ? (w->H - ih0 + w->dh - 1) / w->dh : 0; /* one past the last */
-      if (kr1 > w->kh) kr1 = w->kh;
-      t.k = kr1 > kr0 ? (kr1 - kr0) * kw : 0;
-      t.koff = job->phase[0].aoff;
-      t.b = wg + kr0 * kw * L;
       for (int o = 0; o < d->sig.n_out; o++) t.out[o] = job->out[o] + n * item_out;
       for (int e = 0; e < d->n_extra; e++) {
         const float *base = job->extra[e] + (d->extra_nstride[e] ? n * job->extra_count[e] : 0);
         if (d->extra_kind[e] == EX_CHANNEL) base += g * L;
         t.extra[e] = base;
       }
-      /* The tile's pixel 0 under tap (kr0, 0); may lie left of the row when the tile starts in the padding,
-         where the bounded tile reads nothing. */
-      const float *row_in = job->in + n * job->item_in + g * plane_in + ((ih0 + kr0 * w->dh) * w->W) * L;
-      int64_t tiles = (job->OW + MI - 1) / MI;
-      for (int64_t ti = 0; ti < tiles; ti++) {
-        int64_t p0 = ti * job->OW / tiles, mi = (ti + 1) * job->OW / tiles - p0;
-        int64_t iw0 = p0 * w->sw - w->pl;
-        int border = iw0 < 0 || iw0 + (mi - 1) * w->sw + reach_w >= w->W;
-        t.a = row_in + iw0 * L;
-        t.a_ks = -iw0;      /* LO: the first input column that exists, from the tile's pixel 0 */
-        t.m0 = w->W - iw0;  /* HI: one past the last */
-        t.coff[0] = g * plane_out + (oh * job->OW + p0) * L;
-        d->tiles[(mi - 1) * 2 + border]((const int64_t *)&t);
-      }
+      cb_depthwise_row(d, w, &t, job->in + n * job->item_in + g * plane_in, wg, job->phase[0].aoff, oh, job->OW,
+                       g * plane_out + oh * job->OW * L);
     }
   }
 }
@@ -610,6 +625,36 @@ static OrtStatus *cb_reorder(OrtKernelContext *ctx, float *nchw, float *blocked,
 /* One axis of a transposed convolution, output phase ph (outputs ph, ph + s, ...): the block a of kernel taps it
    uses (taps a, a + s, ...) and the input index its first tap reads for output ph itself; tap t reads dil * t
    before it. ONNX pads are never negative, so ph + pad - a * dil >= 0 and the division is exact. */
+/* A channel-vector convolution with NCHW outputs computes into blocked buffers, reordered at the end (cb_reorder),
+   and reads its per-pixel epilogue inputs blocked: they are reordered first. Allocates those buffers in one
+   `*scratch` (the caller frees it) and points `out` and the POSITION `extra` at them. Nothing when out_blocked. */
+static OrtStatus *cb_blocked_scratch(const onnxopt_ct_desc *d, OrtKernelContext *ctx, int64_t N, int64_t pixels,
+                                     int64_t block_size, float **out, const float **extra, int64_t *extra_count,
+                                     float **scratch) {
+  *scratch = NULL;
+  if (d->out_blocked) return NULL;
+  int n_pos = 0;
+  for (int e = 0; e < d->n_extra; e++) n_pos += d->extra_kind[e] == EX_POSITION;
+  *scratch = (float *)malloc((size_t)((d->sig.n_out + n_pos) * N * block_size) * sizeof(float));
+  if (!*scratch) return fail(ORT_FAIL, "onnxopt: out of memory for the convolution's blocked outputs");
+  float *next = *scratch;
+  for (int o = 0; o < d->sig.n_out; o++, next += N * block_size) out[o] = next;
+  for (int e = 0; e < d->n_extra; e++) {
+    if (d->extra_kind[e] != EX_POSITION) continue;
+    int64_t items = d->extra_nstride[e] ? N : 1;
+    OrtStatus *rs = cb_reorder(ctx, (float *)extra[e], next, items, d->oc, d->lanes, pixels, 0);
+    if (rs) {
+      free(*scratch);
+      *scratch = NULL;
+      return rs;
+    }
+    extra[e] = next;
+    extra_count[e] = block_size;
+    next += N * block_size;
+  }
+  return NULL;
+}
+
 static void cbt_axis(int64_t ph, int64_t s, int64_t dil, int64_t pad, int64_t *a, int64_t *base) {
   *a = s == 1 ? 0 : (ph + pad) % s;
   *base = (ph + pad - *a * dil) / s;
@@ -789,26 +834,7 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   int padded = Pt || Pl || Hp != H || Wp != W;
   /* NCHW outputs: the tiles write blocked buffers, converted at the end; NCHW residuals are converted first. */
   float *scratch = NULL;
-  if (!d->out_blocked) {
-    int n_pos = 0;
-    for (int e = 0; e < d->n_extra; e++) n_pos += d->extra_kind[e] == EX_POSITION;
-    scratch = (float *)malloc((size_t)((d->sig.n_out + n_pos) * N * block_size) * sizeof(float));
-    if (!scratch) return fail(ORT_FAIL, "onnxopt: out of memory for the convolution's blocked outputs");
-    float *next = scratch;
-    for (int o = 0; o < d->sig.n_out; o++, next += N * block_size) job.out[o] = next;
-    for (int e = 0; e < d->n_extra; e++) {
-      if (d->extra_kind[e] != EX_POSITION) continue;
-      int64_t items = d->extra_nstride[e] ? N : 1;
-      OrtStatus *rs = cb_reorder(ctx, (float *)job.extra[e], next, items, d->oc, L, OH * OW, 0);
-      if (rs) {
-        free(scratch);
-        return rs;
-      }
-      job.extra[e] = next;
-      job.extra_count[e] = block_size;
-      next += N * block_size;
-    }
-  }
+  CHECK(cb_blocked_scratch(d, ctx, N, OH * OW, block_size, job.out, job.extra, job.extra_count, &scratch));
   const float *x;
   CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
   CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.w));

@@ -72,6 +72,20 @@ class CtKernelDesc:
     output_padding: tuple[int, int] = (0, 0)
 
 
+@dataclass
+class AfKernelDesc:
+    """Two convolutions fused by bands of output rows (AFUSION, afusion_exec.c): each part is described as a compute
+    op (only the fused op is registered), plus where the second's inputs start and the band height."""
+
+    op_type: str
+    in_types: list[int]
+    out_types: list[int]
+    first: CtKernelDesc
+    second: CtKernelDesc
+    second_input: int  # op input index of the second convolution's packed weights
+    band_rows: int  # output rows of the second convolution per band
+
+
 _KIND = {"conv": "KIND_CONV", "conv_transpose": "KIND_CONV", "matmul": "KIND_MATMUL"}
 
 
@@ -80,18 +94,18 @@ def _c_array(ctype: str, name: str, values) -> str:
     return f"static const {ctype} {name}[] = {{{body}}};\n"
 
 
-def _compute_source(i: int, k: CtKernelDesc) -> tuple[str, str]:
-    """(declarations and tables, the descriptor's initializer) of compute op number i."""
+def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
+    """(declarations and tables, the descriptor's initializer) of a compute op whose C names start with `c`."""
     syms = [s for row in k.tiles for s in row]
     parts = [f"extern void {s}(const int64_t *);\n" for s in syms]
-    parts.append(_c_array("int", f"c{i}_in_types", k.in_types))
-    parts.append(_c_array("int", f"c{i}_out_types", k.out_types))
-    parts.append(_c_array("tile_fn", f"c{i}_tiles", syms))
-    parts.append(_c_array("int", f"c{i}_extra_kind", k.extra_kinds))
-    parts.append(_c_array("int64_t", f"c{i}_extra_nstride", k.extra_nstride))
-    init = (f'{{{{"{k.op_type}", {_KIND[k.kind]}, {len(k.in_types)}, {len(k.out_types)}, c{i}_in_types, '
-            f"c{i}_out_types}}, {k.mi}, {k.ni}, {k.lanes}, c{i}_tiles, {len(k.extra_kinds)}, c{i}_extra_kind, "
-            f"c{i}_extra_nstride, {k.oc}, {k.groups}, {k.kernel[0]}, {k.kernel[1]}, {k.strides[0]}, {k.strides[1]}, "
+    parts.append(_c_array("int", f"{c}_in_types", k.in_types))
+    parts.append(_c_array("int", f"{c}_out_types", k.out_types))
+    parts.append(_c_array("tile_fn", f"{c}_tiles", syms))
+    parts.append(_c_array("int", f"{c}_extra_kind", k.extra_kinds))
+    parts.append(_c_array("int64_t", f"{c}_extra_nstride", k.extra_nstride))
+    init = (f'{{{{"{k.op_type}", {_KIND[k.kind]}, {len(k.in_types)}, {len(k.out_types)}, {c}_in_types, '
+            f"{c}_out_types}}, {k.mi}, {k.ni}, {k.lanes}, {c}_tiles, {len(k.extra_kinds)}, {c}_extra_kind, "
+            f"{c}_extra_nstride, {k.oc}, {k.groups}, {k.kernel[0]}, {k.kernel[1]}, {k.strides[0]}, {k.strides[1]}, "
             f"{k.dilations[0]}, {k.dilations[1]}, {{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ic_g}, "
             f"{k.trans_a}, {k.in_blocked}, {k.out_blocked}, {k.channel_vectors}, {k.transposed}, "
             f"{{{k.output_padding[0]}, {k.output_padding[1]}}}}}")
@@ -120,10 +134,22 @@ def library_source(kernels: list, target: Target) -> str:
                      f"k{i}_in_sizes, k{i}_out_sizes, {len(k.variants)}, k{i}_masks, "
                      f"k{i}_variants, {k.generic}, k{i}_deps, {k.parallel_min}}};\n")
     for i, k in enumerate(ct):
-        decls, init = _compute_source(i, k)
+        decls, init = _compute_source(f"c{i}", k)
         parts.append(decls)
         parts.append(f"static const onnxopt_ct_desc c{i}_desc = {init};\n")
+    af = [k for k in kernels if isinstance(k, AfKernelDesc)]
+    for i, k in enumerate(af):
+        for part, sub in (("first", k.first), ("second", k.second)):
+            decls, init = _compute_source(f"a{i}_{part}", sub)
+            parts.append(decls)
+            parts.append(f"static const onnxopt_ct_desc a{i}_{part} = {init};\n")
+        parts.append(_c_array("int", f"a{i}_in_types", k.in_types))
+        parts.append(_c_array("int", f"a{i}_out_types", k.out_types))
+        parts.append(f'static const onnxopt_af_desc a{i}_desc = {{{{"{k.op_type}", KIND_AFUSION, {len(k.in_types)}, '
+                     f"{len(k.out_types)}, a{i}_in_types, a{i}_out_types}}, &a{i}_first, &a{i}_second, "
+                     f"{k.second_input}, {k.band_rows}}};\n")
     refs = [f"&k{i}_desc.sig" for i in range(len(ew))] + [f"&c{i}_desc.sig" for i in range(len(ct))]
+    refs += [f"&a{i}_desc.sig" for i in range(len(af))]
     pools = [k for k in kernels if isinstance(k, PoolKernelDesc)]
     parts.extend(pool_source(i, k) for i, k in enumerate(pools))
     refs += [f"&p{i}_desc.sig" for i in range(len(pools))]
@@ -135,7 +161,7 @@ def library_source(kernels: list, target: Target) -> str:
     parts.append(f"static int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n")
     files = resources.files("onnxopt.codegen.glue")
     glue = files.joinpath("ort_glue.c").read_text()
-    compute = files.joinpath("compute_exec.c").read_text()
+    compute = files.joinpath("compute_exec.c").read_text() + files.joinpath("afusion_exec.c").read_text()
     return glue.replace("/*@@LIBRARY@@*/", "".join(parts)).replace("/*@@COMPUTE@@*/", compute) \
         .replace("/*@@POOL@@*/", files.joinpath("pool_exec.c").read_text())
 

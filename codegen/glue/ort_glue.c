@@ -104,7 +104,7 @@ typedef void (*row_fn)(void **ins, void **outs, int64_t n);
 typedef void (*generic_fn)(void **ins, void **outs, int64_t n, const int64_t *inner_strides);
 
 /* What every fused op type declares to ORT; the first member of each kind's descriptor. */
-enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2, KIND_POOL = 3 };
+enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2, KIND_POOL = 3, KIND_AFUSION = 4 };
 typedef struct {
   const char *name;
   int kind;
@@ -151,6 +151,14 @@ typedef struct {
   int transposed;
   int64_t out_pad[2]; /* output_padding: rows, columns */
 } onnxopt_ct_desc;
+
+/* Two convolutions fused by bands of output rows (afusion_exec.c): the first's output stays in a scratch band. */
+typedef struct {
+  onnxopt_sig sig;
+  const onnxopt_ct_desc *first, *second; /* their sigs name nothing: only this op is registered */
+  int second_input;                      /* op input index of the second convolution's packed weights */
+  int64_t band_rows;                     /* output rows of the second convolution per band */
+} onnxopt_af_desc;
 
 /* MaxPool / AveragePool (2-D) or GlobalMaxPool / GlobalAveragePool with a fused epilogue (pool_exec.c runs it). */
 enum { POOL_MAX = 0, POOL_AVG = 1, POOL_GMAX = 2, POOL_GAVG = 3 };
@@ -391,6 +399,7 @@ static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx) {
   const onnxopt_sig *sig = (const onnxopt_sig *)kernel;
   if (sig->kind == KIND_ELEMENTWISE) return ew_compute((const onnxopt_ew_desc *)kernel, ctx);
   if (sig->kind == KIND_POOL) return pool_compute((const onnxopt_pool_desc *)kernel, ctx);
+  if (sig->kind == KIND_AFUSION) return af_compute((const onnxopt_af_desc *)kernel, ctx);
   return ct_compute((const onnxopt_ct_desc *)kernel, ctx);
 }
 static void op_destroy(void *kernel) { (void)kernel; }

@@ -52,11 +52,20 @@ class ComputeParams:
     tile: object = None  # a RegisterTile chosen by the tile search (retile below); None: the target's default
     # Conv: the weights after BatchNorm folding, [oc, ic_g, kh, kw], for re-packing in another layout.
     weights: np.ndarray | None = None
+    # op "afusion": the convolution regions fused into one kernel, producer first (onnxopt/fusion/afusion/siso.py)
+    parts: list = field(default_factory=list)
 
 
 def conv_macs_per_output(params: ComputeParams) -> float | None:
     """Multiply-adds per output element of a convolution or transposed convolution region (whose taps each reach
     1 / (sh * sw) of the output pixels); None for a matmul."""
+    if params.op == "afusion":  # per output of the last part; the halo recomputation is not counted
+        last = params.parts[-1].compute
+        per_last = conv_macs_per_output(last)
+        a = last.attrs
+        # each output pixel of the last convolution needs ~stride^2 pixels of the first's output
+        return per_last + sum(conv_macs_per_output(p.compute) * p.compute.attrs["oc"] for p in params.parts[:-1]) \
+            / a["oc"] / (a["strides"][0] * a["strides"][1])
     if params.op not in ("conv", "conv_transpose"):
         return None
     kh, kw = params.attrs["kernel"]

@@ -114,6 +114,8 @@ class Region:
             c = self.compute
             text += "|" + json.dumps([c.op, c.extra_kinds, c.extra_nstride,
                                       {k: repr(v) for k, v in sorted(c.attrs.items())}], sort_keys=True)
+            for part in c.parts:  # AFUSION: the fused convolutions' own kernels
+                text += "|part" + part.compute_op_type(target_name)
             tile = getattr(c, "tile", None)
             if tile is not None:  # a searched register tile: another kernel, another op type
                 text += "|tile" + json.dumps([tile.mi, tile.ni, tile.mii, tile.lanes])

@@ -1,0 +1,34 @@
+"""An AFUSION region (two convolutions in one kernel) -> native object and the glue's description.
+
+Both convolutions' tile functions go into one module, prefixed by the fused op type; the glue
+(codegen/glue/afusion_exec.c) runs the first into a scratch band and the second from it.
+"""
+
+from __future__ import annotations
+
+from onnxopt.fusion.region import Region
+
+from ..compile import compile_object, new_module
+from ..elementwise.types import ONNX_ENUM
+from ..glue.library import AfKernelDesc
+from ..target import Target
+from .build import define_compute
+
+
+def build_afusion(region: Region, target: Target) -> tuple[bytes, AfKernelDesc, str]:
+    """Returns (object code, glue description, LLVM IR text)."""
+    first, second = region.compute.parts
+    module = new_module(target, region.op_type)
+    d1 = define_compute(module, first, f"{region.op_type}_first", target)
+    d2 = define_compute(module, second, f"{region.op_type}_second", target)
+    d2.in_blocked = 1  # it reads the blocked band, whatever layout its fallback takes
+    ir_text = str(module)
+    desc = AfKernelDesc(
+        op_type=region.op_type,
+        in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
+        out_types=[ONNX_ENUM["float32"]] * len(region.outputs),
+        first=d1, second=d2,
+        second_input=len(first.inputs),
+        band_rows=int(region.compute.attrs["band_rows"]),
+    )
+    return compile_object(ir_text, target), desc, ir_text

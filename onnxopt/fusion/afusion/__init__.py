@@ -1,0 +1,53 @@
+"""AFUSION (OptiFX §2-3): the tile algebra of fused region-op chains and the rules for when they may be fused."""
+
+from .legality import (
+    AFUSION_CONSUMERS,
+    AFUSION_PRODUCERS,
+    COMPUTE_TYPES,
+    EOP_TYPES,
+    ROP_TYPES,
+    AfusionRegion,
+    FusionGraph,
+    afusion_region,
+    check_afusion,
+    check_horizontal,
+    rop_geometry,
+)
+from .tiles import (
+    BandRows,
+    ConvGeometry,
+    RegionRows,
+    RowOp,
+    band_rows,
+    chain_tiles,
+    input_tile,
+    redundant_elements,
+    redundant_flops,
+    region_rows,
+    simo_tile,
+)
+
+__all__ = [
+    "AFUSION_CONSUMERS",
+    "AFUSION_PRODUCERS",
+    "COMPUTE_TYPES",
+    "EOP_TYPES",
+    "ROP_TYPES",
+    "AfusionRegion",
+    "BandRows",
+    "ConvGeometry",
+    "FusionGraph",
+    "RegionRows",
+    "RowOp",
+    "afusion_region",
+    "band_rows",
+    "chain_tiles",
+    "check_afusion",
+    "check_horizontal",
+    "input_tile",
+    "redundant_elements",
+    "redundant_flops",
+    "region_rows",
+    "rop_geometry",
+    "simo_tile",
+]

@@ -1,0 +1,141 @@
+"""AFUSION SISO: two convolution regions (each with its epilogue) fused into one kernel.
+
+The first convolution's output tile is kept in a scratch band (codegen/glue/afusion_exec.c) and the second reads
+it there; the intermediate tensor is never written. The fused region's inputs are the first region's, then the
+second's without the intermediate; its outputs are the second's. Its function fallback is the two regions' fallbacks
+one after the other, so the model is correct without the library.
+
+What the kernel supports (`siso_reason` says why not, in words a report can show):
+- both are 2-D float32 convolutions on the channel-vector kernel (8 or more lanes): the second with one group, the
+  first with one group or depthwise (which reads channel vectors: an NCHW input is reordered to blocked first);
+- the first has a single output, the intermediate, read by nothing but the second (as its input only);
+- the first's epilogue inputs are per channel or scalars (a per-pixel one would need the band's offsets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import onnx
+
+from ..compute import POSITION, ComputeParams
+from ..layout import is_depthwise, with_channel_vectors
+from ..region import EwProgram, Region
+
+# The band lives in the core's private L2 next to the weights it streams; half of it for the band.
+DEFAULT_SCRATCH_BYTES = 512 * 1024
+
+
+def _conv_part_reason(r: Region, which: str) -> str | None:
+    c = r.compute
+    if c is None or c.op != "conv":
+        return f"the {which} region is not a convolution"
+    a = c.attrs
+    if len(a.get("kernel", ())) != 2:
+        return f"the {which} convolution is not 2-D"
+    if a["groups"] != 1 and not (which == "first" and is_depthwise(c)):
+        return f"the {which} convolution is grouped (only a depthwise first convolution is supported)"
+    if c.weights is None:
+        return f"the {which} convolution's weights are not constant"
+    if c.tile is not None:
+        return f"the {which} convolution has a searched register tile"
+    return None
+
+
+def siso_reason(first: Region, second: Region, lanes: int, consumers: dict[str, list] | None = None,
+                graph_outputs: set[str] = frozenset()) -> str | None:
+    """None when `first` -> `second` can run as one AFUSION kernel, else why not."""
+    if lanes < 8:
+        return "AFUSION runs on the channel-vector kernel, which needs 8 or more lanes"
+    for r, which in ((first, "first"), (second, "second")):
+        why = _conv_part_reason(r, which)
+        if why:
+            return why
+    if len(first.outputs) != 1:
+        return "the first convolution's region has more than one output"
+    t = first.outputs[0]
+    if second.inputs[0] != t:
+        return "the second convolution does not read the first one's output as its input"
+    if t in second.inputs[1:]:
+        return "the second convolution also reads the intermediate in its epilogue"
+    if t in graph_outputs:
+        return "the intermediate is a graph output; it would have to be written"
+    if consumers is not None and len(consumers.get(t, [])) != 1:
+        return "the intermediate is also read outside the pair; it would have to be written"
+    c1 = first.compute
+    extras = first.inputs[len(first.inputs) - len(c1.extra_kinds):]
+    if any(k == POSITION for k in c1.extra_kinds):
+        return "the first convolution's epilogue reads a per-pixel input (" + \
+            ", ".join(x for x, k in zip(extras, c1.extra_kinds) if k == POSITION) + ")"
+    return None
+
+
+def band_bytes(first: Region, second: Region, lanes: int, band_rows: int, out_w1: int) -> int:
+    """Bytes of the scratch band for `band_rows` output rows of the second convolution (afusion_exec.c)."""
+    a1, a2 = first.compute.attrs, second.compute.attrs
+    rows = (band_rows - 1) * a2["strides"][0] + (a2["kernel"][0] - 1) * a2["dilations"][0] + 1
+    cols = out_w1 + a2["pads"][1] + a2["pads"][3]
+    return -(-a1["oc"] // lanes) * rows * cols * lanes * 4
+
+
+def choose_band_rows(first: Region, second: Region, lanes: int, out_h2: int, out_w1: int, batch: int,
+                     threads: int, scratch_bytes: int = DEFAULT_SCRATCH_BYTES) -> int:
+    """The tallest band whose scratch fits `scratch_bytes`, keeping at least two bands per thread when the output
+    has the rows for it (a thread whose band is the last, short one waits for the others)."""
+    rows = 1
+    while rows < out_h2 and band_bytes(first, second, lanes, rows + 1, out_w1) <= scratch_bytes:
+        rows += 1
+    want_bands = 2 * max(1, threads)
+    if batch * -(-out_h2 // rows) < want_bands:
+        rows = max(1, min(rows, -(-batch * out_h2 // want_bands)))
+    return rows
+
+
+def _distinct_names(body: list, before: list) -> list:
+    """`body` with the tensors it makes renamed where `before` makes the same names: the two fallbacks both name
+    the intermediate's NCHW form when it is blocked (one blocks it, the other unblocks it), and a function body must
+    assign each name once."""
+    taken = {o for n in before for o in n.output}
+    renames = {o: f"{o}__second" for n in body for o in n.output if o in taken}
+    out = []
+    for n in body:
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        for seq in (m.input, m.output):
+            for i, x in enumerate(seq):
+                seq[i] = renames.get(x, x)
+        out.append(m)
+    return out
+
+
+def fuse_siso(first: Region, second: Region, lanes: int, ni: int, opset: int, band_rows: int) -> Region:
+    """The AFUSION region of `first` -> `second` (check `siso_reason` first). The regions are copied: a plan's
+    other regions may share their parameters."""
+    parts = []
+    for r in (first, second):
+        r = replace(r, inputs=list(r.inputs), outputs=list(r.outputs), measured={})
+        c = r.compute
+        if c.attrs.get("out_blocked") or c.attrs.get("channel_vectors"):
+            r.compute = replace(c, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
+            if r.op_type_key:
+                r.compute_op_type(r.op_type_key)
+        else:
+            with_channel_vectors(r, lanes, ni, opset)
+        parts.append(r)
+    p1, p2 = parts
+    c1, c2 = p1.compute, p2.compute
+    compute = ComputeParams(
+        op="afusion",
+        attrs={"band_rows": int(band_rows), "in_blocked": int(c1.attrs.get("in_blocked", 0)),
+               "out_blocked": int(c2.attrs.get("out_blocked", 0)), "block": lanes},
+        initializers=list(c1.initializers) + list(c2.initializers),
+        body=list(c1.body) + _distinct_names(c2.body, c1.body),
+        orig_consts=list(c1.orig_consts) + list(c2.orig_consts),
+        parts=[p1, p2],
+    )
+    program = EwProgram(inputs=[], consts={}, ops=[], outputs=[])  # the parts carry the epilogues
+    fused = Region(kind="afusion", nodes=list(p1.nodes) + list(p2.nodes), inputs=list(p1.inputs) + list(p2.inputs[1:]),
+                   outputs=list(p2.outputs), program=program, shape=list(p2.shape), compute=compute)
+    if first.op_type_key:
+        fused.compute_op_type(first.op_type_key)
+    return fused

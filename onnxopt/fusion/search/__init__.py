@@ -1,0 +1,58 @@
+"""OptiFX's search (§4): candidate sub-graphs pruned with the roofline (Algorithm 1) and the backtracking search
+over fusion plans (Algorithm 2)."""
+
+from .backtrack import (
+    THETA_EX,
+    CostSource,
+    NodeKernel,
+    RooflineCostSource,
+    SearchResult,
+    backtrack_search,
+    node_kernels,
+    plan_cost,
+    valid_plan,
+)
+from .candidates import (
+    DEFAULT_BAND_HEIGHT,
+    KINDS,
+    T_GRAPH,
+    THETA_OPT,
+    Candidate,
+    CandidateResult,
+    Leaf,
+    Refusal,
+    default_scratch_limit,
+    enumerate_candidates,
+    fusion_order,
+    generate_candidates,
+    graph_split,
+    node_key,
+    signature,
+)
+
+__all__ = [
+    "DEFAULT_BAND_HEIGHT",
+    "KINDS",
+    "THETA_EX",
+    "THETA_OPT",
+    "T_GRAPH",
+    "Candidate",
+    "CandidateResult",
+    "CostSource",
+    "Leaf",
+    "NodeKernel",
+    "Refusal",
+    "RooflineCostSource",
+    "SearchResult",
+    "backtrack_search",
+    "default_scratch_limit",
+    "enumerate_candidates",
+    "fusion_order",
+    "generate_candidates",
+    "graph_split",
+    "node_kernels",
+    "node_key",
+    "plan_cost",
+    "signature",
+    "valid_plan",
+]
