@@ -442,7 +442,7 @@ def test_registry():
     assert m.graph.input[0].name == "images"
     assert build_model("resnet50", image_size=32, num_classes=10).graph.input[0].name == "input"
     assert build_model("ocr_detector", image_size=32).graph.output[0].name == "maps"
-    with pytest.raises(UsageError, match="bert, mobilenetv3, ocr_detector, resnet50, yolo"):
+    with pytest.raises(UsageError, match="known models: .*bert, .*mobilenetv3, .*resnet50, .*yolo"):
         build_model("resnet")
     with pytest.raises(UsageError):
         build_model("bert", image_size=64)
