@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from onnxopt.models import build_model
+from onnxopt.models.conv_shapes import optifx_model
 
 from onnxopt.errors import UsageError
 from onnxopt.fusion.afusion import FusionGraph
@@ -25,13 +27,6 @@ from onnxopt.fusion.search import (
     valid_plan,
 )
 from onnxopt.hardware.presets import get_preset
-
-try:
-    from onnxopt.models import MODELS, build_model
-    from onnxopt.models.conv_shapes import optifx_model
-except ImportError:
-    from models import MODELS, build_model
-    from models.conv_shapes import optifx_model
 
 F32 = TensorProto.FLOAT
 A6000 = get_preset("rtx-6000-ada")
@@ -200,8 +195,6 @@ def test_roofline_costs_match_brute_force(toy, toy_plans):
 
 @pytest.mark.parametrize("name", ["toy", "fires", "G1", "G3", "G4", "G5", "G6", "G7", "squeezenet"])
 def test_pruned_and_unpruned_candidates_give_the_same_plan(name):
-    if name == "squeezenet" and name not in MODELS:
-        pytest.skip("build_model('squeezenet') is not available")
     model = {"toy": toy_model, "fires": fires_model}.get(name, lambda: None)() or \
         (build_model(name) if name == "squeezenet" else optifx_model(name, bias=False))
     r = generate_candidates(model, A6000)
@@ -312,8 +305,6 @@ def test_errors(toy):
 
 @pytest.mark.parametrize("name", ["densenet_bc", "nasnet_a", "inception_v3"])
 def test_network_sized_searches_finish(name):
-    if name not in MODELS:
-        pytest.skip(f"build_model({name!r}) is not available")
     r = generate_candidates(build_model(name), A6000)
     for cands in (r.candidates, r.enumerated):  # the enumerated set ignores GraphSplit: more overlap
         result = backtrack_search(r, cands, budget_s=30)
