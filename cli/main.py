@@ -59,6 +59,9 @@ def _optimize_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cost-cache", action="store_true", help="time every kernel again; read and write no cache")
     p.add_argument("--no-tile-search", action="store_true", help="use the target's default register tile for "
                    "compute kernels instead of timing a few")
+    p.add_argument("--tune-budget", type=float, default=20.0, metavar="SECONDS",
+                   help="time for the register-tile search, largest regions first; the rest keep the default tile "
+                   "(default 20; results are kept in the cost cache, so a second run spends less)")
     p.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true")
@@ -80,7 +83,7 @@ def cmd_optimize(argv) -> int:
                       skip_fusion=(a.skip_fusion or []) + (["afusion"] if a.no_afusion else []),
                       verify=not a.no_verify, measure=not a.no_measure, min_speedup=a.min_speedup, seed=a.seed, plan=a.plan,
                       cost_cache=False if a.no_cost_cache else a.cost_cache, tile_search=not a.no_tile_search,
-                      search_budget=a.search_budget, prune=not a.no_prune,
+                      search_budget=a.search_budget, prune=not a.no_prune, tune_budget=a.tune_budget,
                       progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None)
     if a.report:
         with open(a.report, "w") as f:

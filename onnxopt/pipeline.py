@@ -75,6 +75,8 @@ class Options:
     tile_search: bool = True  # time a few register tiles per compute region (with measure)
     search_budget: float = 60.0  # seconds for the backtracking search over fusion plans (onnxopt/fusion/search)
     prune: bool = True  # prune fusion candidates by the roofline (OptiFX's theta_opt)
+    # Seconds for the register-tile search (onnxopt/tune); regions past it keep the default tile. Largest first.
+    tune_budget: float = 20.0
 
 
 def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -237,10 +239,13 @@ def optimize(model, output: str | None = None, **kwargs) -> Result:
         cost_cache=kwargs.pop("cost_cache", None),
         tile_search=bool(kwargs.pop("tile_search", True)),
         search_budget=float(kwargs.pop("search_budget", 60.0)),
+        tune_budget=float(kwargs.pop("tune_budget", 20.0)),
         prune=bool(kwargs.pop("prune", True)),
     )
     if opts.search_budget <= 0:
         raise UsageError(f"--search-budget {opts.search_budget}: give a positive number of seconds")
+    if opts.tune_budget < 0:
+        raise UsageError(f"--tune-budget {opts.tune_budget}: give a number of seconds, 0 or more")
     if kwargs:
         raise UsageError(f"unknown option(s) {', '.join(kwargs)} for onnxopt.optimize")
     if opts.plan is not None and opts.plan not in PLANS:
@@ -264,6 +269,8 @@ class _Optimizer:
         self.costs = None  # the CostCache, opened on first use (_cost_cache)
         self.tile_info: dict[int, dict] = {}  # id(region) -> its tile and tile search, for the report
         self.prebuilt: dict[str, tuple] = {}  # op type -> (object, desc) compiled by the tile search
+        self.pair_predictions: dict[tuple, dict] = {}  # AFUSION pair -> the search's roofline prediction
+        self.afusion_chosen: list = []  # the AFUSION plan's pairs (fusion/afusion/plan.py), as in report["afusion"]
 
     def say(self, msg: str):
         if self.opts.progress:
@@ -401,6 +408,7 @@ class _Optimizer:
                 self.report["regions"] = [e for e in self.report["regions"] if e.get("nodes") != r.node_names
                                           or e.get("op_type") != r.op_type]
         accepted = kept
+        self._afusion_savings()
         self.report["timings"]["kernel_check_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -461,16 +469,18 @@ class _Optimizer:
                                        self.opts.threads or os.cpu_count() or 1)
         self.report.setdefault("afusion", {})["refused"] = refused
         chosen = self._search_pairs(work, pairs)
-        self.report["afusion"]["pairs"] = [{"nodes": p.first.node_names + p.second.node_names,
-                                            "band_rows": p.band_rows} for p in chosen]
+        self.afusion_chosen = chosen
+        self.report["afusion"]["pairs"] = [dict({"nodes": p.node_names, "pattern": p.pattern,
+                                                 "band_rows": p.band_rows},
+                                                **self.pair_predictions.get(_pair_key(p), {})) for p in chosen]
         if not chosen:
             return None
         return apply_pairs(blocked_plan, chosen, mk.lanes, mk.tile.ni, _opset(work))
 
     def _search_pairs(self, work, pairs):
         """OptiFX's candidates (Algorithm 1) and backtracking search (Algorithm 2, onnxopt/fusion/search) over the
-        whole graph, costed by the roofline; the AFUSION SISO candidates of the plan it finds pick which legal pairs
-        are fused. The candidate counts and the search's figures go in report["search"]. When the search fails, every
+        whole graph, costed by the roofline; the AFUSION SISO and SIMO candidates of the plan it finds pick which legal
+        groups are fused. The candidate counts and the search's figures go in report["search"]. When the search fails, every
         legal pair is taken in graph order (greedy_pairs)."""
         from onnxopt.fusion.search import backtrack_search, generate_candidates
 
@@ -486,8 +496,17 @@ class _Optimizer:
                           "stopped_by_budget": res.stopped_by_budget, "seconds": time.perf_counter() - t,
                           "plan": [{"kind": c.kind, "pattern": c.pattern, "nodes": list(c.members),
                                     "predicted_speedup": c.predicted_speedup} for c in res.plan]})
-            wanted = {frozenset(c.rops) for c in res.plan if c.kind == "afusion" and c.pattern == "SISO"}
-            chosen = [p for p in pairs if frozenset(p.first.node_names[:1] + p.second.node_names[:1]) in wanted]
+            fusable = ("SISO", "SIMO")
+            wanted = {frozenset(c.rops) for c in res.plan if c.kind == "afusion" and c.pattern in fusable}
+            # The roofline's prediction for each group (pruned or not: every legal group can be forced).
+            known = {frozenset(c.rops): c for c in cands.enumerated if c.kind == "afusion" and c.pattern in fusable}
+            for p in pairs:
+                c = known.get(_pair_rops(p))
+                if c is not None:
+                    self.pair_predictions[_pair_key(p)] = {"predicted": {
+                        "separate_s": c.seconds_before, "fused_s": c.seconds_after,
+                        "saving_s": c.seconds_before - c.seconds_after, "speedup": c.predicted_speedup}}
+            chosen = [p for p in pairs if _pair_rops(p) in wanted]
             entry["afusion_pairs_chosen"] = len(chosen)
             if os.environ.get("ONNXOPT_AFUSION_PAIRS") == "all":  # tests and benchmarks: every legal pair
                 return greedy_pairs(pairs)
@@ -498,23 +517,50 @@ class _Optimizer:
         finally:
             self.report["timings"]["fusion_search_s"] = time.perf_counter() - t
 
+    def _afusion_savings(self):
+        """Each AFUSION group's measured saving: its convolutions as our separate kernels (as checked in the base
+        plan) against the fused kernel, and the fused kernel against onnxruntime on the same nodes."""
+        entries = {(e["op_type"], tuple(e["nodes"])): e for e in self.report["regions"]}
+        for p, pair in zip(self.afusion_chosen, (self.report.get("afusion") or {}).get("pairs", [])):
+            # The parts' own kernels (their op types are known now) as the base plan checked them.
+            parts = [entries.get((r.op_type, tuple(r.node_names))) for r in [p.first, *p.seconds]]
+            fused = next((e for e in self.report["regions"] if e["nodes"] == pair["nodes"]), None)
+            if not all(e and "measured_fused_s" in e for e in [*parts, fused]):
+                pair["measured"] = None  # not measured: --no-measure, --plan afusion (no parts built), a rejection
+                continue
+            separate = sum(e["measured_fused_s"] for e in parts)
+            pair["measured"] = {"separate_s": separate, "fused_s": fused["measured_fused_s"],
+                                "saving_s": separate - fused["measured_fused_s"],
+                                "speedup": separate / fused["measured_fused_s"],
+                                "onnxruntime_s": fused["measured_original_s"]}
+
     def _build(self, regions):
-        """Compile each distinct kernel once; a region whose kernel fails to compile is rejected."""
+        """Compile each distinct kernel once, on all cores (codegen/parallel.py); a region whose kernel fails to
+        compile is rejected."""
+        from onnxopt.codegen.parallel import build_many
+
         built = {}  # op_type -> (obj, desc, [regions])
+        todo: dict[str, list[Region]] = {}
         for r in regions:
             if r.relayout is not None:  # onnxruntime's own nodes: nothing to compile
                 continue
-            if r.op_type in built:
-                built[r.op_type][2].append(r)
+            if r.op_type in self.prebuilt:
+                built.setdefault(r.op_type, (*self.prebuilt[r.op_type], []))[2].append(r)
                 continue
-            try:
-                builder = build_pool if r.pool is not None else build_compute if r.compute is not None \
-                    else build_elementwise
-                obj, desc = self.prebuilt.get(r.op_type) or builder(r, self.opts.target)[:2]
-            except Exception as e:  # noqa: BLE001 - reported, region left unfused
-                self._reject(r, f"code generation failed: {type(e).__name__}: {e}")
+            todo.setdefault(r.op_type, []).append(r)
+
+        def job(r):
+            builder = build_pool if r.pool is not None else build_compute if r.compute is not None \
+                else build_elementwise
+            return lambda: builder(r, self.opts.target)
+
+        results = build_many([job(rs[0]) for rs in todo.values()])
+        for (op_type, rs), res in zip(todo.items(), results):
+            if isinstance(res, Exception):  # reported, regions left unfused
+                for r in rs:
+                    self._reject(r, f"code generation failed: {res}")
                 continue
-            built[r.op_type] = (obj, desc, [r])
+            built[op_type] = (res[0], res[1], rs)
         return built
 
     def _cost_cache(self):
@@ -566,23 +612,33 @@ class _Optimizer:
         type) before the kernels are built. Regions with the same op type and shapes are searched once."""
         from onnxopt.annotate.shapes import tensor_info
 
+        from onnxopt.tune.tile_search import region_flops
+
         t = time.perf_counter()
         info = tensor_info(work)
         done: dict[tuple, object] = {}
-        for r in regions:
-            if r.compute is None or r.compute.op == "afusion":
-                continue
+        # Largest first, so that a tuning budget spent leaves the default tile on the cheapest regions.
+        order = sorted((r for r in regions if r.compute is not None and r.compute.op != "afusion"),
+                       key=lambda r: -region_flops(r, info, self._bindings()))
+        split = {"build_s": 0.0, "measure_s": 0.0}
+        for r in order:
             feeds_key = (r.op_type, tuple(tuple(d if isinstance(d, int) else self.bindings.get(d, d)
                                                 for d in (info[x].shape if x in info else ()))
                                           for x in runtime_inputs(r, work)))
+            spent = time.perf_counter() - t
+            over = f"the tuning budget ({self.opts.tune_budget:g} s) is spent" if spent > self.opts.tune_budget \
+                else None
             try:
                 res = done.get(feeds_key) or search_tile(r, work, self.opts.target, self.opts.threads,
                                                           self._cost_cache(), info=info, bindings=self._bindings(),
-                                                          seed=self.opts.seed)
+                                                          seed=self.opts.seed, cache_only=over)
             except Exception as e:  # noqa: BLE001 - the search is an optimization: keep the default tile
                 self.tile_info[id(r)] = {"tile": self._tile_of(r), "tile_search": {"skipped": f"{type(e).__name__}: "
                                                                                               f"{e}"[:300]}}
                 continue
+            if feeds_key not in done:
+                split["build_s"] += res.build_s
+                split["measure_s"] += res.measure_s
             done[feeds_key] = res
             self.prebuilt.update(res.built)
             if res.changed:
@@ -605,8 +661,12 @@ class _Optimizer:
                                       "changed": sum(1 for x in searches if not x.get("skipped")
                                                      and (x["chosen"] != x["default"]
                                                           or x.get("vectors", "pixels") != "pixels")),
-                                      "skipped": sum(1 for x in searches if x.get("skipped"))}
+                                      "skipped": sum(1 for x in searches if x.get("skipped")),
+                                      "over_budget": sum(1 for x in searches if "tuning budget" in x.get("skipped", "")),
+                                      "budget_s": self.opts.tune_budget}
         self.report["timings"]["tile_search_s"] = time.perf_counter() - t
+        self.report["timings"]["tile_search_build_s"] = split["build_s"]
+        self.report["timings"]["tile_search_measure_s"] = split["measure_s"]
 
     def _reject(self, r: Region, reason: str):
         r.rejected = reason
@@ -859,6 +919,7 @@ class _Optimizer:
             self._cleanup([lib_path])
             lib_result = None
         self.report["timings"]["total_s"] = time.perf_counter() - t_start
+        self.report["offline"] = offline_split(self.report["timings"])
         return Result(fused, self.report, self.output, lib_result)
 
     def _cleanup(self, paths):
@@ -903,6 +964,31 @@ class _Optimizer:
                 f"verification failed: output {d.name} differs (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
                 "nothing was written. Loosen with --rtol/--atol if this is expected, or skip a fusion with "
                 "--skip-fusion")
+
+
+def _pair_key(pair) -> tuple:
+    return tuple(pair.node_names)
+
+
+def _pair_rops(pair) -> frozenset:
+    """An AFUSION group's convolutions, as the search's candidates name them (their ROPs)."""
+    return frozenset(r.node_names[0] for r in [pair.first, *pair.seconds])
+
+
+def offline_split(timings: dict) -> dict:
+    """The offline time in OptiFX's three parts (its Table 7): searching (finding regions and the fusion plan),
+    code generation (the kernels, and the tile search's candidates) and measurement (checking and timing kernels,
+    the whole-model decision, verification); the rest is loading and writing."""
+    t = {k: float(v) for k, v in timings.items()}
+    tuned = t.get("tile_search_s", 0.0)
+    tune_build = t.get("tile_search_build_s", 0.0)
+    out = {"search_s": t.get("search_s", 0.0),
+           "codegen_s": t.get("codegen_s", 0.0) + tune_build,
+           "measurement_s": (tuned - tune_build) + t.get("kernel_check_s", 0.0) + t.get("model_check_s", 0.0)
+           + t.get("verify_s", 0.0),
+           "total_s": t.get("total_s", 0.0)}
+    out["other_s"] = max(0.0, out["total_s"] - out["search_s"] - out["codegen_s"] - out["measurement_s"])
+    return out
 
 
 def _consistent_layouts(regions: list[Region]) -> list[Region]:

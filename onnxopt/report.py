@@ -38,7 +38,12 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
 
         t.add_row("Kernel Library", "", f"{os.path.basename(out['library'])} ({_fmt_bytes(os.path.getsize(out['library']))})")
     t.add_row("Elapsed Time", "", f"{report.get('timings', {}).get('total_s', 0):.2f} s")
+    off = report.get("offline")
+    if off:  # OptiFX's Table 7 split
+        t.add_row("  search / codegen / measurement", "",
+                  f"{off['search_s']:.1f} / {off['codegen_s']:.1f} / {off['measurement_s']:.1f} s")
     console.print(t)
+    _render_afusion(report, console)
 
     regions = report.get("regions", [])
     if regions:
@@ -75,6 +80,28 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
         worst = max((o["max_abs"] for o in v["outputs"]), default=0.0)
         console.print(f"[green]verified[/green]: {len(v['outputs'])} outputs match the original "
                       f"(max abs diff {worst:.3g})" if v["ok"] else "[red]verification failed[/red]")
+
+
+def _render_afusion(report: dict, console: Console) -> None:
+    """The AFUSION pairs of the afusion plan: the search's roofline saving and the measured one (our two separate
+    kernels against the fused kernel), whether or not the whole-model timing kept the plan."""
+    pairs = (report.get("afusion") or {}).get("pairs") or []
+    if not pairs:
+        return
+    plan = (report.get("whole_model") or {}).get("plan")
+    at = Table(title=f"AFUSION pairs: {len(pairs)}" + (f" (emitted plan: {plan})" if plan else ""))
+    for c in ("first conv", "band rows", "predicted saving µs", "measured saving µs", "vs separate",
+              "vs onnxruntime"):
+        at.add_column(c, justify="left" if c == "first conv" else "right", no_wrap=c == "first conv")
+    for p in pairs:
+        pred, meas = p.get("predicted") or {}, p.get("measured") or {}
+        first = p["nodes"][0]
+        at.add_row(first if len(first) <= 24 else "…" + first[-23:], str(p["band_rows"]),
+                   f"{pred['saving_s'] * 1e6:.1f}" if pred else "-",
+                   f"{meas['saving_s'] * 1e6:.1f}" if meas else "-",
+                   f"{meas['speedup']:.2f}x" if meas else "-",
+                   f"{meas['onnxruntime_s'] / meas['fused_s']:.2f}x" if meas else "-")
+    console.print(at)
 
 
 def render_bench(result: dict, console: Console | None = None) -> None:

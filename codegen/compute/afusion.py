@@ -1,7 +1,8 @@
-"""An AFUSION region (two convolutions in one kernel) -> native object and the glue's description.
+"""An AFUSION region (a convolution and the one or more convolutions reading its output, in one kernel) -> native
+object and the glue's description.
 
-Both convolutions' tile functions go into one module, prefixed by the fused op type; the glue
-(codegen/glue/afusion_exec.c) runs the first into a scratch band and the second from it.
+Every convolution's tile functions go into one module, prefixed by the fused op type; the glue
+(codegen/glue/afusion_exec.c) runs the first into a scratch band and the seconds from it.
 """
 
 from __future__ import annotations
@@ -17,18 +18,22 @@ from .build import define_compute
 
 def build_afusion(region: Region, target: Target) -> tuple[bytes, AfKernelDesc, str]:
     """Returns (object code, glue description, LLVM IR text)."""
-    first, second = region.compute.parts
+    first, *seconds = region.compute.parts
     module = new_module(target, region.op_type)
     d1 = define_compute(module, first, f"{region.op_type}_first", target)
-    d2 = define_compute(module, second, f"{region.op_type}_second", target)
-    d2.in_blocked = 1  # it reads the blocked band, whatever layout its fallback takes
+    descs, inputs, at = [], [], len(first.inputs)
+    for b, second in enumerate(seconds):
+        d = define_compute(module, second, f"{region.op_type}_second{b}", target)
+        d.in_blocked = 1  # it reads the blocked band, whatever layout its fallback takes
+        descs.append(d)
+        inputs.append(at)  # the second's inputs without the intermediate: packed weights first
+        at += len(second.inputs) - 1
     ir_text = str(module)
     desc = AfKernelDesc(
         op_type=region.op_type,
         in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
         out_types=[ONNX_ENUM["float32"]] * len(region.outputs),
-        first=d1, second=d2,
-        second_input=len(first.inputs),
+        first=d1, seconds=descs, second_inputs=inputs,
         band_rows=int(region.compute.attrs["band_rows"]),
     )
     return compile_object(ir_text, target), desc, ir_text

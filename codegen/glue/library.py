@@ -74,18 +74,20 @@ class CtKernelDesc:
 
 @dataclass
 class AfKernelDesc:
-    """Two convolutions fused by bands of output rows (AFUSION, afusion_exec.c): each part is described as a compute
-    op (only the fused op is registered), plus where the second's inputs start and the band height."""
+    """A convolution and the convolutions reading its output (one: SISO, more: SIMO) fused by bands of output rows
+    (AFUSION, afusion_exec.c): each part is described as a compute op (only the fused op is registered), plus where
+    each second's inputs start and the band height."""
 
     op_type: str
     in_types: list[int]
     out_types: list[int]
     first: CtKernelDesc
-    second: CtKernelDesc
-    second_input: int  # op input index of the second convolution's packed weights
-    band_rows: int  # output rows of the second convolution per band
+    seconds: list[CtKernelDesc]
+    second_inputs: list[int]  # op input index of each second convolution's packed weights
+    band_rows: int  # output rows of the second convolutions per band
 
 
+AF_MAX_SECOND = 4  # as ort_glue.c
 _KIND = {"conv": "KIND_CONV", "conv_transpose": "KIND_CONV", "matmul": "KIND_MATMUL"}
 
 
@@ -139,15 +141,20 @@ def library_source(kernels: list, target: Target) -> str:
         parts.append(f"static const onnxopt_ct_desc c{i}_desc = {init};\n")
     af = [k for k in kernels if isinstance(k, AfKernelDesc)]
     for i, k in enumerate(af):
-        for part, sub in (("first", k.first), ("second", k.second)):
+        if not 1 <= len(k.seconds) <= AF_MAX_SECOND:
+            raise ValueError(f"an AFUSION kernel has 1 to {AF_MAX_SECOND} second convolutions, not {len(k.seconds)}")
+        names = ["first"] + [f"second{b}" for b in range(len(k.seconds))]
+        for part, sub in zip(names, [k.first] + list(k.seconds)):
             decls, init = _compute_source(f"a{i}_{part}", sub)
             parts.append(decls)
             parts.append(f"static const onnxopt_ct_desc a{i}_{part} = {init};\n")
         parts.append(_c_array("int", f"a{i}_in_types", k.in_types))
         parts.append(_c_array("int", f"a{i}_out_types", k.out_types))
+        seconds = ", ".join(f"&a{i}_{n}" for n in names[1:])
+        inputs = ", ".join(str(x) for x in k.second_inputs)
         parts.append(f'static const onnxopt_af_desc a{i}_desc = {{{{"{k.op_type}", KIND_AFUSION, {len(k.in_types)}, '
-                     f"{len(k.out_types)}, a{i}_in_types, a{i}_out_types}}, &a{i}_first, &a{i}_second, "
-                     f"{k.second_input}, {k.band_rows}}};\n")
+                     f"{len(k.out_types)}, a{i}_in_types, a{i}_out_types}}, &a{i}_first, {len(k.seconds)}, "
+                     f"{{{seconds}}}, {{{inputs}}}, {k.band_rows}}};\n")
     refs = [f"&k{i}_desc.sig" for i in range(len(ew))] + [f"&c{i}_desc.sig" for i in range(len(ct))]
     refs += [f"&a{i}_desc.sig" for i in range(len(af))]
     pools = [k for k in kernels if isinstance(k, PoolKernelDesc)]

@@ -152,12 +152,16 @@ typedef struct {
   int64_t out_pad[2]; /* output_padding: rows, columns */
 } onnxopt_ct_desc;
 
-/* Two convolutions fused by bands of output rows (afusion_exec.c): the first's output stays in a scratch band. */
+/* A convolution and the convolutions that read its output (one: SISO; more: SIMO), fused by bands of output rows
+   (afusion_exec.c): the first's output stays in a scratch band. */
+#define AF_MAX_SECOND 4
 typedef struct {
   onnxopt_sig sig;
-  const onnxopt_ct_desc *first, *second; /* their sigs name nothing: only this op is registered */
-  int second_input;                      /* op input index of the second convolution's packed weights */
-  int64_t band_rows;                     /* output rows of the second convolution per band */
+  const onnxopt_ct_desc *first; /* the parts' sigs name nothing: only this op is registered */
+  int n_second;
+  const onnxopt_ct_desc *second[AF_MAX_SECOND];
+  int second_input[AF_MAX_SECOND]; /* op input index of each second convolution's packed weights */
+  int64_t band_rows;               /* output rows of the second convolutions per band */
 } onnxopt_af_desc;
 
 /* MaxPool / AveragePool (2-D) or GlobalMaxPool / GlobalAveragePool with a fused epilogue (pool_exec.c runs it). */

@@ -32,7 +32,9 @@ META_VERSION = "onnxopt.version"
 def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
     inits = {t.name: t for t in model.graph.initializer}
     body = []
-    used_consts = [c for c in region.program.consts if c in inits]
+    # An AFUSION region's epilogues are its parts' (fusion/afusion/siso.py): their constants too.
+    programs = [region.program] + [p.program for p in (region.compute.parts if region.compute is not None else [])]
+    used_consts = list(dict.fromkeys(c for prog in programs for c in prog.consts if c in inits))
     for name in used_consts:
         body.append(helper.make_node("Constant", [], [name], value=inits[name]))
     # Compute regions carry their own body: the original ops, rewritten to read the packed weights.

@@ -59,13 +59,13 @@ class ComputeParams:
 def conv_macs_per_output(params: ComputeParams) -> float | None:
     """Multiply-adds per output element of a convolution or transposed convolution region (whose taps each reach
     1 / (sh * sw) of the output pixels); None for a matmul."""
-    if params.op == "afusion":  # per output of the last part; the halo recomputation is not counted
-        last = params.parts[-1].compute
-        per_last = conv_macs_per_output(last)
-        a = last.attrs
-        # each output pixel of the last convolution needs ~stride^2 pixels of the first's output
-        return per_last + sum(conv_macs_per_output(p.compute) * p.compute.attrs["oc"] for p in params.parts[:-1]) \
-            / a["oc"] / (a["strides"][0] * a["strides"][1])
+    if params.op == "afusion":  # per element of the first second's output; the halo recomputation is not counted
+        first, seconds = params.parts[0].compute, [p.compute for p in params.parts[1:]]
+        ref = seconds[0].attrs
+        # each output pixel of the seconds needs ~stride^2 pixels of the first's output
+        per_pixel = sum(conv_macs_per_output(c) * c.attrs["oc"] for c in seconds) \
+            + conv_macs_per_output(first) * first.attrs["oc"] / (ref["strides"][0] * ref["strides"][1])
+        return per_pixel / ref["oc"]
     if params.op not in ("conv", "conv_transpose"):
         return None
     kh, kw = params.attrs["kernel"]

@@ -48,9 +48,10 @@ def blocked_inputs(region: Region) -> set[str]:
     if region.relayout is not None:
         return set(region.inputs)
     c = region.compute
-    if c is not None and c.op == "afusion":  # the first part's input, the last part's per-pixel epilogue inputs
-        first, last = c.parts[0], c.parts[-1]
-        return ({region.inputs[0]} & blocked_inputs(first)) | (blocked_inputs(last) - {last.inputs[0]})
+    if c is not None and c.op == "afusion":  # the first part's input, the seconds' per-pixel epilogue inputs
+        first, seconds = c.parts[0], c.parts[1:]
+        return ({region.inputs[0]} & blocked_inputs(first)).union(*(blocked_inputs(s) - {s.inputs[0]}
+                                                                    for s in seconds))
     if c is None or c.op != "conv":
         return set()
     names = {region.inputs[0]} if c.attrs.get("in_blocked") else set()

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from onnxopt.codegen.compute.build import build_compute
 from onnxopt.codegen.glue.library import link_library
+from onnxopt.codegen.parallel import build_many
 from onnxopt.codegen.microkernel.register_tile import RegisterTile, candidate_tiles
 from onnxopt.codegen.microkernel.registry import select
 from dataclasses import replace
@@ -63,6 +65,8 @@ class TileSearchResult:
     vectors: str = "pixels"  # "channels": the blocked kernel with NCHW inputs and outputs (fusion/layout.py)
     # op type -> (object code, glue description) of each candidate built: the pipeline reuses the chosen one
     built: dict = field(default_factory=dict, repr=False)
+    build_s: float = 0.0  # compiling the candidates
+    measure_s: float = 0.0  # running, checking and timing them
 
     @property
     def changed(self) -> bool:
@@ -116,10 +120,13 @@ def _tolerance(want) -> Tolerance:
 
 def search_tile(region, model, target, threads: int | None = None, cache=None, *, info=None, bindings=None,
                 seed: int = 0, space: list[RegisterTile] | None = None, min_time: float = 0.1,
-                min_flops: float = MIN_SEARCH_FLOPS, margin: float = MARGIN) -> TileSearchResult:
+                min_flops: float = MIN_SEARCH_FLOPS, margin: float = MARGIN,
+                cache_only: str | None = None) -> TileSearchResult:
     """Time the candidate register tiles of one compute region (op type computed with the default tile) on its
     runtime shapes and return the fastest. `model` is the shape-inferred graph the region was found in; `cache`
-    a CostCache or None. `space` replaces the machine model's candidates (the first is the baseline)."""
+    a CostCache or None. `space` replaces the machine model's candidates (the first is the baseline).
+    `cache_only`: a reason not to build or time anything (the tuning budget is spent, say): the cost cache's answer
+    or the default tile, skipped for that reason."""
     from onnxopt.annotate.shapes import tensor_info
     from onnxopt.pipeline import _region_feeds, _region_models
 
@@ -156,6 +163,8 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
         if hit is not None:
             return TileSearchResult(tile_from(hit["tile"][:4]), default, hit["candidates"], cost_cache="hit",
                                     vectors="channels" if hit["tile"][4:] == [1] else "pixels")
+    if cache_only:
+        return TileSearchResult(default, default, skipped=cache_only)
 
     candidates = [{"tile": tile_list(t)} for t in tiles]
     kinds = [(t, "pixels") for t in tiles]
@@ -163,20 +172,29 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
         candidates.append({"tile": tile_list(default), "vectors": "channels"})
         kinds.append((default, "channels"))
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    variants, objs, descs = [], [], []
+    variants, jobs = [], []
     for cand, (t, vectors) in zip(candidates, kinds):
         try:
             if vectors == "channels":
                 v = with_channel_vectors(replace(region, measured={}, rejected=None), mk.lanes, mk.tile.ni, opset)
             else:
                 v = region if t == current else retile(region, t)
-            obj, desc, _ = build_compute(v, target)
-        except Exception as e:  # noqa: BLE001 - a tile that does not build is left out
+        except Exception as e:  # noqa: BLE001 - a tile that does not apply is left out
             cand["error"] = f"build: {type(e).__name__}: {e}"
             continue
         variants.append((cand, (t, vectors), v))
-        objs.append(obj)
-        descs.append(desc)
+        jobs.append(lambda v=v: build_compute(v, target))
+    t_build = time.perf_counter()
+    results = build_many(jobs)  # the candidates compile on all cores (codegen/parallel.py)
+    build_s = time.perf_counter() - t_build
+    objs, descs = [], []
+    for (cand, _, _), res in zip(variants, results):
+        if isinstance(res, Exception):  # a tile that does not build is left out
+            cand["error"] = f"build: {res}"
+            continue
+        objs.append(res[0])
+        descs.append(res[1])
+    variants = [v for v, res in zip(variants, results) if not isinstance(res, Exception)]
     # The same op type twice (the default and its copy) would register twice: keep the first.
     seen: set[str] = set()
     keep = []
@@ -191,6 +209,7 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
     descs = [descs[i] for i in keep]
 
     timed = []
+    t_measure = time.perf_counter()
     if variants:
         with tempfile.TemporaryDirectory(prefix="onnxopt-tiles-") as tmp:
             lib = os.path.join(tmp, "tiles.so")
@@ -242,7 +261,8 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
     if not variants or not secs:
         chosen = (default, "pixels")
     result = TileSearchResult(chosen[0], default, candidates, cost_cache="miss" if cache is not None and cache.enabled
-                              else None, built={d.op_type: (o, d) for o, d in zip(objs, descs)}, vectors=chosen[1])
+                              else None, built={d.op_type: (o, d) for o, d in zip(objs, descs)}, vectors=chosen[1],
+                              build_s=build_s, measure_s=time.perf_counter() - t_measure)
     if cache is not None and cache.enabled and secs:
         cache.put_tile(region.op_type, shapes, threads, space_key,
                        tile_list(chosen[0]) + ([1] if chosen[1] == "channels" else []), candidates)

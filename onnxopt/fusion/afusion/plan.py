@@ -1,8 +1,9 @@
-"""Turn convolution pairs of a plan into AFUSION regions (siso.py).
+"""Turn convolution groups of a plan into AFUSION regions: a convolution and the one (SISO, siso.py) or several
+(SIMO, simo.py) convolutions reading its output.
 
-`afusion_pairs` lists the pairs that can be fused, with the reason for each producer -> consumer edge that cannot;
-`apply_pairs` replaces the chosen ones. Which pairs to fuse is the search's decision (onnxopt/fusion/search); the
-default choice, `greedy_pairs`, takes every legal pair in graph order, each region in one pair at most.
+`afusion_pairs` lists the groups that can be fused, with the reason for each producer -> readers edge that cannot;
+`apply_pairs` replaces the chosen ones. Which groups to fuse is the search's decision (onnxopt/fusion/search); the
+default choice, `greedy_pairs`, takes every legal group in graph order, each region in one group at most.
 """
 
 from __future__ import annotations
@@ -11,14 +12,25 @@ import os
 from dataclasses import dataclass
 
 from ..region import Region
-from .siso import choose_band_rows, fuse_siso, siso_reason
+from .simo import simo_reason
+from .siso import choose_band_rows, fuse_group, siso_reason
 
 
 @dataclass
 class Pair:
+    """A first convolution region and the regions reading its output (one for SISO, several for SIMO)."""
+
     first: Region
-    second: Region
+    seconds: list[Region]
     band_rows: int
+
+    @property
+    def pattern(self) -> str:
+        return "SISO" if len(self.seconds) == 1 else "SIMO"
+
+    @property
+    def node_names(self) -> list[str]:
+        return self.first.node_names + [x for r in self.seconds for x in r.node_names]
 
 
 def _conv_regions(plan: list[Region]) -> list[Region]:
@@ -27,53 +39,67 @@ def _conv_regions(plan: list[Region]) -> list[Region]:
 
 def afusion_pairs(plan: list[Region], index, shape_of, lanes: int, threads: int,
                   scratch_bytes: int | None = None) -> tuple[list[Pair], list[dict]]:
-    """(legal pairs in graph order, refusals with reasons) for every conv region that reads a conv region's
-    output as its input."""
-    produced_by = {o: r for r in _conv_regions(plan) for o in r.outputs}
+    """(legal groups in graph order, refusals with reasons) for every conv region whose output some conv region
+    reads as its input."""
+    convs = _conv_regions(plan)
+    readers: dict[str, list[Region]] = {}
+    for r in convs:
+        readers.setdefault(r.inputs[0], []).append(r)
     pairs, refused = [], []
-    for second in _conv_regions(plan):
-        first = produced_by.get(second.inputs[0])
-        if first is None:
-            continue
+    for first in convs:
         t = first.outputs[0] if len(first.outputs) == 1 else None
+        seconds = readers.get(t, []) if t else [r for o in first.outputs for r in readers.get(o, [])]
+        if not seconds:
+            continue
         consumers = {t: index.consumers.get(t, [])} if t else None
-        why = siso_reason(first, second, lanes, consumers, index.graph_outputs)
-        out1, out2 = shape_of(second.inputs[0]), shape_of(second.outputs[0])
-        if why is None and (out1 is None or out2 is None or not all(isinstance(d, int) for d in (*out1, *out2))):
+        if len(seconds) == 1:
+            why = siso_reason(first, seconds[0], lanes, consumers, index.graph_outputs)
+        else:
+            why = simo_reason(first, seconds, lanes, consumers, index.graph_outputs)
+        out1 = shape_of(seconds[0].inputs[0])
+        outs = [shape_of(r.outputs[0]) for r in seconds]
+        if why is None and (out1 is None or any(o is None for o in outs)
+                            or not all(isinstance(d, int) for d in (*out1, *(d for o in outs for d in o)))):
             why = "the shapes are not static"
+        if why is None and len({tuple(o[2:]) for o in outs}) > 1:
+            why = "the convolutions reading the intermediate have different output sizes"
+        names = first.node_names + [x for r in seconds for x in r.node_names]
         if why is not None:
-            refused.append({"nodes": first.node_names + second.node_names, "reason": f"AFUSION: {why}"})
+            refused.append({"nodes": names, "reason": f"AFUSION: {why}"})
             continue
         kw = {} if scratch_bytes is None else {"scratch_bytes": scratch_bytes}
-        rows = choose_band_rows(first, second, lanes, out2[2], out1[3], out2[0], threads, **kw)
+        rows = choose_band_rows(first, seconds, lanes, outs[0][2], out1[3], outs[0][0], threads, **kw)
         forced = os.environ.get("ONNXOPT_AFUSION_BAND_ROWS")
         if forced:  # the tests run uneven and one-row bands on every shape
             rows = max(1, int(forced))
-        pairs.append(Pair(first, second, rows))
+        pairs.append(Pair(first, list(seconds), rows))
     return pairs, refused
 
 
 def greedy_pairs(pairs: list[Pair]) -> list[Pair]:
-    """Every pair in graph order whose regions are not in an earlier chosen pair."""
+    """Every group in graph order whose regions are not in an earlier chosen group."""
     used: set[int] = set()
     chosen = []
     for p in pairs:
-        if id(p.first) in used or id(p.second) in used:
+        members = [id(p.first)] + [id(r) for r in p.seconds]
+        if any(m in used for m in members):
             continue
-        used.update((id(p.first), id(p.second)))
+        used.update(members)
         chosen.append(p)
     return chosen
 
 
 def apply_pairs(plan: list[Region], chosen: list[Pair], lanes: int, ni: int, opset: int) -> list[Region]:
-    """The plan with each chosen pair replaced by its AFUSION region (at the second region's place, so the plan
-    stays in graph order)."""
-    firsts = {id(p.first) for p in chosen}
-    by_second = {id(p.second): p for p in chosen}
+    """The plan with each chosen group replaced by its AFUSION region, at its last second region's place (after
+    everything its inputs come from, so the plan stays in graph order)."""
+    position = {id(r): i for i, r in enumerate(plan)}
+    at_last = {id(max(p.seconds, key=lambda r: position[id(r)])): p for p in chosen}
+    members = {id(r) for p in chosen for r in [p.first, *p.seconds]}
     out = []
     for r in plan:
-        if id(r) in firsts:
-            continue
-        p = by_second.get(id(r))
-        out.append(fuse_siso(p.first, p.second, lanes, ni, opset, p.band_rows) if p else r)
+        p = at_last.get(id(r))
+        if p is not None:
+            out.append(fuse_group(p.first, p.seconds, lanes, ni, opset, p.band_rows))
+        elif id(r) not in members:
+            out.append(r)
     return out

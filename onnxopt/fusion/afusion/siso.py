@@ -70,20 +70,28 @@ def siso_reason(first: Region, second: Region, lanes: int, consumers: dict[str, 
     return None
 
 
-def band_bytes(first: Region, second: Region, lanes: int, band_rows: int, out_w1: int) -> int:
-    """Bytes of the scratch band for `band_rows` output rows of the second convolution (afusion_exec.c)."""
-    a1, a2 = first.compute.attrs, second.compute.attrs
-    rows = (band_rows - 1) * a2["strides"][0] + (a2["kernel"][0] - 1) * a2["dilations"][0] + 1
-    cols = out_w1 + a2["pads"][1] + a2["pads"][3]
+def _seconds(seconds) -> list[Region]:
+    return [seconds] if isinstance(seconds, Region) else list(seconds)
+
+
+def band_bytes(first: Region, seconds, lanes: int, band_rows: int, out_w1: int) -> int:
+    """Bytes of the scratch band for `band_rows` output rows of the second convolution(s) (afusion_exec.c): the
+    union of the rows and columns each second reads, its padding included."""
+    seconds = _seconds(seconds)
+    a1 = first.compute.attrs
+    pt = max(r.compute.attrs["pads"][0] for r in seconds)
+    rows = max((band_rows - 1) * a["strides"][0] + (a["kernel"][0] - 1) * a["dilations"][0] + 1 + pt - a["pads"][0]
+               for a in (r.compute.attrs for r in seconds))
+    cols = out_w1 + max(r.compute.attrs["pads"][1] for r in seconds) + max(r.compute.attrs["pads"][3] for r in seconds)
     return -(-a1["oc"] // lanes) * rows * cols * lanes * 4
 
 
-def choose_band_rows(first: Region, second: Region, lanes: int, out_h2: int, out_w1: int, batch: int,
+def choose_band_rows(first: Region, seconds, lanes: int, out_h2: int, out_w1: int, batch: int,
                      threads: int, scratch_bytes: int = DEFAULT_SCRATCH_BYTES) -> int:
     """The tallest band whose scratch fits `scratch_bytes`, keeping at least two bands per thread when the output
     has the rows for it (a thread whose band is the last, short one waits for the others)."""
     rows = 1
-    while rows < out_h2 and band_bytes(first, second, lanes, rows + 1, out_w1) <= scratch_bytes:
+    while rows < out_h2 and band_bytes(first, seconds, lanes, rows + 1, out_w1) <= scratch_bytes:
         rows += 1
     want_bands = 2 * max(1, threads)
     if batch * -(-out_h2 // rows) < want_bands:
@@ -91,12 +99,12 @@ def choose_band_rows(first: Region, second: Region, lanes: int, out_h2: int, out
     return rows
 
 
-def _distinct_names(body: list, before: list) -> list:
+def _distinct_names(body: list, before: list, suffix: str = "__second") -> list:
     """`body` with the tensors it makes renamed where `before` makes the same names: the two fallbacks both name
     the intermediate's NCHW form when it is blocked (one blocks it, the other unblocks it), and a function body must
     assign each name once."""
     taken = {o for n in before for o in n.output}
-    renames = {o: f"{o}__second" for n in body for o in n.output if o in taken}
+    renames = {o: f"{o}{suffix}" for n in body for o in n.output if o in taken}
     out = []
     for n in body:
         m = onnx.NodeProto()
@@ -109,10 +117,16 @@ def _distinct_names(body: list, before: list) -> list:
 
 
 def fuse_siso(first: Region, second: Region, lanes: int, ni: int, opset: int, band_rows: int) -> Region:
-    """The AFUSION region of `first` -> `second` (check `siso_reason` first). The regions are copied: a plan's
-    other regions may share their parameters."""
+    """The AFUSION region of `first` -> `second` (check `siso_reason` first)."""
+    return fuse_group(first, [second], lanes, ni, opset, band_rows)
+
+
+def fuse_group(first: Region, seconds: list[Region], lanes: int, ni: int, opset: int, band_rows: int) -> Region:
+    """The AFUSION region of `first` and the convolution(s) reading its output (one: SISO, several: SIMO, see
+    simo.py; check the pattern's reason first). The regions are copied: a plan's other regions may share their
+    parameters. Inputs: the first's, then each second's without the intermediate; outputs: each second's."""
     parts = []
-    for r in (first, second):
+    for r in [first, *seconds]:
         r = replace(r, inputs=list(r.inputs), outputs=list(r.outputs), measured={})
         c = r.compute
         if c.attrs.get("out_blocked") or c.attrs.get("channel_vectors"):
@@ -122,20 +136,24 @@ def fuse_siso(first: Region, second: Region, lanes: int, ni: int, opset: int, ba
         else:
             with_channel_vectors(r, lanes, ni, opset)
         parts.append(r)
-    p1, p2 = parts
-    c1, c2 = p1.compute, p2.compute
+    p1, rest = parts[0], parts[1:]
+    body = list(p1.compute.body)
+    for b, p in enumerate(rest):
+        body += _distinct_names(p.compute.body, body, "__second" if b == 0 else f"__second{b}")
     compute = ComputeParams(
         op="afusion",
-        attrs={"band_rows": int(band_rows), "in_blocked": int(c1.attrs.get("in_blocked", 0)),
-               "out_blocked": int(c2.attrs.get("out_blocked", 0)), "block": lanes},
-        initializers=list(c1.initializers) + list(c2.initializers),
-        body=list(c1.body) + _distinct_names(c2.body, c1.body),
-        orig_consts=list(c1.orig_consts) + list(c2.orig_consts),
-        parts=[p1, p2],
+        attrs={"band_rows": int(band_rows), "in_blocked": int(p1.compute.attrs.get("in_blocked", 0)),
+               "out_blocked": int(rest[0].compute.attrs.get("out_blocked", 0)), "block": lanes},
+        initializers=[t for p in parts for t in p.compute.initializers],
+        body=body,
+        orig_consts=[t for p in parts for t in p.compute.orig_consts],
+        parts=parts,
     )
     program = EwProgram(inputs=[], consts={}, ops=[], outputs=[])  # the parts carry the epilogues
-    fused = Region(kind="afusion", nodes=list(p1.nodes) + list(p2.nodes), inputs=list(p1.inputs) + list(p2.inputs[1:]),
-                   outputs=list(p2.outputs), program=program, shape=list(p2.shape), compute=compute)
+    fused = Region(kind="afusion", nodes=[nd for p in parts for nd in p.nodes],
+                   inputs=list(p1.inputs) + [x for p in rest for x in p.inputs[1:]],
+                   outputs=[o for p in rest for o in p.outputs], program=program, shape=list(rest[0].shape),
+                   compute=compute)
     if first.op_type_key:
         fused.compute_op_type(first.op_type_key)
     return fused

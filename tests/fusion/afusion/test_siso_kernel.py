@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxopt
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -19,24 +20,10 @@ from onnxopt.models import random_inputs
 from onnxopt.models.conv_shapes import optifx_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from afusion_harness import afusion_nodes, optimize_afusion  # noqa: E402
 from test_layout import Chain, check_answers, fused_nodes, needs_vectors  # noqa: E402
 
 pytestmark = needs_vectors
-
-
-@pytest.fixture(autouse=True)
-def every_legal_pair(monkeypatch):
-    """The kernels are under test here, not the search's choice (G1 and G2 are compute-bound, where the roofline
-    predicts no gain): fuse every legal pair."""
-    monkeypatch.setenv("ONNXOPT_AFUSION_PAIRS", "all")
-
-
-def optimize_afusion(model, path):
-    return onnxopt.optimize(model, str(path), plan="afusion", measure=False)
-
-
-def afusion_nodes(result):
-    return [nd for nd in fused_nodes(result.model) if nd.op_type.startswith("afusion_")]
 
 
 @pytest.mark.parametrize("name", ["G3", "G4"])
@@ -62,6 +49,22 @@ def test_search_decides_which_pairs(tmp_path, monkeypatch):
     assert search["candidates"]["before"]["total"] >= search["candidates"]["after"]["total"] >= 1
     assert search["best_s"] <= search["baseline_s"]
     assert len(afusion_nodes(res)) == search["afusion_pairs_chosen"]
+
+
+def test_report_has_savings_and_offline_split(tmp_path):
+    """Measured: each pair carries the search's predicted saving and the measured one (our two kernels against the
+    fused one), and the offline time is split as OptiFX's Table 7 (search, codegen, measurement)."""
+    model = optifx_model("G3")
+    res = onnxopt.optimize(model, str(tmp_path / "fused.onnx"), tune_budget=0)  # all plans: the parts are built too
+    pair = res.report["afusion"]["pairs"][0]
+    assert pair["predicted"]["separate_s"] > 0 and pair["predicted"]["fused_s"] > 0
+    m = pair["measured"]
+    assert m["separate_s"] > 0 and m["fused_s"] > 0 and m["onnxruntime_s"] > 0
+    assert m["saving_s"] == pytest.approx(m["separate_s"] - m["fused_s"])
+    off = res.report["offline"]
+    assert off["codegen_s"] > 0 and off["measurement_s"] > 0 and off["search_s"] > 0
+    assert off["search_s"] + off["codegen_s"] + off["measurement_s"] + off["other_s"] == pytest.approx(off["total_s"])
+    assert res.report["tile_search"]["budget_s"] == 0
 
 
 def test_batch_8_and_one_row_bands(tmp_path, monkeypatch):
@@ -94,6 +97,23 @@ def test_inside_a_blocked_chain(tmp_path):
     model = ch.model([d])
     res = optimize_afusion(model, tmp_path / "fused.onnx")
     assert len(afusion_nodes(res)) == 2, res.report["regions"]
+    check_answers(res, model, ch.feeds)
+
+
+def test_clip_with_constant_bounds_in_the_fallback(tmp_path):
+    """MobileNetV2's ReLU6 is Clip(x, min, max) with the bounds as initializers: the fused node's function fallback
+    must carry them as Constant nodes, or the checker refuses the model (found on MobileNetV2)."""
+    ch = Chain(16, 14, 14)
+    a = ch.conv("x", "a", 32, k=1, p=0, act=None)
+    ch.inits += [onnx.numpy_helper.from_array(np.float32(0.0), "lo"), onnx.numpy_helper.from_array(np.float32(6.0),
+                                                                                                    "hi")]
+    ch.nodes.append(onnx.helper.make_node("Clip", [a, "lo", "hi"], ["a6"], name="a_clip"))
+    ch.c["a6"] = 32
+    b = ch.conv("a6", "b", 16, k=3, act=None)
+    model = ch.model([b])
+    res = optimize_afusion(model, tmp_path / "fused.onnx")
+    assert len(afusion_nodes(res)) == 1, res.report["regions"]
+    onnx.checker.check_model(res.model, full_check=True)
     check_answers(res, model, ch.feeds)
 
 
