@@ -479,9 +479,9 @@ class _Optimizer:
 
     def _search_pairs(self, work, pairs):
         """OptiFX's candidates (Algorithm 1) and backtracking search (Algorithm 2, onnxopt/fusion/search) over the
-        whole graph, costed by the roofline; the AFUSION SISO and SIMO candidates of the plan it finds pick which legal
-        groups are fused. The candidate counts and the search's figures go in report["search"]. When the search fails, every
-        legal pair is taken in graph order (greedy_pairs)."""
+        whole graph, costed by the roofline; the AFUSION SISO, SIMO and MISO candidates of the plan it finds pick
+        which legal groups are fused. The candidate counts and the search's figures go in report["search"]. When the
+        search fails, every legal group is taken in graph order (greedy_pairs)."""
         from onnxopt.fusion.search import backtrack_search, generate_candidates
 
         t = time.perf_counter()
@@ -496,7 +496,7 @@ class _Optimizer:
                           "stopped_by_budget": res.stopped_by_budget, "seconds": time.perf_counter() - t,
                           "plan": [{"kind": c.kind, "pattern": c.pattern, "nodes": list(c.members),
                                     "predicted_speedup": c.predicted_speedup} for c in res.plan]})
-            fusable = ("SISO", "SIMO")
+            fusable = ("SISO", "SIMO", "MISO")
             wanted = {frozenset(c.rops) for c in res.plan if c.kind == "afusion" and c.pattern in fusable}
             # The roofline's prediction for each group (pruned or not: every legal group can be forced).
             known = {frozenset(c.rops): c for c in cands.enumerated if c.kind == "afusion" and c.pattern in fusable}

@@ -20,13 +20,151 @@
  * Op inputs: the first convolution's (x, packed weights, epilogue inputs), then each second's without the
  * intermediate (packed weights at `second_input[b]`, epilogue inputs after them). Op outputs: each second's in turn.
  * The first convolution's epilogue inputs are per channel or scalars (the optimizer checks it): a per-pixel one would
- * need the band's offsets. */
+ * need the band's offsets.
+ *
+ * MISO (`miso_extra` >= 0): two convolutions on their own inputs whose outputs meet in the second's epilogue (an Add
+ * of the first's output: a ResNet downsample block's shortcut, NASNet's G6). Per band of output rows, the first
+ * writes its rows into the output itself and the second reads them there as that epilogue input and overwrites them:
+ * a tile reads a position before it writes it, and bands are disjoint, so in place is safe, and the first's output
+ * never goes to memory as a tensor of its own. Op inputs: the first's, then the second's (x2 at `second_input[0]`,
+ * packed weights, epilogue inputs without the first's output). */
+
+
+
+/* A convolution computed by rows from an input: the first one (over the graph's input), or either MISO part. */
+typedef struct {
+  const onnxopt_ct_desc *c;
+  const float *x; /* the input, or its zero-padded / blocked copy */
+  int64_t x_item, ps, Wp;
+  const int64_t *aoff;
+  int64_t K, OC, OCB, OH, OW;
+  cb_window dw; /* a depthwise convolution reads its blocked input in place (cb_depthwise_row) */
+  const float *w, *ex[CT_MAX_EXTRA];
+  int64_t ex_count[CT_MAX_EXTRA];
+} af_conv;
+
+/* Where rows go: element (channel block g, row i, column p) at base[o] + g * plane + (i - row0) * row + (col0 + p) * L:
+   the band (an intermediate with the seconds' padding) or an output tensor of the item. */
+typedef struct {
+  float *base[CT_MAX_OUT];
+  int64_t plane, row, row0, col0;
+} af_dest;
+
+/* Rows [i0, i1) of convolution cv's output for item n, all channels, into dst. */
+static void af_conv_rows(const af_conv *cv, int64_t L, int64_t n, int64_t i0, int64_t i1, const af_dest *dst) {
+  const onnxopt_ct_desc *d = cv->c;
+  int64_t NI = d->ni, MI = d->mi;
+  ct_tile t;
+  memset(&t, 0, sizeof(t));
+  t.ldc = L;
+  for (int o = 0; o < d->sig.n_out; o++) t.out[o] = dst->base[o];
+  if (d->groups != 1) { /* depthwise: one channel vector per tile */
+    t.a_ms = d->sw * L;
+    int64_t plane_in = cv->dw.H * cv->dw.W * L;
+    for (int64_t g = 0; g < cv->OCB; g++) {
+      int64_t left = cv->OC - g * L;
+      t.lanes[0] = left < L ? left : L;
+      for (int e = 0; e < d->n_extra; e++)
+        t.extra[e] = cv->ex[e] + (d->extra_nstride[e] ? n * cv->ex_count[e] : 0) +
+                     (d->extra_kind[e] == EX_CHANNEL ? g * L : 0);
+      for (int64_t i = i0; i < i1; i++)
+        cb_depthwise_row(d, &cv->dw, &t, cv->x + n * cv->x_item + g * plane_in, cv->w + g * cv->K * L, cv->aoff, i,
+                         cv->OW, g * dst->plane + (i - dst->row0) * dst->row + dst->col0 * L);
+    }
+    return;
+  }
+  t.koff = cv->aoff;
+  t.k = cv->K;
+  t.a_ms = d->sw * cv->ps;
+  int64_t groups = (cv->OCB + NI - 1) / NI;
+  for (int64_t g = 0; g < groups; g++) {
+    int64_t vb = g * NI;
+    int nv = (int)(cv->OCB - vb < NI ? cv->OCB - vb : NI);
+    t.b = cv->w + g * cv->K * NI * L;
+    for (int v = 0; v < nv; v++) {
+      int64_t left = cv->OC - (vb + v) * L;
+      t.voff[v] = v * L;
+      t.lanes[v] = left < L ? left : L;
+    }
+    for (int e = 0; e < d->n_extra; e++)
+      t.extra[e] = cv->ex[e] + (d->extra_nstride[e] ? n * cv->ex_count[e] : 0) +
+                   (d->extra_kind[e] == EX_CHANNEL ? vb * L : 0);
+    for (int64_t i = i0; i < i1; i++) {
+      const float *in_r = cv->x + n * cv->x_item + i * d->sh * cv->Wp * cv->ps;
+      /* near-equal tiles, as cb_run_task */
+      for (int64_t ti = 0, tiles = (cv->OW + MI - 1) / MI; ti < tiles; ti++) {
+        int64_t p0 = ti * cv->OW / tiles, mi = (ti + 1) * cv->OW / tiles - p0;
+        t.a = in_r + p0 * t.a_ms;
+        for (int v = 0; v < nv; v++)
+          t.coff[v] = (vb + v) * dst->plane + (i - dst->row0) * dst->row + (dst->col0 + p0) * L;
+        d->tiles[(mi - 1) * NI + (nv - 1)]((const int64_t *)&t);
+      }
+    }
+  }
+}
+
+/* Input x [N][C][H][W] (or blocked) of convolution c: geometry, tap offsets (into `tab`, K entries) and, where the
+   kernel needs it, a copy (*copy, the caller frees it): zero-padded for a dense convolution, blocked for a depthwise
+   one on an NCHW input. */
+static OrtStatus *af_conv_setup(af_conv *cv, const onnxopt_ct_desc *c, OrtKernelContext *ctx, const float *x,
+                                const float *w, int64_t N, int64_t H, int64_t W, int64_t L, int64_t *tab, float **copy) {
+  int64_t pt, pl, pb, pr;
+  *copy = NULL;
+  cv->c = c, cv->w = w;
+  CHECK(ct_conv_geometry(c, H, W, &pt, &pl, &pb, &pr, &cv->OH, &cv->OW));
+  cv->OC = c->oc, cv->OCB = (c->oc + L - 1) / L;
+  cv->aoff = tab;
+  int64_t C = c->ic_g * c->groups;
+  if (c->groups != 1) { /* depthwise: a blocked input is read in place; an NCHW one is reordered first */
+    if (!c->in_blocked) {
+      *copy = (float *)malloc((size_t)(N * cv->OCB * H * W * L) * sizeof(float));
+      if (!*copy) return fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
+      CHECK(cb_reorder(ctx, (float *)x, *copy, N, C, L, H * W, 0));
+      x = *copy;
+    }
+    cb_window *win = &cv->dw;
+    win->H = H, win->W = W, win->kh = c->kh, win->dh = c->dh, win->sh = c->sh, win->sw = c->sw, win->pt = pt;
+    win->pl = pl, win->reach_w = (c->kw - 1) * c->dw;
+    cv->K = c->kh * c->kw;
+    for (int64_t r = 0; r < c->kh; r++)
+      for (int64_t q = 0; q < c->kw; q++) tab[r * c->kw + q] = (r * c->dh * W + q * c->dw) * L;
+    cv->x = x;
+    cv->x_item = cv->OCB * H * W * L;
+    return NULL;
+  }
+  int64_t planes = c->in_blocked ? (C + L - 1) / L : C, ps = c->in_blocked ? L : 1;
+  int64_t Hp = H + pt + pb, Wp = W + pl + pr;
+  cv->ps = ps, cv->Wp = Wp;
+  cv->x_item = planes * Hp * Wp * ps;
+  cv->K = C * c->kh * c->kw;
+  for (int64_t ic = 0; ic < C; ic++)
+    for (int64_t r = 0; r < c->kh; r++)
+      for (int64_t q = 0; q < c->kw; q++) {
+        int64_t y = r * c->dh, xx = q * c->dw;
+        tab[(ic * c->kh + r) * c->kw + q] =
+            c->in_blocked ? ((ic / L) * Hp * Wp + y * Wp + xx) * L + ic % L : ic * Hp * Wp + y * Wp + xx;
+      }
+  cv->x = x;
+  if (Hp == H && Wp == W) return NULL;
+  /* the zero-padded input (cb_copy_row) */
+  *copy = (float *)malloc((size_t)(N * cv->x_item) * sizeof(float));
+  if (!*copy) return fail(ORT_FAIL, "onnxopt: out of memory for the padded input");
+  cb_copy_job cj = {x, *copy, ps, H, W, Hp, Wp, pt, pl};
+  int64_t rows = N * planes * Hp;
+  if (N * cv->x_item < (1 << 16)) {
+    for (int64_t i = 0; i < rows; i++) cb_copy_row(&cj, (size_t)i);
+  } else {
+    CHECK(API(KernelContext_ParallelFor)(ctx, cb_copy_row, (size_t)rows, 0, &cj));
+  }
+  cv->x = *copy;
+  return NULL;
+}
 
 /* One second convolution: its geometry over the band, weights, epilogue inputs and outputs. */
 typedef struct {
   const onnxopt_ct_desc *c;
   const int64_t *aoff;
-  int64_t K, OC, OCB, pt, pl, row_shift, col_shift; /* shifts: PT - pt, PL - pl */
+  int64_t K, OC, OCB, pt, pl, col_shift; /* col_shift: PL - pl */
   const float *w, *ex[CT_MAX_EXTRA];
   int64_t ex_count[CT_MAX_EXTRA];
   float *out[CT_MAX_OUT], *user_out[CT_MAX_OUT];
@@ -35,16 +173,8 @@ typedef struct {
 
 typedef struct {
   const onnxopt_af_desc *d;
-  const onnxopt_ct_desc *c1;
   int64_t N, L;
-  /* the first convolution: input (its zero-padded copy when it pads and is not depthwise), geometry, taps */
-  const float *x;
-  int64_t x_item, ps1, Wp1;
-  const int64_t *aoff1;
-  int64_t K1, OC1, OCB1, OH1, OW1;
-  cb_window dw1; /* a depthwise first convolution reads its blocked input in place (cb_depthwise_row) */
-  const float *w1, *ex1[CT_MAX_EXTRA];
-  int64_t ex1_count[CT_MAX_EXTRA];
+  af_conv first;
   /* the band */
   int64_t band_rows, bands, S, Wp2, PT, PL, band_floats;
   /* the second convolutions: one output size and stride */
@@ -53,60 +183,6 @@ typedef struct {
   int64_t OH2, OW2, sh2;
   int failed; /* a task could not allocate its band */
 } af_job;
-
-/* Rows [i0, i1) of the first convolution's output for item n, all channels, into the band (band row 0 is
-   intermediate row i_lo). */
-static void af_first_rows(const af_job *j, float *band, int64_t n, int64_t i_lo, int64_t i0, int64_t i1) {
-  const onnxopt_ct_desc *d = j->c1;
-  int64_t L = j->L, NI = d->ni, MI = d->mi;
-  int64_t plane_band = j->S * j->Wp2 * L;
-  ct_tile t;
-  memset(&t, 0, sizeof(t));
-  t.ldc = L;
-  t.out[0] = band;
-  if (d->groups != 1) { /* depthwise: one channel vector per tile */
-    t.a_ms = d->sw * L;
-    int64_t plane_in = j->dw1.H * j->dw1.W * L;
-    for (int64_t g = 0; g < j->OCB1; g++) {
-      int64_t left = j->OC1 - g * L;
-      t.lanes[0] = left < L ? left : L;
-      for (int e = 0; e < d->n_extra; e++)
-        t.extra[e] = j->ex1[e] + (d->extra_nstride[e] ? n * j->ex1_count[e] : 0) +
-                     (d->extra_kind[e] == EX_CHANNEL ? g * L : 0);
-      for (int64_t i = i0; i < i1; i++)
-        cb_depthwise_row(d, &j->dw1, &t, j->x + n * j->x_item + g * plane_in, j->w1 + g * j->K1 * L, j->aoff1, i,
-                         j->OW1, g * plane_band + ((i - i_lo) * j->Wp2 + j->PL) * L);
-    }
-    return;
-  }
-  t.koff = j->aoff1;
-  t.k = j->K1;
-  t.a_ms = d->sw * j->ps1;
-  int64_t groups = (j->OCB1 + NI - 1) / NI;
-  for (int64_t g = 0; g < groups; g++) {
-    int64_t vb = g * NI;
-    int nv = (int)(j->OCB1 - vb < NI ? j->OCB1 - vb : NI);
-    t.b = j->w1 + g * j->K1 * NI * L;
-    for (int v = 0; v < nv; v++) {
-      int64_t left = j->OC1 - (vb + v) * L;
-      t.voff[v] = v * L;
-      t.lanes[v] = left < L ? left : L;
-    }
-    for (int e = 0; e < d->n_extra; e++)
-      t.extra[e] = j->ex1[e] + (d->extra_nstride[e] ? n * j->ex1_count[e] : 0) +
-                   (d->extra_kind[e] == EX_CHANNEL ? vb * L : 0);
-    for (int64_t i = i0; i < i1; i++) {
-      const float *in_r = j->x + n * j->x_item + i * d->sh * j->Wp1 * j->ps1;
-      /* near-equal tiles, as cb_run_task */
-      for (int64_t ti = 0, tiles = (j->OW1 + MI - 1) / MI; ti < tiles; ti++) {
-        int64_t p0 = ti * j->OW1 / tiles, mi = (ti + 1) * j->OW1 / tiles - p0;
-        t.a = in_r + p0 * t.a_ms;
-        for (int v = 0; v < nv; v++) t.coff[v] = (vb + v) * plane_band + ((i - i_lo) * j->Wp2 + j->PL + p0) * L;
-        d->tiles[(mi - 1) * NI + (nv - 1)]((const int64_t *)&t);
-      }
-    }
-  }
-}
 
 /* Output rows [o0, o1) of second convolution `br` for item n, all its channels, from the band. */
 static void af_second_rows(const af_job *j, const af_second *br, const float *band, int64_t n, int64_t i_lo,
@@ -177,30 +253,35 @@ static void af_task(void *usr, size_t index) {
     int64_t hi = (o1 - 1) * j->sh2 - j->second[s].pt + (c->kh - 1) * c->dh + 1;
     if (hi > i_hi) i_hi = hi;
   }
-  int64_t i0 = i_lo > 0 ? i_lo : 0, i1 = i_hi < j->OH1 ? i_hi : j->OH1;
+  int64_t OH1 = j->first.OH, OW1 = j->first.OW;
+  int64_t i0 = i_lo > 0 ? i_lo : 0, i1 = i_hi < OH1 ? i_hi : OH1;
   float *band = af_band((size_t)j->band_floats);
   if (!band) {
     __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     return;
   }
   int64_t row = j->Wp2 * L, plane_band = j->S * row;
-  for (int64_t g = 0; g < j->OCB1; g++) {
+  for (int64_t g = 0; g < j->first.OCB; g++) {
     float *p = band + g * plane_band;
     for (int64_t r = 0; r < i_hi - i_lo; r++) {
       int64_t i = i_lo + r;
-      if (i < 0 || i >= j->OH1) {
+      if (i < 0 || i >= OH1) {
         memset(p + r * row, 0, (size_t)row * sizeof(float));
       } else { /* the seconds' left and right padding */
         memset(p + r * row, 0, (size_t)(j->PL * L) * sizeof(float));
-        memset(p + r * row + (j->PL + j->OW1) * L, 0, (size_t)((j->Wp2 - j->PL - j->OW1) * L) * sizeof(float));
+        memset(p + r * row + (j->PL + OW1) * L, 0, (size_t)((j->Wp2 - j->PL - OW1) * L) * sizeof(float));
       }
     }
   }
-  if (i1 > i0) af_first_rows(j, band, n, i_lo, i0, i1);
+  af_dest dst = {{band}, plane_band, row, i_lo, j->PL};
+  if (i1 > i0) af_conv_rows(&j->first, L, n, i0, i1, &dst);
   for (int s = 0; s < j->n_second; s++) af_second_rows(j, &j->second[s], band, n, i_lo, o0, o1);
 }
 
+static OrtStatus *af_miso_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx);
+
 static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
+  if (ad->miso_extra >= 0) return af_miso_compute(ad, ctx);
   const onnxopt_ct_desc *c1 = ad->first;
   const OrtValue *xv, *w1v;
   int64_t xd[MAX_RANK], wd[MAX_RANK];
@@ -210,19 +291,18 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
   CHECK(ct_check_input(c1, xd, xr));
   af_job j;
   memset(&j, 0, sizeof(j));
-  j.d = ad, j.c1 = c1, j.n_second = ad->n_second;
+  j.d = ad, j.n_second = ad->n_second;
   int64_t L = c1->lanes, N = xd[0], H = xd[2], W = xd[3];
   j.N = N, j.L = L;
-  int64_t pt1, pl1, pb1, pr1, PR = 0;
-  CHECK(ct_conv_geometry(c1, H, W, &pt1, &pl1, &pb1, &pr1, &j.OH1, &j.OW1));
-  j.OC1 = c1->oc, j.OCB1 = (c1->oc + L - 1) / L;
+  int64_t pt1, pl1, pb1, pr1, OH1, OW1, PR = 0;
+  CHECK(ct_conv_geometry(c1, H, W, &pt1, &pl1, &pb1, &pr1, &OH1, &OW1));
   int out_base = 0;
   for (int s = 0; s < j.n_second; s++) {
     af_second *br = &j.second[s];
     const onnxopt_ct_desc *c = ad->second[s];
     int64_t pb, pr, oh, ow;
     br->c = c;
-    CHECK(ct_conv_geometry(c, j.OH1, j.OW1, &br->pt, &br->pl, &pb, &pr, &oh, &ow));
+    CHECK(ct_conv_geometry(c, OH1, OW1, &br->pt, &br->pl, &pb, &pr, &oh, &ow));
     if (s == 0) {
       j.OH2 = oh, j.OW2 = ow, j.sh2 = c->sh;
     } else if (oh != j.OH2 || ow != j.OW2 || c->sh != j.sh2) {
@@ -247,31 +327,30 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
     ct_job e;
     memset(&e, 0, sizeof(e));
     CHECK(ct_extras_at(c, &e, ctx, ad->second_input[s] + 1, N,
-                       c->out_blocked ? br->OCB * oh * ow * L : c->oc * oh * ow, c->oc, 0));
+                       c->out_blocked ? br->OCB * oh * ow * L : c->oc * oh * ow, c->oc, 0, -1));
     memcpy(br->ex, e.extra, sizeof(br->ex));
     memcpy(br->ex_count, e.extra_count, sizeof(br->ex_count));
   }
-  for (int s = 0; s < j.n_second; s++)
-    j.second[s].row_shift = j.PT - j.second[s].pt, j.second[s].col_shift = j.PL - j.second[s].pl;
+  for (int s = 0; s < j.n_second; s++) j.second[s].col_shift = j.PL - j.second[s].pl;
   ct_job e1;
   memset(&e1, 0, sizeof(e1));
-  CHECK(ct_extras_at(c1, &e1, ctx, 2, N, 0, c1->oc, 0));
-  memcpy(j.ex1, e1.extra, sizeof(j.ex1));
-  memcpy(j.ex1_count, e1.extra_count, sizeof(j.ex1_count));
+  CHECK(ct_extras_at(c1, &e1, ctx, 2, N, 0, c1->oc, 0, -1));
+  memcpy(j.first.ex, e1.extra, sizeof(j.first.ex));
+  memcpy(j.first.ex_count, e1.extra_count, sizeof(j.first.ex_count));
   if (N == 0 || j.OH2 * j.OW2 == 0) return NULL;
   OrtStatus *st = NULL;
-  float *padded = NULL; /* the first convolution's input, zero-padded or blocked, when it needs a copy */
+  float *copy = NULL; /* the first convolution's input, zero-padded or blocked, when it needs a copy */
   int64_t *tabs = NULL;
   for (int s = 0; s < j.n_second; s++) {
     af_second *br = &j.second[s];
     if ((st = cb_blocked_scratch(br->c, ctx, N, j.OH2 * j.OW2, br->OCB * j.OH2 * j.OW2 * L, br->out, br->ex,
-                                 br->ex_count, &br->scratch)))
+                                 br->ex_count, &br->scratch, -1)))
       goto done;
   }
-  const float *x;
+  const float *x, *w1;
   if ((st = API(GetTensorMutableData)((OrtValue *)xv, (void **)&x))) goto done;
-  if ((st = API(GetTensorMutableData)((OrtValue *)w1v, (void **)&j.w1))) goto done;
-  int64_t C1 = c1->ic_g * c1->groups, taps = c1->ic_g * c1->kh * c1->kw;
+  if ((st = API(GetTensorMutableData)((OrtValue *)w1v, (void **)&w1))) goto done;
+  int64_t taps = c1->ic_g * c1->groups * c1->kh * c1->kw;
   for (int s = 0; s < j.n_second; s++) taps += ad->second[s]->ic_g * ad->second[s]->kh * ad->second[s]->kw;
   tabs = (int64_t *)malloc((size_t)taps * sizeof(int64_t));
   if (!tabs) {
@@ -281,13 +360,13 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
   /* The band: the rows of the intermediate that band_rows output rows need, columns with the seconds' padding. */
   j.band_rows = ad->band_rows < 1 ? 1 : ad->band_rows > j.OH2 ? j.OH2 : ad->band_rows;
   j.bands = (j.OH2 + j.band_rows - 1) / j.band_rows;
-  j.Wp2 = j.OW1 + j.PL + PR;
+  j.Wp2 = OW1 + j.PL + PR;
   int64_t *tab = tabs;
   double flops = 0;
   for (int s = 0; s < j.n_second; s++) {
     af_second *br = &j.second[s];
     const onnxopt_ct_desc *c = br->c;
-    int64_t rows = (j.band_rows - 1) * c->sh + (c->kh - 1) * c->dh + 1 + br->row_shift;
+    int64_t rows = (j.band_rows - 1) * c->sh + (c->kh - 1) * c->dh + 1 + j.PT - br->pt;
     if (rows > j.S) j.S = rows;
     br->K = c->ic_g * c->kh * c->kw;
     br->aoff = tab;
@@ -302,58 +381,8 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
         for (int64_t q = 0; q < c->kw; q++)
           t[(ic * c->kh + r) * c->kw + q] = ((ic / L) * j.S * j.Wp2 + r * c->dh * j.Wp2 + q * c->dw) * L + ic % L;
   }
-  j.band_floats = j.OCB1 * j.S * j.Wp2 * L;
-  int64_t *tab1 = tab;
-  if (c1->groups != 1) { /* depthwise: a blocked input is read in place; an NCHW one is reordered first */
-    if (!c1->in_blocked) {
-      padded = (float *)malloc((size_t)(N * j.OCB1 * H * W * L) * sizeof(float));
-      if (!padded) {
-        st = fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
-        goto done;
-      }
-      if ((st = cb_reorder(ctx, (float *)x, padded, N, C1, L, H * W, 0))) goto done;
-      x = padded;
-    }
-    cb_window *w = &j.dw1;
-    w->H = H, w->W = W, w->kh = c1->kh, w->dh = c1->dh, w->sh = c1->sh, w->sw = c1->sw, w->pt = pt1, w->pl = pl1;
-    w->reach_w = (c1->kw - 1) * c1->dw;
-    j.K1 = c1->kh * c1->kw;
-    for (int64_t r = 0; r < c1->kh; r++)
-      for (int64_t c = 0; c < c1->kw; c++) tab1[r * c1->kw + c] = (r * c1->dh * W + c * c1->dw) * L;
-    j.x = x;
-    j.x_item = j.OCB1 * H * W * L;
-  } else {
-    int64_t planes = c1->in_blocked ? (C1 + L - 1) / L : C1, ps = c1->in_blocked ? L : 1;
-    int64_t Hp = H + pt1 + pb1, Wp = W + pl1 + pr1;
-    j.ps1 = ps, j.Wp1 = Wp;
-    j.x_item = planes * Hp * Wp * ps;
-    j.K1 = C1 * c1->kh * c1->kw;
-    for (int64_t ic = 0; ic < C1; ic++)
-      for (int64_t r = 0; r < c1->kh; r++)
-        for (int64_t c = 0; c < c1->kw; c++) {
-          int64_t y = r * c1->dh, xx = c * c1->dw;
-          tab1[(ic * c1->kh + r) * c1->kw + c] =
-              c1->in_blocked ? ((ic / L) * Hp * Wp + y * Wp + xx) * L + ic % L : ic * Hp * Wp + y * Wp + xx;
-        }
-    if (Hp != H || Wp != W) { /* the first convolution's zero-padded input (cb_copy_row) */
-      padded = (float *)malloc((size_t)(N * j.x_item) * sizeof(float));
-      if (!padded) {
-        st = fail(ORT_FAIL, "onnxopt: out of memory for the padded input");
-        goto done;
-      }
-      cb_copy_job cj = {x, padded, ps, H, W, Hp, Wp, pt1, pl1};
-      int64_t rows = N * planes * Hp;
-      if (N * j.x_item < (1 << 16)) {
-        for (int64_t i = 0; i < rows; i++) cb_copy_row(&cj, (size_t)i);
-      } else if ((st = API(KernelContext_ParallelFor)(ctx, cb_copy_row, (size_t)rows, 0, &cj))) {
-        goto done;
-      }
-      j.x = padded;
-    } else {
-      j.x = x;
-    }
-  }
-  j.aoff1 = tab1;
+  j.band_floats = (c1->oc + L - 1) / L * j.S * j.Wp2 * L;
+  if ((st = af_conv_setup(&j.first, c1, ctx, x, w1, N, H, W, L, tab, &copy))) goto done;
   int64_t tasks = N * j.bands;
   if (tasks == 1 || flops < CT_INLINE_FLOPS) {
     for (int64_t t = 0; t < tasks; t++) af_task(&j, (size_t)t);
@@ -367,8 +396,112 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
       st = cb_reorder(ctx, br->user_out[o], br->out[o], N, br->OC, L, j.OH2 * j.OW2, 1);
   }
 done:
-  free(padded);
+  free(copy);
   free(tabs);
   for (int s = 0; s < j.n_second; s++) free(j.second[s].scratch);
+  return st;
+}
+
+/* MISO: both convolutions by bands of output rows, the first into the output, the second over it in place. */
+typedef struct {
+  af_conv a, b; /* a: the first, whose output is b's epilogue input `miso_extra`; b: the second */
+  int64_t L, OH, OW, band_rows, bands, item_out;
+  float *out[CT_MAX_OUT]; /* blocked: the op's outputs, or scratch reordered to NCHW at the end */
+} af_miso_job;
+
+static void af_miso_task(void *usr, size_t index) {
+  const af_miso_job *j = (const af_miso_job *)usr;
+  int64_t n = (int64_t)index / j->bands, b = (int64_t)index % j->bands;
+  int64_t o0 = b * j->band_rows, o1 = o0 + j->band_rows < j->OH ? o0 + j->band_rows : j->OH;
+  af_dest dst = {{NULL}, j->OH * j->OW * j->L, j->OW * j->L, 0, 0};
+  dst.base[0] = j->out[0] + n * j->item_out; /* the first's rows: where the second's output will be */
+  af_conv_rows(&j->a, j->L, n, o0, o1, &dst);
+  for (int o = 0; o < j->b.c->sig.n_out; o++) dst.base[o] = j->out[o] + n * j->item_out;
+  af_conv_rows(&j->b, j->L, n, o0, o1, &dst);
+}
+
+static OrtStatus *af_miso_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
+  const onnxopt_ct_desc *ca = ad->first, *cb = ad->second[0];
+  const OrtValue *xav, *wav, *xbv, *wbv;
+  int64_t xa[MAX_RANK], xb[MAX_RANK], wd[MAX_RANK];
+  size_t ra, rb, wr;
+  int xb_at = ad->second_input[0];
+  CHECK(ct_dims(ctx, 0, &xav, xa, &ra));
+  CHECK(ct_dims(ctx, 1, &wav, wd, &wr));
+  CHECK(ct_dims(ctx, (size_t)xb_at, &xbv, xb, &rb));
+  CHECK(ct_dims(ctx, (size_t)xb_at + 1, &wbv, wd, &wr));
+  CHECK(ct_check_input(ca, xa, ra));
+  CHECK(ct_check_input(cb, xb, rb));
+  af_miso_job j;
+  memset(&j, 0, sizeof(j));
+  int64_t L = ca->lanes, N = xa[0];
+  int64_t p[4], OHa, OWa;
+  if (xb[0] != N) return fail(ORT_INVALID_ARGUMENT, "onnxopt: the fused convolutions' inputs differ in batch size");
+  CHECK(ct_conv_geometry(ca, xa[2], xa[3], &p[0], &p[1], &p[2], &p[3], &OHa, &OWa));
+  CHECK(ct_conv_geometry(cb, xb[2], xb[3], &p[0], &p[1], &p[2], &p[3], &j.OH, &j.OW));
+  if (OHa != j.OH || OWa != j.OW || ca->oc != cb->oc)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the fused convolutions' outputs differ in size; re-run onnxopt");
+  j.L = L;
+  int64_t OCB = (cb->oc + L - 1) / L;
+  j.item_out = OCB * j.OH * j.OW * L;
+  int64_t odims[5] = {N, OCB, j.OH, j.OW, L}, nchw_dims[4] = {N, cb->oc, j.OH, j.OW};
+  float *user_out[CT_MAX_OUT];
+  for (int o = 0; o < cb->sig.n_out; o++) {
+    OrtValue *ov;
+    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, cb->out_blocked ? odims : nchw_dims, cb->out_blocked ? 5 : 4,
+                                       &ov));
+    CHECK(API(GetTensorMutableData)(ov, (void **)&user_out[o]));
+    j.out[o] = user_out[o];
+  }
+  ct_job ea, eb;
+  memset(&ea, 0, sizeof(ea));
+  memset(&eb, 0, sizeof(eb));
+  CHECK(ct_extras_at(ca, &ea, ctx, 2, N, 0, ca->oc, 0, -1));
+  CHECK(ct_extras_at(cb, &eb, ctx, xb_at + 2, N, cb->out_blocked ? j.item_out : cb->oc * j.OH * j.OW, cb->oc, 0,
+                     ad->miso_extra));
+  if (N == 0 || j.OH * j.OW == 0) return NULL;
+  OrtStatus *st = NULL;
+  float *scratch = NULL, *copy_a = NULL, *copy_b = NULL;
+  int64_t *tabs = NULL;
+  if ((st = cb_blocked_scratch(cb, ctx, N, j.OH * j.OW, j.item_out, j.out, eb.extra, eb.extra_count, &scratch,
+                               ad->miso_extra)))
+    goto done;
+  /* the first's output, read in place: the blocked output the second writes (the tiles read a position, then write
+     it) */
+  eb.extra[ad->miso_extra] = j.out[0];
+  eb.extra_count[ad->miso_extra] = j.item_out;
+  memcpy(j.a.ex, ea.extra, sizeof(j.a.ex));
+  memcpy(j.a.ex_count, ea.extra_count, sizeof(j.a.ex_count));
+  memcpy(j.b.ex, eb.extra, sizeof(j.b.ex));
+  memcpy(j.b.ex_count, eb.extra_count, sizeof(j.b.ex_count));
+  const float *x, *w;
+  int64_t ka = ca->ic_g * ca->groups * ca->kh * ca->kw, kb = cb->ic_g * cb->groups * cb->kh * cb->kw;
+  tabs = (int64_t *)malloc((size_t)(ka + kb) * sizeof(int64_t));
+  if (!tabs) {
+    st = fail(ORT_FAIL, "onnxopt: out of memory");
+    goto done;
+  }
+  if ((st = API(GetTensorMutableData)((OrtValue *)xav, (void **)&x))) goto done;
+  if ((st = API(GetTensorMutableData)((OrtValue *)wav, (void **)&w))) goto done;
+  if ((st = af_conv_setup(&j.a, ca, ctx, x, w, N, xa[2], xa[3], L, tabs, &copy_a))) goto done;
+  if ((st = API(GetTensorMutableData)((OrtValue *)xbv, (void **)&x))) goto done;
+  if ((st = API(GetTensorMutableData)((OrtValue *)wbv, (void **)&w))) goto done;
+  if ((st = af_conv_setup(&j.b, cb, ctx, x, w, N, xb[2], xb[3], L, tabs + ka, &copy_b))) goto done;
+  j.band_rows = ad->band_rows < 1 ? 1 : ad->band_rows > j.OH ? j.OH : ad->band_rows;
+  j.bands = (j.OH + j.band_rows - 1) / j.band_rows;
+  int64_t tasks = N * j.bands;
+  double flops = 2.0 * (double)N * j.OH * j.OW * (double)cb->oc * (double)(j.a.K + j.b.K);
+  if (tasks == 1 || flops < CT_INLINE_FLOPS) {
+    for (int64_t t = 0; t < tasks; t++) af_miso_task(&j, (size_t)t);
+  } else {
+    st = API(KernelContext_ParallelFor)(ctx, af_miso_task, (size_t)tasks, 0, &j);
+  }
+  for (int o = 0; !st && scratch && o < cb->sig.n_out; o++)
+    st = cb_reorder(ctx, user_out[o], j.out[o], N, cb->oc, L, j.OH * j.OW, 1);
+done:
+  free(copy_a);
+  free(copy_b);
+  free(tabs);
+  free(scratch);
   return st;
 }

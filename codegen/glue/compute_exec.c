@@ -226,16 +226,12 @@ static int64_t ct_numel(const int64_t *dims, size_t rank) {
   return n;
 }
 
-/* Epilogue inputs: pointers, and a check that each has the size the optimizer planned for. */
+/* Epilogue inputs: pointers, and a check that each has the size the optimizer planned for. `skip`: the epilogue
+   input that is not an op input (an AFUSION MISO kernel computes it), -1 for none; its pointer is left NULL. */
 static OrtStatus *ct_extras_at(const onnxopt_ct_desc *d, ct_job *job, OrtKernelContext *ctx, int first_input,
-                               int64_t batch, int64_t per_item_position, int64_t channels, int64_t columns) {
+                               int64_t batch, int64_t per_item_position, int64_t channels, int64_t columns, int skip) {
   for (int e = 0; e < d->n_extra; e++) {
-    const OrtValue *v;
-    int64_t dims[MAX_RANK];
-    size_t rank;
-    CHECK(ct_dims(ctx, (size_t)(first_input + e), &v, dims, &rank));
-    CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&job->extra[e]));
-    int64_t have = ct_numel(dims, rank), want = 1;
+    int64_t want = 1;
     switch (d->extra_kind[e]) {
       case EX_POSITION: want = per_item_position; break;
       case EX_CHANNEL: want = channels; break;
@@ -243,6 +239,16 @@ static OrtStatus *ct_extras_at(const onnxopt_ct_desc *d, ct_job *job, OrtKernelC
       default: want = 1;
     }
     job->extra_count[e] = want;
+    if (e == skip) {
+      job->extra[e] = NULL;
+      continue;
+    }
+    const OrtValue *v;
+    int64_t dims[MAX_RANK];
+    size_t rank;
+    CHECK(ct_dims(ctx, (size_t)(first_input + e - (skip >= 0 && e > skip)), &v, dims, &rank));
+    CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&job->extra[e]));
+    int64_t have = ct_numel(dims, rank);
     if (d->extra_nstride[e] != 0) want *= batch;
     if (have != want)
       return fail(ORT_INVALID_ARGUMENT, "onnxopt: an input of a fused epilogue has a different size than the "
@@ -254,7 +260,7 @@ static OrtStatus *ct_extras_at(const onnxopt_ct_desc *d, ct_job *job, OrtKernelC
 /* A compute op's epilogue inputs are its inputs 2.. (after the input and the weights). */
 static OrtStatus *ct_extras(const onnxopt_ct_desc *d, ct_job *job, OrtKernelContext *ctx, int64_t batch,
                             int64_t per_item_position, int64_t channels, int64_t columns) {
-  return ct_extras_at(d, job, ctx, 2, batch, per_item_position, channels, columns);
+  return ct_extras_at(d, job, ctx, 2, batch, per_item_position, channels, columns, -1);
 }
 
 static OrtStatus *ct_outputs(const onnxopt_ct_desc *d, ct_job *job, OrtKernelContext *ctx, const int64_t *dims,
@@ -630,17 +636,17 @@ static OrtStatus *cb_reorder(OrtKernelContext *ctx, float *nchw, float *blocked,
    `*scratch` (the caller frees it) and points `out` and the POSITION `extra` at them. Nothing when out_blocked. */
 static OrtStatus *cb_blocked_scratch(const onnxopt_ct_desc *d, OrtKernelContext *ctx, int64_t N, int64_t pixels,
                                      int64_t block_size, float **out, const float **extra, int64_t *extra_count,
-                                     float **scratch) {
+                                     float **scratch, int skip) {
   *scratch = NULL;
   if (d->out_blocked) return NULL;
   int n_pos = 0;
-  for (int e = 0; e < d->n_extra; e++) n_pos += d->extra_kind[e] == EX_POSITION;
+  for (int e = 0; e < d->n_extra; e++) n_pos += d->extra_kind[e] == EX_POSITION && e != skip;
   *scratch = (float *)malloc((size_t)((d->sig.n_out + n_pos) * N * block_size) * sizeof(float));
   if (!*scratch) return fail(ORT_FAIL, "onnxopt: out of memory for the convolution's blocked outputs");
   float *next = *scratch;
   for (int o = 0; o < d->sig.n_out; o++, next += N * block_size) out[o] = next;
   for (int e = 0; e < d->n_extra; e++) {
-    if (d->extra_kind[e] != EX_POSITION) continue;
+    if (d->extra_kind[e] != EX_POSITION || e == skip) continue;
     int64_t items = d->extra_nstride[e] ? N : 1;
     OrtStatus *rs = cb_reorder(ctx, (float *)extra[e], next, items, d->oc, d->lanes, pixels, 0);
     if (rs) {
@@ -834,7 +840,7 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   int padded = Pt || Pl || Hp != H || Wp != W;
   /* NCHW outputs: the tiles write blocked buffers, converted at the end; NCHW residuals are converted first. */
   float *scratch = NULL;
-  CHECK(cb_blocked_scratch(d, ctx, N, OH * OW, block_size, job.out, job.extra, job.extra_count, &scratch));
+  CHECK(cb_blocked_scratch(d, ctx, N, OH * OW, block_size, job.out, job.extra, job.extra_count, &scratch, -1));
   const float *x;
   CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
   CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.w));

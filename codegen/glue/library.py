@@ -74,9 +74,10 @@ class CtKernelDesc:
 
 @dataclass
 class AfKernelDesc:
-    """A convolution and the convolutions reading its output (one: SISO, more: SIMO) fused by bands of output rows
-    (AFUSION, afusion_exec.c): each part is described as a compute op (only the fused op is registered), plus where
-    each second's inputs start and the band height."""
+    """A convolution and the convolutions reading its output (one: SISO, more: SIMO), or two convolutions whose
+    outputs meet in the second's epilogue (MISO), fused by bands of output rows (AFUSION, afusion_exec.c): each part
+    is described as a compute op (only the fused op is registered), plus where each second's inputs start (MISO: its
+    input x) and the band height."""
 
     op_type: str
     in_types: list[int]
@@ -85,6 +86,7 @@ class AfKernelDesc:
     seconds: list[CtKernelDesc]
     second_inputs: list[int]  # op input index of each second convolution's packed weights
     band_rows: int  # output rows of the second convolutions per band
+    miso_extra: int = -1  # MISO: the second's epilogue input that is the first's output (not an op input)
 
 
 AF_MAX_SECOND = 4  # as ort_glue.c
@@ -154,7 +156,7 @@ def library_source(kernels: list, target: Target) -> str:
         inputs = ", ".join(str(x) for x in k.second_inputs)
         parts.append(f'static const onnxopt_af_desc a{i}_desc = {{{{"{k.op_type}", KIND_AFUSION, {len(k.in_types)}, '
                      f"{len(k.out_types)}, a{i}_in_types, a{i}_out_types}}, &a{i}_first, {len(k.seconds)}, "
-                     f"{{{seconds}}}, {{{inputs}}}, {k.band_rows}}};\n")
+                     f"{{{seconds}}}, {{{inputs}}}, {k.band_rows}, {k.miso_extra}}};\n")
     refs = [f"&k{i}_desc.sig" for i in range(len(ew))] + [f"&c{i}_desc.sig" for i in range(len(ct))]
     refs += [f"&a{i}_desc.sig" for i in range(len(af))]
     pools = [k for k in kernels if isinstance(k, PoolKernelDesc)]

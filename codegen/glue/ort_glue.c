@@ -162,6 +162,7 @@ typedef struct {
   const onnxopt_ct_desc *second[AF_MAX_SECOND];
   int second_input[AF_MAX_SECOND]; /* op input index of each second convolution's packed weights */
   int64_t band_rows;               /* output rows of the second convolutions per band */
+  int miso_extra; /* MISO: the second's epilogue input that is the first's output (not an op input); else -1 */
 } onnxopt_af_desc;
 
 /* MaxPool / AveragePool (2-D) or GlobalMaxPool / GlobalAveragePool with a fused epilogue (pool_exec.c runs it). */

@@ -62,9 +62,10 @@ def conv_macs_per_output(params: ComputeParams) -> float | None:
     if params.op == "afusion":  # per element of the first second's output; the halo recomputation is not counted
         first, seconds = params.parts[0].compute, [p.compute for p in params.parts[1:]]
         ref = seconds[0].attrs
-        # each output pixel of the seconds needs ~stride^2 pixels of the first's output
+        # each output pixel of the seconds needs ~stride^2 pixels of the first's output (MISO: one)
+        per_first = 1 if params.attrs.get("miso_extra", -1) >= 0 else ref["strides"][0] * ref["strides"][1]
         per_pixel = sum(conv_macs_per_output(c) * c.attrs["oc"] for c in seconds) \
-            + conv_macs_per_output(first) * first.attrs["oc"] / (ref["strides"][0] * ref["strides"][1])
+            + conv_macs_per_output(first) * first.attrs["oc"] / per_first
         return per_pixel / ref["oc"]
     if params.op not in ("conv", "conv_transpose"):
         return None

@@ -48,10 +48,8 @@ def blocked_inputs(region: Region) -> set[str]:
     if region.relayout is not None:
         return set(region.inputs)
     c = region.compute
-    if c is not None and c.op == "afusion":  # the first part's input, the seconds' per-pixel epilogue inputs
-        first, seconds = c.parts[0], c.parts[1:]
-        return ({region.inputs[0]} & blocked_inputs(first)).union(*(blocked_inputs(s) - {s.inputs[0]}
-                                                                    for s in seconds))
+    if c is not None and c.op == "afusion":  # what its parts read blocked, less the intermediate it keeps inside
+        return set().union(*(blocked_inputs(p) for p in c.parts)) - set(c.parts[0].outputs)
     if c is None or c.op != "conv":
         return set()
     names = {region.inputs[0]} if c.attrs.get("in_blocked") else set()
@@ -238,7 +236,8 @@ def pack_blocked_weights(w: np.ndarray, lanes: int, ni: int) -> np.ndarray:
 def use_channel_vectors(r: Region, lanes: int, ni: int, opset: int) -> None:
     """Give a one-group NCHW convolution the blocked kernel (vectors of output channels), NCHW in and out: it
     computes into blocked buffers and reorders at the end, which pays where the NCHW kernel leaves lanes idle."""
-    _convert(r, False, False, None, lanes, ni, opset, channel_vectors=True)
+    # A region reading a blocked input with the NCHW kernel (a chain's exit) keeps its blocked input.
+    _convert(r, bool(r.compute.attrs.get("in_blocked")), False, None, lanes, ni, opset, channel_vectors=True)
 
 
 def with_channel_vectors(region: Region, lanes: int, ni: int, opset: int) -> Region:
@@ -264,6 +263,8 @@ def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni
     c = r.compute
     a = c.attrs
     body = list(c.body)
+    # Converted before with a blocked input (then given channel vectors): its prologue already unblocks the input.
+    unblocked = bool(a.get("in_blocked")) and in_blocked
     conv_at = next(i for i, n in enumerate(body) if n.op_type == "Conv")
     conv = body[conv_at]
     if out_blocked or channel_vectors:
@@ -285,13 +286,17 @@ def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni
         else:
             unpack.append(helper.make_node("Slice", [f"{u}_r"], [f"{u}_sl"], starts=[0], ends=[oc], axes=[0]))
         unpack += [_i64(f"{u}_s2", list(w.shape)), helper.make_node("Reshape", [f"{u}_sl", f"{u}_s2"], [conv.input[1]])]
-        body = unpack + body[conv_at:]
+        # the old prologue's nodes (they name the unblocked input, which the Conv reads) stay; the old weights' do not
+        prologue_kept = [n for n in body[:conv_at] if all(o.startswith(conv.input[0]) for o in n.output)] \
+            if unblocked else []
+        body = prologue_kept + unpack + body[conv_at:]
         a["packed_shape"] = packed.shape
     renames: dict[str, str] = {}
     prologue: list[onnx.NodeProto] = []
     epilogue: list[onnx.NodeProto] = []
     extras = zip(r.inputs[len(r.inputs) - len(c.extra_kinds):], c.extra_kinds)
-    to_unblock = ([r.inputs[0]] if in_blocked else []) + ([x for x, k in extras if k == POSITION] if out_blocked else [])
+    to_unblock = ([r.inputs[0]] if in_blocked and not unblocked else []) + \
+        ([x for x, k in extras if k == POSITION] if out_blocked else [])
     for x in dict.fromkeys(to_unblock):
         _, ch, h, w_ = shape_of(x)
         renames[x] = f"{x}__nchw"

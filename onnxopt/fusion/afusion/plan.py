@@ -1,5 +1,6 @@
 """Turn convolution groups of a plan into AFUSION regions: a convolution and the one (SISO, siso.py) or several
-(SIMO, simo.py) convolutions reading its output.
+(SIMO, simo.py) convolutions reading its output, or two convolutions whose outputs meet in the second's epilogue
+(MISO, miso.py).
 
 `afusion_pairs` lists the groups that can be fused, with the reason for each producer -> readers edge that cannot;
 `apply_pairs` replaces the chosen ones. Which groups to fuse is the search's decision (onnxopt/fusion/search); the
@@ -12,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from ..region import Region
+from .miso import epilogue_inputs, fuse_miso, miso_band_rows, miso_reason
 from .simo import simo_reason
 from .siso import choose_band_rows, fuse_group, siso_reason
 
@@ -23,10 +25,11 @@ class Pair:
     first: Region
     seconds: list[Region]
     band_rows: int
+    miso: bool = False  # the first's output meets the second's in its epilogue (miso.py)
 
     @property
     def pattern(self) -> str:
-        return "SISO" if len(self.seconds) == 1 else "SIMO"
+        return "MISO" if self.miso else "SISO" if len(self.seconds) == 1 else "SIMO"
 
     @property
     def node_names(self) -> list[str]:
@@ -73,7 +76,35 @@ def afusion_pairs(plan: list[Region], index, shape_of, lanes: int, threads: int,
         if forced:  # the tests run uneven and one-row bands on every shape
             rows = max(1, int(forced))
         pairs.append(Pair(first, list(seconds), rows))
+    pairs += _miso_pairs(convs, index, shape_of, lanes, threads, refused, scratch_bytes)
+    position = {id(r): i for i, r in enumerate(plan)}
+    pairs.sort(key=lambda p: max(position[id(r)] for r in p.seconds))  # graph order, for greedy_pairs
     return pairs, refused
+
+
+def _miso_pairs(convs, index, shape_of, lanes, threads, refused, scratch_bytes) -> list[Pair]:
+    """Conv regions whose output is a per-pixel input of another conv region's epilogue (miso.py)."""
+    produced_by = {r.outputs[0]: r for r in convs if len(r.outputs) == 1}
+    pairs = []
+    for second in convs:
+        for x in epilogue_inputs(second):
+            first = produced_by.get(x)
+            if first is None or first is second:
+                continue
+            why = miso_reason(first, second, lanes, {x: index.consumers.get(x, [])}, index.graph_outputs)
+            out = shape_of(second.outputs[0])
+            if why is None and (out is None or not all(isinstance(d, int) for d in out)):
+                why = "the shapes are not static"
+            if why is not None:
+                refused.append({"nodes": first.node_names + second.node_names, "reason": f"AFUSION MISO: {why}"})
+                continue
+            kw = {} if scratch_bytes is None else {"scratch_bytes": scratch_bytes}
+            rows = miso_band_rows(second.compute.attrs["oc"], lanes, out[2], out[3], out[0], threads, **kw)
+            forced = os.environ.get("ONNXOPT_AFUSION_BAND_ROWS")
+            if forced:
+                rows = max(1, int(forced))
+            pairs.append(Pair(first, [second], rows, miso=True))
+    return pairs
 
 
 def greedy_pairs(pairs: list[Pair]) -> list[Pair]:
@@ -98,7 +129,9 @@ def apply_pairs(plan: list[Region], chosen: list[Pair], lanes: int, ni: int, ops
     out = []
     for r in plan:
         p = at_last.get(id(r))
-        if p is not None:
+        if p is not None and p.miso:
+            out.append(fuse_miso(p.first, p.seconds[0], lanes, ni, opset, p.band_rows))
+        elif p is not None:
             out.append(fuse_group(p.first, p.seconds, lanes, ni, opset, p.band_rows))
         elif id(r) not in members:
             out.append(r)

@@ -26,15 +26,19 @@ from ..region import EwProgram, Region
 DEFAULT_SCRATCH_BYTES = 512 * 1024
 
 
-def _conv_part_reason(r: Region, which: str) -> str | None:
+def conv_part_reason(r: Region, which: str, depthwise: bool | None = None) -> str | None:
+    """Why region `r` cannot be a part of an AFUSION kernel, or None. A depthwise convolution can be a part when
+    `depthwise` (by default: when it is the first, the band's producer)."""
     c = r.compute
     if c is None or c.op != "conv":
         return f"the {which} region is not a convolution"
     a = c.attrs
     if len(a.get("kernel", ())) != 2:
         return f"the {which} convolution is not 2-D"
-    if a["groups"] != 1 and not (which == "first" and is_depthwise(c)):
-        return f"the {which} convolution is grouped (only a depthwise first convolution is supported)"
+    depthwise = which == "first" if depthwise is None else depthwise
+    if a["groups"] != 1 and not (depthwise and is_depthwise(c)):
+        return f"the {which} convolution is grouped (only " + \
+            ("depthwise ones are" if which != "first" else "a depthwise first convolution is") + " supported)"
     if c.weights is None:
         return f"the {which} convolution's weights are not constant"
     if c.tile is not None:
@@ -48,7 +52,7 @@ def siso_reason(first: Region, second: Region, lanes: int, consumers: dict[str, 
     if lanes < 8:
         return "AFUSION runs on the channel-vector kernel, which needs 8 or more lanes"
     for r, which in ((first, "first"), (second, "second")):
-        why = _conv_part_reason(r, which)
+        why = conv_part_reason(r, which)
         if why:
             return why
     if len(first.outputs) != 1:
@@ -123,10 +127,19 @@ def fuse_siso(first: Region, second: Region, lanes: int, ni: int, opset: int, ba
 
 def fuse_group(first: Region, seconds: list[Region], lanes: int, ni: int, opset: int, band_rows: int) -> Region:
     """The AFUSION region of `first` and the convolution(s) reading its output (one: SISO, several: SIMO, see
-    simo.py; check the pattern's reason first). The regions are copied: a plan's other regions may share their
-    parameters. Inputs: the first's, then each second's without the intermediate; outputs: each second's."""
+    simo.py; check the pattern's reason first). Inputs: the first's, then each second's without the intermediate;
+    outputs: each second's."""
+    parts = channel_vector_parts([first, *seconds], lanes, ni, opset)
+    p1, rest = parts[0], parts[1:]
+    return fused_region(first, parts, inputs=list(p1.inputs) + [x for p in rest for x in p.inputs[1:]],
+                        attrs={"band_rows": int(band_rows), "in_blocked": int(p1.compute.attrs.get("in_blocked", 0)),
+                               "out_blocked": int(rest[0].compute.attrs.get("out_blocked", 0)), "block": lanes})
+
+
+def channel_vector_parts(regions: list[Region], lanes: int, ni: int, opset: int) -> list[Region]:
+    """Copies of the regions on the channel-vector kernel (a plan's other regions may share their parameters)."""
     parts = []
-    for r in [first, *seconds]:
+    for r in regions:
         r = replace(r, inputs=list(r.inputs), outputs=list(r.outputs), measured={})
         c = r.compute
         if c.attrs.get("out_blocked") or c.attrs.get("channel_vectors"):
@@ -136,23 +149,25 @@ def fuse_group(first: Region, seconds: list[Region], lanes: int, ni: int, opset:
         else:
             with_channel_vectors(r, lanes, ni, opset)
         parts.append(r)
-    p1, rest = parts[0], parts[1:]
-    body = list(p1.compute.body)
-    for b, p in enumerate(rest):
+    return parts
+
+
+def fused_region(first: Region, parts: list[Region], inputs: list[str], attrs: dict) -> Region:
+    """The AFUSION region of `parts` (first first): its fallback is the parts' fallbacks in order, its outputs the
+    later parts'."""
+    body = list(parts[0].compute.body)
+    for b, p in enumerate(parts[1:]):
         body += _distinct_names(p.compute.body, body, "__second" if b == 0 else f"__second{b}")
     compute = ComputeParams(
-        op="afusion",
-        attrs={"band_rows": int(band_rows), "in_blocked": int(p1.compute.attrs.get("in_blocked", 0)),
-               "out_blocked": int(rest[0].compute.attrs.get("out_blocked", 0)), "block": lanes},
+        op="afusion", attrs=attrs,
         initializers=[t for p in parts for t in p.compute.initializers],
         body=body,
         orig_consts=[t for p in parts for t in p.compute.orig_consts],
         parts=parts,
     )
     program = EwProgram(inputs=[], consts={}, ops=[], outputs=[])  # the parts carry the epilogues
-    fused = Region(kind="afusion", nodes=[nd for p in parts for nd in p.nodes],
-                   inputs=list(p1.inputs) + [x for p in rest for x in p.inputs[1:]],
-                   outputs=[o for p in rest for o in p.outputs], program=program, shape=list(rest[0].shape),
+    fused = Region(kind="afusion", nodes=[nd for p in parts for nd in p.nodes], inputs=inputs,
+                   outputs=[o for p in parts[1:] for o in p.outputs], program=program, shape=list(parts[1].shape),
                    compute=compute)
     if first.op_type_key:
         fused.compute_op_type(first.op_type_key)
