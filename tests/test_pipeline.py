@@ -196,3 +196,10 @@ def test_writes_nothing_into_the_working_directory(tmp_path, monkeypatch):
     onnx.save(build_model("bert"), src)
     onnxopt.optimize(src, str(tmp_path / "fused.onnx"), measure=False)
     assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize("option, value", [("search_budget", 0), ("tune_budget", -1)])
+def test_budgets_must_be_seconds(option, value, tmp_path):
+    """A budget that is no time at all is bad usage, said before any work is done."""
+    with pytest.raises(UsageError, match=option.replace("_", "-")):
+        onnxopt.optimize(build_model("mobilenetv3", image_size=32), str(tmp_path / "o.onnx"), **{option: value})

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..compute import POSITION
 from ..region import Region
-from .siso import DEFAULT_SCRATCH_BYTES, channel_vector_parts, conv_part_reason, fused_region
+from .siso import DEFAULT_SCRATCH_BYTES, balanced_rows, channel_vector_parts, conv_part_reason, fused_region
 
 
 def epilogue_inputs(r: Region) -> list[str]:
@@ -65,13 +65,9 @@ def miso_reason(first: Region, second: Region, lanes: int, consumers: dict[str, 
 def miso_band_rows(out_channels: int, lanes: int, out_h: int, out_w: int, batch: int, threads: int,
                    scratch_bytes: int = DEFAULT_SCRATCH_BYTES) -> int:
     """The tallest band of output rows (all channels, which the first writes and the second reads back) that fits
-    `scratch_bytes`, keeping at least two bands per thread when the output has the rows for it."""
+    `scratch_bytes`, balanced over the threads (`balanced_rows`)."""
     row_bytes = -(-out_channels // lanes) * lanes * out_w * 4
-    rows = max(1, min(out_h, scratch_bytes // max(1, row_bytes)))
-    want_bands = 2 * max(1, threads)
-    if batch * -(-out_h // rows) < want_bands:
-        rows = max(1, min(rows, -(-batch * out_h // want_bands)))
-    return rows
+    return balanced_rows(max(1, min(out_h, scratch_bytes // max(1, row_bytes))), out_h, batch, threads)
 
 
 def fuse_miso(first: Region, second: Region, lanes: int, ni: int, opset: int, band_rows: int) -> Region:

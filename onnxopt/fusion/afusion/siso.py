@@ -97,10 +97,21 @@ def choose_band_rows(first: Region, seconds, lanes: int, out_h2: int, out_w1: in
     rows = 1
     while rows < out_h2 and band_bytes(first, seconds, lanes, rows + 1, out_w1) <= scratch_bytes:
         rows += 1
-    want_bands = 2 * max(1, threads)
-    if batch * -(-out_h2 // rows) < want_bands:
-        rows = max(1, min(rows, -(-batch * out_h2 // want_bands)))
-    return rows
+    return balanced_rows(rows, out_h2, batch, threads)
+
+
+def balanced_rows(max_rows: int, out_h: int, batch: int, threads: int) -> int:
+    """A band height of at most `max_rows` whose tasks (batch x bands) keep the threads evenly busy: at least two
+    per thread, and a whole number per thread unless there are so many that the remainder hardly matters (56 rows
+    on 2 threads in bands of 18 is 18, 18, 18, 2: one thread does 36 rows, the other 20; bands of 14 do 28 each)."""
+    threads = max(1, threads)
+    bands = -(-out_h // max(1, max_rows))
+    while True:
+        rows = -(-out_h // bands)
+        tasks = batch * -(-out_h // rows)
+        if rows == 1 or (tasks >= 2 * threads and (tasks % threads == 0 or tasks >= 8 * threads)):
+            return rows
+        bands += 1
 
 
 def _distinct_names(body: list, before: list, suffix: str = "__second") -> list:

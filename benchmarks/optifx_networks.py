@@ -1,0 +1,98 @@
+"""The seven OptiFX networks, batch 1: onnxruntime against onnxopt, and onnxopt against itself without AFUSION.
+
+    python benchmarks/optifx_networks.py [--threads 2] [--min-time 2] [--only resnet50,squeezenet] [--out DIR]
+
+Per network (models/: ResNet-50, Inception-v3, DenseNet-BC k=12 L=100, MobileNetV2, SqueezeNet 1.0, the NASNet-A
+style stack, UNet-16): the model is optimized twice with no cost cache (a first run, so the offline time is what a
+user waits): the default pipeline and `--no-afusion`. The three models are then timed interleaved in one process
+(onnxruntime's own optimizations on, same thread count). Printed: a markdown table with the medians, the ratios, the
+plan each run emitted, how many AFUSION groups the emitted model has, and the first run's offline time split as
+OptiFX's Table 7 (search / codegen / measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+import time
+
+import onnx
+
+import onnxopt
+from onnxopt.models import build_model, random_inputs
+from onnxopt.timing import make_session, time_interleaved
+
+NETWORKS = [
+    ("resnet50", {}),
+    ("inception_v3", {}),
+    ("densenet_bc", {}),
+    ("mobilenetv2", {}),
+    ("squeezenet", {}),
+    ("nasnet_a", {}),
+    ("unet16", {}),
+]
+
+
+def _optimize(src: str, out: str, threads: int, **kw):
+    t = time.perf_counter()
+    res = onnxopt.optimize(src, out, threads=threads, cost_cache=False, **kw)
+    wall = time.perf_counter() - t
+    groups = sum(1 for n in res.model.graph.node if n.op_type.startswith("afusion_"))
+    return res, wall, groups
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--min-time", type=float, default=2.0)
+    p.add_argument("--only", help="comma-separated network names")
+    p.add_argument("--out", help="keep the models in this folder (default: a temporary one)")
+    a = p.parse_args(argv)
+    todo = [(n, kw) for n, kw in NETWORKS if not a.only or n in a.only.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        d = a.out or tmp
+        os.makedirs(d, exist_ok=True)
+        for name, kw in todo:
+            model = build_model(name, **kw)
+            src = os.path.join(d, f"{name}.onnx")
+            onnx.save(model, src)
+            outs = {}
+            for label, opts in (("default", {}), ("no-afusion", {"skip_fusion": ["afusion"]})):
+                path = os.path.join(d, f"{name}_{label}.onnx")
+                for f in (path, path + ".so"):
+                    if os.path.exists(f):
+                        os.remove(f)
+                outs[label] = _optimize(src, path, a.threads, **opts) + (path,)
+            sessions = [make_session(src, a.threads)]
+            for label in ("default", "no-afusion"):
+                res, _, _, path = outs[label]
+                sessions.append(make_session(path, a.threads, res.library))
+            times = time_interleaved(sessions, random_inputs(model), min_time=a.min_time)
+            ort_t, ours, no_af = (t["median"] for t in times)
+            res, wall, groups, _ = outs["default"]
+            off = res.report["offline"]
+            rows.append((name, ort_t, ours, no_af, (res.report.get("whole_model") or {}).get("plan", "-"),
+                         (outs["no-afusion"][0].report.get("whole_model") or {}).get("plan", "-"), groups, wall, off))
+            print(f"{name}: onnxruntime {ort_t * 1e3:.2f} ms, onnxopt {ours * 1e3:.2f} ms ({ort_t / ours:.3f}x), "
+                  f"--no-afusion {no_af * 1e3:.2f} ms ({ort_t / no_af:.3f}x); offline {wall:.0f} s", flush=True)
+    print()
+    print(f"| network | onnxruntime ms | onnxopt ms | speedup | --no-afusion ms | speedup | AFUSION vs without | "
+          f"emitted plan (without) | AFUSION nodes | offline s (search / codegen / measurement) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, ort_t, ours, no_af, plan, plan_no, groups, wall, off in rows:
+        print(f"| {name} | {ort_t * 1e3:.2f} | {ours * 1e3:.2f} | {ort_t / ours:.3f}x | {no_af * 1e3:.2f} | "
+              f"{ort_t / no_af:.3f}x | {no_af / ours:.3f}x | {plan} ({plan_no}) | {groups} | "
+              f"{wall:.0f} ({off['search_s']:.1f} / {off['codegen_s']:.1f} / {off['measurement_s']:.1f}) |")
+    if rows:
+        geo = math.exp(sum(math.log(r[1] / r[2]) for r in rows) / len(rows))
+        geo_no = math.exp(sum(math.log(r[1] / r[3]) for r in rows) / len(rows))
+        print(f"\ngeometric mean speedup over onnxruntime: {geo:.3f}x (--no-afusion {geo_no:.3f}x), "
+              f"{a.threads} threads, batch 1")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
