@@ -7,12 +7,13 @@ style stack, UNet-16): the model is optimized twice with no cost cache (a first 
 user waits): the default pipeline and `--no-afusion`. The three models are then timed interleaved in one process
 (onnxruntime's own optimizations on, same thread count). Printed: a markdown table with the medians, the ratios, the
 plan each run emitted, how many AFUSION groups the emitted model has, and the first run's offline time split as
-OptiFX's Table 7 (search / codegen / measurement).
+OptiFX's Table 7 (search / codegen / measurement). Each run's report is kept next to its model (`--out`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import tempfile
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
                     if os.path.exists(f):
                         os.remove(f)
                 outs[label] = _optimize(src, path, a.threads, **opts) + (path,)
+                with open(path + ".report.json", "w") as f:  # what was fused, refused, and where the time went
+                    json.dump(outs[label][0].report, f, indent=1, default=str)
             sessions = [make_session(src, a.threads)]
             for label in ("default", "no-afusion"):
                 res, _, _, path = outs[label]
