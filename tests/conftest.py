@@ -36,3 +36,7 @@ def _private_cache_dir():
 
 
 _private_cache_dir()
+# Under xdist the workers already keep every core busy: build kernels in the worker itself rather than forking more
+# (codegen/parallel.py; its own tests ask for workers explicitly).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("ONNXOPT_BUILD_WORKERS", "1")

@@ -162,17 +162,39 @@ def library_source(kernels: list, target: Target) -> str:
     pools = [k for k in kernels if isinstance(k, PoolKernelDesc)]
     parts.extend(pool_source(i, k) for i, k in enumerate(pools))
     refs += [f"&p{i}_desc.sig" for i in range(len(pools))]
+    # External linkage (hidden by -fvisibility=hidden): the runtime object, compiled once, reads these.
     parts.append(_c_array("onnxopt_sig *", "ONNXOPT_OPS", refs).replace("static const onnxopt_sig *",
-                                                                         "static const onnxopt_sig *const"))
-    parts.append(f"#define ONNXOPT_N_OPS {len(kernels)}\n")
+                                                                         "const onnxopt_sig *const"))
+    parts.append(f"const int onnxopt_n_ops = {len(kernels)};\n")
     checks = [f for f in target.features if f in _GCC_CPU_NAMES]
     cond = " && ".join(f'__builtin_cpu_supports("{f}")' for f in checks) or "1"
-    parts.append(f"static int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n")
+    parts.append(f"int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n")
+    prelude, _ = _glue_parts()
+    return prelude + "".join(parts)
+
+
+_TABLES = "/*@@LIBRARY@@*/"
+_RUNTIME_DECLS = """extern const onnxopt_sig *const ONNXOPT_OPS[];
+extern const int onnxopt_n_ops;
+int onnxopt_cpu_ok(void);
+"""
+
+
+def _glue_parts() -> tuple[str, str]:
+    """ort_glue.c's prelude (includes, macros, the descriptors' types) and the runtime after it, with the compute,
+    AFUSION and pooling executors inserted."""
     files = resources.files("onnxopt.codegen.glue")
-    glue = files.joinpath("ort_glue.c").read_text()
+    prelude, rest = files.joinpath("ort_glue.c").read_text().split(_TABLES)
     compute = files.joinpath("compute_exec.c").read_text() + files.joinpath("afusion_exec.c").read_text()
-    return glue.replace("/*@@LIBRARY@@*/", "".join(parts)).replace("/*@@COMPUTE@@*/", compute) \
-        .replace("/*@@POOL@@*/", files.joinpath("pool_exec.c").read_text())
+    rest = rest.replace("/*@@COMPUTE@@*/", compute).replace("/*@@POOL@@*/", files.joinpath("pool_exec.c").read_text())
+    return prelude, rest
+
+
+def runtime_source() -> str:
+    """The glue every library shares (custom-op registration and the executors): it reads the per-library tables
+    of `library_source` through ONNXOPT_OPS, onnxopt_n_ops and onnxopt_cpu_ok."""
+    prelude, rest = _glue_parts()
+    return prelude + _RUNTIME_DECLS + rest
 
 
 def _cc() -> str:
@@ -183,11 +205,16 @@ def _cc() -> str:
                          "or point $CC at it")
 
 
+# The glue is built for the baseline ISA so that its CPU check itself runs anywhere.
+_CFLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", "-std=c11", "-Wall", "-Werror"]
+
+
 def link_library(kernels: list, objects: list[bytes], target: Target, output: str) -> str:
-    """Compile the glue, link it with the kernel objects into `output`; returns the library's sha256."""
+    """Compile the library's tables, link them with the shared runtime object and the kernel objects into `output`;
+    returns the library's sha256."""
     cc = _cc()
     with tempfile.TemporaryDirectory(prefix="onnxopt-link-") as tmp:
-        src = os.path.join(tmp, "glue.c")
+        src = os.path.join(tmp, "tables.c")
         with open(src, "w") as f:
             f.write(library_source(kernels, target))
         objs = []
@@ -196,11 +223,11 @@ def link_library(kernels: list, objects: list[bytes], target: Target, output: st
             with open(p, "wb") as f:
                 f.write(data)
             objs.append(p)
-        glue_o = os.path.join(tmp, "glue.o")
-        # The glue is built for the baseline ISA so that its CPU check itself runs anywhere.
-        _run([cc, "-O2", "-fPIC", "-fvisibility=hidden", "-std=c11", "-Wall", "-Werror", "-c", src, "-o", glue_o])
+        tables_o = os.path.join(tmp, "tables.o")
+        _run([cc, *_CFLAGS, "-c", src, "-o", tables_o])
         so = os.path.join(tmp, "lib.so")
-        _run([cc, "-shared", "-Wl,-Bsymbolic", "-Wl,-z,noexecstack", "-o", so, glue_o, *objs, "-lm"])
+        _run([cc, "-shared", "-Wl,-Bsymbolic", "-Wl,-z,noexecstack", "-o", so, runtime_object(cc, tmp), tables_o,
+              *objs, "-lm"])
         with open(so, "rb") as f:
             data = f.read()
         tmp_out = output + ".tmp"
@@ -208,6 +235,43 @@ def link_library(kernels: list, objects: list[bytes], target: Target, output: st
             f.write(data)
         os.replace(tmp_out, output)
     return hashlib.sha256(data).hexdigest()
+
+
+def runtime_object(cc: str, tmp: str) -> str:
+    """The compiled runtime glue (about 1.5 s of cc per library before it was shared): kept in
+    `$ONNXOPT_CACHE_DIR/glue/` (else ~/.cache/onnxopt/glue/) under the hash of its source, the compiler and the flags,
+    so a library is its small tables file plus the kernels. Where the cache cannot be written, it is compiled into
+    `tmp` each time."""
+    src_text = runtime_source()
+    key = hashlib.sha256("\0".join([src_text, _cc_identity(cc), *_CFLAGS]).encode()).hexdigest()[:24]
+    from onnxopt.cost_cache import default_path
+
+    cached = os.path.join(os.path.dirname(default_path()), "glue", f"runtime-{key}.o")
+    if os.path.exists(cached):
+        return cached
+    src = os.path.join(tmp, "runtime.c")
+    with open(src, "w") as f:
+        f.write(src_text)
+    obj = os.path.join(tmp, "runtime.o")
+    _run([cc, *_CFLAGS, "-c", src, "-o", obj])
+    try:  # publish it atomically: processes converting models at the same time may race here
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        part = f"{cached}.{os.getpid()}.tmp"
+        shutil.copyfile(obj, part)
+        os.replace(part, cached)
+    except OSError:
+        return obj
+    return cached
+
+
+_CC_IDS: dict[str, str] = {}
+
+
+def _cc_identity(cc: str) -> str:
+    if cc not in _CC_IDS:
+        r = subprocess.run([cc, "--version"], capture_output=True, text=True)
+        _CC_IDS[cc] = f"{shutil.which(cc)}|{r.stdout.splitlines()[0] if r.stdout else ''}"
+    return _CC_IDS[cc]
 
 
 def _run(cmd: list[str]) -> None:

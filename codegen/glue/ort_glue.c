@@ -5,8 +5,9 @@
  * a table of function pointers indexed by position, and positions never change because the C API only appends.
  * We ask for API version 17, the oldest that has KernelContext_ParallelFor, so one library runs on every newer ORT.
  *
- * The library generator inserts the per-library part (see library.py): ONNXOPT_OPS[], ONNXOPT_N_OPS, the kernel
- * declarations and onnxopt_cpu_ok().
+ * The per-library part (see library.py) is a file of its own: this file's prelude (up to the @@LIBRARY@@ mark)
+ * followed by the kernel declarations, the descriptors, ONNXOPT_OPS[], onnxopt_n_ops and onnxopt_cpu_ok(). The rest
+ * of this file, the runtime, is compiled once and shared by every library.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -64,7 +65,6 @@ typedef void (*ReleaseTensorTypeAndShapeInfo_t)(OrtTensorTypeAndShapeInfo *info)
 typedef OrtStatus *(*KernelContext_ParallelFor_t)(const OrtKernelContext *ctx, void (*fn)(void *, size_t),
                                                   size_t total, size_t num_batch, void *usr_data);
 
-static OrtApiTable g_api;
 #define API(name) ((name##_t)g_api[API_##name])
 #define CHECK(call)                   \
   do {                                \
@@ -189,6 +189,8 @@ typedef struct {
 
 /* ---- The per-library part is inserted here by the generator. ---- */
 /*@@LIBRARY@@*/
+
+static OrtApiTable g_api;
 
 /* ---- Elementwise execution: broadcast, coalesce, split into chunks of rows. ---- */
 
@@ -409,8 +411,7 @@ static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx) {
 }
 static void op_destroy(void *kernel) { (void)kernel; }
 
-static onnxopt_op g_ops[ONNXOPT_N_OPS > 0 ? ONNXOPT_N_OPS : 1];
-static int g_ops_ready; /* the tables are filled once and then shared by every session that registers us */
+static onnxopt_op *g_ops; /* onnxopt_n_ops of them, filled once and shared by every session that registers us */
 
 __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOptions *options,
                                                                      const OnnxoptApiBase *base) {
@@ -419,31 +420,34 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
   if (!onnxopt_cpu_ok()) return NULL; /* this CPU lacks an instruction the kernels use: same fallback */
   OrtCustomOpDomain *domain;
   CHECK(API(CreateCustomOpDomain)("onnxopt", &domain));
-  for (int i = 0; i < ONNXOPT_N_OPS && !g_ops_ready; i++) {
-    onnxopt_op *o = &g_ops[i];
-    memset(o, 0, sizeof(*o));
-    o->desc = ONNXOPT_OPS[i];
-    o->base.version = ONNXOPT_API_VERSION;
-    o->base.CreateKernel = op_create_v1;
-    o->base.GetName = op_name;
-    o->base.GetExecutionProviderType = op_ep;
-    o->base.GetInputType = op_in_type;
-    o->base.GetInputTypeCount = op_in_count;
-    o->base.GetOutputType = op_out_type;
-    o->base.GetOutputTypeCount = op_out_count;
-    o->base.KernelCompute = op_compute_v1;
-    o->base.KernelDestroy = op_destroy;
-    o->base.GetInputCharacteristic = op_required;
-    o->base.GetOutputCharacteristic = op_required;
-    o->base.GetInputMemoryType = op_mem_default;
-    o->base.GetVariadicInputMinArity = op_one;
-    o->base.GetVariadicInputHomogeneity = op_one;
-    o->base.GetVariadicOutputMinArity = op_one;
-    o->base.GetVariadicOutputHomogeneity = op_one;
-    o->base.CreateKernelV2 = op_create;
-    o->base.KernelComputeV2 = op_compute;
+  if (!g_ops) {
+    onnxopt_op *ops = (onnxopt_op *)calloc((size_t)(onnxopt_n_ops > 0 ? onnxopt_n_ops : 1), sizeof(onnxopt_op));
+    if (!ops) return API(CreateStatus)(1, "onnxopt: out of memory registering the custom ops");
+    for (int i = 0; i < onnxopt_n_ops; i++) {
+      onnxopt_op *o = &ops[i];
+      o->desc = ONNXOPT_OPS[i];
+      o->base.version = ONNXOPT_API_VERSION;
+      o->base.CreateKernel = op_create_v1;
+      o->base.GetName = op_name;
+      o->base.GetExecutionProviderType = op_ep;
+      o->base.GetInputType = op_in_type;
+      o->base.GetInputTypeCount = op_in_count;
+      o->base.GetOutputType = op_out_type;
+      o->base.GetOutputTypeCount = op_out_count;
+      o->base.KernelCompute = op_compute_v1;
+      o->base.KernelDestroy = op_destroy;
+      o->base.GetInputCharacteristic = op_required;
+      o->base.GetOutputCharacteristic = op_required;
+      o->base.GetInputMemoryType = op_mem_default;
+      o->base.GetVariadicInputMinArity = op_one;
+      o->base.GetVariadicInputHomogeneity = op_one;
+      o->base.GetVariadicOutputMinArity = op_one;
+      o->base.GetVariadicOutputHomogeneity = op_one;
+      o->base.CreateKernelV2 = op_create;
+      o->base.KernelComputeV2 = op_compute;
+    }
+    g_ops = ops;
   }
-  g_ops_ready = 1;
-  for (int i = 0; i < ONNXOPT_N_OPS; i++) CHECK(API(CustomOpDomain_Add)(domain, &g_ops[i].base));
+  for (int i = 0; i < onnxopt_n_ops; i++) CHECK(API(CustomOpDomain_Add)(domain, &g_ops[i].base));
   return API(AddCustomOpDomain)(options, domain);
 }

@@ -21,7 +21,7 @@ def broadcast_pair(draw):
     return out, operand(), operand()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shapes=broadcast_pair(), symbolic=st.booleans())
 def test_hardswish_times_scale_any_broadcast(shapes, symbolic, tmp_path_factory):
     out, sa, sb = shapes

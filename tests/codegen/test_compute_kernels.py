@@ -164,7 +164,7 @@ def _case_ops(c):
     return "Conv" if e is None else "Conv -> " + {"residual": "Add", "se": "Mul"}.get(e, e)
 
 
-@settings(max_examples=25, deadline=None, derandomize=True,
+@settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(conv_cases())
 def test_random_convs(case):

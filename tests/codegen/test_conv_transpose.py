@@ -179,7 +179,7 @@ def convt_cases(draw):
 
 
 @needs_vectors
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=convt_cases())
 def test_random_conv_transposes(case, tmp_path_factory):
     oh, ow = _out_hw(case["h"], case["w"], case["k"], case["s"], case["d"], case["pads"], case["out_pad"])

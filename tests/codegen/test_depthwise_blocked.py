@@ -42,7 +42,7 @@ def depthwise_convs(draw):
 
 
 @needs_vectors
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(c=st.integers(1, 40), conv=depthwise_convs(), batch=st.sampled_from([1, 2]), act=st.sampled_from(
     ["Relu", "Sigmoid", None]))
 def test_depthwise_in_a_blocked_chain_matches_onnxruntime(tmp_path_factory, c, conv, batch, act):

@@ -90,3 +90,18 @@ def test_custom_op_struct_is_208_bytes(tmp_path):
     c = tmp_path / "glue.c"
     c.write_text(src)
     subprocess.run(["cc", "-std=c11", "-fsyntax-only", str(c)], check=True)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_runtime_glue_is_compiled_once_and_shared(tmp_path, monkeypatch):
+    """The runtime part of the glue is one cached object per source, compiler and flags (under the cache dir); each
+    library compiles only its tables."""
+    from onnxopt.codegen.glue.library import _cc, runtime_object
+
+    monkeypatch.setenv("ONNXOPT_CACHE_DIR", str(tmp_path / "cache"))
+    first = runtime_object(_cc(), str(tmp_path))
+    assert first.startswith(str(tmp_path / "cache" / "glue")) and os.path.getsize(first) > 10_000
+    stamp = os.stat(first).st_mtime_ns
+    assert runtime_object(_cc(), str(tmp_path)) == first and os.stat(first).st_mtime_ns == stamp
+    tables = library_source([], host_target())
+    assert "onnxopt_n_ops = 0;" in tables and "RegisterCustomOps(" not in tables

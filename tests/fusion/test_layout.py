@@ -275,7 +275,7 @@ def test_residual_blocks_and_depthwise_reader(tmp_path):
 
 
 @needs_vectors
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(c_in=st.integers(1, 35), c_mid=st.integers(1, 70), c_out=st.integers(1, 40), h=st.integers(3, 15),
        w=st.integers(3, 23), k=st.sampled_from([1, 3, 5]), s=st.integers(1, 3), d=st.integers(1, 2),
        pads=st.tuples(*[st.integers(0, 2)] * 4), batch=st.sampled_from([1, 3]))

@@ -40,7 +40,7 @@ def test_optifx_g6_fuses_into_one_kernel(tmp_path):
     check_answers(res, model, random_inputs(model))
 
 
-@pytest.mark.parametrize("band", ["1", "3"])
+@pytest.mark.parametrize("band", ["2"])
 def test_resnet_downsample_block_in_a_blocked_chain(tmp_path, monkeypatch, band):
     """x -> 1x1 -> 3x3 /2 -> 1x1 (+ shortcut 1x1 /2 of x) -> Relu -> conv: the shortcut fuses with the main path's
     last 1x1 (MISO) or the 3x3 with it (SISO), whichever comes first; each fused kernel is right."""
@@ -88,7 +88,7 @@ def miso_pairs_drawn(draw):
     return c_in, c_out, parts, h, w, batch, band, blocked_in
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(miso_pairs_drawn())
 def test_miso_pair_hypothesis(tmp_path_factory, monkeypatch, drawn):
     c_in, c_out, parts, h, w, batch, band, blocked_in = drawn
