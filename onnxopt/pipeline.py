@@ -43,8 +43,10 @@ from onnxopt.timing import make_session, time_interleaved
 from onnxopt.tune import search_tile
 from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare, load_check_inputs, make_inputs, random_array
 
-# Whole-graph plans, timed against each other (see _Optimizer._run).
+# Seconds for trying the fused model without one kernel type at a time (_whole_model_decision).
+DROP_TRIALS_S = 6.0
 WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this much faster than --min-speedup asks
+# Whole-graph plans, timed against each other (see _Optimizer._run).
 PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "pool", "elementwise")
 FUSION_KINDS = ("elementwise", "compute", "pool", "afusion")
 
@@ -76,7 +78,7 @@ class Options:
     search_budget: float = 60.0  # seconds for the backtracking search over fusion plans (onnxopt/fusion/search)
     prune: bool = True  # prune fusion candidates by the roofline (OptiFX's theta_opt)
     # Seconds for the register-tile search (onnxopt/tune); regions past it keep the default tile. Largest first.
-    tune_budget: float = 20.0
+    tune_budget: float = 12.0
 
 
 def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -239,7 +241,7 @@ def optimize(model, output: str | None = None, **kwargs) -> Result:
         cost_cache=kwargs.pop("cost_cache", None),
         tile_search=bool(kwargs.pop("tile_search", True)),
         search_budget=float(kwargs.pop("search_budget", 60.0)),
-        tune_budget=float(kwargs.pop("tune_budget", 20.0)),
+        tune_budget=float(kwargs.pop("tune_budget", 12.0)),
         prune=bool(kwargs.pop("prune", True)),
     )
     if opts.search_budget <= 0:
@@ -378,6 +380,15 @@ class _Optimizer:
         if "elementwise" not in self.opts.skip_fusion:
             rejected = [] if plans else self.report["rejected"]
             plans.append(("elementwise", dedupe(ElementwiseRule(work).find_regions(rejected))))
+        # A plan with the same regions as an earlier one (compute-dense on a graph without grouped convolutions) would
+        # only be built, checked and timed again.
+        kept, keys = [], set()
+        for name, plan in plans:
+            key = frozenset(id(r) for r in plan)
+            if key not in keys or name == self.opts.plan:
+                kept.append((name, plan))
+                keys.add(key)
+        plans = kept
         if self.opts.plan is not None:
             plans = [p for p in plans if p[0] == self.opts.plan]
         elif not self.opts.measure or self.cannot_run:
@@ -750,8 +761,12 @@ class _Optimizer:
                 if r.compute is not None:
                     entry.update(self.tile_info.get(id(r)) or {"tile": self._tile_of(r)})
                 if self.opts.measure:
+                    # A region of a blocked chain is judged with its chain in the whole-model timing; its own time
+                    # is for the report (and AFUSION's measured savings): a shorter timing does.
+                    quick = dict(min_time=0.03, max_blocks=6, min_blocks=3) \
+                        if blocked_inputs(r) or blocked_outputs(r) else dict(min_time=0.1, max_blocks=15)
                     t_orig, t_fused = self._cached_times(r, feeds, entry, lambda: time_interleaved(
-                        [s_orig, s_fused], [feeds, fused_feeds], min_time=0.1, max_blocks=15))
+                        [s_orig, s_fused], [feeds, fused_feeds], **quick))
                     entry["measured_original_s"] = t_orig["median"]
                     entry["measured_fused_s"] = t_fused["median"]
                     entry["speedup"] = t_orig["median"] / t_fused["median"]
@@ -811,8 +826,18 @@ class _Optimizer:
                      "plans": {c[1]: c[4] / c[5] for c in candidates}}
         # A region in a blocked chain cannot leave alone: its neighbours read or write its layout.
         chained = {r.op_type for r in current if blocked_inputs(r) or blocked_outputs(r)}
-        kinds = sorted({r.op_type for r in current} - chained, key=lambda k: sum(r.op_type == k for r in current))
+        # The kernels that won least alone are the likeliest to lose in the graph: tried first, within a budget (each
+        # trial is a session of the whole model, a second or two on Inception-v3, which has 90 kernel types).
+        alone = {}
+        for r in current:
+            alone[r.op_type] = min(alone.get(r.op_type, float("inf")), (r.measured or {}).get("speedup", 1.0))
+        kinds = sorted({r.op_type for r in current} - chained,
+                       key=lambda k: (alone.get(k, 1.0), sum(r.op_type == k for r in current)))
+        t_trials = time.perf_counter()
         for kind in kinds:
+            if time.perf_counter() - t_trials > DROP_TRIALS_S:
+                decisions["untried"] = kinds[kinds.index(kind):]
+                break
             trial = [r for r in current if r.op_type != kind]
             s_trial = session(trial)
             t_cur, t_trial = compare(s_cur, s_trial)
