@@ -164,10 +164,6 @@ def cmd_bench(argv) -> int:
     p.add_argument("b", nargs="?", help="the optimized model")
     p.add_argument("--kernels", action="store_true", help="benchmark each fused kernel of one optimized model "
                    "against the machine's measured bandwidth")
-    p.add_argument("--search-budget", type=float, default=60.0, metavar="SECONDS",
-                   help="time limit of the backtracking search over fusion plans (default 60)")
-    p.add_argument("--no-prune", action="store_true", help="keep every legal fusion candidate instead of pruning "
-                   "those the roofline predicts no gain for (OptiFX's theta_opt = 1.05)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
     p.add_argument("--min-time", type=float, default=2.0, help="seconds of timing per side (default 2)")
     p.add_argument("--input", action="append", metavar="NAME:FILE.npy", help="real inputs instead of random ones")
