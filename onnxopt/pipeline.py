@@ -498,7 +498,9 @@ class _Optimizer:
         t = time.perf_counter()
         entry = self.report.setdefault("search", {})
         try:
-            kinds = tuple(k for k in ("vertical", "horizontal", "afusion") if k not in self.opts.skip_fusion)
+            # Only what can be built: no horizontal (sibling) kernel exists yet, and a plan that chose the two
+            # expands of a fire module as siblings would leave out the SIMO kernel that can run them.
+            kinds = tuple(k for k in ("vertical", "afusion") if k not in self.opts.skip_fusion)
             machine = _machine() or "xeon-gold-6240"
             cands = generate_candidates(work, machine, prune=self.opts.prune, kinds=kinds)
             entry["candidates"] = cands.counts()
