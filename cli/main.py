@@ -60,8 +60,9 @@ def _optimize_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tile-search", action="store_true", help="use the target's default register tile for "
                    "compute kernels instead of timing a few")
     p.add_argument("--tune-budget", type=float, default=12.0, metavar="SECONDS",
-                   help="time for the register-tile search, largest regions first; the rest keep the default tile "
-                   "(default 12; results are kept in the cost cache, so a second run searches further)")
+                   help="time for the register-tile and AFUSION band-height searches, largest regions first; the "
+                   "rest keep the machine model's choice (default 12; tiles found are kept in the cost cache, so a "
+                   "second run searches further)")
     p.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true")

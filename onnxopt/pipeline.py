@@ -669,6 +669,7 @@ class _Optimizer:
             if not res.skipped:
                 self.say(f"tile {self._tile_of(r)} for {r.describe()}"
                          + (f" ({res.to_report().get('gain', 1.0):.2f}x the default)" if res.changed else ""))
+        self._search_bands(work, regions, info, t, split)
         searches = [v["tile_search"] for v in self.tile_info.values() if "tile_search" in v]
         self.report["tile_search"] = {"searched": sum(1 for x in searches if not x.get("skipped")),
                                       "changed": sum(1 for x in searches if not x.get("skipped")
@@ -680,6 +681,41 @@ class _Optimizer:
         self.report["timings"]["tile_search_s"] = time.perf_counter() - t
         self.report["timings"]["tile_search_build_s"] = split["build_s"]
         self.report["timings"]["tile_search_measure_s"] = split["measure_s"]
+
+    def _search_bands(self, work, regions, info, t_start, split):
+        """The band height of each AFUSION region (onnxopt/tune/band_search.py), in what is left of the tuning
+        budget, largest first; the chosen variant is applied and its object code kept for _build."""
+        from onnxopt.tune.band_search import apply_band, search_band
+        from onnxopt.tune.tile_search import region_flops
+
+        bands = sorted((r for r in regions if r.compute is not None and r.compute.op == "afusion"),
+                       key=lambda r: -region_flops(r, info, self._bindings()))
+        found, done = [], {}
+        for r in bands:
+            # One search per op type: regions that share it share the object code, whose symbols carry its name,
+            # so they must keep sharing one height (and one op type).
+            res = done.get(r.op_type)
+            if res is None:
+                if time.perf_counter() - t_start > self.opts.tune_budget:
+                    found.append({"nodes": r.node_names, "skipped": "the tuning budget is spent"})
+                    continue
+                try:
+                    res = search_band(r, work, self.opts.target, self.opts.threads, info=info,
+                                      bindings=self._bindings(), seed=self.opts.seed)
+                except Exception as e:  # noqa: BLE001 - the search is an optimization: keep the model's height
+                    found.append({"nodes": r.node_names, "skipped": f"{type(e).__name__}: {e}"[:300]})
+                    continue
+                done[r.op_type] = res
+                split["build_s"] += res.build_s
+                split["measure_s"] += res.measure_s
+            if res.rows != res.default:
+                apply_band(r, res.rows)
+                for pair in (self.report.get("afusion") or {}).get("pairs", []):
+                    if pair["nodes"] == r.node_names:
+                        pair["band_rows"], pair["band_rows_model"] = res.rows, res.default
+            self.prebuilt.update(res.built)
+            found.append(dict(res.to_report(), nodes=r.node_names))
+        self.report["band_search"] = found
 
     def _reject(self, r: Region, reason: str):
         r.rejected = reason
