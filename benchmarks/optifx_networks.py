@@ -6,7 +6,8 @@ Per network (models/: ResNet-50, Inception-v3, DenseNet-BC k=12 L=100, MobileNet
 style stack, UNet-16): the model is optimized twice with no cost cache (a first run, so the offline time is what a
 user waits): the default pipeline and `--no-afusion`. The three models are then timed interleaved in one process
 (onnxruntime's own optimizations on, same thread count). Printed: a markdown table with the medians, the ratios, the
-plan each run emitted, how many AFUSION groups the emitted model has, and the first run's offline time split as
+plan each run emitted (with its kernel count; "nothing" when no plan was faster than onnxruntime in the graph,
+with the best plan's ratio), how many AFUSION groups the emitted model has, and the first run's offline time split as
 OptiFX's Table 7 (search / codegen / measurement). Each run's report is kept next to its model (`--out`).
 """
 
@@ -44,6 +45,15 @@ def _optimize(src: str, out: str, threads: int, **kw):
     return res, wall, groups
 
 
+def _emitted(report: dict) -> str:
+    """The plan whose kernels the written model has, with their count, or why it has none."""
+    w = report.get("whole_model") or {}
+    if report.get("fused_regions"):
+        return f"{w.get('plan', '-')} ({report['fused_regions']} kernels)"
+    best = w.get("plan")
+    return f"nothing (best plan {best} {w['plans'][best]:.2f}x)" if best and best in w.get("plans", {}) else "nothing"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
@@ -77,8 +87,8 @@ def main(argv=None) -> int:
             ort_t, ours, no_af = (t["median"] for t in times)
             res, wall, groups, _ = outs["default"]
             off = res.report["offline"]
-            rows.append((name, ort_t, ours, no_af, (res.report.get("whole_model") or {}).get("plan", "-"),
-                         (outs["no-afusion"][0].report.get("whole_model") or {}).get("plan", "-"), groups, wall, off))
+            rows.append((name, ort_t, ours, no_af, _emitted(res.report), _emitted(outs["no-afusion"][0].report), groups,
+                         wall, off))
             print(f"{name}: onnxruntime {ort_t * 1e3:.2f} ms, onnxopt {ours * 1e3:.2f} ms ({ort_t / ours:.3f}x), "
                   f"--no-afusion {no_af * 1e3:.2f} ms ({ort_t / no_af:.3f}x); offline {wall:.0f} s", flush=True)
     print()
