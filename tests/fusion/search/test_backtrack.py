@@ -7,11 +7,10 @@ import hashlib
 import math
 import time
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 from onnxopt.models import build_model
 from onnxopt.models.conv_shapes import optifx_model
 
@@ -27,39 +26,10 @@ from onnxopt.fusion.search import (
     valid_plan,
 )
 from onnxopt.hardware.presets import get_preset
+from search_nets import Net
 
 F32 = TensorProto.FLOAT
 A6000 = get_preset("rtx-6000-ada")
-
-
-class Net:
-    def __init__(self):
-        self.nodes, self.inits, self.inputs = [], [], []
-
-    def input(self, name, shape):
-        self.inputs.append(helper.make_tensor_value_info(name, F32, shape))
-        return name
-
-    def conv(self, name, x, cin, cout, k=1):
-        self.inits.append(numpy_helper.from_array(np.ones((cout, cin, k, k), np.float32), f"{name}.w"))
-        self.nodes.append(helper.make_node("Conv", [x, f"{name}.w"], [f"{name}.y"], name=name, kernel_shape=[k, k],
-                                           pads=[k // 2] * 4))
-        return f"{name}.y"
-
-    def op(self, op_type, name, inputs, **attrs):
-        self.nodes.append(helper.make_node(op_type, list(inputs), [f"{name}.y"], name=name, **attrs))
-        return f"{name}.y"
-
-    def fire(self, p, x, cin, squeeze, expand):
-        s = self.op("Relu", f"{p}.sr", [self.conv(f"{p}.squeeze", x, cin, squeeze)])
-        e1 = self.op("Relu", f"{p}.e1r", [self.conv(f"{p}.e1", s, squeeze, expand)])
-        e3 = self.op("Relu", f"{p}.e3r", [self.conv(f"{p}.e3", s, squeeze, expand, 3)])
-        return self.op("Concat", f"{p}.cat", [e1, e3], axis=1)
-
-    def model(self, *outputs):
-        outs = [helper.make_tensor_value_info(o, F32, None) for o in outputs]
-        g = helper.make_graph(self.nodes, "g", self.inputs, outs, initializer=self.inits)
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def toy_model():

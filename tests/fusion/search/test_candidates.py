@@ -4,62 +4,18 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 from onnxopt.models import build_model
 from onnxopt.models.conv_shapes import optifx_model
 
 from onnxopt.errors import UsageError
 from onnxopt.fusion.search import fusion_order, generate_candidates, graph_split
 from onnxopt.hardware.presets import get_preset
+from search_nets import Net
 
 F32 = TensorProto.FLOAT
 A6000 = get_preset("rtx-6000-ada")  # the paper's A6000 Ada: 91.1 TFLOP/s, 960 GB/s
-
-
-class Net:
-    def __init__(self, seed=0):
-        self.nodes, self.inits, self.inputs = [], [], []
-        self.rng = np.random.default_rng(seed)
-
-    def input(self, name, shape):
-        self.inputs.append(helper.make_tensor_value_info(name, F32, shape))
-        return name
-
-    def conv(self, name, x, cin, cout, k=1, stride=1, pad=None, group=1, bias=False):
-        w = numpy_helper.from_array(self.rng.standard_normal((cout, cin // group, k, k)).astype(np.float32),
-                                    f"{name}.w")
-        self.inits.append(w)
-        ins = [x, w.name]
-        if bias:
-            self.inits.append(numpy_helper.from_array(np.zeros(cout, np.float32), f"{name}.b"))
-            ins.append(f"{name}.b")
-        pad = k // 2 if pad is None else pad
-        self.nodes.append(helper.make_node("Conv", ins, [f"{name}.y"], name=name, kernel_shape=[k, k],
-                                           strides=[stride, stride], pads=[pad] * 4, group=group))
-        return f"{name}.y"
-
-    def op(self, op_type, name, inputs, **attrs):
-        self.nodes.append(helper.make_node(op_type, list(inputs), [f"{name}.y"], name=name, **attrs))
-        return f"{name}.y"
-
-    def clip6(self, name, x):
-        lo = numpy_helper.from_array(np.array(0, np.float32), f"{name}.lo")
-        hi = numpy_helper.from_array(np.array(6, np.float32), f"{name}.hi")
-        self.inits += [lo, hi]
-        return self.op("Clip", name, [x, lo.name, hi.name])
-
-    def fire(self, p, x, cin, squeeze, expand):
-        s = self.op("Relu", f"{p}.sr", [self.conv(f"{p}.squeeze", x, cin, squeeze, 1)])
-        e1 = self.op("Relu", f"{p}.e1r", [self.conv(f"{p}.e1", s, squeeze, expand, 1)])
-        e3 = self.op("Relu", f"{p}.e3r", [self.conv(f"{p}.e3", s, squeeze, expand, 3)])
-        return self.op("Concat", f"{p}.cat", [e1, e3], axis=1)
-
-    def model(self, *outputs):
-        outs = [helper.make_tensor_value_info(o, F32, None) for o in outputs]
-        g = helper.make_graph(self.nodes, "g", self.inputs, outs, initializer=self.inits)
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def fire_net(fires=3):
