@@ -10,7 +10,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto
+
 from onnxopt.models import build_model
 from onnxopt.models.conv_shapes import optifx_model
 
@@ -28,7 +28,6 @@ from onnxopt.fusion.search import (
 from onnxopt.hardware.presets import get_preset
 from search_nets import Net
 
-F32 = TensorProto.FLOAT
 A6000 = get_preset("rtx-6000-ada")
 
 

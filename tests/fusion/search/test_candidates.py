@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from onnx import TensorProto
+
 from onnxopt.models import build_model
 from onnxopt.models.conv_shapes import optifx_model
 
@@ -14,7 +14,6 @@ from onnxopt.fusion.search import fusion_order, generate_candidates, graph_split
 from onnxopt.hardware.presets import get_preset
 from search_nets import Net
 
-F32 = TensorProto.FLOAT
 A6000 = get_preset("rtx-6000-ada")  # the paper's A6000 Ada: 91.1 TFLOP/s, 960 GB/s
 
 
