@@ -34,8 +34,9 @@
 /* A convolution computed by rows from an input: the first one (over the graph's input), or either MISO part. */
 typedef struct {
   const onnxopt_ct_desc *c;
-  const float *x; /* the input, or its zero-padded / blocked copy */
+  const float *x; /* the input, or its zero-padded / blocked copy, or the band (a second convolution) */
   int64_t x_item, ps, Wp;
+  int64_t x_row0; /* the padded input row at x's first row: 0, or where a band starts (dense convolutions only) */
   const int64_t *aoff;
   int64_t K, OC, OCB, OH, OW;
   cb_window dw; /* a depthwise convolution reads its blocked input in place (cb_depthwise_row) */
@@ -90,7 +91,7 @@ static void af_conv_rows(const af_conv *cv, int64_t L, int64_t n, int64_t i0, in
       t.extra[e] = cv->ex[e] + (d->extra_nstride[e] ? n * cv->ex_count[e] : 0) +
                    (d->extra_kind[e] == EX_CHANNEL ? vb * L : 0);
     for (int64_t i = i0; i < i1; i++) {
-      const float *in_r = cv->x + n * cv->x_item + i * d->sh * cv->Wp * cv->ps;
+      const float *in_r = cv->x + n * cv->x_item + (i * d->sh - cv->x_row0) * cv->Wp * cv->ps;
       /* near-equal tiles, as cb_run_task */
       for (int64_t ti = 0, tiles = (cv->OW + MI - 1) / MI; ti < tiles; ti++) {
         int64_t p0 = ti * cv->OW / tiles, mi = (ti + 1) * cv->OW / tiles - p0;
@@ -160,13 +161,11 @@ static OrtStatus *af_conv_setup(af_conv *cv, const onnxopt_ct_desc *c, OrtKernel
   return NULL;
 }
 
-/* One second convolution: its geometry over the band, weights, epilogue inputs and outputs. */
+/* One second convolution: a convolution over the band (its x, row origin and width are the band's), its padding,
+   and its outputs. */
 typedef struct {
-  const onnxopt_ct_desc *c;
-  const int64_t *aoff;
-  int64_t K, OC, OCB, pt, pl, col_shift; /* col_shift: PL - pl */
-  const float *w, *ex[CT_MAX_EXTRA];
-  int64_t ex_count[CT_MAX_EXTRA];
+  af_conv conv;
+  int64_t pt, pl, col_shift; /* col_shift: PL - pl */
   float *out[CT_MAX_OUT], *user_out[CT_MAX_OUT];
   float *scratch; /* NCHW outputs: blocked buffers, reordered at the end */
 } af_second;
@@ -183,45 +182,6 @@ typedef struct {
   int64_t OH2, OW2, sh2;
   int failed; /* a task could not allocate its band */
 } af_job;
-
-/* Output rows [o0, o1) of second convolution `br` for item n, all its channels, from the band. */
-static void af_second_rows(const af_job *j, const af_second *br, const float *band, int64_t n, int64_t i_lo,
-                           int64_t o0, int64_t o1) {
-  const onnxopt_ct_desc *d = br->c;
-  int64_t L = j->L, NI = d->ni, MI = d->mi;
-  int64_t plane_out = j->OH2 * j->OW2 * L, item_out = br->OCB * plane_out;
-  ct_tile t;
-  memset(&t, 0, sizeof(t));
-  t.ldc = L;
-  t.koff = br->aoff;
-  t.k = br->K;
-  t.a_ms = d->sw * L;
-  for (int o = 0; o < d->sig.n_out; o++) t.out[o] = br->out[o] + n * item_out;
-  int64_t groups = (br->OCB + NI - 1) / NI;
-  for (int64_t g = 0; g < groups; g++) {
-    int64_t vb = g * NI;
-    int nv = (int)(br->OCB - vb < NI ? br->OCB - vb : NI);
-    t.b = br->w + g * br->K * NI * L;
-    for (int v = 0; v < nv; v++) {
-      int64_t left = br->OC - (vb + v) * L;
-      t.voff[v] = v * L;
-      t.lanes[v] = left < L ? left : L;
-    }
-    for (int e = 0; e < d->n_extra; e++)
-      t.extra[e] = br->ex[e] + (d->extra_nstride[e] ? n * br->ex_count[e] : 0) +
-                   (d->extra_kind[e] == EX_CHANNEL ? vb * L : 0);
-    for (int64_t oh = o0; oh < o1; oh++) {
-      /* its padded input row oh * sh is intermediate row oh * sh - pt; its padded column 0 is band column PL - pl */
-      const float *in_r = band + ((oh * d->sh - br->pt - i_lo) * j->Wp2 + br->col_shift) * L;
-      for (int64_t ti = 0, tiles = (j->OW2 + MI - 1) / MI; ti < tiles; ti++) {
-        int64_t p0 = ti * j->OW2 / tiles, mi = (ti + 1) * j->OW2 / tiles - p0;
-        t.a = in_r + p0 * t.a_ms;
-        for (int v = 0; v < nv; v++) t.coff[v] = (vb + v) * plane_out + (oh * j->OW2 + p0) * L;
-        d->tiles[(mi - 1) * NI + (nv - 1)]((const int64_t *)&t);
-      }
-    }
-  }
-}
 
 /* The band buffer of the calling thread, kept from call to call: a fresh one per task (hundreds of KB: an mmap)
    page-faults on first touch every time. It grows to the largest band the thread has run and lives as long as the
@@ -249,7 +209,7 @@ static void af_task(void *usr, size_t index) {
   int64_t o0 = b * j->band_rows, o1 = o0 + j->band_rows < j->OH2 ? o0 + j->band_rows : j->OH2;
   int64_t i_lo = o0 * j->sh2 - j->PT, i_hi = i_lo;
   for (int s = 0; s < j->n_second; s++) { /* the union of the rows the seconds read */
-    const onnxopt_ct_desc *c = j->second[s].c;
+    const onnxopt_ct_desc *c = j->second[s].conv.c;
     int64_t hi = (o1 - 1) * j->sh2 - j->second[s].pt + (c->kh - 1) * c->dh + 1;
     if (hi > i_hi) i_hi = hi;
   }
@@ -275,7 +235,18 @@ static void af_task(void *usr, size_t index) {
   }
   af_dest dst = {{band}, plane_band, row, i_lo, j->PL};
   if (i1 > i0) af_conv_rows(&j->first, L, n, i0, i1, &dst);
-  for (int s = 0; s < j->n_second; s++) af_second_rows(j, &j->second[s], band, n, i_lo, o0, o1);
+  int64_t plane_out = j->OH2 * j->OW2 * L;
+  for (int s = 0; s < j->n_second; s++) {
+    const af_second *br = &j->second[s];
+    /* its padded input row r is intermediate row r - pt, band row r - pt - i_lo; its padded column 0 is band column
+       PL - pl */
+    af_conv cv = br->conv;
+    cv.x = band + br->col_shift * L;
+    cv.x_row0 = br->pt + i_lo;
+    af_dest out = {{NULL}, plane_out, j->OW2 * L, 0, 0};
+    for (int o = 0; o < cv.c->sig.n_out; o++) out.base[o] = br->out[o] + n * cv.OCB * plane_out;
+    af_conv_rows(&cv, L, n, o0, o1, &out);
+  }
 }
 
 static OrtStatus *af_miso_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx);
@@ -301,7 +272,7 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
     af_second *br = &j.second[s];
     const onnxopt_ct_desc *c = ad->second[s];
     int64_t pb, pr, oh, ow;
-    br->c = c;
+    br->conv.c = c;
     CHECK(ct_conv_geometry(c, OH1, OW1, &br->pt, &br->pl, &pb, &pr, &oh, &ow));
     if (s == 0) {
       j.OH2 = oh, j.OW2 = ow, j.sh2 = c->sh;
@@ -311,11 +282,11 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
     if (br->pt > j.PT) j.PT = br->pt;
     if (br->pl > j.PL) j.PL = br->pl;
     if (pr > PR) PR = pr;
-    br->OC = c->oc, br->OCB = (c->oc + L - 1) / L;
+    br->conv.OC = c->oc, br->conv.OCB = (c->oc + L - 1) / L;
     const OrtValue *wv;
     CHECK(ct_dims(ctx, (size_t)ad->second_input[s], &wv, wd, &wr));
-    CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&br->w));
-    int64_t odims[5] = {N, br->OCB, oh, ow, L}, nchw_dims[4] = {N, c->oc, oh, ow};
+    CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&br->conv.w));
+    int64_t odims[5] = {N, br->conv.OCB, oh, ow, L}, nchw_dims[4] = {N, c->oc, oh, ow};
     for (int o = 0; o < c->sig.n_out; o++) {
       OrtValue *ov;
       CHECK(API(KernelContext_GetOutput)(ctx, (size_t)(out_base + o), c->out_blocked ? odims : nchw_dims,
@@ -327,9 +298,9 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
     ct_job e;
     memset(&e, 0, sizeof(e));
     CHECK(ct_extras_at(c, &e, ctx, ad->second_input[s] + 1, N,
-                       c->out_blocked ? br->OCB * oh * ow * L : c->oc * oh * ow, c->oc, 0, -1));
-    memcpy(br->ex, e.extra, sizeof(br->ex));
-    memcpy(br->ex_count, e.extra_count, sizeof(br->ex_count));
+                       c->out_blocked ? br->conv.OCB * oh * ow * L : c->oc * oh * ow, c->oc, 0, -1));
+    memcpy(br->conv.ex, e.extra, sizeof(br->conv.ex));
+    memcpy(br->conv.ex_count, e.extra_count, sizeof(br->conv.ex_count));
   }
   for (int s = 0; s < j.n_second; s++) j.second[s].col_shift = j.PL - j.second[s].pl;
   ct_job e1;
@@ -343,8 +314,8 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
   int64_t *tabs = NULL;
   for (int s = 0; s < j.n_second; s++) {
     af_second *br = &j.second[s];
-    if ((st = cb_blocked_scratch(br->c, ctx, N, j.OH2 * j.OW2, br->OCB * j.OH2 * j.OW2 * L, br->out, br->ex,
-                                 br->ex_count, &br->scratch, -1)))
+    if ((st = cb_blocked_scratch(br->conv.c, ctx, N, j.OH2 * j.OW2, br->conv.OCB * j.OH2 * j.OW2 * L, br->out, br->conv.ex,
+                                 br->conv.ex_count, &br->scratch, -1)))
       goto done;
   }
   const float *x, *w1;
@@ -361,21 +332,25 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
   j.band_rows = ad->band_rows < 1 ? 1 : ad->band_rows > j.OH2 ? j.OH2 : ad->band_rows;
   j.bands = (j.OH2 + j.band_rows - 1) / j.band_rows;
   j.Wp2 = OW1 + j.PL + PR;
+  for (int s = 0; s < j.n_second; s++) { /* each reads the blocked band: L floats a pixel, Wp2 pixels a row */
+    af_conv *cv = &j.second[s].conv;
+    cv->OH = j.OH2, cv->OW = j.OW2, cv->ps = L, cv->Wp = j.Wp2, cv->x_item = 0;
+  }
   int64_t *tab = tabs;
   double flops = 0;
   for (int s = 0; s < j.n_second; s++) {
     af_second *br = &j.second[s];
-    const onnxopt_ct_desc *c = br->c;
+    const onnxopt_ct_desc *c = br->conv.c;
     int64_t rows = (j.band_rows - 1) * c->sh + (c->kh - 1) * c->dh + 1 + j.PT - br->pt;
     if (rows > j.S) j.S = rows;
-    br->K = c->ic_g * c->kh * c->kw;
-    br->aoff = tab;
-    tab += br->K;
-    flops += 2.0 * (double)N * j.OH2 * j.OW2 * (double)c->oc * (double)br->K;
+    br->conv.K = c->ic_g * c->kh * c->kw;
+    br->conv.aoff = tab;
+    tab += br->conv.K;
+    flops += 2.0 * (double)N * j.OH2 * j.OW2 * (double)c->oc * (double)br->conv.K;
   }
   for (int s = 0; s < j.n_second; s++) { /* tap offsets within the band: channel block, row, column */
-    const onnxopt_ct_desc *c = j.second[s].c;
-    int64_t *t = (int64_t *)j.second[s].aoff;
+    const onnxopt_ct_desc *c = j.second[s].conv.c;
+    int64_t *t = (int64_t *)j.second[s].conv.aoff;
     for (int64_t ic = 0; ic < c->ic_g; ic++)
       for (int64_t r = 0; r < c->kh; r++)
         for (int64_t q = 0; q < c->kw; q++)
@@ -392,8 +367,8 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
   if (!st && j.failed) st = fail(ORT_FAIL, "onnxopt: out of memory for a fused convolution's band");
   for (int s = 0; s < j.n_second; s++) {
     af_second *br = &j.second[s];
-    for (int o = 0; !st && br->scratch && o < br->c->sig.n_out; o++)
-      st = cb_reorder(ctx, br->user_out[o], br->out[o], N, br->OC, L, j.OH2 * j.OW2, 1);
+    for (int o = 0; !st && br->scratch && o < br->conv.c->sig.n_out; o++)
+      st = cb_reorder(ctx, br->user_out[o], br->out[o], N, br->conv.OC, L, j.OH2 * j.OW2, 1);
   }
 done:
   free(copy);
