@@ -8,6 +8,11 @@ Location: `optimize(cost_cache=PATH)` / `--cost-cache PATH`, else `$ONNXOPT_CACH
 `$XDG_CACHE_HOME/onnxopt/costs.sqlite`, else `~/.cache/onnxopt/costs.sqlite`. `cost_cache=False` /
 `--no-cost-cache` turns it off.
 
+The fusion search (OptiFX Algorithm 2) reads kernel costs from here too: `kernel_cost` holds our kernel's seconds
+for a sub-graph signature of the search (a conv with its epilogue, an AFUSION group), so a plan is costed by what
+its kernels measured, in this run or an earlier one, and by the roofline only where nothing was measured. That
+table was added without a schema change (CREATE TABLE IF NOT EXISTS): an older onnxopt ignores it.
+
 A row is keyed by the sha256 of everything the time depends on: the region's op type (which hashes its
 computation and the target's name, CPU and features; the register tile too), the runtime input shapes that were
 timed, the thread count (and the CPUs this process may use), onnxruntime's version, onnxopt's version and the CPU
@@ -59,6 +64,19 @@ CREATE TABLE IF NOT EXISTS tile_choice (
     cpu TEXT NOT NULL,
     tile TEXT NOT NULL,            -- JSON [mi, ni, mii, lanes]: the tile chosen
     candidates TEXT NOT NULL,      -- JSON [{"tile": [...], "seconds": s or null, "error": ...}]
+    measured_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS kernel_cost (
+    key TEXT PRIMARY KEY,
+    signature TEXT NOT NULL,       -- the fusion search's sub-graph signature (search/candidates.py, Candidate.key)
+    threads INTEGER NOT NULL,
+    cpus INTEGER NOT NULL,
+    ort_version TEXT NOT NULL,
+    onnxopt_version TEXT NOT NULL,
+    cpu TEXT NOT NULL,
+    target TEXT NOT NULL,          -- the code generation target (name, CPU, features): the kernel timed
+    seconds REAL NOT NULL,         -- our kernel for that sub-graph, median seconds per run
+    op_type TEXT NOT NULL,         -- the region's op type that was timed, for inspection
     measured_at REAL NOT NULL
 );
 """
@@ -117,6 +135,7 @@ class CostCache:
         self.timeout = timeout
         self.hits = self.misses = 0
         self.tile_hits = self.tile_misses = 0
+        self.kernel_hits = self.kernel_misses = 0
         self.warning: str | None = None
         self._conn: sqlite3.Connection | None = None
         self._ident = {"ort_version": _ort_version(), "onnxopt_version": __version__, "cpu": cpu_model(),
@@ -180,7 +199,8 @@ class CostCache:
 
     def summary(self) -> dict:
         out = {"path": self.path, "enabled": self.enabled, "hits": self.hits, "misses": self.misses,
-               "tile_hits": self.tile_hits, "tile_misses": self.tile_misses}
+               "tile_hits": self.tile_hits, "tile_misses": self.tile_misses,
+               "kernel_hits": self.kernel_hits, "kernel_misses": self.kernel_misses}
         if self.warning:
             out["warning"] = self.warning
         return out
@@ -255,6 +275,33 @@ class CostCache:
                     (key, cols["op_type"], cols["shapes"], cols["threads"], cols["cpus"], cols["ort_version"],
                      cols["onnxopt_version"], cols["cpu"], json.dumps(list(tile)), json.dumps(candidates),
                      time.time()))
+
+    # ---- kernel costs for the fusion search ----
+    def get_kernels(self, signatures, threads, target: str) -> dict[str, float]:
+        """The stored seconds of each signature measured for these threads and this target ({} without a cache);
+        signatures not stored are left out (and counted as misses)."""
+        if self._conn is None:
+            return {}
+        out: dict[str, float] = {}
+        for sig in dict.fromkeys(signatures):
+            key, _ = self._key("kernel", sig, [], threads, extra=target)
+            rows = self._query("SELECT seconds FROM kernel_cost WHERE key = ?", (key,))
+            if rows is None:
+                return out
+            v = rows[0][0] if rows else None
+            if isinstance(v, float) and 0 < v < float("inf"):
+                out[sig] = v
+                self.kernel_hits += 1
+            else:
+                self.kernel_misses += 1
+        return out
+
+    def put_kernel(self, signature: str, threads, target: str, seconds: float, op_type: str) -> None:
+        key, cols = self._key("kernel", signature, [], threads, extra=target)
+        self._query("INSERT OR REPLACE INTO kernel_cost (key, signature, threads, cpus, ort_version, onnxopt_version, "
+                    "cpu, target, seconds, op_type, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, signature, cols["threads"], cols["cpus"], cols["ort_version"], cols["onnxopt_version"],
+                     cols["cpu"], target, float(seconds), op_type, time.time()))
 
 
 def open_cost_cache(option) -> CostCache | None:

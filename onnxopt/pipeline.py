@@ -273,6 +273,11 @@ class _Optimizer:
         self.prebuilt: dict[str, tuple] = {}  # op type -> (object, desc) compiled by the tile search
         self.pair_predictions: dict[tuple, dict] = {}  # AFUSION pair -> the search's roofline prediction
         self.afusion_chosen: list = []  # the AFUSION plan's pairs (fusion/afusion/plan.py), as in report["afusion"]
+        self._search_result = None  # the search's candidates (a CandidateResult), for the measured search
+        self._kernel_costs: dict[str, float] = {}  # search signature -> seconds, from the cost cache
+        self._afusion: dict | None = None  # the AFUSION plan's base plan, groups built and regions made
+        self._afusion_base: list[Region] = []  # the plan the AFUSION groups are made from
+        self._timed: dict[int, float] = {}  # id(region) -> its kernel's measured seconds (_check_regions)
 
     def say(self, msg: str):
         if self.opts.progress:
@@ -345,6 +350,8 @@ class _Optimizer:
                 out.append(seen.setdefault(key, r))
             return out
 
+        self._dedupe = dedupe
+
         if "compute" not in self.opts.skip_fusion:
             mk = select_micro_kernel(self.opts.target)
             mi = mk.tile.mi
@@ -409,6 +416,7 @@ class _Optimizer:
 
         t = time.perf_counter()
         accepted = self._check_regions(work, built) if built else []
+        accepted = self._measured_afusion(accepted, [r for _, _, rs in built.values() for r in rs])
         # Passthrough nodes of blocked chains have no kernel to check: they stay while both their ends do.
         accepted += [r for r in regions if r.relayout is not None]
         kept = _consistent_layouts(accepted)
@@ -472,31 +480,58 @@ class _Optimizer:
         return plan
 
     def _afusion_plan(self, work, blocked_plan: list[Region]) -> list[Region] | None:
-        """The blocked plan with convolution pairs fused into AFUSION kernels (onnxopt/fusion/afusion); None when
-        no pair can be."""
+        """The blocked plan with convolution groups fused into AFUSION kernels (onnxopt/fusion/afusion); None when
+        no group can be.
+
+        The search (_search_pairs) picks the groups. When kernels will be timed, every other legal group that does
+        not overlap its choice is built and timed too (the *probe*), and the search runs again on the measured
+        times once the kernels are checked (_measured_afusion): a group the roofline misjudged is then kept or
+        dropped on what it measured."""
         mk = select_micro_kernel(self.opts.target)
         rule = self._blocked_rule or ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk))
         pairs, refused = afusion_pairs(blocked_plan, rule.index, rule.ew.shape_of, mk.lanes,
                                        self.opts.threads or os.cpu_count() or 1)
         self.report.setdefault("afusion", {})["refused"] = refused
         chosen = self._search_pairs(work, pairs)
+        self._set_afusion_chosen(chosen)
+        self._afusion_base = blocked_plan  # the kernels whose times cost the search's convolutions
+        probing = self.opts.measure and not self.cannot_run and self._search_result is not None \
+            and os.environ.get("ONNXOPT_AFUSION_PAIRS") != "all"
+        built = greedy_pairs(chosen + [p for p in pairs if p not in chosen]) if probing else chosen
+        if not built:
+            return None
+        self._afusion = {"base": blocked_plan, "pairs": built if probing else None, "made": {},
+                         "lanes": mk.lanes, "ni": mk.tile.ni, "opset": _opset(work)}
+        a = self._afusion
+        return apply_pairs(blocked_plan, built, a["lanes"], a["ni"], a["opset"], made=a["made"])
+
+    def _set_afusion_chosen(self, chosen):
         self.afusion_chosen = chosen
         self.report["afusion"]["pairs"] = [dict({"nodes": p.node_names, "pattern": p.pattern,
                                                  "band_rows": p.band_rows},
                                                 **self.pair_predictions.get(_pair_key(p), {})) for p in chosen]
-        if not chosen:
-            return None
-        return apply_pairs(blocked_plan, chosen, mk.lanes, mk.tile.ni, _opset(work))
+
+    def _target_ident(self) -> str:
+        t = self.opts.target
+        return f"{t.name}|{t.cpu}|{t.llvm_features}"
+
+    def _run_search(self, cands, measured: dict):
+        from onnxopt.fusion.search import measured_search
+
+        return measured_search(cands, measured, budget_s=self.opts.search_budget)
 
     def _search_pairs(self, work, pairs):
         """OptiFX's candidates (Algorithm 1) and backtracking search (Algorithm 2, onnxopt/fusion/search) over the
-        whole graph, costed by the roofline; the AFUSION SISO, SIMO and MISO candidates of the plan it finds pick
-        which legal groups are fused. The candidate counts and the search's figures go in report["search"]. When the
-        search fails, every legal group is taken in graph order (greedy_pairs)."""
-        from onnxopt.fusion.search import backtrack_search, generate_candidates
+        whole graph, costed by the kernel times the cost cache holds from earlier runs and by the roofline for the
+        rest; the AFUSION SISO, SIMO and MISO candidates of the plan it finds pick which legal groups are fused.
+        The candidate counts and the search's figures go in report["search"]. When the search fails, every legal
+        group is taken in graph order (greedy_pairs)."""
+        from onnxopt.fusion.search import generate_candidates
+        from onnxopt.fusion.search.region_costs import search_signatures
 
         t = time.perf_counter()
         entry = self.report.setdefault("search", {})
+        self._search_result = None
         try:
             # Only what can be built: no horizontal (sibling) kernel exists yet, and a plan that chose the two
             # expands of a fire module as siblings would leave out the SIMO kernel that can run them.
@@ -504,15 +539,18 @@ class _Optimizer:
             machine = _machine() or "xeon-gold-6240"
             cands = generate_candidates(work, machine, prune=self.opts.prune, kinds=kinds)
             entry["candidates"] = cands.counts()
-            res = backtrack_search(cands, budget_s=self.opts.search_budget)
+            cache = self._cost_cache()
+            self._kernel_costs = cache.get_kernels(search_signatures(cands), self.opts.threads,
+                                                   self._target_ident()) if cache else {}
+            res, source = self._run_search(cands, self._kernel_costs)
+            self._search_result = cands
             entry.update({"baseline_s": res.baseline_cost, "best_s": res.best_cost, "expansions": res.expansions,
                           "stopped_by_budget": res.stopped_by_budget, "seconds": time.perf_counter() - t,
-                          "plan": [{"kind": c.kind, "pattern": c.pattern, "nodes": list(c.members),
-                                    "predicted_speedup": c.predicted_speedup} for c in res.plan]})
-            fusable = ("SISO", "SIMO", "MISO")
-            wanted = {frozenset(c.rops) for c in res.plan if c.kind == "afusion" and c.pattern in fusable}
+                          "measured_kernels": len(source.used), "estimated_kernels": len(source.estimated),
+                          "plan": _plan_entries(res.plan)})
+            wanted = _afusion_groups(res.plan)
             # The roofline's prediction for each group (pruned or not: every legal group can be forced).
-            known = {frozenset(c.rops): c for c in cands.enumerated if c.kind == "afusion" and c.pattern in fusable}
+            known = {frozenset(c.rops): c for c in cands.enumerated if c.kind == "afusion" and c.pattern in FUSABLE}
             for p in pairs:
                 c = known.get(_pair_rops(p))
                 if c is not None:
@@ -526,9 +564,74 @@ class _Optimizer:
             return greedy_pairs(chosen)
         except Exception as e:  # noqa: BLE001 - the search only chooses among legal pairs: fall back to all
             entry["error"] = f"{type(e).__name__}: {e}"[:300]
+            self._search_result = None
             return greedy_pairs(pairs)
         finally:
             self.report["timings"]["fusion_search_s"] = time.perf_counter() - t
+
+    def _measured_afusion(self, accepted: list[Region], checked: list[Region]) -> list[Region]:
+        """The search again, on what the checked kernels measured (each conv kernel and each probed AFUSION group;
+        the times are stored in the cost cache for later runs' searches in any case): the AFUSION plan keeps the
+        groups it chooses among those built.
+        Returns `accepted` without the probed groups it leaves out."""
+        from onnxopt.fusion.search.region_costs import conv_signature, group_signature
+
+        if self._search_result is None:
+            return accepted
+        a = self._afusion
+        t = time.perf_counter()
+        cands, entry = self._search_result, self.report["search"]
+        cache = self._cost_cache()
+        measured = dict(self._kernel_costs)
+        by_nodes = {tuple(p.node_names): p for p in (a["pairs"] or [])} if a else {}
+        # The AFUSION groups are judged against the kernels of the plan they are made from (blocked, usually), not
+        # against the same convolutions in another plan's layout.
+        base = {id(r) for r in self._dedupe(self._afusion_base)} | {id(r) for r in (a["made"].values() if a else ())}
+        fresh = 0
+        for r in checked:  # right answers, timed; a kernel slower than onnxruntime still has its time
+            seconds = self._timed.get(id(r))
+            if not seconds or r.compute is None or id(r) not in base:
+                continue
+            pair = by_nodes.get(tuple(r.node_names)) if r.compute.op == "afusion" else None
+            if pair is not None:
+                sig = group_signature(cands, _pair_rops(pair))
+            elif r.compute.op == "conv":
+                sig = conv_signature(cands, r.node_names)
+            else:
+                continue
+            if sig is None:
+                continue
+            measured[sig] = seconds
+            fresh += 1
+            if cache is not None:
+                cache.put_kernel(sig, self.opts.threads, self._target_ident(), seconds, r.op_type)
+        if not a or a["pairs"] is None:  # nothing probed: the times are kept for later runs' searches
+            return accepted
+        try:
+            res, source = self._run_search(cands, measured)
+        except Exception as e:  # noqa: BLE001 - keep the first search's choice
+            entry["measured_search"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            return accepted
+        wanted = _afusion_groups(res.plan)
+        live = {id(r) for r in accepted}  # a group whose kernel failed its check is not chosen
+        chosen = [p for p in a["pairs"] if _pair_rops(p) in wanted and id(a["made"][tuple(p.node_names)]) in live]
+        entry["measured_search"] = {
+            "kernels_timed": fresh, "measured_kernels": len(source.used), "estimated_kernels": len(source.estimated),
+            "calibration": source.factor, "baseline_s": res.baseline_cost, "best_s": res.best_cost,
+            "seconds": time.perf_counter() - t, "plan": _plan_entries(res.plan),
+            "afusion_before": [p.node_names for p in self.afusion_chosen],
+            "afusion_after": [p.node_names for p in chosen]}
+        self._set_afusion_chosen(chosen)
+        kept_regions = {id(a["made"][tuple(p.node_names)]) for p in chosen}
+        left_out = {id(r) for r in a["made"].values()} - kept_regions
+        for r in accepted:
+            if id(r) in left_out:
+                self._reject(r, "AFUSION: the search on measured kernel times keeps these convolutions apart")
+        self.report["regions"] = [e for e in self.report["regions"]
+                                  if not any(id(r) in left_out and e["nodes"] == r.node_names for r in accepted)]
+        plan = self._dedupe(apply_pairs(a["base"], chosen, a["lanes"], a["ni"], a["opset"], made=a["made"]))
+        self.plans = [(n, plan if n == "afusion" else p) for n, p in self.plans if n != "afusion" or chosen]
+        return [r for r in accepted if id(r) not in left_out]
 
     def _afusion_savings(self):
         """Each AFUSION group's measured saving: its convolutions as our separate kernels (as checked in the base
@@ -807,6 +910,7 @@ class _Optimizer:
                         if blocked_inputs(r) or blocked_outputs(r) else dict(min_time=0.1, max_blocks=15)
                     t_orig, t_fused = self._cached_times(r, feeds, entry, lambda: time_interleaved(
                         [s_orig, s_fused], [feeds, fused_feeds], **quick))
+                    self._timed[id(r)] = t_fused["median"]  # for the measured search, even if rejected below
                     entry["measured_original_s"] = t_orig["median"]
                     entry["measured_fused_s"] = t_fused["median"]
                     entry["speedup"] = t_orig["median"] / t_fused["median"]
@@ -1029,6 +1133,19 @@ class _Optimizer:
                 f"verification failed: output {d.name} differs (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
                 "nothing was written. Loosen with --rtol/--atol if this is expected, or skip a fusion with "
                 "--skip-fusion")
+
+
+FUSABLE = ("SISO", "SIMO", "MISO")  # the AFUSION patterns that have kernels
+
+
+def _afusion_groups(plan) -> set[frozenset]:
+    """The convolutions of each AFUSION group in a search plan that has a kernel."""
+    return {frozenset(c.rops) for c in plan if c.kind == "afusion" and c.pattern in FUSABLE}
+
+
+def _plan_entries(plan) -> list[dict]:
+    return [{"kind": c.kind, "pattern": c.pattern, "nodes": list(c.members), "predicted_speedup": c.predicted_speedup}
+            for c in plan]
 
 
 def _pair_key(pair) -> tuple:

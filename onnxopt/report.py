@@ -86,6 +86,11 @@ def _render_afusion(report: dict, console: Console) -> None:
     """The AFUSION pairs of the afusion plan: the search's roofline saving and the measured one (our two separate
     kernels against the fused kernel), whether or not the whole-model timing kept the plan."""
     pairs = (report.get("afusion") or {}).get("pairs") or []
+    ms = (report.get("search") or {}).get("measured_search") or {}
+    if "afusion_after" in ms:
+        console.print(f"AFUSION groups chosen by the search on measured times: {len(ms['afusion_after'])} "
+                      f"(the roofline's search chose {len(ms['afusion_before'])}; {ms['kernels_timed']} kernels "
+                      f"timed, {ms['estimated_kernels']} costed by the calibrated roofline)")
     if not pairs:
         return
     plan = (report.get("whole_model") or {}).get("plan")

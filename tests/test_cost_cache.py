@@ -200,3 +200,36 @@ def test_cli_flags(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = json.load(open(tmp_path / "r.json"))
     assert rep["cost_cache"]["path"] == cache and rep["cost_cache"]["misses"] >= 1 and rows(cache)
+
+
+def test_kernel_costs_for_the_search_round_trip(tmp_path):
+    """The fusion search's kernel costs: by signature, threads and target; kept across processes."""
+    path = tmp_path / "costs.sqlite"
+    c = CostCache(path)
+    assert c.get_kernels(["sigA", "sigB"], 2, "x86|znver4|+avx512f") == {} and c.kernel_misses == 2
+    c.put_kernel("sigA", 2, "x86|znver4|+avx512f", 4e-4, "afusion_ab")
+    c.close()
+    c = CostCache(path)
+    assert c.get_kernels(["sigA", "sigB", "sigA"], 2, "x86|znver4|+avx512f") == {"sigA": 4e-4}
+    assert c.get_kernels(["sigA"], 1, "x86|znver4|+avx512f") == {}  # other threads: not measured
+    assert c.get_kernels(["sigA"], 2, "x86|skylake-avx512|+avx512f") == {}  # another target's kernel
+    assert c.summary()["kernel_hits"] == 1 and c.summary()["kernel_misses"] == 3
+    c.close()
+    (row,) = rows(path, "kernel_cost")
+    assert row[1] == "sigA" and "afusion_ab" in row and 4e-4 in row
+
+
+def test_a_cache_file_from_before_the_kernel_table_gains_it(tmp_path):
+    """Files written before kernel costs existed open as they are (same schema version) and gain the table."""
+    path = tmp_path / "costs.sqlite"
+    c = CostCache(path)
+    c.put_region("Conv_ab", [[1, 8, 4, 4]], 2, 3e-3, 1e-3)
+    c.close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE kernel_cost")
+    c = CostCache(path)
+    assert c.enabled and c.warning is None
+    assert c.get_region("Conv_ab", [[1, 8, 4, 4]], 2)["fused_s"] == 1e-3
+    c.put_kernel("sig", 2, "t", 1e-3, "Conv_ab")
+    assert c.get_kernels(["sig"], 2, "t") == {"sig": 1e-3}
+    c.close()

@@ -120,19 +120,24 @@ def greedy_pairs(pairs: list[Pair]) -> list[Pair]:
     return chosen
 
 
-def apply_pairs(plan: list[Region], chosen: list[Pair], lanes: int, ni: int, opset: int) -> list[Region]:
+def apply_pairs(plan: list[Region], chosen: list[Pair], lanes: int, ni: int, opset: int,
+                made: dict | None = None) -> list[Region]:
     """The plan with each chosen group replaced by its AFUSION region, at its last second region's place (after
-    everything its inputs come from, so the plan stays in graph order)."""
+    everything its inputs come from, so the plan stays in graph order). `made` (group node names -> region) keeps
+    the regions made, and gives back the same region for a group applied again (built and checked once)."""
+    made = {} if made is None else made
     position = {id(r): i for i, r in enumerate(plan)}
     at_last = {id(max(p.seconds, key=lambda r: position[id(r)])): p for p in chosen}
     members = {id(r) for p in chosen for r in [p.first, *p.seconds]}
     out = []
     for r in plan:
         p = at_last.get(id(r))
-        if p is not None and p.miso:
-            out.append(fuse_miso(p.first, p.seconds[0], lanes, ni, opset, p.band_rows))
-        elif p is not None:
-            out.append(fuse_group(p.first, p.seconds, lanes, ni, opset, p.band_rows))
+        if p is not None:
+            key = tuple(p.node_names)
+            if key not in made:
+                made[key] = fuse_miso(p.first, p.seconds[0], lanes, ni, opset, p.band_rows) if p.miso \
+                    else fuse_group(p.first, p.seconds, lanes, ni, opset, p.band_rows)
+            out.append(made[key])
         elif id(r) not in members:
             out.append(r)
     return out

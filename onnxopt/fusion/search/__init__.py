@@ -29,6 +29,7 @@ from .candidates import (
     node_key,
     signature,
 )
+from .measured_cost import MeasuredCostSource, measured_search
 
 __all__ = [
     "DEFAULT_BAND_HEIGHT",
@@ -40,6 +41,7 @@ __all__ = [
     "CandidateResult",
     "CostSource",
     "Leaf",
+    "MeasuredCostSource",
     "NodeKernel",
     "Refusal",
     "RooflineCostSource",
@@ -50,6 +52,7 @@ __all__ = [
     "fusion_order",
     "generate_candidates",
     "graph_split",
+    "measured_search",
     "node_kernels",
     "node_key",
     "plan_cost",

@@ -414,8 +414,7 @@ def backtrack_search(source: CandidateResult | FusionGraph, candidates: Iterable
     best_cost = math.fsum([*(search.cache.get(c.key, c.estimate) for c in plan),
                            *(node_cost[i] for i in range(len(node_cost)) if i not in covered)])
     estimated = list(search.estimated)
-    if isinstance(cost_source, RooflineCostSource):
-        estimated += [k for k in cost_source.estimated if k not in estimated]
+    estimated += [k for k in getattr(cost_source, "estimated", ()) if k not in estimated]
     return SearchResult(
         plan=plan, best_cost=best_cost, baseline_cost=search.baseline, history=search.history,
         expansions=search.expansions, plans_visited=search.visited, cache_hits=search.hits,
