@@ -1,5 +1,5 @@
-"""An AFUSION region (a convolution and the one or more convolutions reading its output, in one kernel) -> native
-object and the glue's description.
+"""An AFUSION region (a convolution and the one or more convolutions reading its output, or the pool reading it, in
+one kernel) -> native object and the glue's description.
 
 Every convolution's tile functions go into one module, prefixed by the fused op type; the glue
 (codegen/glue/afusion_exec.c) runs the first into a scratch band and the seconds from it.
@@ -40,5 +40,6 @@ def build_afusion(region: Region, target: Target) -> tuple[bytes, AfKernelDesc, 
         first=d1, seconds=descs, second_inputs=inputs,
         band_rows=int(region.compute.attrs["band_rows"]),
         miso_extra=miso,
+        pool=region.compute.attrs.get("pool"),
     )
     return compile_object(ir_text, target), desc, ir_text

@@ -27,7 +27,12 @@
  * writes its rows into the output itself and the second reads them there as that epilogue input and overwrites them:
  * a tile reads a position before it writes it, and bands are disjoint, so in place is safe, and the first's output
  * never goes to memory as a tensor of its own. Op inputs: the first's, then the second's (x2 at `second_input[0]`,
- * packed weights, epilogue inputs without the first's output). */
+ * packed weights, epilogue inputs without the first's output).
+ *
+ * conv -> pool (`pool_op` > 0, no second convolution): a MaxPool or AveragePool reads the band (ResNet's and
+ * SqueezeNet's stem, UNet's encoder). The band holds the conv rows that band_rows pool output rows need, without
+ * padding columns: the pool skips what falls outside the conv's output (MaxPool's padding is -inf, not zero). In the
+ * blocked band each lane is a channel, so a window is L independent maxima or sums. */
 
 
 
@@ -251,8 +256,11 @@ static void af_task(void *usr, size_t index) {
 
 static OrtStatus *af_miso_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx);
 
+static OrtStatus *af_pool_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx);
+
 static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
   if (ad->miso_extra >= 0) return af_miso_compute(ad, ctx);
+  if (ad->pool_op) return af_pool_compute(ad, ctx);
   const onnxopt_ct_desc *c1 = ad->first;
   const OrtValue *xv, *w1v;
   int64_t xd[MAX_RANK], wd[MAX_RANK];
@@ -478,5 +486,151 @@ done:
   free(copy_b);
   free(tabs);
   free(scratch);
+  return st;
+}
+
+/* conv -> pool: per band of pool output rows, the conv rows it needs into the band, then the pool from the band. */
+typedef struct {
+  const onnxopt_af_desc *d;
+  af_conv first;
+  int64_t L, OH1, OW1, OH2, OW2, band_rows, bands, S, band_floats, item_out;
+  float *out; /* blocked [N][OCB][OH2][OW2][L] */
+  int failed;
+} af_pool_job;
+
+/* Pool output rows [o0, o1) of item n from the band, whose row 0 is conv output row i_lo. */
+static void af_pool_rows(const af_pool_job *j, const float *band, int64_t i_lo, int64_t n, int64_t o0, int64_t o1) {
+  const onnxopt_af_desc *d = j->d;
+  int64_t L = j->L, kh = d->pool_k[0], kw = d->pool_k[1], sh = d->pool_s[0], sw = d->pool_s[1];
+  int64_t dh = d->pool_d[0], dw = d->pool_d[1], pt = d->pool_pads[0], pl = d->pool_pads[1];
+  /* AveragePool counting the padding counts the window clipped to the padded input (onnxruntime's rule) */
+  int64_t end_h = j->OH1 + d->pool_pads[2], end_w = j->OW1 + d->pool_pads[3];
+  int is_max = d->pool_op == 1;
+  int64_t row = j->OW1 * L, plane_band = j->S * row, plane_out = j->OH2 * j->OW2 * L;
+  float acc[64];
+  for (int64_t g = 0; g < j->first.OCB; g++) {
+    const float *bg = band + g * plane_band;
+    float *og = j->out + n * j->item_out + g * plane_out;
+    for (int64_t o = o0; o < o1; o++) {
+      int64_t r0 = o * sh - pt;
+      for (int64_t q = 0; q < j->OW2; q++) {
+        int64_t c0 = q * sw - pl, count = 0;
+        for (int64_t l = 0; l < L; l++) acc[l] = is_max ? -INFINITY : 0.0f;
+        for (int64_t a = 0; a < kh; a++) {
+          int64_t r = r0 + a * dh;
+          if (r < 0 || r >= j->OH1) continue;
+          const float *br = bg + (r - i_lo) * row;
+          for (int64_t b = 0; b < kw; b++) {
+            int64_t c = c0 + b * dw;
+            if (c < 0 || c >= j->OW1) continue;
+            const float *v = br + c * L;
+            count++;
+            if (is_max) {
+              for (int64_t l = 0; l < L; l++) acc[l] = v[l] > acc[l] ? v[l] : acc[l];
+            } else {
+              for (int64_t l = 0; l < L; l++) acc[l] += v[l];
+            }
+          }
+        }
+        float *dst = og + (o * j->OW2 + q) * L;
+        if (is_max) {
+          for (int64_t l = 0; l < L; l++) dst[l] = acc[l];
+        } else {
+          int64_t div = count;
+          if (d->pool_include_pad) {
+            int64_t he = r0 + kh < end_h ? r0 + kh : end_h, we = c0 + kw < end_w ? c0 + kw : end_w;
+            div = (he - r0) * (we - c0);
+          }
+          float inv = div > 0 ? 1.0f / (float)div : 0.0f;
+          for (int64_t l = 0; l < L; l++) dst[l] = acc[l] * inv;
+        }
+      }
+    }
+  }
+}
+
+static void af_pool_task(void *usr, size_t index) {
+  af_pool_job *j = (af_pool_job *)usr;
+  const onnxopt_af_desc *d = j->d;
+  int64_t n = (int64_t)index / j->bands, b = (int64_t)index % j->bands, L = j->L;
+  int64_t o0 = b * j->band_rows, o1 = o0 + j->band_rows < j->OH2 ? o0 + j->band_rows : j->OH2;
+  int64_t i_lo = o0 * d->pool_s[0] - d->pool_pads[0];
+  int64_t i_hi = (o1 - 1) * d->pool_s[0] - d->pool_pads[0] + (d->pool_k[0] - 1) * d->pool_d[0] + 1;
+  int64_t i0 = i_lo > 0 ? i_lo : 0, i1 = i_hi < j->OH1 ? i_hi : j->OH1;
+  float *band = af_band((size_t)j->band_floats);
+  if (!band) {
+    __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  af_dest dst = {{band}, j->S * j->OW1 * L, j->OW1 * L, i_lo, 0};
+  if (i1 > i0) af_conv_rows(&j->first, L, n, i0, i1, &dst);
+  af_pool_rows(j, band, i_lo, n, o0, o1);
+}
+
+/* One spatial dimension of the pool's output (onnxruntime's rule for ceil_mode: a last window starting in the end
+   padding is dropped); -1 when the window does not fit. */
+static int64_t af_pool_extent(int64_t in, int64_t k, int64_t s, int64_t dil, int64_t p0, int64_t p1, int ceil_mode) {
+  int64_t span = in + p0 + p1 - ((k - 1) * dil + 1);
+  if (span < 0) return -1;
+  int64_t out = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+  if (ceil_mode && (out - 1) * s >= in + p0) out--;
+  return out;
+}
+
+static OrtStatus *af_pool_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
+  const onnxopt_ct_desc *c1 = ad->first;
+  const OrtValue *xv, *w1v;
+  int64_t xd[MAX_RANK], wd[MAX_RANK];
+  size_t xr, wr;
+  CHECK(ct_dims(ctx, 0, &xv, xd, &xr));
+  CHECK(ct_dims(ctx, 1, &w1v, wd, &wr));
+  CHECK(ct_check_input(c1, xd, xr));
+  af_pool_job j;
+  memset(&j, 0, sizeof(j));
+  j.d = ad;
+  int64_t L = c1->lanes, N = xd[0], H = xd[2], W = xd[3], p[4];
+  j.L = L;
+  CHECK(ct_conv_geometry(c1, H, W, &p[0], &p[1], &p[2], &p[3], &j.OH1, &j.OW1));
+  j.OH2 = af_pool_extent(j.OH1, ad->pool_k[0], ad->pool_s[0], ad->pool_d[0], ad->pool_pads[0], ad->pool_pads[2],
+                         ad->pool_ceil);
+  j.OW2 = af_pool_extent(j.OW1, ad->pool_k[1], ad->pool_s[1], ad->pool_d[1], ad->pool_pads[1], ad->pool_pads[3],
+                         ad->pool_ceil);
+  if (j.OH2 < 0 || j.OW2 < 0)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: the pool's window is larger than its padded input");
+  int64_t OCB = (c1->oc + L - 1) / L;
+  j.item_out = OCB * j.OH2 * j.OW2 * L;
+  int64_t odims[5] = {N, OCB, j.OH2, j.OW2, L};
+  OrtValue *ov;
+  CHECK(API(KernelContext_GetOutput)(ctx, 0, odims, 5, &ov));
+  CHECK(API(GetTensorMutableData)(ov, (void **)&j.out));
+  ct_job e1;
+  memset(&e1, 0, sizeof(e1));
+  CHECK(ct_extras_at(c1, &e1, ctx, 2, N, 0, c1->oc, 0, -1));
+  memcpy(j.first.ex, e1.extra, sizeof(j.first.ex));
+  memcpy(j.first.ex_count, e1.extra_count, sizeof(j.first.ex_count));
+  if (N == 0 || j.OH2 * j.OW2 == 0) return NULL;
+  const float *x, *w1;
+  CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
+  CHECK(API(GetTensorMutableData)((OrtValue *)w1v, (void **)&w1));
+  j.band_rows = ad->band_rows < 1 ? 1 : ad->band_rows > j.OH2 ? j.OH2 : ad->band_rows;
+  j.bands = (j.OH2 + j.band_rows - 1) / j.band_rows;
+  j.S = (j.band_rows - 1) * ad->pool_s[0] + (ad->pool_k[0] - 1) * ad->pool_d[0] + 1;
+  j.band_floats = OCB * j.S * j.OW1 * L;
+  int64_t *tab = (int64_t *)malloc((size_t)(c1->ic_g * c1->groups * c1->kh * c1->kw) * sizeof(int64_t));
+  if (!tab) return fail(ORT_FAIL, "onnxopt: out of memory");
+  float *copy = NULL;
+  OrtStatus *st = af_conv_setup(&j.first, c1, ctx, x, w1, N, H, W, L, tab, &copy);
+  if (!st) {
+    int64_t tasks = N * j.bands;
+    double flops = 2.0 * (double)N * j.OH1 * j.OW1 * (double)c1->oc * (double)j.first.K;
+    if (tasks == 1 || flops < CT_INLINE_FLOPS) {
+      for (int64_t t = 0; t < tasks; t++) af_pool_task(&j, (size_t)t);
+    } else {
+      st = API(KernelContext_ParallelFor)(ctx, af_pool_task, (size_t)tasks, 0, &j);
+    }
+    if (!st && j.failed) st = fail(ORT_FAIL, "onnxopt: out of memory for a fused convolution's band");
+  }
+  free(copy);
+  free(tab);
   return st;
 }

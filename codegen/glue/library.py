@@ -87,10 +87,26 @@ class AfKernelDesc:
     second_inputs: list[int]  # op input index of each second convolution's packed weights
     band_rows: int  # output rows of the second convolutions per band
     miso_extra: int = -1  # MISO: the second's epilogue input that is the first's output (not an op input)
+    # conv -> pool (no seconds): {"op": "max"|"avg", "kernel", "strides", "dilations": [h, w], "pads": [t, l, b, r],
+    # "ceil_mode", "count_include_pad"}
+    pool: dict | None = None
 
 
 AF_MAX_SECOND = 4  # as ort_glue.c
 _KIND = {"conv": "KIND_CONV", "conv_transpose": "KIND_CONV", "matmul": "KIND_MATMUL"}
+
+
+def _pool_init(pool: dict | None) -> str:
+    """The conv -> pool fields of an onnxopt_af_desc initializer."""
+    if pool is None:
+        return "0, 0, 0, {1, 1}, {1, 1}, {1, 1}, {0, 0, 0, 0}"
+    op = {"max": 1, "avg": 2}[pool["op"]]
+
+    def arr(v):
+        return "{" + ", ".join(str(int(x)) for x in v) + "}"
+
+    return (f"{op}, {int(pool['ceil_mode'])}, {int(pool['count_include_pad'])}, {arr(pool['kernel'])}, "
+            f"{arr(pool['strides'])}, {arr(pool['dilations'])}, {arr(pool['pads'])}")
 
 
 def _c_array(ctype: str, name: str, values) -> str:
@@ -143,8 +159,9 @@ def library_source(kernels: list, target: Target) -> str:
         parts.append(f"static const onnxopt_ct_desc c{i}_desc = {init};\n")
     af = [k for k in kernels if isinstance(k, AfKernelDesc)]
     for i, k in enumerate(af):
-        if not 1 <= len(k.seconds) <= AF_MAX_SECOND:
-            raise ValueError(f"an AFUSION kernel has 1 to {AF_MAX_SECOND} second convolutions, not {len(k.seconds)}")
+        if not (1 <= len(k.seconds) <= AF_MAX_SECOND if k.pool is None else not k.seconds):
+            raise ValueError(f"an AFUSION kernel has 1 to {AF_MAX_SECOND} second convolutions, or a pool and none, "
+                             f"not {len(k.seconds)}")
         names = ["first"] + [f"second{b}" for b in range(len(k.seconds))]
         for part, sub in zip(names, [k.first] + list(k.seconds)):
             decls, init = _compute_source(f"a{i}_{part}", sub)
@@ -156,7 +173,7 @@ def library_source(kernels: list, target: Target) -> str:
         inputs = ", ".join(str(x) for x in k.second_inputs)
         parts.append(f'static const onnxopt_af_desc a{i}_desc = {{{{"{k.op_type}", KIND_AFUSION, {len(k.in_types)}, '
                      f"{len(k.out_types)}, a{i}_in_types, a{i}_out_types}}, &a{i}_first, {len(k.seconds)}, "
-                     f"{{{seconds}}}, {{{inputs}}}, {k.band_rows}, {k.miso_extra}}};\n")
+                     f"{{{seconds or 0}}}, {{{inputs or 0}}}, {k.band_rows}, {k.miso_extra}, {_pool_init(k.pool)}}};\n")
     refs = [f"&k{i}_desc.sig" for i in range(len(ew))] + [f"&c{i}_desc.sig" for i in range(len(ct))]
     refs += [f"&a{i}_desc.sig" for i in range(len(af))]
     pools = [k for k in kernels if isinstance(k, PoolKernelDesc)]

@@ -10,6 +10,7 @@
  * of this file, the runtime, is compiled once and shared by every library.
  */
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +164,10 @@ typedef struct {
   int second_input[AF_MAX_SECOND]; /* op input index of each second convolution's packed weights */
   int64_t band_rows;               /* output rows of the second convolutions per band */
   int miso_extra; /* MISO: the second's epilogue input that is the first's output (not an op input); else -1 */
+  /* conv -> pool (n_second 0): pool_op 1 MaxPool, 2 AveragePool (0: the seconds are convolutions). Pads: top, left,
+     bottom, right; the output is blocked. */
+  int pool_op, pool_ceil, pool_include_pad;
+  int64_t pool_k[2], pool_s[2], pool_d[2], pool_pads[4];
 } onnxopt_af_desc;
 
 /* MaxPool / AveragePool (2-D) or GlobalMaxPool / GlobalAveragePool with a fused epilogue (pool_exec.c runs it). */

@@ -61,6 +61,9 @@ def conv_macs_per_output(params: ComputeParams) -> float | None:
     1 / (sh * sw) of the output pixels); None for a matmul."""
     if params.op == "afusion":  # per element of the first second's output; the halo recomputation is not counted
         first, seconds = params.parts[0].compute, [p.compute for p in params.parts[1:]]
+        pool = params.attrs.get("pool")
+        if pool is not None:  # conv -> pool: the conv's MACs over the pool's output (the window's adds are free)
+            return conv_macs_per_output(first) * pool["strides"][0] * pool["strides"][1]
         ref = seconds[0].attrs
         # each output pixel of the seconds needs ~stride^2 pixels of the first's output (MISO: one)
         per_first = 1 if params.attrs.get("miso_extra", -1) >= 0 else ref["strides"][0] * ref["strides"][1]

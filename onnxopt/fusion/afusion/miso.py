@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from ..compute import POSITION
 from ..region import Region
-from .siso import DEFAULT_SCRATCH_BYTES, balanced_rows, channel_vector_parts, conv_part_reason, fused_region
+from .siso import (
+    DEFAULT_SCRATCH_BYTES,
+    balanced_rows,
+    channel_vector_parts,
+    conv_part_reason,
+    fused_region,
+    kept_inside_reason,
+)
 
 
 def epilogue_inputs(r: Region) -> list[str]:
@@ -53,13 +60,7 @@ def miso_reason(first: Region, second: Region, lanes: int, consumers: dict[str, 
         return "the second convolution reads the first one's output as its input (that is SISO)"
     if miso_extra(first, second) is None:
         return "the second convolution's epilogue does not read the first one's output once, per pixel"
-    if t in graph_outputs:
-        return "the intermediate is a graph output; it would have to be written"
-    if consumers is not None and len(consumers.get(t, [])) != 1:
-        return "the intermediate is also read outside the pair; it would have to be written"
-    if any(k == POSITION for k in first.compute.extra_kinds):
-        return "the first convolution's epilogue reads a per-pixel input"
-    return None
+    return kept_inside_reason(first, consumers, graph_outputs)
 
 
 def miso_band_rows(out_channels: int, lanes: int, out_h: int, out_w: int, batch: int, threads: int,

@@ -1,6 +1,6 @@
 """Turn convolution groups of a plan into AFUSION regions: a convolution and the one (SISO, siso.py) or several
 (SIMO, simo.py) convolutions reading its output, or two convolutions whose outputs meet in the second's epilogue
-(MISO, miso.py).
+(MISO, miso.py), or a convolution and the pool reading its output (conv_pool.py).
 
 `afusion_pairs` lists the groups that can be fused, with the reason for each producer -> readers edge that cannot;
 `apply_pairs` replaces the chosen ones. Which groups to fuse is the search's decision (onnxopt/fusion/search); the
@@ -13,6 +13,14 @@ import os
 from dataclasses import dataclass
 
 from ..region import Region
+from .conv_pool import (
+    ceil_mode_reason,
+    fuse_conv_pool,
+    is_pool_region,
+    pool_band_rows,
+    pool_params,
+    pool_reason,
+)
 from .miso import epilogue_inputs, fuse_miso, miso_band_rows, miso_reason
 from .simo import simo_reason
 from .siso import choose_band_rows, fuse_group, siso_reason
@@ -26,6 +34,7 @@ class Pair:
     seconds: list[Region]
     band_rows: int
     miso: bool = False  # the first's output meets the second's in its epilogue (miso.py)
+    pool: bool = False  # the second is the pool reading the first's output (conv_pool.py)
 
     @property
     def pattern(self) -> str:
@@ -77,6 +86,7 @@ def afusion_pairs(plan: list[Region], index, shape_of, lanes: int, threads: int,
             rows = max(1, int(forced))
         pairs.append(Pair(first, list(seconds), rows))
     pairs += _miso_pairs(convs, index, shape_of, lanes, threads, refused, scratch_bytes)
+    pairs += _pool_pairs(plan, convs, index, shape_of, lanes, threads, refused, scratch_bytes)
     position = {id(r): i for i, r in enumerate(plan)}
     pairs.sort(key=lambda p: max(position[id(r)] for r in p.seconds))  # graph order, for greedy_pairs
     return pairs, refused
@@ -104,6 +114,33 @@ def _miso_pairs(convs, index, shape_of, lanes, threads, refused, scratch_bytes) 
             if forced:
                 rows = max(1, int(forced))
             pairs.append(Pair(first, [second], rows, miso=True))
+    return pairs
+
+
+def _pool_pairs(plan, convs, index, shape_of, lanes, threads, refused, scratch_bytes) -> list[Pair]:
+    """Conv regions whose output only a MaxPool or AveragePool reads (conv_pool.py)."""
+    pools = {r.inputs[0]: r for r in plan if is_pool_region(r)}
+    pairs = []
+    for first in convs:
+        pool = pools.get(first.outputs[0]) if len(first.outputs) == 1 else None
+        if pool is None:
+            continue
+        t = first.outputs[0]
+        why = pool_reason(first, pool, lanes, {t: index.consumers.get(t, [])}, index.graph_outputs)
+        mid, out = shape_of(t), shape_of(pool.outputs[0])
+        if why is None and (mid is None or out is None or not all(isinstance(d, int) for d in (*mid, *out))):
+            why = "the shapes are not static"
+        if why is None:
+            why = ceil_mode_reason(pool_params(pool.nodes[0]), mid[2], mid[3])
+        if why is not None:
+            refused.append({"nodes": first.node_names + pool.node_names, "reason": f"AFUSION conv -> pool: {why}"})
+            continue
+        kw = {} if scratch_bytes is None else {"scratch_bytes": scratch_bytes}
+        rows = pool_band_rows(first, pool_params(pool.nodes[0]), lanes, out[2], mid[3], out[0], threads, **kw)
+        forced = os.environ.get("ONNXOPT_AFUSION_BAND_ROWS")
+        if forced:
+            rows = max(1, int(forced))
+        pairs.append(Pair(first, [pool], rows, pool=True))
     return pairs
 
 
@@ -135,8 +172,12 @@ def apply_pairs(plan: list[Region], chosen: list[Pair], lanes: int, ni: int, ops
         if p is not None:
             key = tuple(p.node_names)
             if key not in made:
-                made[key] = fuse_miso(p.first, p.seconds[0], lanes, ni, opset, p.band_rows) if p.miso \
-                    else fuse_group(p.first, p.seconds, lanes, ni, opset, p.band_rows)
+                if p.pool:
+                    made[key] = fuse_conv_pool(p.first, p.seconds[0], lanes, ni, opset, p.band_rows)
+                elif p.miso:
+                    made[key] = fuse_miso(p.first, p.seconds[0], lanes, ni, opset, p.band_rows)
+                else:
+                    made[key] = fuse_group(p.first, p.seconds, lanes, ni, opset, p.band_rows)
             out.append(made[key])
         elif id(r) not in members:
             out.append(r)

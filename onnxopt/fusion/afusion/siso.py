@@ -62,6 +62,13 @@ def siso_reason(first: Region, second: Region, lanes: int, consumers: dict[str, 
         return "the second convolution does not read the first one's output as its input"
     if t in second.inputs[1:]:
         return "the second convolution also reads the intermediate in its epilogue"
+    return kept_inside_reason(first, consumers, graph_outputs)
+
+
+def kept_inside_reason(first: Region, consumers: dict[str, list] | None, graph_outputs: set[str]) -> str | None:
+    """Why the first part's output cannot stay inside the fused kernel (every pattern: it is never written), or None:
+    it is a graph output, has another reader, or the first's epilogue needs the band's pixel offsets."""
+    t = first.outputs[0]
     if t in graph_outputs:
         return "the intermediate is a graph output; it would have to be written"
     if consumers is not None and len(consumers.get(t, [])) != 1:
