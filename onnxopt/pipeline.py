@@ -624,9 +624,15 @@ class _Optimizer:
         self._set_afusion_chosen(chosen)
         kept_regions = {id(a["made"][tuple(p.node_names)]) for p in chosen}
         left_out = {id(r) for r in a["made"].values()} - kept_regions
+        parts_of = {id(a["made"][tuple(p.node_names)]): [p.first, *p.seconds] for p in a["pairs"]}
         for r in accepted:
             if id(r) in left_out:
-                self._reject(r, "AFUSION: the search on measured kernel times keeps these convolutions apart")
+                # What was timed: the fused kernel and those of its parts that are our kernels (a pool part runs in
+                # onnxruntime, costed by the calibrated roofline).
+                parts = [self._timed.get(id(q)) for q in self._dedupe(parts_of.get(id(r), []))]
+                timed = " + ".join(f"{t * 1e6:.0f}" for t in parts if t) or "-"
+                self._reject(r, "AFUSION: the search on measured kernel times keeps these convolutions apart (fused "
+                                f"{self._timed.get(id(r), 0) * 1e6:.0f} us; parts timed {timed} us)")
         self.report["regions"] = [e for e in self.report["regions"]
                                   if not any(id(r) in left_out and e["nodes"] == r.node_names for r in accepted)]
         plan = self._dedupe(apply_pairs(a["base"], chosen, a["lanes"], a["ni"], a["opset"], made=a["made"]))
