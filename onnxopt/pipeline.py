@@ -37,6 +37,7 @@ from onnxopt.fusion.pool import PoolRule
 from onnxopt.fusion.layout import (assign_blocked_layouts, blocked_inputs, blocked_outputs, from_blocked,
                                    is_depthwise, to_blocked, with_channel_vectors)
 from onnxopt.fusion.region import Region
+from onnxopt.fusion.siblings import Siblings, apply_siblings, sibling_groups
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.load import check_output_path, commit_files, load_model, parse_input_shapes, save_model
 from onnxopt.timing import make_session, time_interleaved
@@ -47,8 +48,8 @@ from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare, load_ch
 DROP_TRIALS_S = 6.0
 WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this much faster than --min-speedup asks
 # Whole-graph plans, timed against each other (see _Optimizer._run).
-PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "pool", "elementwise")
-FUSION_KINDS = ("elementwise", "compute", "pool", "afusion")
+PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "horizontal", "pool", "elementwise")
+FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal")
 
 
 @dataclass
@@ -273,6 +274,9 @@ class _Optimizer:
         self.prebuilt: dict[str, tuple] = {}  # op type -> (object, desc) compiled by the tile search
         self.pair_predictions: dict[tuple, dict] = {}  # AFUSION pair -> the search's roofline prediction
         self.afusion_chosen: list = []  # the AFUSION plan's pairs (fusion/afusion/plan.py), as in report["afusion"]
+        self.siblings_chosen: list = []  # the sibling groups fused (fusion/siblings.py), as in report["horizontal"]
+        self._siblings_first: list = []  # the first search's sibling groups (before the probe's were added)
+        self._siblings_probed = False
         self._search_result = None  # the search's candidates (a CandidateResult), for the measured search
         self._kernel_costs: dict[str, float] = {}  # search signature -> seconds, from the cost cache
         self._afusion: dict | None = None  # the AFUSION plan's base plan, groups built and regions made
@@ -370,13 +374,15 @@ class _Optimizer:
             blocked_plan = self._blocked_plan(work)
             if blocked_plan:
                 plans.append(("compute-blocked", dedupe(blocked_plan)))
-            if "afusion" not in self.opts.skip_fusion and mk.lanes >= 8:
-                # AFUSION pairs within the blocked plan, or within the compute plan when no tensor can be blocked
-                # (a depthwise convolution on the graph's input, say).
+            if not {"afusion", "horizontal"} <= set(self.opts.skip_fusion) and mk.lanes >= 8:
+                # AFUSION pairs and sibling groups within the blocked plan, or within the compute plan when no
+                # tensor can be blocked (a depthwise convolution on the graph's input, say).
                 base = blocked_plan or next(p for n, p in plans if n == "compute")
                 afusion = self._afusion_plan(work, base)
-                if afusion:
+                if afusion and "afusion" not in self.opts.skip_fusion:
                     plans.append(("afusion", dedupe(afusion)))
+                if self.siblings_chosen:  # horizontal fusion alone (what --no-afusion keeps)
+                    plans.append(("horizontal", dedupe(self._horizontal_plan(base))))
         if "compute" in self.opts.skip_fusion and "pool" not in self.opts.skip_fusion:  # pools without compute
             claimed = set()
             plan = PoolRule(work).find_regions(claimed, self.report["rejected"])
@@ -428,6 +434,7 @@ class _Optimizer:
                                           or e.get("op_type") != r.op_type]
         accepted = kept
         self._afusion_savings()
+        self._sibling_savings()
         self.report["timings"]["kernel_check_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -491,19 +498,58 @@ class _Optimizer:
         rule = self._blocked_rule or ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk))
         pairs, refused = afusion_pairs(blocked_plan, rule.index, rule.ew.shape_of, mk.lanes,
                                        self.opts.threads or os.cpu_count() or 1)
+        if "afusion" in self.opts.skip_fusion:
+            pairs = []
         self.report.setdefault("afusion", {})["refused"] = refused
-        chosen = self._search_pairs(work, pairs)
+        groups, sib_refused = ([], []) if "horizontal" in self.opts.skip_fusion else \
+            sibling_groups(blocked_plan, mk.lanes, rule.ew.shape_of)
+        self.report["horizontal"] = {"refused": sib_refused, "groups": []}
+        chosen = self._search_pairs(work, pairs, groups)
         self._set_afusion_chosen(chosen)
         self._afusion_base = blocked_plan  # the kernels whose times cost the search's convolutions
         probing = self.opts.measure and not self.cannot_run and self._search_result is not None \
             and os.environ.get("ONNXOPT_AFUSION_PAIRS") != "all"
         built = greedy_pairs(chosen + [p for p in pairs if p not in chosen]) if probing else chosen
-        if not built:
-            return None
-        self._afusion = {"base": blocked_plan, "pairs": built if probing else None, "made": {},
+        if probing and os.environ.get("ONNXOPT_SIBLINGS") != "all":
+            # The sibling groups' probe: every legal group of two or three (a search candidate of its own) that the
+            # search's choice does not touch is built and timed too, and judged again on what it measured.
+            taken = {n for g in self.siblings_chosen for n in g.convs}
+            self._siblings_first = list(self.siblings_chosen)
+            self._set_siblings_chosen(self.siblings_chosen + [g for g in groups
+                                                              if len(g.regions) <= 3 and not taken & set(g.convs)])
+            self._siblings_probed = True
+        self._afusion = {"base": blocked_plan, "pairs": built if probing else None, "made": {}, "sib_made": {},
                          "lanes": mk.lanes, "ni": mk.tile.ni, "opset": _opset(work)}
+        if not built and not self.siblings_chosen:
+            return None
+        return self._compose(built)
+
+    def _compose(self, pairs) -> list[Region]:
+        """The AFUSION plan: the base plan with `pairs` fused, and the chosen sibling groups none of them holds."""
         a = self._afusion
-        return apply_pairs(blocked_plan, built, a["lanes"], a["ni"], a["opset"], made=a["made"])
+        plan = apply_pairs(a["base"], pairs, a["lanes"], a["ni"], a["opset"], made=a["made"])
+        in_pairs = {id(r) for p in pairs for r in [p.first, *p.seconds]}
+        sibs = [g for g in self.siblings_chosen if not any(id(r) in in_pairs for r in g.regions)]
+        return apply_siblings(plan, sibs, a["lanes"], a["ni"], a["opset"], made=a["sib_made"])
+
+    def _horizontal_plan(self, base) -> list[Region]:
+        """The base plan with the chosen sibling groups fused (horizontal fusion only)."""
+        a = self._afusion
+        return apply_siblings(base, self.siblings_chosen, a["lanes"], a["ni"], a["opset"], made=a["sib_made"])
+
+    def _choose_siblings(self, groups, wanted: list[frozenset], pairs) -> list:
+        """The sibling groups of the search's horizontal candidates (`wanted`: their convolutions), each within one
+        legal group, none sharing a convolution with another or with an AFUSION group the search chose."""
+        taken = {n for p in pairs for n in _pair_rops(p)}
+        chosen = []
+        for want in wanted:
+            for g in groups:
+                regions = [r for r in g.regions if r.node_names[0] in want]
+                if len(regions) == len(want) and not (want & taken):
+                    chosen.append(Siblings(regions))
+                    taken |= want
+                    break
+        return chosen
 
     def _set_afusion_chosen(self, chosen):
         self.afusion_chosen = chosen
@@ -511,19 +557,25 @@ class _Optimizer:
                                                  "band_rows": p.band_rows},
                                                 **self.pair_predictions.get(_pair_key(p), {})) for p in chosen]
 
+    def _set_siblings_chosen(self, chosen):
+        self.siblings_chosen = chosen
+        self.report.setdefault("horizontal", {"refused": []})["groups"] = [
+            {"nodes": g.node_names, "convs": g.convs} for g in chosen]
+
     def _target_ident(self) -> str:
         t = self.opts.target
         return f"{t.name}|{t.cpu}|{t.llvm_features}"
 
-    def _run_search(self, cands, measured: dict):
+    def _run_search(self, cands, measured: dict, built=None):
         from onnxopt.fusion.search import measured_search
 
-        return measured_search(cands, measured, budget_s=self.opts.search_budget)
+        return measured_search(cands, measured, budget_s=self.opts.search_budget, built=built)
 
-    def _search_pairs(self, work, pairs):
+    def _search_pairs(self, work, pairs, groups=()):
         """OptiFX's candidates (Algorithm 1) and backtracking search (Algorithm 2, onnxopt/fusion/search) over the
         whole graph, costed by the kernel times the cost cache holds from earlier runs and by the roofline for the
-        rest; the AFUSION SISO, SIMO and MISO candidates of the plan it finds pick which legal groups are fused.
+        rest; the AFUSION SISO, SIMO and MISO candidates of the plan it finds pick which legal groups are fused, its
+        horizontal candidates which sibling convolutions run as one kernel (self.siblings_chosen).
         The candidate counts and the search's figures go in report["search"]. When the search fails, every legal
         group is taken in graph order (greedy_pairs)."""
         from onnxopt.fusion.search import generate_candidates
@@ -532,10 +584,10 @@ class _Optimizer:
         t = time.perf_counter()
         entry = self.report.setdefault("search", {})
         self._search_result = None
+        self.siblings_chosen = []
+        all_groups = list(groups)
         try:
-            # Only what can be built: no horizontal (sibling) kernel exists yet, and a plan that chose the two
-            # expands of a fire module as siblings would leave out the SIMO kernel that can run them.
-            kinds = tuple(k for k in ("vertical", "afusion") if k not in self.opts.skip_fusion)
+            kinds = tuple(k for k in ("vertical", "horizontal", "afusion") if k not in self.opts.skip_fusion)
             machine = _machine() or "xeon-gold-6240"
             cands = generate_candidates(work, machine, prune=self.opts.prune, kinds=kinds)
             entry["candidates"] = cands.counts()
@@ -560,11 +612,19 @@ class _Optimizer:
             chosen = [p for p in pairs if _pair_rops(p) in wanted]
             entry["afusion_pairs_chosen"] = len(chosen)
             if os.environ.get("ONNXOPT_AFUSION_PAIRS") == "all":  # tests and benchmarks: every legal pair
-                return greedy_pairs(pairs)
-            return greedy_pairs(chosen)
+                chosen = pairs
+            chosen = greedy_pairs(chosen)
+            if os.environ.get("ONNXOPT_SIBLINGS") == "all":  # tests and benchmarks: every legal sibling group
+                sib_wanted = [frozenset(g.convs) for g in all_groups]
+            else:
+                sib_wanted = [frozenset(c.rops) for c in res.plan if c.kind == "horizontal"]
+            self._set_siblings_chosen(self._choose_siblings(all_groups, sib_wanted, chosen))
+            entry["sibling_groups_chosen"] = len(self.siblings_chosen)
+            return chosen
         except Exception as e:  # noqa: BLE001 - the search only chooses among legal pairs: fall back to all
             entry["error"] = f"{type(e).__name__}: {e}"[:300]
             self._search_result = None
+            self._set_siblings_chosen([])
             return greedy_pairs(pairs)
         finally:
             self.report["timings"]["fusion_search_s"] = time.perf_counter() - t
@@ -587,6 +647,8 @@ class _Optimizer:
         # The AFUSION groups are judged against the kernels of the plan they are made from (blocked, usually), not
         # against the same convolutions in another plan's layout.
         base = {id(r) for r in self._dedupe(self._afusion_base)} | {id(r) for r in (a["made"].values() if a else ())}
+        base |= {id(r) for r in (a["sib_made"].values() if a else ())}
+        sib_convs = {tuple(g.node_names): g.convs for g in self.siblings_chosen}
         fresh = 0
         for r in checked:  # right answers, timed; a kernel slower than onnxruntime still has its time
             seconds = self._timed.get(id(r))
@@ -595,6 +657,8 @@ class _Optimizer:
             pair = by_nodes.get(tuple(r.node_names)) if r.compute.op == "afusion" else None
             if pair is not None:
                 sig = group_signature(cands, _pair_rops(pair))
+            elif r.compute.op == "siblings" and tuple(r.node_names) in sib_convs:
+                sig = group_signature(cands, sib_convs[tuple(r.node_names)], kind="horizontal")
             elif r.compute.op == "conv":
                 sig = conv_signature(cands, r.node_names)
             else:
@@ -605,56 +669,78 @@ class _Optimizer:
             fresh += 1
             if cache is not None:
                 cache.put_kernel(sig, self.opts.threads, self._target_ident(), seconds, r.op_type)
-        if not a or a["pairs"] is None:  # nothing probed: the times are kept for later runs' searches
-            return accepted
-        try:
-            res, source = self._run_search(cands, measured)
+        if not a or (a["pairs"] is None and not self._siblings_probed):  # nothing probed: the times are kept for
+            return accepted                                                  # later runs' searches
+        probed = a["pairs"] if a["pairs"] is not None else self.afusion_chosen
+        groups = {_pair_rops(p) for p in probed} | {frozenset(g.convs) for g in self.siblings_chosen}
+        try:  # among the groups built: one never built cannot be kept, so the plan must not count on it
+            res, source = self._run_search(cands, measured, lambda c: c.kind == "vertical" or (
+                c.kind in ("afusion", "horizontal") and frozenset(c.rops) in groups and c.key in measured))
         except Exception as e:  # noqa: BLE001 - keep the first search's choice
             entry["measured_search"] = {"error": f"{type(e).__name__}: {e}"[:300]}
             return accepted
         wanted = _afusion_groups(res.plan)
         live = {id(r) for r in accepted}  # a group whose kernel failed its check is not chosen
-        chosen = [p for p in a["pairs"] if _pair_rops(p) in wanted and id(a["made"][tuple(p.node_names)]) in live]
+        chosen = [p for p in probed if _pair_rops(p) in wanted and id(a["made"][tuple(p.node_names)]) in live]
+        sib_wanted = {frozenset(c.rops) for c in res.plan if c.kind == "horizontal"}
+        sib_before = self._siblings_first if self._siblings_probed else self.siblings_chosen
+        sibs = [g for g in self.siblings_chosen
+                if frozenset(g.convs) in sib_wanted and id(a["sib_made"].get(tuple(g.node_names))) in live]
         entry["measured_search"] = {
             "kernels_timed": fresh, "measured_kernels": len(source.used), "estimated_kernels": len(source.estimated),
             "calibration": source.factor, "baseline_s": res.baseline_cost, "best_s": res.best_cost,
             "seconds": time.perf_counter() - t, "plan": _plan_entries(res.plan),
             "afusion_before": [p.node_names for p in self.afusion_chosen],
-            "afusion_after": [p.node_names for p in chosen]}
+            "afusion_after": [p.node_names for p in chosen],
+            "siblings_before": [g.convs for g in sib_before], "siblings_after": [g.convs for g in sibs]}
         self._set_afusion_chosen(chosen)
+        self._set_siblings_chosen(sibs)
         kept_regions = {id(a["made"][tuple(p.node_names)]) for p in chosen}
-        left_out = {id(r) for r in a["made"].values()} - kept_regions
-        parts_of = {id(a["made"][tuple(p.node_names)]): [p.first, *p.seconds] for p in a["pairs"]}
+        kept_regions |= {id(a["sib_made"][tuple(g.node_names)]) for g in sibs}
+        left_out = {id(r) for r in [*a["made"].values(), *a["sib_made"].values()]} - kept_regions
+        parts_of = {id(a["made"][tuple(p.node_names)]): [p.first, *p.seconds] for p in probed}
+        parts_of |= {id(r): list(r.compute.parts) for r in a["sib_made"].values()}
+        base_of = {tuple(r.node_names): r for r in self._dedupe(self._afusion_base)}
         for r in accepted:
             if id(r) in left_out:
                 # What was timed: the fused kernel and those of its parts that are our kernels (a pool part runs in
                 # onnxruntime, costed by the calibrated roofline).
-                parts = [self._timed.get(id(q)) for q in self._dedupe(parts_of.get(id(r), []))]
+                parts = [self._timed.get(id(base_of.get(tuple(q.node_names), q))) for q in parts_of.get(id(r), [])]
                 timed = " + ".join(f"{t * 1e6:.0f}" for t in parts if t) or "-"
-                self._reject(r, "AFUSION: the search on measured kernel times keeps these convolutions apart (fused "
+                kind = "horizontal" if r.compute.op == "siblings" else "AFUSION"
+                self._reject(r, f"{kind}: the search on measured kernel times keeps these convolutions apart (fused "
                                 f"{self._timed.get(id(r), 0) * 1e6:.0f} us; parts timed {timed} us)")
         self.report["regions"] = [e for e in self.report["regions"]
                                   if not any(id(r) in left_out and e["nodes"] == r.node_names for r in accepted)]
-        plan = self._dedupe(apply_pairs(a["base"], chosen, a["lanes"], a["ni"], a["opset"], made=a["made"]))
-        self.plans = [(n, plan if n == "afusion" else p) for n, p in self.plans if n != "afusion" or chosen]
+        plan = self._dedupe(self._compose(chosen))
+        horizontal = self._dedupe(self._horizontal_plan(a["base"]))
+        self.plans = [(n, plan if n == "afusion" else horizontal if n == "horizontal" else p) for n, p in self.plans
+                      if (n != "afusion" or chosen or self.siblings_chosen) and (n != "horizontal" or sibs)]
         return [r for r in accepted if id(r) not in left_out]
 
     def _afusion_savings(self):
-        """Each AFUSION group's measured saving: its convolutions as our separate kernels (as checked in the base
-        plan) against the fused kernel, and the fused kernel against onnxruntime on the same nodes."""
-        entries = {(e["op_type"], tuple(e["nodes"])): e for e in self.report["regions"]}
+        """Each AFUSION group's measured saving (_group_saving)."""
         for p, pair in zip(self.afusion_chosen, (self.report.get("afusion") or {}).get("pairs", [])):
-            # The parts' own kernels (their op types are known now) as the base plan checked them.
-            parts = [entries.get((r.op_type, tuple(r.node_names))) for r in [p.first, *p.seconds]]
-            fused = next((e for e in self.report["regions"] if e["nodes"] == pair["nodes"]), None)
-            if not all(e and "measured_fused_s" in e for e in [*parts, fused]):
-                pair["measured"] = None  # not measured: --no-measure, --plan afusion (no parts built), a rejection
-                continue
-            separate = sum(e["measured_fused_s"] for e in parts)
-            pair["measured"] = {"separate_s": separate, "fused_s": fused["measured_fused_s"],
-                                "saving_s": separate - fused["measured_fused_s"],
-                                "speedup": separate / fused["measured_fused_s"],
-                                "onnxruntime_s": fused["measured_original_s"]}
+            pair["measured"] = self._group_saving([p.first, *p.seconds], pair["nodes"])
+
+    def _sibling_savings(self):
+        """Each fused sibling group's measured saving (_group_saving)."""
+        for g, entry in zip(self.siblings_chosen, (self.report.get("horizontal") or {}).get("groups") or []):
+            entry["measured"] = self._group_saving(g.regions, entry["nodes"])
+
+    def _group_saving(self, members: list[Region], nodes: list[str]) -> dict | None:
+        """A fused group's convolutions as our separate kernels (as the base plan checked them, their op types known
+        now) against the fused kernel, and the fused kernel against onnxruntime on the same nodes; None when not
+        measured (--no-measure, a --plan that builds no parts, a rejection)."""
+        entries = {(e["op_type"], tuple(e["nodes"])): e for e in self.report["regions"]}
+        parts = [entries.get((r.op_type, tuple(r.node_names))) for r in members]
+        fused = next((e for e in self.report["regions"] if e["nodes"] == nodes), None)
+        if not all(e and "measured_fused_s" in e for e in [*parts, fused]):
+            return None
+        separate = sum(e["measured_fused_s"] for e in parts)
+        return {"separate_s": separate, "fused_s": fused["measured_fused_s"],
+                "saving_s": separate - fused["measured_fused_s"], "speedup": separate / fused["measured_fused_s"],
+                "onnxruntime_s": fused["measured_original_s"]}
 
     def _build(self, regions):
         """Compile each distinct kernel once, on all cores (codegen/parallel.py); a region whose kernel fails to
@@ -720,7 +806,7 @@ class _Optimizer:
     def _tile_of(self, r: Region) -> list[int]:
         mk = select_micro_kernel(self.opts.target)
         c = r.compute
-        if c.op == "afusion":  # the parts' tiles
+        if c.op in ("afusion", "siblings"):  # the parts' tiles
             return [self._tile_of(p) for p in c.parts]
         if is_depthwise(c) and (c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")):
             # Its own tile: pixels of one channel vector (codegen/microkernel/depthwise.py), as build_compute picks.
@@ -740,7 +826,7 @@ class _Optimizer:
         info = tensor_info(work)
         done: dict[tuple, object] = {}
         # Largest first, so that a tuning budget spent leaves the default tile on the cheapest regions.
-        order = sorted((r for r in regions if r.compute is not None and r.compute.op != "afusion"),
+        order = sorted((r for r in regions if r.compute is not None and r.compute.op not in ("afusion", "siblings")),
                        key=lambda r: -region_flops(r, info, self._bindings()))
         split = {"build_s": 0.0, "measure_s": 0.0}
         # AFUSION band heights cost a compile and a short timing per op type: a third of the budget is kept for them.

@@ -44,6 +44,7 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
                   f"{off['search_s']:.1f} / {off['codegen_s']:.1f} / {off['measurement_s']:.1f} s")
     console.print(t)
     _render_afusion(report, console)
+    _render_siblings(report, console)
 
     regions = report.get("regions", [])
     if regions:
@@ -107,6 +108,23 @@ def _render_afusion(report: dict, console: Console) -> None:
                    f"{meas['speedup']:.2f}x" if meas else "-",
                    f"{meas['onnxruntime_s'] / meas['fused_s']:.2f}x" if meas else "-")
     console.print(at)
+
+
+def _render_siblings(report: dict, console: Console) -> None:
+    """The sibling groups fused (horizontal fusion): their convolutions and the measured saving."""
+    groups = (report.get("horizontal") or {}).get("groups") or []
+    if not groups:
+        return
+    plan = (report.get("whole_model") or {}).get("plan")
+    t = Table(title=f"Sibling groups (horizontal fusion): {len(groups)}" + (f" (emitted plan: {plan})" if plan else ""))
+    for c in ("convolutions", "measured saving µs", "vs separate", "vs onnxruntime"):
+        t.add_column(c, justify="left" if c == "convolutions" else "right")
+    for g in groups:
+        m = g.get("measured") or {}
+        names = ", ".join(g["convs"])
+        t.add_row(names if len(names) <= 48 else names[:47] + "…", f"{m['saving_s'] * 1e6:.1f}" if m else "-",
+                  f"{m['speedup']:.2f}x" if m else "-", f"{m['onnxruntime_s'] / m['fused_s']:.2f}x" if m else "-")
+    console.print(t)
 
 
 def render_bench(result: dict, console: Console | None = None) -> None:

@@ -21,6 +21,10 @@ def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, 
         from .afusion import build_afusion
 
         return build_afusion(region, target)
+    if region.compute.op == "siblings":  # convolutions of one input in one kernel (codegen/compute/siblings.py)
+        from .siblings import build_siblings
+
+        return build_siblings(region, target)
     module = new_module(target, region.op_type)
     desc = define_compute(module, region, region.op_type, target)
     ir_text = str(module)

@@ -448,7 +448,6 @@ static void cb_run_task(const cb_job *job, int64_t task) {
   }
 }
 
-static void cb_task(void *usr, size_t index) { cb_run_task((const cb_job *)usr, (int64_t)index); }
 
 /* A depthwise convolution reads its blocked input in place whatever its padding, one channel vector per tile
    (codegen/microkernel/depthwise.py): a tile's kernel rows above or below the image are left out (its tap table,
@@ -516,7 +515,6 @@ static void cb_run_depthwise_task(const cb_job *job, int64_t task) {
   }
 }
 
-static void cb_depthwise_task(void *usr, size_t index) { cb_run_depthwise_task((const cb_job *)usr, (int64_t)index); }
 
 /* The input, zero-padded, in its own layout: one task per padded row of one plane (a channel, or a vector of
    channels when blocked); a row is Wp pixels of ps floats. */
@@ -748,9 +746,42 @@ static int64_t cb_split(cb_job *job, double flops, int64_t rows, int64_t groups)
   return job->rtasks * job->gtasks;
 }
 
-/* The rest of ct_conv_blocked for a depthwise convolution (cb_run_depthwise_task); frees `scratch`. */
-static OrtStatus *cb_depthwise(cb_job *job, const onnxopt_ct_desc *d, OrtKernelContext *ctx, const float *x,
-                               int64_t H, int64_t W, int64_t pt, int64_t pl, float *scratch, float *const *user_out) {
+/* A blocked convolution made ready to run (cb_prepare): its job, its task count (0: nothing to do) and the buffers
+   it owns until cb_finish. A horizontal kernel (siblings_exec.c) runs several of them in one parallel loop. */
+typedef struct {
+  cb_job job;
+  int depthwise;
+  int64_t tasks;
+  float *buf, *scratch;
+  float *user_out[CT_MAX_OUT];
+  int64_t *aoff;
+} cb_ready;
+
+static void cb_ready_task(const cb_ready *r, int64_t task) {
+  if (r->depthwise) cb_run_depthwise_task(&r->job, task);
+  else cb_run_task(&r->job, task);
+}
+
+static void cb_ready_run(void *usr, size_t index) { cb_ready_task((const cb_ready *)usr, (int64_t)index); }
+
+/* Converts the blocked buffers of NCHW outputs (when there are) and frees what cb_prepare allocated; returns `st`
+   or the conversion's failure. */
+static OrtStatus *cb_finish(cb_ready *r, OrtKernelContext *ctx, OrtStatus *st) {
+  const onnxopt_ct_desc *d = r->job.d;
+  for (int o = 0; !st && r->scratch && r->tasks && o < d->sig.n_out; o++)
+    st = cb_reorder(ctx, r->user_out[o], r->job.out[o], r->job.N, d->oc, d->lanes, r->job.OH * r->job.OW, 1);
+  free(r->buf);
+  free(r->aoff);
+  free(r->scratch);
+  r->buf = r->scratch = NULL;
+  r->aoff = NULL;
+  return st;
+}
+
+/* The rest of cb_prepare for a depthwise convolution (cb_run_depthwise_task). */
+static OrtStatus *cb_prepare_depthwise(cb_ready *r, const onnxopt_ct_desc *d, const float *x, int64_t H, int64_t W,
+                                       int64_t pt, int64_t pl) {
+  cb_job *job = &r->job;
   int64_t L = d->lanes;
   cb_window *w = &job->win;
   w->H = H, w->W = W, w->kh = d->kh, w->dh = d->dh, w->sh = d->sh, w->sw = d->sw, w->pt = pt, w->pl = pl;
@@ -758,30 +789,21 @@ static OrtStatus *cb_depthwise(cb_job *job, const onnxopt_ct_desc *d, OrtKernelC
   job->in = x;
   job->item_in = job->OCB * H * W * L;
   int64_t *tab = (int64_t *)malloc((size_t)(d->kh * d->kw) * sizeof(int64_t));
-  if (!tab) {
-    free(scratch);
-    return fail(ORT_FAIL, "onnxopt: out of memory");
-  }
-  for (int64_t r = 0; r < d->kh; r++)
-    for (int64_t c = 0; c < d->kw; c++) tab[r * d->kw + c] = (r * d->dh * W + c * d->dw) * L;
+  if (!tab) return fail(ORT_FAIL, "onnxopt: out of memory");
+  r->aoff = tab;
+  for (int64_t rr = 0; rr < d->kh; rr++)
+    for (int64_t c = 0; c < d->kw; c++) tab[rr * d->kw + c] = (rr * d->dh * W + c * d->dw) * L;
   job->phase[0].aoff = tab;
-  int64_t tasks = cb_split(job, 2.0 * (double)job->N * job->OH * job->OW * (double)d->oc * (double)job->K,
-                           job->N * job->OH, job->OCB);
-  OrtStatus *st = NULL;
-  if (tasks == 1) {
-    cb_run_depthwise_task(job, 0);
-  } else {
-    st = API(KernelContext_ParallelFor)(ctx, cb_depthwise_task, (size_t)tasks, 0, job);
-  }
-  for (int o = 0; !st && scratch && o < d->sig.n_out; o++)
-    st = cb_reorder(ctx, user_out[o], job->out[o], job->N, d->oc, L, job->OH * job->OW, 1);
-  free(tab);
-  free(scratch);
-  return st;
+  r->tasks = cb_split(job, 2.0 * (double)job->N * job->OH * job->OW * (double)d->oc * (double)job->K,
+                      job->N * job->OH, job->OCB);
+  return NULL;
 }
 
-static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv,
-                                  const int64_t *xd, const OrtValue *wv) {
+/* Makes a channel-vector convolution ready to run on input `xv` (dims `xd`) with packed weights `wv`: its epilogue
+   inputs are op inputs `in_extra`.., its outputs op outputs `out0`... On failure nothing is left allocated. */
+static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv, const int64_t *xd,
+                             const OrtValue *wv, int in_extra, int out0, cb_ready *r) {
+  memset(r, 0, sizeof(*r));
   /* A depthwise convolution (one input channel per group, one output channel per input channel) runs on the
      depthwise tiles (one channel vector each: d->ni is 1): its K is the taps only, and each channel vector reads
      its own input vector. */
@@ -789,6 +811,7 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   if (depthwise && (d->ic_g != 1 || d->groups != d->oc || !d->in_blocked || d->transposed))
     return fail(ORT_INVALID_ARGUMENT, "onnxopt: a channel-vector convolution with groups must be depthwise (one "
                                       "input and one output channel per group) with a blocked input");
+  r->depthwise = depthwise;
   int64_t L = d->lanes, N = xd[0], C = d->ic_g, H = xd[2], W = xd[3];
   int64_t pt, pl, pb, pr, OH, OW;
   int64_t th = d->kh, tw = d->kw; /* taps per phase */
@@ -798,38 +821,36 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   } else {
     CHECK(ct_conv_geometry(d, H, W, &pt, &pl, &pb, &pr, &OH, &OW));
   }
-  cb_job job;
-  memset(&job, 0, sizeof(job));
-  job.d = d;
-  job.N = N;
-  job.OC = d->oc;
-  job.OCB = (d->oc + L - 1) / L;
-  job.groups_of_vectors = (job.OCB + d->ni - 1) / d->ni;
-  job.OH = OH;
-  job.OW = OW;
-  job.K = C * th * tw;
-  job.n_phases = d->transposed ? (int)(d->sh * d->sw) : 1;
-  job.K_all = job.K * job.n_phases;
+  cb_job *job = &r->job;
+  job->d = d;
+  job->N = N;
+  job->OC = d->oc;
+  job->OCB = (d->oc + L - 1) / L;
+  job->groups_of_vectors = (job->OCB + d->ni - 1) / d->ni;
+  job->OH = OH;
+  job->OW = OW;
+  job->K = C * th * tw;
+  job->n_phases = d->transposed ? (int)(d->sh * d->sw) : 1;
+  job->K_all = job->K * job->n_phases;
   int64_t C_in = C * d->groups;
   int64_t planes = d->in_blocked ? (C_in + L - 1) / L : C_in; /* per batch item */
   int64_t ps = d->in_blocked ? L : 1;
-  int64_t odims[5] = {N, job.OCB, OH, OW, L}, nchw_dims[4] = {N, d->oc, OH, OW};
-  int64_t block_size = job.OCB * OH * OW * L; /* per item */
-  float *user_out[CT_MAX_OUT];
+  int64_t odims[5] = {N, job->OCB, OH, OW, L}, nchw_dims[4] = {N, d->oc, OH, OW};
+  int64_t block_size = job->OCB * OH * OW * L; /* per item */
   for (int o = 0; o < d->sig.n_out; o++) {
     OrtValue *ov;
-    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, d->out_blocked ? odims : nchw_dims, d->out_blocked ? 5 : 4,
-                                       &ov));
-    CHECK(API(GetTensorMutableData)(ov, (void **)&user_out[o]));
-    job.out[o] = user_out[o];
+    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)(out0 + o), d->out_blocked ? odims : nchw_dims,
+                                       d->out_blocked ? 5 : 4, &ov));
+    CHECK(API(GetTensorMutableData)(ov, (void **)&r->user_out[o]));
+    job->out[o] = r->user_out[o];
   }
   /* Reuses the NCHW kernels' check: per-pixel inputs come in the outputs' layout. */
   ct_job sizes;
   memset(&sizes, 0, sizeof(sizes));
-  CHECK(ct_extras(d, &sizes, ctx, N, d->out_blocked ? block_size : d->oc * OH * OW, d->oc, 0));
-  memcpy(job.extra, sizes.extra, sizeof(job.extra));
-  memcpy(job.extra_count, sizes.extra_count, sizeof(job.extra_count));
-  if (N == 0 || OH * OW == 0) return NULL;
+  CHECK(ct_extras_at(d, &sizes, ctx, in_extra, N, d->out_blocked ? block_size : d->oc * OH * OW, d->oc, 0, -1));
+  memcpy(job->extra, sizes.extra, sizeof(job->extra));
+  memcpy(job->extra_count, sizes.extra_count, sizeof(job->extra_count));
+  if (N == 0 || OH * OW == 0) return NULL; /* tasks 0 */
   /* The padded copy: a convolution's pads; for a transposed one, the rows and columns its phases read around the
      input. */
   int64_t Pt = pt, Pl = pl, Hp = H + pt + pb, Wp = W + pl + pr;
@@ -839,37 +860,35 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
   }
   int padded = Pt || Pl || Hp != H || Wp != W;
   /* NCHW outputs: the tiles write blocked buffers, converted at the end; NCHW residuals are converted first. */
-  float *scratch = NULL;
-  CHECK(cb_blocked_scratch(d, ctx, N, OH * OW, block_size, job.out, job.extra, job.extra_count, &scratch, -1));
+  CHECK(cb_blocked_scratch(d, ctx, N, OH * OW, block_size, job->out, job->extra, job->extra_count, &r->scratch, -1));
   const float *x;
-  CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
-  CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.w));
-  if (depthwise) return cb_depthwise(&job, d, ctx, x, H, W, pt, pl, scratch, user_out);
-  job.win.on = !d->transposed && padded &&
-               cb_window_pays(d, &job.win, N, planes, ps, H, W, OH, OW, Hp, Wp, pt, pl, job.groups_of_vectors);
-  if (job.win.on) { /* the tables address the input itself */
+  OrtStatus *st = API(GetTensorMutableData)((OrtValue *)xv, (void **)&x);
+  if (!st) st = API(GetTensorMutableData)((OrtValue *)wv, (void **)&job->w);
+  if (!st && depthwise) st = cb_prepare_depthwise(r, d, x, H, W, pt, pl);
+  if (st || depthwise) goto done;
+  job->win.on = !d->transposed && padded &&
+                cb_window_pays(d, &job->win, N, planes, ps, H, W, OH, OW, Hp, Wp, pt, pl, job->groups_of_vectors);
+  if (job->win.on) { /* the tables address the input itself */
     Hp = H;
     Wp = W;
   }
-  job.item_in = planes * Hp * Wp * ps;
-  float *buf = NULL;
-  int64_t *aoff = (int64_t *)malloc((size_t)(job.K_all + (job.win.on ? job.K : 0) + 1) * sizeof(int64_t));
-  OrtStatus *st = NULL;
+  job->item_in = planes * Hp * Wp * ps;
+  int64_t *aoff = (int64_t *)malloc((size_t)(job->K_all + (job->win.on ? job->K : 0) + 1) * sizeof(int64_t));
+  r->aoff = aoff;
   if (!aoff) {
-    free(scratch);
-    return fail(ORT_FAIL, "onnxopt: out of memory");
+    st = fail(ORT_FAIL, "onnxopt: out of memory");
+    goto done;
   }
-  if (!padded || job.win.on) {
-    job.in = x;
+  if (!padded || job->win.on) {
+    job->in = x;
   } else {
-    int64_t total = N * job.item_in;
-    buf = (float *)malloc((size_t)total * sizeof(float));
-    if (!buf) {
-      free(aoff);
-      free(scratch);
-      return fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
+    int64_t total = N * job->item_in;
+    r->buf = (float *)malloc((size_t)total * sizeof(float));
+    if (!r->buf) {
+      st = fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
+      goto done;
     }
-    cb_copy_job cj = {x, buf, ps, H, W, Hp, Wp, Pt, Pl};
+    cb_copy_job cj = {x, r->buf, ps, H, W, Hp, Wp, Pt, Pl};
     int64_t rows = N * planes * Hp;
     if (total < (1 << 16)) {
       for (int64_t i = 0; i < rows; i++) cb_copy_row(&cj, (size_t)i);
@@ -877,12 +896,12 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
       st = API(KernelContext_ParallelFor)(ctx, cb_copy_row, (size_t)rows, 0, &cj);
       if (st) goto done;
     }
-    job.in = buf;
+    job->in = r->buf;
   }
   for (int64_t ph = 0, i = 0; ph < (d->transposed ? d->sh : 1); ph++)
     for (int64_t pw = 0; pw < (d->transposed ? d->sw : 1); pw++, i++) {
-      cb_phase *p = &job.phase[i];
-      int64_t *tab = aoff + i * job.K;
+      cb_phase *p = &job->phase[i];
+      int64_t *tab = aoff + i * job->K;
       int64_t ah = 0, aw = 0, bh = 0, bw = 0; /* tap blocks, input index of tap 0 (in the padded copy) */
       int64_t step_h = d->dh, step_w = d->dw;
       if (d->transposed) {
@@ -900,7 +919,7 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
         p->out_base = (ph * OW + pw) * L;
         p->out_row = d->sh * OW * L;
         p->ldc = d->sw * L;
-        p->w_off = (ah * d->sw + aw) * job.K * d->ni * L;
+        p->w_off = (ah * d->sw + aw) * job->K * d->ni * L;
         p->K = ct_phase_rows(d, ah, aw, tw, C);
       } else {
         int flat = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !padded;
@@ -913,42 +932,46 @@ static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ct
         p->out_row = p->row_len * L;
         p->ldc = L;
         p->w_off = 0;
-        p->K = job.K;
+        p->K = job->K;
       }
       /* k = (r, c, ic) for a transposed convolution (its packing), (ic, r, c) for a convolution. */
       for (int64_t ic = 0; ic < C; ic++)
-        for (int64_t r = 0; r < th; r++)
+        for (int64_t rr = 0; rr < th; rr++)
           for (int64_t c = 0; c < tw; c++) {
-            int64_t y = bh + r * step_h, xx = bw + c * step_w;
-            int64_t k = d->transposed ? (r * tw + c) * C + ic : (ic * th + r) * tw + c;
+            int64_t y = bh + rr * step_h, xx = bw + c * step_w;
+            int64_t k = d->transposed ? (rr * tw + c) * C + ic : (ic * th + rr) * tw + c;
             tab[k] = d->in_blocked ? ((ic / L) * Hp * Wp + y * Wp + xx) * L + ic % L : ic * Hp * Wp + y * Wp + xx;
           }
       p->aoff = tab;
-      job.rows += p->rows;
+      job->rows += p->rows;
     }
-  if (job.win.on) {
-    int64_t *tab = aoff + job.K_all, span = job.win.span;
+  if (job->win.on) {
+    int64_t *tab = aoff + job->K_all, span = job->win.span;
     for (int64_t ic = 0; ic < C; ic++)
-      for (int64_t r = 0; r < th; r++)
+      for (int64_t rr = 0; rr < th; rr++)
         for (int64_t c = 0; c < tw; c++)
-          tab[(ic * th + r) * tw + c] = d->in_blocked ? (((ic / L) * th + r) * span + c * d->dw) * L + ic % L
-                                                      : (ic * th + r) * span + c * d->dw;
-    job.win.koff = tab;
+          tab[(ic * th + rr) * tw + c] = d->in_blocked ? (((ic / L) * th + rr) * span + c * d->dw) * L + ic % L
+                                                       : (ic * th + rr) * span + c * d->dw;
+    job->win.koff = tab;
   }
-  int64_t tasks = cb_split(&job, 2.0 * (double)N * (double)OH * OW * (double)d->oc * (double)job.K_all / job.n_phases,
-                           N * job.rows, job.groups_of_vectors);
-  if (tasks == 1) {
-    cb_run_task(&job, 0);
-  } else {
-    st = API(KernelContext_ParallelFor)(ctx, cb_task, (size_t)tasks, 0, &job);
-  }
-  for (int o = 0; !st && scratch && o < d->sig.n_out; o++)
-    st = cb_reorder(ctx, user_out[o], job.out[o], N, d->oc, L, OH * OW, 1);
+  r->tasks = cb_split(job, 2.0 * (double)N * (double)OH * OW * (double)d->oc * (double)job->K_all / job->n_phases,
+                      N * job->rows, job->groups_of_vectors);
 done:
-  free(buf);
-  free(aoff);
-  free(scratch);
+  if (st) {
+    r->tasks = 0;
+    cb_finish(r, ctx, NULL);
+  }
   return st;
+}
+
+static OrtStatus *ct_conv_blocked(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv,
+                                  const int64_t *xd, const OrtValue *wv) {
+  cb_ready r;
+  CHECK(cb_prepare(d, ctx, xv, xd, wv, 2, 0, &r));
+  OrtStatus *st = NULL;
+  if (r.tasks == 1) cb_ready_task(&r, 0);
+  else if (r.tasks > 1) st = API(KernelContext_ParallelFor)(ctx, cb_ready_run, (size_t)r.tasks, 0, &r);
+  return cb_finish(&r, ctx, st);
 }
 
 /* ---- A transposed convolution with few output channels: pixel vectors, by output phase. ----

@@ -92,6 +92,23 @@ class AfKernelDesc:
     pool: dict | None = None
 
 
+@dataclass
+class SbKernelDesc:
+    """Sibling convolutions reading the same input, run as one kernel (horizontal fusion, siblings_exec.c): each
+    sibling is described as a compute op (only the fused op is registered), plus where its inputs and outputs
+    start among the op's."""
+
+    op_type: str
+    in_types: list[int]
+    out_types: list[int]
+    parts: list[CtKernelDesc]
+    part_inputs: list[int]  # op input index of each sibling's packed weights (its epilogue inputs follow)
+    part_outputs: list[int]  # op output index of each sibling's first output
+
+
+SB_MAX_PART = 8  # as ort_glue.c
+
+
 AF_MAX_SECOND = 4  # as ort_glue.c
 _KIND = {"conv": "KIND_CONV", "conv_transpose": "KIND_CONV", "matmul": "KIND_MATMUL"}
 
@@ -174,8 +191,23 @@ def library_source(kernels: list, target: Target) -> str:
         parts.append(f'static const onnxopt_af_desc a{i}_desc = {{{{"{k.op_type}", KIND_AFUSION, {len(k.in_types)}, '
                      f"{len(k.out_types)}, a{i}_in_types, a{i}_out_types}}, &a{i}_first, {len(k.seconds)}, "
                      f"{{{seconds or 0}}}, {{{inputs or 0}}}, {k.band_rows}, {k.miso_extra}, {_pool_init(k.pool)}}};\n")
+    sb = [k for k in kernels if isinstance(k, SbKernelDesc)]
+    for i, k in enumerate(sb):
+        if not 1 <= len(k.parts) <= SB_MAX_PART:
+            raise ValueError(f"a sibling kernel has 1 to {SB_MAX_PART} convolutions, not {len(k.parts)}")
+        for b, sub in enumerate(k.parts):
+            decls, init = _compute_source(f"s{i}_part{b}", sub)
+            parts.append(decls)
+            parts.append(f"static const onnxopt_ct_desc s{i}_part{b} = {init};\n")
+        parts.append(_c_array("int", f"s{i}_in_types", k.in_types))
+        parts.append(_c_array("int", f"s{i}_out_types", k.out_types))
+        members = ", ".join(f"&s{i}_part{b}" for b in range(len(k.parts)))
+        parts.append(f'static const onnxopt_sb_desc s{i}_desc = {{{{"{k.op_type}", KIND_SIBLINGS, {len(k.in_types)}, '
+                     f"{len(k.out_types)}, s{i}_in_types, s{i}_out_types}}, {len(k.parts)}, {{{members}}}, "
+                     f"{{{', '.join(str(x) for x in k.part_inputs)}}}, "
+                     f"{{{', '.join(str(x) for x in k.part_outputs)}}}}};\n")
     refs = [f"&k{i}_desc.sig" for i in range(len(ew))] + [f"&c{i}_desc.sig" for i in range(len(ct))]
-    refs += [f"&a{i}_desc.sig" for i in range(len(af))]
+    refs += [f"&a{i}_desc.sig" for i in range(len(af))] + [f"&s{i}_desc.sig" for i in range(len(sb))]
     pools = [k for k in kernels if isinstance(k, PoolKernelDesc)]
     parts.extend(pool_source(i, k) for i, k in enumerate(pools))
     refs += [f"&p{i}_desc.sig" for i in range(len(pools))]
@@ -199,10 +231,10 @@ int onnxopt_cpu_ok(void);
 
 def _glue_parts() -> tuple[str, str]:
     """ort_glue.c's prelude (includes, macros, the descriptors' types) and the runtime after it, with the compute,
-    AFUSION and pooling executors inserted."""
+    AFUSION, sibling and pooling executors inserted."""
     files = resources.files("onnxopt.codegen.glue")
     prelude, rest = files.joinpath("ort_glue.c").read_text().split(_TABLES)
-    compute = files.joinpath("compute_exec.c").read_text() + files.joinpath("afusion_exec.c").read_text()
+    compute = "".join(files.joinpath(f).read_text() for f in ("compute_exec.c", "afusion_exec.c", "siblings_exec.c"))
     rest = rest.replace("/*@@COMPUTE@@*/", compute).replace("/*@@POOL@@*/", files.joinpath("pool_exec.c").read_text())
     return prelude, rest
 

@@ -105,7 +105,7 @@ typedef void (*row_fn)(void **ins, void **outs, int64_t n);
 typedef void (*generic_fn)(void **ins, void **outs, int64_t n, const int64_t *inner_strides);
 
 /* What every fused op type declares to ORT; the first member of each kind's descriptor. */
-enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2, KIND_POOL = 3, KIND_AFUSION = 4 };
+enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2, KIND_POOL = 3, KIND_AFUSION = 4, KIND_SIBLINGS = 5 };
 typedef struct {
   const char *name;
   int kind;
@@ -169,6 +169,16 @@ typedef struct {
   int pool_op, pool_ceil, pool_include_pad;
   int64_t pool_k[2], pool_s[2], pool_d[2], pool_pads[4];
 } onnxopt_af_desc;
+
+/* Sibling convolutions reading the same input (op input 0), run as one kernel (siblings_exec.c): horizontal fusion. */
+#define SB_MAX_PART 8
+typedef struct {
+  onnxopt_sig sig;
+  int n_part;
+  const onnxopt_ct_desc *part[SB_MAX_PART]; /* the parts' sigs name nothing: only this op is registered */
+  int part_input[SB_MAX_PART];              /* op input index of each sibling's packed weights */
+  int part_output[SB_MAX_PART];             /* op output index of each sibling's first output */
+} onnxopt_sb_desc;
 
 /* MaxPool / AveragePool (2-D) or GlobalMaxPool / GlobalAveragePool with a fused epilogue (pool_exec.c runs it). */
 enum { POOL_MAX = 0, POOL_AVG = 1, POOL_GMAX = 2, POOL_GAVG = 3 };
@@ -412,6 +422,7 @@ static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx) {
   if (sig->kind == KIND_ELEMENTWISE) return ew_compute((const onnxopt_ew_desc *)kernel, ctx);
   if (sig->kind == KIND_POOL) return pool_compute((const onnxopt_pool_desc *)kernel, ctx);
   if (sig->kind == KIND_AFUSION) return af_compute((const onnxopt_af_desc *)kernel, ctx);
+  if (sig->kind == KIND_SIBLINGS) return sb_compute((const onnxopt_sb_desc *)kernel, ctx);
   return ct_compute((const onnxopt_ct_desc *)kernel, ctx);
 }
 static void op_destroy(void *kernel) { (void)kernel; }

@@ -52,7 +52,8 @@ class ComputeParams:
     tile: object = None  # a RegisterTile chosen by the tile search (retile below); None: the target's default
     # Conv: the weights after BatchNorm folding, [oc, ic_g, kh, kw], for re-packing in another layout.
     weights: np.ndarray | None = None
-    # op "afusion": the convolution regions fused into one kernel, producer first (onnxopt/fusion/afusion/siso.py)
+    # op "afusion": the convolution regions fused into one kernel, producer first (onnxopt/fusion/afusion/siso.py);
+    # op "siblings": the convolution regions reading one input (onnxopt/fusion/siblings.py)
     parts: list = field(default_factory=list)
 
 
@@ -70,6 +71,9 @@ def conv_macs_per_output(params: ComputeParams) -> float | None:
         per_pixel = sum(conv_macs_per_output(c) * c.attrs["oc"] for c in seconds) \
             + conv_macs_per_output(first) * first.attrs["oc"] / per_first
         return per_pixel / ref["oc"]
+    if params.op == "siblings":  # per element of the first sibling's output (the siblings share its size)
+        return sum(conv_macs_per_output(p.compute) * p.compute.attrs["oc"] for p in params.parts) \
+            / params.parts[0].compute.attrs["oc"]
     if params.op not in ("conv", "conv_transpose"):
         return None
     kh, kw = params.attrs["kernel"]

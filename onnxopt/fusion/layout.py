@@ -50,6 +50,8 @@ def blocked_inputs(region: Region) -> set[str]:
     c = region.compute
     if c is not None and c.op == "afusion":  # what its parts read blocked, less the intermediate it keeps inside
         return set().union(*(blocked_inputs(p) for p in c.parts)) - set(c.parts[0].outputs)
+    if c is not None and c.op == "siblings":
+        return set().union(*(blocked_inputs(p) for p in c.parts))
     if c is None or c.op != "conv":
         return set()
     names = {region.inputs[0]} if c.attrs.get("in_blocked") else set()
@@ -63,6 +65,8 @@ def blocked_outputs(region: Region) -> set[str]:
     if region.relayout is not None:
         return set() if region.kind == "relayout-exit" else set(region.outputs)
     c = region.compute
+    if c is not None and c.op == "siblings":
+        return set().union(*(blocked_outputs(p) for p in c.parts))
     return set(region.outputs) if c is not None and c.attrs.get("out_blocked") else set()
 
 

@@ -22,7 +22,7 @@ bytes it saves), so the search never prefers unfusing what was timed fused for w
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .backtrack import Kernel, NodeKernel, SearchResult, backtrack_search, node_kernels
 from .candidates import Candidate, CandidateResult
@@ -76,13 +76,21 @@ class MeasuredCostSource:
         return self.measured[kernel.key] if hit else self.calibrated(kernel)
 
 
-def measured_search(result: CandidateResult, measured: Mapping[str, float], *,
-                    budget_s: float = 60.0) -> tuple[SearchResult, MeasuredCostSource]:
+def measured_search(result: CandidateResult, measured: Mapping[str, float], *, budget_s: float = 60.0,
+                    built: Callable[[Candidate], bool] | None = None) -> tuple[SearchResult, MeasuredCostSource]:
     """Algorithm 2 on measured costs: over the candidates the roofline kept, and over those it pruned that a
     measurement covers (the roofline's filter is there to spare measuring hopeless candidates; one that was
-    measured is judged on its time)."""
-    kept = {c.id for c in result.candidates}
-    search_set = list(result.candidates) + [c for c in result.unpruned if c.id not in kept and c.key in measured]
+    measured is judged on its time).
+
+    `built`: the pipeline's second search chooses among the kernels it built, and a plan holding a group that was
+    never built would be costed for a kernel it cannot have. With it, the search set is the candidates it accepts
+    (measured or not: a vertical candidate always has a kernel), taken from all enumerated candidates, so a built
+    group that GraphSplit's leaves cut apart is judged too (its legality was checked when it was built)."""
+    if built is not None:
+        search_set = [c for c in result.enumerated if built(c)]
+    else:
+        kept = {c.id for c in result.candidates}
+        search_set = list(result.candidates) + [c for c in result.unpruned if c.id not in kept and c.key in measured]
     source = MeasuredCostSource(result, measured)
     return backtrack_search(result, search_set, source, budget_s=budget_s), source
 

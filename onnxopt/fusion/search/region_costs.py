@@ -3,7 +3,7 @@
 The search (Algorithm 2) costs candidates and single nodes by signature (`Candidate.key`, `node_key`); the pipeline
 times regions. A convolution region (the conv with its epilogue) is the vertical candidate of that conv with the
 most members inside the region (the conv alone, `node_key`, when it has no epilogue the search knows of); an AFUSION
-region is the afusion candidate with the same convolutions. Its epilogue may hold a node or two more or fewer than
+region is the afusion candidate with the same convolutions, a sibling region (horizontal fusion) the horizontal one. Its epilogue may hold a node or two more or fewer than
 the candidate's: elementwise work inside a conv's epilogue costs next to nothing, so the time stands for it.
 """
 
@@ -31,11 +31,12 @@ def conv_signature(result: CandidateResult, nodes: Sequence[str]) -> str | None:
     return None
 
 
-def group_signature(result: CandidateResult, convs: Iterable[str]) -> str | None:
-    """The signature of the afusion candidate over exactly these convolutions, or None."""
+def group_signature(result: CandidateResult, convs: Iterable[str], kind: str = "afusion") -> str | None:
+    """The signature of the `kind` candidate (afusion, or horizontal for sibling kernels) over exactly these
+    convolutions, or None."""
     want = frozenset(convs)
     for c in result.enumerated:
-        if c.kind == "afusion" and frozenset(c.rops) == want:
+        if c.kind == kind and frozenset(c.rops) == want:
             return c.key
     return None
 

@@ -45,9 +45,11 @@ def fire_runs(tmp_path_factory):
 def test_the_group_and_its_parts_are_timed_and_cached(fire_runs):
     _, _, first, rows, _ = fire_runs
     ms = first.report["search"]["measured_search"]
-    # Three conv kernels (squeeze, expand 1x1, expand 3x3) in the blocked plan and the SIMO group.
-    assert ms["kernels_timed"] == 4 and ms["measured_kernels"] == 4
-    assert len(rows) == 4 and sum(op.startswith("afusion") for _, op, _ in rows) == 1
+    # Three conv kernels (squeeze, expand 1x1, expand 3x3) in the blocked plan, the SIMO group and the expands as
+    # siblings (horizontal fusion).
+    assert ms["kernels_timed"] == 5 and ms["measured_kernels"] == 5
+    assert len(rows) == 5 and sum(op.startswith("afusion") for _, op, _ in rows) == 1
+    assert sum(op.startswith("siblings") for _, op, _ in rows) == 1
     assert all(s > 0 for _, _, s in rows)
     timed = {e["op_type"]: e["measured_fused_s"] for e in first.report["regions"]}
     assert all(s == timed[op] for _, op, s in rows if op in timed)
@@ -60,8 +62,8 @@ def test_the_group_and_its_parts_are_timed_and_cached(fire_runs):
 def test_a_later_run_starts_from_the_measured_costs(fire_runs):
     second = fire_runs[4]
     s = second.report["search"]
-    assert s["measured_kernels"] == 4  # the first search already had them
-    assert second.report["cost_cache"]["kernel_hits"] >= 4
+    assert s["measured_kernels"] == 5  # the first search already had them
+    assert second.report["cost_cache"]["kernel_hits"] >= 5
 
 
 def test_the_cached_costs_decide(fire_runs, tmp_path):
