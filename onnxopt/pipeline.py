@@ -537,10 +537,11 @@ class _Optimizer:
         a = self._afusion
         return apply_siblings(base, self.siblings_chosen, a["lanes"], a["ni"], a["opset"], made=a["sib_made"])
 
-    def _choose_siblings(self, groups, wanted: list[frozenset], pairs) -> list:
+    def _choose_siblings(self, groups, wanted: list[frozenset]) -> list:
         """The sibling groups of the search's horizontal candidates (`wanted`: their convolutions), each within one
-        legal group, none sharing a convolution with another or with an AFUSION group the search chose."""
-        taken = {n for p in pairs for n in _pair_rops(p)}
+        legal group, none sharing a convolution with another. (The horizontal plan takes them all; the afusion plan
+        leaves out those whose convolutions an AFUSION group holds, _compose.)"""
+        taken: set[str] = set()
         chosen = []
         for want in wanted:
             for g in groups:
@@ -618,7 +619,7 @@ class _Optimizer:
                 sib_wanted = [frozenset(g.convs) for g in all_groups]
             else:
                 sib_wanted = [frozenset(c.rops) for c in res.plan if c.kind == "horizontal"]
-            self._set_siblings_chosen(self._choose_siblings(all_groups, sib_wanted, chosen))
+            self._set_siblings_chosen(self._choose_siblings(all_groups, sib_wanted))
             entry["sibling_groups_chosen"] = len(self.siblings_chosen)
             return chosen
         except Exception as e:  # noqa: BLE001 - the search only chooses among legal pairs: fall back to all

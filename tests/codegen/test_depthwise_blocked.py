@@ -36,7 +36,8 @@ def depthwise_convs(draw):
     d, s = draw(st.integers(1, 2)), draw(st.integers(1, 3))
     reach_h, reach_w = (kh - 1) * d + 1, (kw - 1) * d + 1
     pads = [draw(st.integers(0, min(3, r - 1))) for r in (reach_h, reach_w, reach_h, reach_w)]
-    h = draw(st.integers(max(1, reach_h - pads[0] - pads[2]), 12))
+    min_h = max(1, reach_h - pads[0] - pads[2])  # 13 for a 7-row kernel dilated by 2 without pads
+    h = draw(st.integers(min_h, max(12, min_h)))
     w = draw(st.integers(max(1, reach_w - pads[1] - pads[3]), 40))
     return kh, kw, d, s, pads, h, w
 
