@@ -265,9 +265,7 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
   const OrtValue *xv, *w1v;
   int64_t xd[MAX_RANK], wd[MAX_RANK];
   size_t xr, wr;
-  CHECK(ct_dims(ctx, 0, &xv, xd, &xr));
-  CHECK(ct_dims(ctx, 1, &w1v, wd, &wr));
-  CHECK(ct_check_input(c1, xd, xr));
+  CHECK(ct_conv_inputs(c1, ctx, &xv, xd, &xr, &w1v));
   af_job j;
   memset(&j, 0, sizeof(j));
   j.d = ad, j.n_second = ad->n_second;
@@ -580,11 +578,9 @@ static int64_t af_pool_extent(int64_t in, int64_t k, int64_t s, int64_t dil, int
 static OrtStatus *af_pool_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
   const onnxopt_ct_desc *c1 = ad->first;
   const OrtValue *xv, *w1v;
-  int64_t xd[MAX_RANK], wd[MAX_RANK];
-  size_t xr, wr;
-  CHECK(ct_dims(ctx, 0, &xv, xd, &xr));
-  CHECK(ct_dims(ctx, 1, &w1v, wd, &wr));
-  CHECK(ct_check_input(c1, xd, xr));
+  int64_t xd[MAX_RANK];
+  size_t xr;
+  CHECK(ct_conv_inputs(c1, ctx, &xv, xd, &xr, &w1v));
   af_pool_job j;
   memset(&j, 0, sizeof(j));
   j.d = ad;

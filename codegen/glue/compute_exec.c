@@ -220,6 +220,18 @@ static OrtStatus *ct_dims(OrtKernelContext *ctx, size_t i, const OrtValue **v, i
   return st;
 }
 
+static OrtStatus *ct_check_input(const onnxopt_ct_desc *d, const int64_t *xd, size_t xr);
+
+/* A convolution's op inputs 0 (its input, checked against what the kernel was built for) and 1 (packed weights). */
+static OrtStatus *ct_conv_inputs(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue **xv, int64_t *xd,
+                                 size_t *xr, const OrtValue **wv) {
+  int64_t wd[MAX_RANK];
+  size_t wr;
+  CHECK(ct_dims(ctx, 0, xv, xd, xr));
+  CHECK(ct_dims(ctx, 1, wv, wd, &wr));
+  return ct_check_input(d, xd, *xr);
+}
+
 static int64_t ct_numel(const int64_t *dims, size_t rank) {
   int64_t n = 1;
   for (size_t j = 0; j < rank; j++) n *= dims[j];
@@ -1185,11 +1197,9 @@ done:
 
 static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   const OrtValue *xv, *wv;
-  int64_t xd[MAX_RANK], wd[MAX_RANK];
-  size_t xr, wr;
-  CHECK(ct_dims(ctx, 0, &xv, xd, &xr));
-  CHECK(ct_dims(ctx, 1, &wv, wd, &wr));
-  CHECK(ct_check_input(d, xd, xr));
+  int64_t xd[MAX_RANK];
+  size_t xr;
+  CHECK(ct_conv_inputs(d, ctx, &xv, xd, &xr, &wv));
   if (d->transposed && !d->channel_vectors) return ct_conv_transposed_pixels(d, ctx, xv, xd, wv);
   if (d->out_blocked || d->channel_vectors || d->transposed) return ct_conv_blocked(d, ctx, xv, xd, wv);
   int64_t L = d->in_blocked ? d->lanes : 0;

@@ -16,6 +16,7 @@ model is correct without the library. `sibling_reason` says why a group cannot b
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from .afusion.siso import _distinct_names, channel_vector_parts, conv_part_reason
@@ -167,8 +168,6 @@ def apply_siblings(plan: list[Region], chosen: list[Siblings], lanes: int, ni: i
 def topological(plan: list[Region]) -> list[Region]:
     """`plan` reordered so that every region comes after the regions whose outputs it reads, otherwise in its order
     (Kahn's algorithm taking the earliest ready region)."""
-    import heapq
-
     producer = {o: i for i, r in enumerate(plan) for o in r.outputs}
     needs = [{producer[x] for x in r.inputs if x in producer and producer[x] != i} for i, r in enumerate(plan)]
     readers: dict[int, list[int]] = {}
