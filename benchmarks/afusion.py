@@ -1,6 +1,7 @@
 """AFUSION on the OptiFX sub-graphs G1-G7: one fused kernel against our two separate kernels and onnxruntime.
 
     python benchmarks/afusion.py [--threads 2] [--min-time 1] [--batch 1] [--only G1,G3] [--band-rows 1,2,4]
+                                 [--search]
 
 Per sub-graph (models/conv_shapes.py `optifx_model`, conv + bias + Relu each), three sessions timed interleaved
 in one process: onnxruntime on the original; ours with `--plan compute-blocked` (each convolution its own kernel,
@@ -8,6 +9,10 @@ the intermediate in the blocked layout in memory); ours with `--plan afusion` (t
 intermediate in a scratch band). With --band-rows, one AFUSION session per band height
 (ONNXOPT_AFUSION_BAND_ROWS) instead of the height the optimizer picks. Printed: microseconds and ratios, and the
 achieved GFLOP/s of the fused kernel.
+
+With --search, the third session is what the default pipeline writes (its search on measured kernel times decides
+whether the group is fused; no cost cache), labelled with what it chose: the issue's bar is that every sub-graph
+the search fuses runs faster than our separate kernels.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--only", help="comma-separated sub-graph names (default: all of G1-G7)")
     p.add_argument("--band-rows", help="comma-separated band heights to time (default: the optimizer's choice)")
+    p.add_argument("--search", action="store_true",
+                   help="time the default pipeline's result (its search decides) instead of a forced AFUSION plan")
     a = p.parse_args(argv)
     names = a.only.split(",") if a.only else list(OPTIFX_SUBGRAPHS)
     bands = a.band_rows.split(",") if a.band_rows else [None]
@@ -56,7 +63,7 @@ def main(argv=None) -> int:
             res, _ = _build(src, os.path.join(d, "blocked.onnx"), "compute-blocked", None)
             sessions.append(make_session(res.output, a.threads, res.library))
             labels.append("separate")
-            for b in bands:
+            for b in ([] if a.search else bands):
                 out = os.path.join(d, f"afusion{b or ''}.onnx")
                 res, fused = _build(src, out, "afusion", b)
                 if not fused:
@@ -66,6 +73,13 @@ def main(argv=None) -> int:
                 rows = res.report["afusion"]["pairs"][0]["band_rows"]
                 sessions.append(make_session(res.output, a.threads, res.library))
                 labels.append(f"afusion rows={rows}")
+            if a.search:
+                res = onnxopt.optimize(src, os.path.join(d, "search.onnx"), threads=a.threads, cost_cache=False)
+                kinds = sorted({n.op_type.split("_")[0] for n in res.model.graph.node if n.domain == "onnxopt"})
+                chosen = len(res.report.get("afusion", {}).get("pairs", []))
+                plan = (res.report.get("whole_model") or {}).get("plan") if kinds else "nothing"
+                sessions.append(make_session(res.output, a.threads, res.library if kinds else None))
+                labels.append(f"search (AFUSION groups chosen {chosen}, emitted {plan}: {','.join(kinds) or '-'})")
             times = time_interleaved(sessions, random_inputs(model), min_time=a.min_time)
         ort_t, sep_t = times[0]["median"], times[1]["median"]
         line = f"{name} b{a.batch}: onnxruntime {ort_t * 1e6:.0f} us, separate {sep_t * 1e6:.0f} us"

@@ -1,9 +1,10 @@
 """Build many kernels at once, one per CPU core.
 
-Code generation is most of onnxopt's offline time (ResNet-50 or MobileNetV2: a few dozen kernels at about a second
-each, half in llvmlite's IR printing, which holds the GIL, half in LLVM's passes and instruction selection). The
-kernels are independent, so they are built in forked worker processes: a fork inherits the regions and the target
-without pickling them, and only the object code and the glue's description come back.
+Code generation costs about a second per compiled module (half in llvmlite's IR printing, which holds the GIL, half
+in LLVM's passes and instruction selection): compute kernels share their tile sets (codegen/compute/tile_sets.py),
+so a model compiles a few dozen sets, pools and elementwise kernels. They are independent, so they are built in
+forked worker processes: a fork inherits the regions, the target and the sets compiled so far without pickling
+them, and only the object code and the glue's description come back.
 
 Forking is safe here because a worker only runs Python and llvmlite, never the onnxruntime sessions or the SQLite
 connection the parent may hold. Where fork is unavailable (not Linux or macOS), with one core, or for one kernel,

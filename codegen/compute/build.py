@@ -5,35 +5,43 @@ from __future__ import annotations
 from onnxopt.fusion.layout import is_depthwise
 from onnxopt.fusion.region import Region
 
-from ..compile import compile_object, new_module
 from ..elementwise.types import ONNX_ENUM
 from ..glue.library import CtKernelDesc
 from ..microkernel.depthwise import depthwise_mi_for
 from ..microkernel.registry import select
 from ..target import Target
-from .blocked_tile import define_blocked_tile_functions, define_depthwise_tile_functions
-from .tile import TileSpec, define_tile_functions
+from .tile import TileSpec
+from .tile_sets import TileSetRequest, compile_tile_set, tile_set_object
 
 
-def build_compute(region: Region, target: Target) -> tuple[bytes, CtKernelDesc, str]:
-    """Returns (object code, glue description, LLVM IR text)."""
+def build_compute(region: Region, target: Target) -> tuple[tuple[bytes, ...], object]:
+    """Returns (object code: one object per tile set the kernel uses, glue description). The tile sets are shared
+    with every other kernel that needs the same ones (codegen/compute/tile_sets.py)."""
     if region.compute.op == "afusion":  # two convolutions in one kernel (codegen/compute/afusion.py)
-        from .afusion import build_afusion
-
-        return build_afusion(region, target)
-    if region.compute.op == "siblings":  # convolutions of one input in one kernel (codegen/compute/siblings.py)
-        from .siblings import build_siblings
-
-        return build_siblings(region, target)
-    module = new_module(target, region.op_type)
-    desc = define_compute(module, region, region.op_type, target)
-    ir_text = str(module)
-    return compile_object(ir_text, target), desc, ir_text
+        from .afusion import describe_afusion as describe
+    elif region.compute.op == "siblings":  # convolutions of one input in one kernel (codegen/compute/siblings.py)
+        from .siblings import describe_siblings as describe
+    else:
+        describe = describe_compute
+    desc, sets = describe(region, region.op_type, target)
+    objects = tuple(dict.fromkeys(tile_set_object(s, target) for s in sets))
+    return objects, desc
 
 
-def define_compute(module, region: Region, name: str, target: Target) -> CtKernelDesc:
-    """Define the tile functions of one compute region in `module`, their symbols prefixed by `name`; returns the
-    glue's description of the op (named `name`)."""
+def compute_tile_sets(region: Region, target: Target) -> list[TileSetRequest]:
+    """The tile sets the kernel of a compute region (a plain, AFUSION or sibling one) uses."""
+    if region.compute.op in ("afusion", "siblings"):
+        return [s for part in region.compute.parts for s in compute_tile_sets(part, target)]
+    return describe_compute(region, region.op_type, target)[1]
+
+
+def compute_ir(region: Region, target: Target) -> str:
+    """The LLVM IR of the tile sets of a compute region's kernel, for inspection."""
+    return "\n".join(compile_tile_set(s, target)[1] for s in compute_tile_sets(region, target))
+
+
+def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKernelDesc, list[TileSetRequest]]:
+    """The glue's description of one compute region's op (named `name`) and the tile set its tables point at."""
     c = region.compute
     kernel = select(target)
     tile = kernel.tile
@@ -51,10 +59,10 @@ def define_compute(module, region: Region, name: str, target: Target) -> CtKerne
     if channel_vectors and is_depthwise(c):  # one channel vector times its filters
         kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
         mi, ni = depthwise_mi_for(kernel, kw), 1
-        tiles = define_depthwise_tile_functions(module, name, spec, target.features, mi, kw, sw, dw)
+        req = TileSetRequest("depthwise", spec, (mi, kw, sw, dw))
     else:
-        define = define_blocked_tile_functions if channel_vectors else define_tile_functions
-        tiles = define(module, name, spec, target.features)
+        req = TileSetRequest("blocked" if channel_vectors else "nchw", spec)
+    tiles = req.names()
     a = c.attrs
     desc = CtKernelDesc(
         op_type=name, kind=c.op,
@@ -72,4 +80,4 @@ def define_compute(module, region: Region, name: str, target: Target) -> CtKerne
         desc.channel_vectors = int(a.get("channel_vectors", 0))
         desc.transposed = int(c.op == "conv_transpose")
         desc.output_padding = tuple(a.get("output_padding", (0, 0)))
-    return desc
+    return desc, [req]

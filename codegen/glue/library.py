@@ -258,10 +258,13 @@ def _cc() -> str:
 _CFLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", "-std=c11", "-Wall", "-Werror"]
 
 
-def link_library(kernels: list, objects: list[bytes], target: Target, output: str) -> str:
+def link_library(kernels: list, objects: list, target: Target, output: str) -> str:
     """Compile the library's tables, link them with the shared runtime object and the kernel objects into `output`;
-    returns the library's sha256."""
+    returns the library's sha256. An entry of `objects` is one object or a tuple of them (a compute kernel's tile
+    sets, codegen/compute/tile_sets.py); an object several kernels share is linked once."""
     cc = _cc()
+    flat = [o for entry in objects for o in ((entry,) if isinstance(entry, (bytes, bytearray)) else entry)]
+    objects = list(dict.fromkeys(bytes(o) for o in flat))
     with tempfile.TemporaryDirectory(prefix="onnxopt-link-") as tmp:
         src = os.path.join(tmp, "tables.c")
         with open(src, "w") as f:

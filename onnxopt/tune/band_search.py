@@ -81,7 +81,7 @@ def search_band(region, model, target, threads: int | None, *, info, bindings, s
     if len(heights) < 2:
         return BandSearchResult(default, default, skipped="one band height only")
     t = time.perf_counter()
-    obj, desc, _ = build_compute(region, target)
+    obj, desc = build_compute(region, target)
     build_s = time.perf_counter() - t
     variants, descs = [], []
     for rows in heights:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxopt.codegen.compute.build import build_compute
+from onnxopt.codegen.compute.build import build_compute, compute_tile_sets
+from onnxopt.codegen.compute.tile_sets import prebuild
 from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.parallel import build_many
 from onnxopt.codegen.microkernel.register_tile import RegisterTile, candidate_tiles
@@ -185,7 +186,17 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
         variants.append((cand, (t, vectors), v))
         jobs.append(lambda v=v: build_compute(v, target))
     t_build = time.perf_counter()
-    results = build_many(jobs)  # the candidates compile on all cores (codegen/parallel.py)
+    # The candidates' tile sets (codegen/compute/tile_sets.py) compile on all cores, each once: regions with the
+    # same epilogue share them, so after the first region a search mostly times. Then the candidates describe
+    # themselves from those sets.
+    sets = []
+    for _, _, v in variants:
+        try:
+            sets += compute_tile_sets(v, target)
+        except Exception:  # noqa: BLE001 - the candidate's build below reports it
+            pass
+    prebuild(sets, target)
+    results = build_many(jobs)
     build_s = time.perf_counter() - t_build
     objs, descs = [], []
     for (cand, _, _), res in zip(variants, results):

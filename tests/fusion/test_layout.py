@@ -297,7 +297,7 @@ def test_blocked_chain_hypothesis(tmp_path_factory, c_in, c_mid, c_out, h, w, k,
 
 @needs_vectors
 def test_blocked_tile_ir_uses_full_width_fmas():
-    from onnxopt.codegen.compute.build import build_compute
+    from onnxopt.codegen.compute.build import build_compute, compute_ir
 
     ch = Chain(16, 8, 8)
     a = ch.conv("x", "a", 64)
@@ -305,7 +305,8 @@ def test_blocked_tile_ir_uses_full_width_fmas():
     regions, _ = regions_of(ch.model(["b"]))
     r = regions["a"]
     r.compute_op_type("test")
-    _, desc, ir_text = build_compute(r, TARGET)
+    _, desc = build_compute(r, TARGET)
+    ir_text = compute_ir(r, TARGET)
     assert desc.out_blocked == 1 and desc.tiles[0][0].endswith("_b1v1")
     assert f"llvm.fma.v{LANES}f32" in ir_text
     # The weights are whole vectors: the K loop's loads of B are plain vector loads (no masks).

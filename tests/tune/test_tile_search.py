@@ -68,7 +68,7 @@ def _compute_region(model):
 def _check_against_ort(work, region, tmp_path, tag):
     """The region's kernel and its function fallback (no library) against onnxruntime running the original ops."""
     info = tensor_info(work)
-    obj, desc, _ = build_compute(region, TARGET)
+    obj, desc = build_compute(region, TARGET)
     lib = str(tmp_path / f"{tag}.so")
     link_library([desc], [obj], TARGET, lib)
     orig, fused = _region_models(region, work, info)
