@@ -19,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxopt import __version__
-from onnxopt.codegen.compute.build import build_compute, compute_tile_sets
+from onnxopt.codegen.compute.build import build_compute, tile_sets_of
 from onnxopt.codegen.compute.tile_sets import prebuild
 from onnxopt.codegen.elementwise.build import build_elementwise
 from onnxopt.codegen.pool.build import build_pool
@@ -766,14 +766,7 @@ class _Optimizer:
 
         # The compute kernels' tile sets first, each distinct one once (codegen/compute/tile_sets.py): most
         # convolutions of a network share a few. The kernels then only describe themselves.
-        sets = []
-        for rs in todo.values():
-            if rs[0].compute is not None:
-                try:
-                    sets += compute_tile_sets(rs[0], self.opts.target)
-                except Exception:  # noqa: BLE001 - the kernel's own build below reports it
-                    pass
-        prebuild(sets, self.opts.target)
+        prebuild(tile_sets_of([rs[0] for rs in todo.values()], self.opts.target), self.opts.target)
         results = build_many([job(rs[0]) for rs in todo.values()])
         for (op_type, rs), res in zip(todo.items(), results):
             if isinstance(res, Exception):  # reported, regions left unfused

@@ -35,6 +35,20 @@ def compute_tile_sets(region: Region, target: Target) -> list[TileSetRequest]:
     return describe_compute(region, region.op_type, target)[1]
 
 
+def tile_sets_of(regions: list[Region], target: Target) -> list[TileSetRequest]:
+    """The tile sets of the compute regions among `regions`, to prebuild (tile_sets.prebuild). A region that cannot
+    be described is left out: building its kernel reports why."""
+    sets: list[TileSetRequest] = []
+    for r in regions:
+        if r.compute is None:
+            continue
+        try:
+            sets += compute_tile_sets(r, target)
+        except Exception:  # noqa: BLE001, S112 - reported by the kernel's own build
+            continue
+    return sets
+
+
 def compute_ir(region: Region, target: Target) -> str:
     """The LLVM IR of the tile sets of a compute region's kernel, for inspection."""
     return "\n".join(compile_tile_set(s, target)[1] for s in compute_tile_sets(region, target))

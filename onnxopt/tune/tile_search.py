@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxopt.codegen.compute.build import build_compute, compute_tile_sets
+from onnxopt.codegen.compute.build import build_compute, tile_sets_of
 from onnxopt.codegen.compute.tile_sets import prebuild
 from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.parallel import build_many
@@ -189,13 +189,7 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
     # The candidates' tile sets (codegen/compute/tile_sets.py) compile on all cores, each once: regions with the
     # same epilogue share them, so after the first region a search mostly times. Then the candidates describe
     # themselves from those sets.
-    sets = []
-    for _, _, v in variants:
-        try:
-            sets += compute_tile_sets(v, target)
-        except Exception:  # noqa: BLE001 - the candidate's build below reports it
-            pass
-    prebuild(sets, target)
+    prebuild(tile_sets_of([v for _, _, v in variants], target), target)
     results = build_many(jobs)
     build_s = time.perf_counter() - t_build
     objs, descs = [], []
