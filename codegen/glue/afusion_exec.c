@@ -19,6 +19,8 @@
  *
  * Op inputs: the first convolution's (x, packed weights, epilogue inputs), then each second's without the
  * intermediate (packed weights at `second_input[b]`, epilogue inputs after them). Op outputs: each second's in turn.
+ * A second convolution may be depthwise (1x1 expand -> 3x3 depthwise): it reads the band one channel vector at a
+ * time, with the depthwise tiles of a blocked depthwise convolution.
  * The first convolution's epilogue inputs are per channel or scalars (the optimizer checks it): a per-pixel one would
  * need the band's offsets.
  *
@@ -246,8 +248,13 @@ static void af_task(void *usr, size_t index) {
     /* its padded input row r is intermediate row r - pt, band row r - pt - i_lo; its padded column 0 is band column
        PL - pl */
     af_conv cv = br->conv;
-    cv.x = band + br->col_shift * L;
-    cv.x_row0 = br->pt + i_lo;
+    if (cv.c->groups != 1) { /* depthwise: the window's padded row 0 is band row pt + i_lo (see af_compute) */
+      cv.x = band;
+      cv.dw.pt = br->pt + i_lo;
+    } else {
+      cv.x = band + br->col_shift * L;
+      cv.x_row0 = br->pt + i_lo;
+    }
     af_dest out = {{NULL}, plane_out, j->OW2 * L, 0, 0};
     for (int o = 0; o < cv.c->sig.n_out; o++) out.base[o] = br->out[o] + n * cv.OCB * plane_out;
     af_conv_rows(&cv, L, n, o0, o1, &out);
@@ -354,7 +361,19 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
     tab += br->conv.K;
     flops += 2.0 * (double)N * j.OH2 * j.OW2 * (double)c->oc * (double)br->conv.K;
   }
-  for (int s = 0; s < j.n_second; s++) { /* tap offsets within the band: channel block, row, column */
+  for (int s = 0; s < j.n_second; s++) {
+    /* A depthwise second reads the band in place, one channel vector at a time (cb_depthwise_row): its window is
+       the band (S rows of Wp2 columns, the padding already in it as zeros), its top padding set per band in af_task
+       (output row o reads band row o * sh - pt - i_lo) and its left padding negative (tile column p reads band
+       column p * sw + PL - pl). No tile reaches past the band, so none takes the bounded variant. */
+    const onnxopt_ct_desc *c = j.second[s].conv.c;
+    if (c->groups == 1) continue;
+    cb_window *win = &j.second[s].conv.dw;
+    win->H = j.S, win->W = j.Wp2, win->kh = c->kh, win->dh = c->dh, win->sh = c->sh, win->sw = c->sw;
+    win->pt = 0, win->pl = j.second[s].pl - j.PL, win->reach_w = (c->kw - 1) * c->dw;
+  }
+  for (int s = 0; s < j.n_second; s++) { /* tap offsets within the band: channel block, row, column (a depthwise
+                                            second: ic_g = 1, so row and column from its channel vector's plane) */
     const onnxopt_ct_desc *c = j.second[s].conv.c;
     int64_t *t = (int64_t *)j.second[s].conv.aoff;
     for (int64_t ic = 0; ic < c->ic_g; ic++)

@@ -6,8 +6,10 @@ second's without the intermediate; its outputs are the second's. Its function fa
 one after the other, so the model is correct without the library.
 
 What the kernel supports (`siso_reason` says why not, in words a report can show):
-- both are 2-D float32 convolutions on the channel-vector kernel (8 or more lanes): the second with one group, the
-  first with one group or depthwise (which reads channel vectors: an NCHW input is reordered to blocked first);
+- both are 2-D float32 convolutions on the channel-vector kernel (8 or more lanes), each with one group or
+  depthwise: a depthwise first reads channel vectors (an NCHW input is reordered to blocked first); a depthwise
+  second (MobileNetV2's 1x1 expand -> 3x3 depthwise, whose intermediate is the network's widest tensor) reads the
+  band one channel vector at a time;
 - the first has a single output, the intermediate, read by nothing but the second (as its input only);
 - the first's epilogue inputs are per channel or scalars (a per-pixel one would need the band's offsets).
 """
@@ -37,8 +39,8 @@ def conv_part_reason(r: Region, which: str, depthwise: bool | None = None) -> st
         return f"the {which} convolution is not 2-D"
     depthwise = which == "first" if depthwise is None else depthwise
     if a["groups"] != 1 and not (depthwise and is_depthwise(c)):
-        return f"the {which} convolution is grouped (only " + \
-            ("depthwise ones are" if which != "first" else "a depthwise first convolution is") + " supported)"
+        return f"the {which} convolution is grouped" + \
+            (" (only depthwise ones are supported)" if depthwise else " (a depthwise one can only be the first)")
     if c.weights is None:
         return f"the {which} convolution's weights are not constant"
     if c.tile is not None:
@@ -52,7 +54,7 @@ def siso_reason(first: Region, second: Region, lanes: int, consumers: dict[str, 
     if lanes < 8:
         return "AFUSION runs on the channel-vector kernel, which needs 8 or more lanes"
     for r, which in ((first, "first"), (second, "second")):
-        why = conv_part_reason(r, which)
+        why = conv_part_reason(r, which, depthwise=True)
         if why:
             return why
     if len(first.outputs) != 1:

@@ -41,6 +41,11 @@ def stem(pool="MaxPool", k=3, s=2, p=1, d=1, ceil=0, include_pad=0, batch=1, hw=
     c.nodes.append(helper.make_node(pool, ["c1"], ["p1"], name="pool1", **attrs))
     c.c["p1"] = oc
     c.conv("p1", "c2", 16, k=3)
+    if depthwise_first:
+        # c0 -> c1 is a legal pair too (a depthwise second convolution) and comes first in graph order: a second
+        # reader of c0 (a blocked one, so c0 stays blocked) keeps that pair out, and the pool pair is the one fused.
+        c.conv("c0", "c3", 8, k=1, p=0)
+        return c, c.model(["c2", "c3"])
     return c, c.model(["c2"])
 
 
