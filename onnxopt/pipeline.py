@@ -278,6 +278,7 @@ class _Optimizer:
         self.siblings_chosen: list = []  # the sibling groups fused (fusion/siblings.py), as in report["horizontal"]
         self._siblings_first: list = []  # the first search's sibling groups (before the probe's were added)
         self._siblings_probed = False
+        self._chain_probe: list = []  # chains of three probed in a plan of their own (_afusion_plan)
         self._search_result = None  # the search's candidates (a CandidateResult), for the measured search
         self._kernel_costs: dict[str, float] = {}  # search signature -> seconds, from the cost cache
         self._afusion: dict | None = None  # the AFUSION plan's base plan, groups built and regions made
@@ -382,6 +383,8 @@ class _Optimizer:
                 afusion = self._afusion_plan(work, base)
                 if afusion and "afusion" not in self.opts.skip_fusion:
                     plans.append(("afusion", dedupe(afusion)))
+                if self._chain_probe:
+                    plans.append(("afusion-chains", dedupe(self._chain_plan(base))))
                 if self.siblings_chosen:  # horizontal fusion alone (what --no-afusion keeps)
                     plans.append(("horizontal", dedupe(self._horizontal_plan(base))))
         if "compute" in self.opts.skip_fusion and "pool" not in self.opts.skip_fusion:  # pools without compute
@@ -509,8 +512,12 @@ class _Optimizer:
         self._set_afusion_chosen(chosen)
         self._afusion_base = blocked_plan  # the kernels whose times cost the search's convolutions
         probing = self.opts.measure and not self.cannot_run and self._search_result is not None \
-            and os.environ.get("ONNXOPT_AFUSION_PAIRS") != "all"
+            and os.environ.get("ONNXOPT_AFUSION_PAIRS") not in ("all", "chains")
         built = greedy_pairs(chosen + [p for p in pairs if p not in chosen]) if probing else chosen
+        # Chains of three overlap the pairs they are made of, so the probe's plan cannot hold both: the chains the
+        # search did not choose are probed in a plan of their own (afusion-chains), built, checked and timed like
+        # the others, and the second search weighs them on what they measured.
+        self._chain_probe = greedy_pairs([p for p in pairs if p.chain and p not in built]) if probing else []
         if probing and os.environ.get("ONNXOPT_SIBLINGS") != "all":
             # The sibling groups' probe: every legal group of two or three (a search candidate of its own) that the
             # search's choice does not touch is built and timed too, and judged again on what it measured.
@@ -532,6 +539,11 @@ class _Optimizer:
         in_pairs = {id(r) for p in pairs for r in [p.first, *p.seconds]}
         sibs = [g for g in self.siblings_chosen if not any(id(r) in in_pairs for r in g.regions)]
         return apply_siblings(plan, sibs, a["lanes"], a["ni"], a["opset"], made=a["sib_made"])
+
+    def _chain_plan(self, base) -> list[Region]:
+        """The base plan with the probed chains of three fused (each built and timed for the second search)."""
+        a = self._afusion
+        return apply_pairs(base, self._chain_probe, a["lanes"], a["ni"], a["opset"], made=a["made"])
 
     def _horizontal_plan(self, base) -> list[Region]:
         """The base plan with the chosen sibling groups fused (horizontal fusion only)."""
@@ -613,8 +625,11 @@ class _Optimizer:
                         "saving_s": c.seconds_before - c.seconds_after, "speedup": c.predicted_speedup}}
             chosen = [p for p in pairs if _pair_rops(p) in wanted]
             entry["afusion_pairs_chosen"] = len(chosen)
-            if os.environ.get("ONNXOPT_AFUSION_PAIRS") == "all":  # tests and benchmarks: every legal pair
+            forced = os.environ.get("ONNXOPT_AFUSION_PAIRS")
+            if forced == "all":  # tests and benchmarks: every legal group (a chain only where no pair of it is)
                 chosen = pairs
+            elif forced == "chains":  # tests: the chains of three first
+                chosen = [p for p in pairs if p.chain] + [p for p in pairs if not p.chain]
             chosen = greedy_pairs(chosen)
             if os.environ.get("ONNXOPT_SIBLINGS") == "all":  # tests and benchmarks: every legal sibling group
                 sib_wanted = [frozenset(g.convs) for g in all_groups]
@@ -645,7 +660,7 @@ class _Optimizer:
         cands, entry = self._search_result, self.report["search"]
         cache = self._cost_cache()
         measured = dict(self._kernel_costs)
-        by_nodes = {tuple(p.node_names): p for p in (a["pairs"] or [])} if a else {}
+        by_nodes = {tuple(p.node_names): p for p in [*(a["pairs"] or []), *self._chain_probe]} if a else {}
         # The AFUSION groups are judged against the kernels of the plan they are made from (blocked, usually), not
         # against the same convolutions in another plan's layout.
         base = {id(r) for r in self._dedupe(self._afusion_base)} | {id(r) for r in (a["made"].values() if a else ())}
@@ -673,7 +688,7 @@ class _Optimizer:
                 cache.put_kernel(sig, self.opts.threads, self._target_ident(), seconds, r.op_type)
         if not a or (a["pairs"] is None and not self._siblings_probed):  # nothing probed: the times are kept for
             return accepted                                                  # later runs' searches
-        probed = a["pairs"] if a["pairs"] is not None else self.afusion_chosen
+        probed = (a["pairs"] if a["pairs"] is not None else self.afusion_chosen) + self._chain_probe
         groups = {_pair_rops(p) for p in probed} | {frozenset(g.convs) for g in self.siblings_chosen}
         try:  # among the groups built: one never built cannot be kept, so the plan must not count on it
             res, source = self._run_search(cands, measured, lambda c: c.kind == "vertical" or (
@@ -717,7 +732,8 @@ class _Optimizer:
         plan = self._dedupe(self._compose(chosen))
         horizontal = self._dedupe(self._horizontal_plan(a["base"]))
         self.plans = [(n, plan if n == "afusion" else horizontal if n == "horizontal" else p) for n, p in self.plans
-                      if (n != "afusion" or chosen or self.siblings_chosen) and (n != "horizontal" or sibs)]
+                      if (n != "afusion" or chosen or self.siblings_chosen) and (n != "horizontal" or sibs)
+                      and n != "afusion-chains"]  # the chosen chains are in the afusion plan now
         return [r for r in accepted if id(r) not in left_out]
 
     def _afusion_savings(self):

@@ -39,6 +39,7 @@ def describe_afusion(region: Region, name: str, target: Target) -> tuple[AfKerne
         first=d1, seconds=descs, second_inputs=inputs,
         band_rows=int(region.compute.attrs["band_rows"]),
         miso_extra=miso,
+        chain=int(region.compute.attrs.get("chain", 0)),
         pool=region.compute.attrs.get("pool"),
     )
     return desc, sets

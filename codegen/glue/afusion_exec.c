@@ -265,7 +265,10 @@ static OrtStatus *af_miso_compute(const onnxopt_af_desc *ad, OrtKernelContext *c
 
 static OrtStatus *af_pool_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx);
 
+static OrtStatus *af_chain_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx);
+
 static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
+  if (ad->chain) return af_chain_compute(ad, ctx);
   if (ad->miso_extra >= 0) return af_miso_compute(ad, ctx);
   if (ad->pool_op) return af_pool_compute(ad, ctx);
   const onnxopt_ct_desc *c1 = ad->first;

@@ -87,6 +87,7 @@ class AfKernelDesc:
     second_inputs: list[int]  # op input index of each second convolution's packed weights
     band_rows: int  # output rows of the second convolutions per band
     miso_extra: int = -1  # MISO: the second's epilogue input that is the first's output (not an op input)
+    chain: int = 0  # a chain of three (afusion_chain_exec.c): seconds[0] reads the first, seconds[1] reads it
     # conv -> pool (no seconds): {"op": "max"|"avg", "kernel", "strides", "dilations": [h, w], "pads": [t, l, b, r],
     # "ceil_mode", "count_include_pad"}
     pool: dict | None = None
@@ -190,7 +191,8 @@ def library_source(kernels: list, target: Target) -> str:
         inputs = ", ".join(str(x) for x in k.second_inputs)
         parts.append(f'static const onnxopt_af_desc a{i}_desc = {{{{"{k.op_type}", KIND_AFUSION, {len(k.in_types)}, '
                      f"{len(k.out_types)}, a{i}_in_types, a{i}_out_types}}, &a{i}_first, {len(k.seconds)}, "
-                     f"{{{seconds or 0}}}, {{{inputs or 0}}}, {k.band_rows}, {k.miso_extra}, {_pool_init(k.pool)}}};\n")
+                     f"{{{seconds or 0}}}, {{{inputs or 0}}}, {k.band_rows}, {k.miso_extra}, {_pool_init(k.pool)}, "
+                     f"{int(k.chain)}}};\n")
     sb = [k for k in kernels if isinstance(k, SbKernelDesc)]
     for i, k in enumerate(sb):
         if not 1 <= len(k.parts) <= SB_MAX_PART:
@@ -234,7 +236,8 @@ def _glue_parts() -> tuple[str, str]:
     AFUSION, sibling and pooling executors inserted."""
     files = resources.files("onnxopt.codegen.glue")
     prelude, rest = files.joinpath("ort_glue.c").read_text().split(_TABLES)
-    compute = "".join(files.joinpath(f).read_text() for f in ("compute_exec.c", "afusion_exec.c", "siblings_exec.c"))
+    compute = "".join(files.joinpath(f).read_text() for f in ("compute_exec.c", "afusion_exec.c", "afusion_chain_exec.c",
+                                                             "siblings_exec.c"))
     rest = rest.replace("/*@@COMPUTE@@*/", compute).replace("/*@@POOL@@*/", files.joinpath("pool_exec.c").read_text())
     return prelude, rest
 

@@ -168,6 +168,7 @@ typedef struct {
      bottom, right; the output is blocked. */
   int pool_op, pool_ceil, pool_include_pad;
   int64_t pool_k[2], pool_s[2], pool_d[2], pool_pads[4];
+  int chain; /* a chain of three (afusion_chain_exec.c): second[0] reads the first's output, second[1] reads its */
 } onnxopt_af_desc;
 
 /* Sibling convolutions reading the same input (op input 0), run as one kernel (siblings_exec.c): horizontal fusion. */

@@ -48,8 +48,8 @@ def blocked_inputs(region: Region) -> set[str]:
     if region.relayout is not None:
         return set(region.inputs)
     c = region.compute
-    if c is not None and c.op == "afusion":  # what its parts read blocked, less the intermediate it keeps inside
-        return set().union(*(blocked_inputs(p) for p in c.parts)) - set(c.parts[0].outputs)
+    if c is not None and c.op == "afusion":  # what its parts read blocked, less the intermediates it keeps inside
+        return set().union(*(blocked_inputs(p) for p in c.parts)) - {o for p in c.parts for o in p.outputs}
     if c is not None and c.op == "siblings":
         return set().union(*(blocked_inputs(p) for p in c.parts))
     if c is None or c.op != "conv":

@@ -1,6 +1,7 @@
 """Turn convolution groups of a plan into AFUSION regions: a convolution and the one (SISO, siso.py) or several
 (SIMO, simo.py) convolutions reading its output, or two convolutions whose outputs meet in the second's epilogue
-(MISO, miso.py), or a convolution and the pool reading its output (conv_pool.py).
+(MISO, miso.py), or a convolution and the pool reading its output (conv_pool.py), or a chain of three
+convolutions (chain.py).
 
 `afusion_pairs` lists the groups that can be fused, with the reason for each producer -> readers edge that cannot;
 `apply_pairs` replaces the chosen ones. Which groups to fuse is the search's decision (onnxopt/fusion/search); the
@@ -21,6 +22,7 @@ from .conv_pool import (
     pool_params,
     pool_reason,
 )
+from .chain import chain_band_rows, chain_reason, fuse_chain
 from .miso import epilogue_inputs, fuse_miso, miso_band_rows, miso_reason
 from .simo import simo_reason
 from .siso import choose_band_rows, fuse_group, siso_reason
@@ -35,10 +37,12 @@ class Pair:
     band_rows: int
     miso: bool = False  # the first's output meets the second's in its epilogue (miso.py)
     pool: bool = False  # the second is the pool reading the first's output (conv_pool.py)
+    chain: bool = False  # seconds[0] reads the first's output and seconds[1] reads seconds[0]'s (chain.py)
 
     @property
     def pattern(self) -> str:
-        return "MISO" if self.miso else "SISO" if len(self.seconds) == 1 else "SIMO"
+        # A chain of three is SISO too (OptiFX's term, and the search candidates' pattern).
+        return "MISO" if self.miso else "SISO" if len(self.seconds) == 1 or self.chain else "SIMO"
 
     @property
     def node_names(self) -> list[str]:
@@ -85,11 +89,37 @@ def afusion_pairs(plan: list[Region], index, shape_of, lanes: int, threads: int,
         if forced:  # the tests run uneven and one-row bands on every shape
             rows = max(1, int(forced))
         pairs.append(Pair(first, list(seconds), rows))
+    pairs += _chain_pairs([p for p in pairs if len(p.seconds) == 1], index, shape_of, lanes, threads, refused,
+                          scratch_bytes)
     pairs += _miso_pairs(convs, index, shape_of, lanes, threads, refused, scratch_bytes)
     pairs += _pool_pairs(plan, convs, index, shape_of, lanes, threads, refused, scratch_bytes)
     position = {id(r): i for i, r in enumerate(plan)}
     pairs.sort(key=lambda p: max(position[id(r)] for r in p.seconds))  # graph order, for greedy_pairs
     return pairs, refused
+
+
+def _chain_pairs(siso: list[Pair], index, shape_of, lanes, threads, refused, scratch_bytes) -> list[Pair]:
+    """Chains of three (chain.py) made of two legal SISO pairs A -> B and B -> C."""
+    by_first = {id(p.first): p for p in siso}
+    pairs = []
+    for p in siso:
+        q = by_first.get(id(p.seconds[0]))
+        if q is None:
+            continue
+        a, b, c = p.first, p.seconds[0], q.seconds[0]
+        consumers = {t: index.consumers.get(t, []) for t in (a.outputs[0], b.outputs[0])}
+        why = chain_reason(a, b, c, lanes, consumers, index.graph_outputs)
+        if why is not None:
+            refused.append({"nodes": a.node_names + b.node_names + c.node_names, "reason": f"AFUSION chain: {why}"})
+            continue
+        out_a, out_b, out_c = shape_of(a.outputs[0]), shape_of(b.outputs[0]), shape_of(c.outputs[0])
+        kw = {} if scratch_bytes is None else {"scratch_bytes": scratch_bytes}
+        rows = chain_band_rows(a, b, c, lanes, out_c[2], out_a[3], out_b[3], out_c[0], threads, **kw)
+        forced = os.environ.get("ONNXOPT_AFUSION_BAND_ROWS")
+        if forced:
+            rows = max(1, int(forced))
+        pairs.append(Pair(a, [b, c], rows, chain=True))
+    return pairs
 
 
 def _miso_pairs(convs, index, shape_of, lanes, threads, refused, scratch_bytes) -> list[Pair]:
@@ -172,7 +202,9 @@ def apply_pairs(plan: list[Region], chosen: list[Pair], lanes: int, ni: int, ops
         if p is not None:
             key = tuple(p.node_names)
             if key not in made:
-                if p.pool:
+                if p.chain:
+                    made[key] = fuse_chain(p.first, *p.seconds, lanes, ni, opset, p.band_rows)
+                elif p.pool:
                     made[key] = fuse_conv_pool(p.first, p.seconds[0], lanes, ni, opset, p.band_rows)
                 elif p.miso:
                     made[key] = fuse_miso(p.first, p.seconds[0], lanes, ni, opset, p.band_rows)

@@ -172,9 +172,10 @@ def channel_vector_parts(regions: list[Region], lanes: int, ni: int, opset: int)
     return parts
 
 
-def fused_region(first: Region, parts: list[Region], inputs: list[str], attrs: dict) -> Region:
+def fused_region(first: Region, parts: list[Region], inputs: list[str], attrs: dict,
+                 outputs: list[str] | None = None) -> Region:
     """The AFUSION region of `parts` (first first): its fallback is the parts' fallbacks in order, its outputs the
-    later parts'."""
+    later parts' (or `outputs`: a chain's, the last part's only)."""
     body = list(parts[0].compute.body)
     for b, p in enumerate(parts[1:]):
         body += _distinct_names(p.compute.body, body, "__second" if b == 0 else f"__second{b}")
@@ -187,7 +188,8 @@ def fused_region(first: Region, parts: list[Region], inputs: list[str], attrs: d
     )
     program = EwProgram(inputs=[], consts={}, ops=[], outputs=[])  # the parts carry the epilogues
     fused = Region(kind="afusion", nodes=[nd for p in parts for nd in p.nodes], inputs=inputs,
-                   outputs=[o for p in parts[1:] for o in p.outputs], program=program, shape=list(parts[1].shape),
+                   outputs=[o for p in parts[1:] for o in p.outputs] if outputs is None else outputs,
+                   program=program, shape=list(parts[1].shape if outputs is None else parts[-1].shape),
                    compute=compute)
     if first.op_type_key:
         fused.compute_op_type(first.op_type_key)

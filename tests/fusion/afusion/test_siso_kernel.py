@@ -55,7 +55,9 @@ def test_report_has_savings_and_offline_split(tmp_path):
     """Measured: each pair carries the search's predicted saving and the measured one (our two kernels against the
     fused one), and the offline time is split as OptiFX's Table 7 (search, codegen, measurement)."""
     model = optifx_model("G3")
-    res = onnxopt.optimize(model, str(tmp_path / "fused.onnx"), tune_budget=0)  # all plans: the parts are built too
+    # All plans, so the parts are built too; no speed bar for a kernel, so a loaded machine (the fused kernel
+    # timed slower than onnxruntime once, under the test suite's other worker) cannot leave the group unmeasured.
+    res = onnxopt.optimize(model, str(tmp_path / "fused.onnx"), tune_budget=0, min_speedup=0.0)
     pair = res.report["afusion"]["pairs"][0]
     assert pair["predicted"]["separate_s"] > 0 and pair["predicted"]["fused_s"] > 0
     m = pair["measured"]
