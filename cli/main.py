@@ -37,9 +37,9 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    "(default float32:1e-3)")
     p.add_argument("--atol", action="append", metavar="[DTYPE:]X", help="absolute tolerance (default float32:1e-4)")
     p.add_argument("--skip-fusion", action="append", metavar="KIND", help="do not fuse regions of this kind "
-                   "(elementwise, compute, pool, afusion)")
-    p.add_argument("--no-afusion", action="store_true", help="no AFUSION kernels (two convolutions in one kernel); "
-                   "the same as --skip-fusion afusion")
+                   "(elementwise, compute, pool, afusion, horizontal)")
+    p.add_argument("--no-afusion", action="store_true", help="no AFUSION kernels (two or three convolutions, or a "
+                   "convolution and its pool, in one kernel); the same as --skip-fusion afusion")
     p.add_argument("--search-budget", type=float, default=60.0, metavar="SECONDS",
                    help="time limit of the backtracking search over fusion plans (default 60)")
     p.add_argument("--no-prune", action="store_true", help="keep every legal fusion candidate instead of pruning "
