@@ -39,6 +39,7 @@ from onnxopt.fusion.layout import (assign_blocked_layouts, blocked_inputs, block
                                    is_depthwise, to_blocked, with_channel_vectors)
 from onnxopt.fusion.region import Region
 from onnxopt.fusion.siblings import Siblings, apply_siblings, sibling_groups
+from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.load import check_output_path, commit_files, load_model, parse_input_shapes, save_model
 from onnxopt.timing import make_session, time_interleaved
@@ -279,6 +280,7 @@ class _Optimizer:
         self._siblings_first: list = []  # the first search's sibling groups (before the probe's were added)
         self._siblings_probed = False
         self._chain_probe: list = []  # chains of three probed in a plan of their own (_afusion_plan)
+        self._region_times: dict[tuple, tuple] = {}  # (op type, input shapes) -> timings of this run
         self._search_result = None  # the search's candidates (a CandidateResult), for the measured search
         self._kernel_costs: dict[str, float] = {}  # search signature -> seconds, from the cost cache
         self._afusion: dict | None = None  # the AFUSION plan's base plan, groups built and regions made
@@ -335,6 +337,9 @@ class _Optimizer:
             folded, work = 0, onnx.ModelProto.FromString(original.SerializeToString())
             self.report["rejected"].append({"nodes": [], "reason": f"constant folding skipped: {e}"})
         self.report["folded_nodes"] = folded
+        # Duplicate nodes (NASNet's repeated Relus of one tensor) become one: less work, and fewer readers to keep a
+        # fused convolution's outputs under the glue's limit (graph/cse.py).
+        self.report["merged_nodes"] = eliminate_common_subexpressions(work)
         self.emit_base = work  # the folded graph as it is: what fused.onnx is built from
         work = _infer(work)
         self.report["timings"]["load_fold_infer_s"] = time.perf_counter() - t
@@ -350,8 +355,9 @@ class _Optimizer:
         def dedupe(rs):  # the same nodes fused the same way in both plans: one region, checked once
             out = []
             for r in rs:
-                layout = (r.compute.attrs.get("in_blocked", 0), r.compute.attrs.get("out_blocked", 0)) \
-                    if r.compute is not None else ()
+                a = r.compute.attrs if r.compute is not None else None
+                layout = (a.get("in_blocked", 0), a.get("out_blocked", 0), a.get("channel_vectors", 0)) \
+                    if a is not None else ()
                 key = (r.kind, tuple(n.output[0] for n in r.nodes), layout)
                 out.append(seen.setdefault(key, r))
             return out
@@ -813,11 +819,18 @@ class _Optimizer:
         kernel was checked against onnxruntime before this is called."""
         cache = self._cost_cache()
         shapes = [list(np.shape(v)) for v in feeds.values()]
+        # The same kernel on the same shapes in another region of this run (a network's repeated cells: NASNet's,
+        # Inception's modules, and the same convolution in several plans): its time is that one's.
+        same = self._region_times.get((r.op_type, repr(shapes)))
+        if same is not None:
+            entry["timed_as"] = "the same kernel and shapes in another region"
+            return same
         hit = cache.get_region(r.op_type, shapes, self.opts.threads) if cache else None
         if hit is not None:
             entry["cost_cache"] = "hit"
             return {"median": hit["original_s"]}, {"median": hit["fused_s"]}
         t_orig, t_fused = measure()
+        self._region_times[(r.op_type, repr(shapes))] = (t_orig, t_fused)
         if cache is not None:
             cache.put_region(r.op_type, shapes, self.opts.threads, t_orig["median"], t_fused["median"])
             if cache.enabled:

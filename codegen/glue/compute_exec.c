@@ -820,9 +820,9 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
      depthwise tiles (one channel vector each: d->ni is 1): its K is the taps only, and each channel vector reads
      its own input vector. */
   int depthwise = d->groups != 1;
-  if (depthwise && (d->ic_g != 1 || d->groups != d->oc || !d->in_blocked || d->transposed))
+  if (depthwise && (d->ic_g != 1 || d->groups != d->oc || d->transposed))
     return fail(ORT_INVALID_ARGUMENT, "onnxopt: a channel-vector convolution with groups must be depthwise (one "
-                                      "input and one output channel per group) with a blocked input");
+                                      "input and one output channel per group)");
   r->depthwise = depthwise;
   int64_t L = d->lanes, N = xd[0], C = d->ic_g, H = xd[2], W = xd[3];
   int64_t pt, pl, pb, pr, OH, OW;
@@ -876,6 +876,14 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
   const float *x;
   OrtStatus *st = API(GetTensorMutableData)((OrtValue *)xv, (void **)&x);
   if (!st) st = API(GetTensorMutableData)((OrtValue *)wv, (void **)&job->w);
+  if (!st && depthwise && !d->in_blocked) {
+    /* An NCHW input (a depthwise convolution whose producer writes NCHW): its tiles read channel vectors, so it is
+       reordered to blocked first, one pass over it (what onnxruntime's NCHWc depthwise convolution does too). */
+    r->buf = (float *)malloc((size_t)(N * job->OCB * H * W * L) * sizeof(float));
+    st = r->buf ? cb_reorder(ctx, (float *)x, r->buf, N, C_in, L, H * W, 0)
+                : fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
+    x = r->buf;
+  }
   if (!st && depthwise) st = cb_prepare_depthwise(r, d, x, H, W, pt, pl);
   if (st || depthwise) goto done;
   job->win.on = !d->transposed && padded &&

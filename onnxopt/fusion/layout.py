@@ -114,7 +114,7 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
 
     # The candidates: one-group and depthwise convolutions, and passthrough nodes. Each one that cannot write
     # blocked tensors is dropped until none changes: a tensor stays blocked only if its producer and every consumer
-    # handle it, and a depthwise convolution only if its input is blocked too (its tiles read channel vectors).
+    # handle it. (A depthwise convolution reads channel vectors; on an NCHW input it reorders it first, below.)
     blocked_regions = {id(r) for r in regions
                        if is_conv(r) and (r.compute.attrs["groups"] == 1 or is_depthwise(r.compute))
                        and static(r.inputs[0]) and all(static(o) for o in r.outputs)}
@@ -134,6 +134,8 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
             if c in blocked_nodes or (c in exits and c not in owner):
                 continue
             user = owner.get(c)
+            if user is producer and producer is not None and t not in producer.inputs:
+                continue  # read inside its own region (an epilogue with two outputs: a conv's and its Relu's)
             if not is_conv(user) or user is producer:
                 return False
             rl = roles(t, user)
@@ -148,8 +150,7 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
             r = by_id[rid]
             extras = r.inputs[len(r.inputs) - len(r.compute.extra_kinds):]
             ok = all(readable(t, r) for t in r.outputs) and all(
-                made_blocked(x) for x, k in zip(extras, r.compute.extra_kinds) if k == POSITION) and (
-                not is_depthwise(r.compute) or made_blocked(r.inputs[0]))
+                made_blocked(x) for x, k in zip(extras, r.compute.extra_kinds) if k == POSITION)
             if not ok:
                 blocked_regions.discard(rid)
                 changed = True
@@ -167,10 +168,13 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
         # A chain's last convolution, blocked in and NCHW out, still computes on vectors of output channels (into a
         # blocked buffer, reordered at the end) when it has a vector's worth of them: the NCHW kernel reading a
         # blocked input copies it into planes first, and ran 2x onnxruntime's time on a 64->64 3x3 at 56x56.
-        # So does a depthwise one, whatever its channels: its NCHW kernel has one output channel per group.
-        exit_vectors = in_blocked and not out_blocked and r.compute.weights is not None and (
-            (r.compute.attrs.get("groups") == 1 and r.compute.weights.shape[0] >= lanes) or is_depthwise(r.compute))
-        if in_blocked or out_blocked:
+        # So does a depthwise one, whatever its channels and its input's layout: its NCHW kernel has one output
+        # channel per group (a 7x7 /2 of NASNet's stem on it took 4 ms, 10x onnxruntime); an NCHW input is
+        # reordered to blocked inside the kernel, as onnxruntime's NCHWc depthwise convolution does.
+        exit_vectors = not out_blocked and r.compute.weights is not None and (
+            (in_blocked and r.compute.attrs.get("groups") == 1 and r.compute.weights.shape[0] >= lanes)
+            or (is_depthwise(r.compute) and static(r.inputs[0]) and all(static(o) for o in r.outputs)))
+        if in_blocked or out_blocked or exit_vectors:
             _convert(r, in_blocked, out_blocked, shape_of, lanes, ni, opset, channel_vectors=exit_vectors)
     relayouts = []
     for i in sorted(blocked_nodes):

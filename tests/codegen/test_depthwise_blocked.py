@@ -77,6 +77,27 @@ def test_depthwise_ending_a_chain_matches_onnxruntime(tmp_path_factory, c, conv,
 
 
 @needs_vectors
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(c=st.integers(2, 40), conv=depthwise_convs(), batch=st.sampled_from([1, 2]), blocked_out=st.booleans())
+def test_depthwise_on_an_nchw_input_matches_onnxruntime(tmp_path_factory, c, conv, batch, blocked_out):
+    """A depthwise convolution reading the graph's NCHW input (a producer that writes NCHW, as NASNet's Relu of a
+    tensor a pool also reads was): it still runs on channel vectors, the input reordered inside the kernel, and
+    writes blocked for a 1x1 after it or NCHW as the graph's output."""
+    kh, kw, d, s, pads, h, w = conv
+    ch = Chain(c, h, w, batch=batch, seed=c + 5 * kh)
+    ch.conv("x", "b", c, k=kh, kw=kw, s=s, d=d, pads=pads, group=c, act="Relu")
+    if blocked_out:
+        ch.conv("b", "c", 5, k=1, p=0, act=None)
+    # A blocked chain beside it, so that the blocked plan exists when the depthwise one is NCHW in and out.
+    ch.conv(ch.conv("x", "e", 8, k=1, p=0), "f", 4, k=3)
+    model = ch.model(["c" if blocked_out else "b", "f"])
+    res = optimize_blocked(model, tmp_path_factory.mktemp("dwn"))
+    dw = next(r for r in res.report["regions"] if r["nodes"][0] == "b_pre")
+    assert dw.get("layout", "nchw->nchw") == ("nchw->blocked" if blocked_out else "nchw->nchw") and dw["tile"][1] == 1, dw
+    check_answers(res, model, ch.feeds)
+
+
+@needs_vectors
 def test_mobilenet_block_stays_blocked_with_a_residual(tmp_path):
     """An inverted residual block (expand 1x1, depthwise 3x3, project 1x1 + residual add) twice, then a strided
     depthwise: every tensor between the fused convolutions stays blocked, the residual read blocked in the

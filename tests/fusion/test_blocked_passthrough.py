@@ -121,7 +121,26 @@ def test_admit_reasons():
                                                                                              np.float32))])
     assert "Indices" in reason(n("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2]), [("x", [1, L, 4, 4])])
     assert "static" in reason(n("MaxPool", ["x"], ["y"], kernel_shape=[2, 2]), [("x", [1, L, 4])])
-    assert reason(n("Relu", ["x"], ["y"]), [("x", [1, L, 4, 4])]) is not None
+    assert reason(n("Sigmoid", ["x"], ["y"]), [("x", [1, L, 4, 4])]) is not None  # sigmoid(0) = 0.5
+    lo1 = [("lo", np.array(1.0, np.float32)), ("hi", np.array(6.0, np.float32))]
+    assert "leaves out 0" in reason(n("Clip", ["x", "lo", "hi"], ["y"]), [("x", [1, L, 4, 4])], consts=lo1)
+    assert "no constant" in reason(n("Add", ["x", "c"], ["y"]), [("x", [1, L, 4, 4])],
+                                   consts=[("c", np.ones((1, L, 4, 4), np.float32))])
+    assert "no broadcast" in reason(n("Mul", ["x", "s"], ["y"]), [("x", [1, L, 4, 4]), ("s", [1, L, 1, 1])])
+
+
+@pytest.mark.parametrize("node, consts", [
+    (n("Relu", ["x"], ["y"]), []),
+    (n("LeakyRelu", ["x"], ["y"], alpha=0.2), []),
+    (n("Clip", ["x", "lo", "hi"], ["y"]), [("lo", np.array(0.0, np.float32)), ("hi", np.array(6.0, np.float32))]),
+    (n("Clip", ["x", "", "hi"], ["y"]), [("hi", np.array(0.5, np.float32))]),
+    (n("Add", ["x", "z"], ["y"]), []),
+    (n("Mul", ["x", "z"], ["y"]), []),
+    (n("Max", ["x", "z"], ["y"]), []),
+])
+def test_elementwise_ops_unchanged_on_blocked_tensors(node, consts):
+    shapes = [("x", [2, L + 5, 6, 7])] + ([("z", [2, L + 5, 6, 7])] if "z" in node.input else [])
+    assert forms_that_pass(node, shapes, 13, consts) == [[node.op_type]]
 
 
 # ---- in the blocked plan ----
@@ -206,6 +225,34 @@ def test_blocked_chain_through_split_concat_pools_and_resize(tmp_path, batch):
     assert sorted(res.report["blocked_passthrough"]) == sorted(["split", "cat", "pool0", "pool1", "spp", "up"])
     assert ops.count("MaxPool") == 2 and ops.count("Split") == 1 and ops.count("Concat") == 2
     assert res.report["fused_regions"] == len([nd for nd in res.model.graph.node if nd.domain == "onnxopt"])
+    check_answers(res, model, ch.feeds)
+
+
+@needs_vectors
+def test_pre_activation_relu_and_add_keep_the_chain_blocked(tmp_path):
+    """NASNet's pattern: a cell's branches start with a Relu of a tensor other ops read too (here a Concat's, also
+    read by a 1x1), then a depthwise 5x5 and a 1x1, and an Add joins two branches. With Relu and Add run on
+    blocked tensors, the depthwise convolution reads channel vectors (its NCHW kernel has one output channel per
+    group) and nothing is reordered."""
+    ch = Chain(8, 15, 13, batch=2)
+    a = ch.conv("x", "a", L, k=1, p=0)
+    b = ch.conv("x", "b", L + 4, k=3)
+    ch.nodes.append(n("Concat", [a, b], ["cat"], name="cat", axis=1))
+    ch.nodes.append(n("Relu", ["cat"], ["pre"], name="pre"))
+    ch.c["cat"] = ch.c["pre"] = 2 * L + 4
+    d = ch.conv("pre", "d", 2 * L + 4, k=5, p=2, group=2 * L + 4, act=None)
+    e = ch.conv(d, "e", 12, k=1, p=0, act=None)
+    g = ch.conv("cat", "g", 12, k=1, p=0, act=None)
+    ch.nodes.append(n("Add", [e, g], ["comb"], name="comb"))
+    ch.c["comb"] = 12
+    out = ch.conv("comb", "out", 8, k=3)
+    model = ch.model([out])
+    res = optimize_blocked(model, tmp_path)
+    assert {"cat", "pre"} <= set(res.report["blocked_passthrough"]), res.report.get("blocked_passthrough")
+    producer = {o: nd for nd in res.model.graph.node for o in nd.output}
+    assert producer["d"].domain == "onnxopt"
+    ops = [nd.op_type for nd in res.model.graph.node if nd.domain != "onnxopt"]
+    assert "Transpose" not in ops, ops
     check_answers(res, model, ch.feeds)
 
 

@@ -163,6 +163,24 @@ def regions_of(model):
     return {r.outputs[0]: r for r in regions}, count
 
 
+def test_assignment_with_a_two_output_epilogue():
+    """A conv whose epilogue gives its output and its Relu (both read outside: the Relu by a depthwise conv, the raw
+    output by an Add after it): its own Relu reading the output is not an outside reader, so the chain is blocked
+    end to end."""
+    ch = Chain(8, 15, 13, batch=2)
+    a = ch.conv("x", "a", LANES + 4, k=1, p=0, act=None)
+    ch.nodes.append(n("Relu", [a], ["pre"], name="pre"))
+    ch.c["pre"] = LANES + 4
+    d = ch.conv("pre", "d", LANES + 4, k=5, p=2, group=LANES + 4, act=None)
+    e = ch.conv(d, "e", LANES + 4, k=1, p=0, act=None)
+    ch.nodes.append(n("Add", [e, a], ["comb"], name="comb"))
+    ch.c["comb"] = LANES + 4
+    f = ch.conv("comb", "f", 12, k=3)
+    regions, count = regions_of(ch.model([f]))
+    assert regions["a"].outputs == ["a", "pre"]
+    assert count == 3 and regions["d"].compute.attrs["in_blocked"] == 1 and regions["f"].compute.attrs["in_blocked"]
+
+
 def test_assignment_chain_ends_and_graph_outputs():
     ch = Chain(8, 10, 10)
     a = ch.conv("x", "a", 32)
