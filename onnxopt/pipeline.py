@@ -512,7 +512,7 @@ class _Optimizer:
             pairs = []
         self.report.setdefault("afusion", {})["refused"] = refused
         groups, sib_refused = ([], []) if "horizontal" in self.opts.skip_fusion else \
-            sibling_groups(blocked_plan, mk.lanes, rule.ew.shape_of)
+            sibling_groups(blocked_plan, mk.lanes, rule.ew.shape_of, rule.index.nodes)
         self.report["horizontal"] = {"refused": sib_refused, "groups": []}
         chosen = self._search_pairs(work, pairs, groups)
         self._set_afusion_chosen(chosen)

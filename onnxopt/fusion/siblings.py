@@ -103,9 +103,10 @@ def fuse_siblings(regions: list[Region], lanes: int, ni: int, opset: int) -> Reg
     return fused
 
 
-def sibling_groups(plan: list[Region], lanes: int, shape_of=None) -> tuple[list[Siblings], list[dict]]:
+def sibling_groups(plan: list[Region], lanes: int, shape_of=None, nodes=()) -> tuple[list[Siblings], list[dict]]:
     """(every group of two or more conv regions of `plan` reading one input that can run as one kernel, refusals
-    with reasons). A group is all the conv regions reading that input; the search picks subsets."""
+    with reasons). A group is all the conv regions reading that input; the search picks subsets. `nodes`: the
+    graph's nodes, for the cycle check through those the plan leaves to onnxruntime."""
     readers: dict[str, list[Region]] = {}
     for r in plan:
         if r.compute is not None and r.compute.op == "conv":
@@ -115,7 +116,7 @@ def sibling_groups(plan: list[Region], lanes: int, shape_of=None) -> tuple[list[
         if len(regions) < 2:
             continue
         why = sibling_reason(regions[:MAX_SIBLINGS], lanes, shape_of)
-        if why is None and _reaches(plan, regions):
+        if why is None and _reaches(plan, regions, nodes):
             why = "one sibling's result leads into another; fusing them would make a cycle"
         if why is not None:
             refused.append({"nodes": [x for r in regions for x in r.node_names], "reason": f"horizontal: {why}"})
@@ -124,12 +125,15 @@ def sibling_groups(plan: list[Region], lanes: int, shape_of=None) -> tuple[list[
     return groups, refused
 
 
-def _reaches(plan: list[Region], members: list[Region]) -> bool:
-    """Whether a path leads from one member's outputs to another member through the plan's other regions."""
+def _reaches(plan: list[Region], members: list[Region], nodes=()) -> bool:
+    """Whether a path leads from one member's outputs to another member through the plan's other regions or the
+    graph's `nodes` that no region holds (onnxruntime's own: a Pad, a Concat kept NCHW; a path through one of them
+    closes a cycle just the same)."""
     ids = {id(r) for r in members}
-    readers: dict[str, list[Region]] = {}
-    for r in plan:
-        for x in r.inputs:
+    readers: dict[str, list] = {}
+    held = {id(n) for r in plan for n in r.nodes}
+    for r in [*plan, *(n for n in nodes if id(n) not in held)]:
+        for x in (r.inputs if isinstance(r, Region) else r.input):
             readers.setdefault(x, []).append(r)
     for start in members:
         seen, todo = set(), list(start.outputs)
@@ -140,7 +144,7 @@ def _reaches(plan: list[Region], members: list[Region]) -> bool:
                     return True
                 if id(r) not in seen and id(r) not in ids:
                     seen.add(id(r))
-                    todo.extend(r.outputs)
+                    todo.extend(r.outputs if isinstance(r, Region) else r.output)
     return False
 
 
