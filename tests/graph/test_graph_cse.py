@@ -4,7 +4,6 @@ outputs and subgraph-read names are kept, nondeterministic ops are not merged, a
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
