@@ -357,7 +357,7 @@ class _Optimizer:
             for r in rs:
                 a = r.compute.attrs if r.compute is not None else None
                 layout = (a.get("in_blocked", 0), a.get("out_blocked", 0), a.get("channel_vectors", 0)) \
-                    if a is not None else ()
+                    if a is not None else (r.pool.attrs.get("blocked", 0),) if r.pool is not None else ()
                 key = (r.kind, tuple(n.output[0] for n in r.nodes), layout)
                 out.append(seen.setdefault(key, r))
             return out
@@ -489,6 +489,12 @@ class _Optimizer:
             return []
         relayouts = [r for r in blocked if r.relayout is not None]
         claimed.update(rule.index.producer[r.outputs[0]] for r in relayouts)
+        if "pool" not in self.opts.skip_fusion:
+            # A MaxPool or AveragePool inside a chain runs as our blocked pool kernel (pool_exec.c), its
+            # passthrough form the fallback: onnxruntime's 3-D pool on the 5-D form is a slow generic loop.
+            pools = PoolRule(work)
+            relayouts = [(r.kind == "relayout" and pools.blocked_region(r.nodes[0], r.relayout, mk.lanes)) or r
+                         for r in relayouts]
         plan += relayouts
         if "pool" not in self.opts.skip_fusion:  # pools left out of the chains read and write NCHW
             plan += PoolRule(work).find_regions(claimed, [])
@@ -978,7 +984,8 @@ class _Optimizer:
                 feeds = _region_feeds(r, info, bindings, self.opts.seed, work)
                 # Blocked tensors go in and come out in the kernel's layout; the check compares NCHW values and
                 # that the padding channels are exact zeros (the next blocked kernel relies on it).
-                lanes = r.compute.attrs.get("block", 0) if r.compute is not None else 0
+                lanes = r.compute.attrs.get("block", 0) if r.compute is not None else \
+                    r.pool.attrs.get("blocked", 0) if r.pool is not None else 0
                 fused_feeds = {x: to_blocked(v, lanes) if x in blocked_inputs(r) else v for x, v in feeds.items()}
                 try:
                     s_orig = make_session(orig, self.opts.threads)

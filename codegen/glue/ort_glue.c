@@ -196,6 +196,7 @@ typedef struct {
   int n_extra;                  /* epilogue inputs: op inputs 1.. */
   const int *extra_kind;        /* POSITION, CHANNEL, COLUMN (unused), SCALAR */
   const int64_t *extra_nstride; /* 1: has the batch dim, 0: shared by the batch */
+  int blocked;                  /* lanes of a blocked input and output [N, C / L, H, W, L] (windowed only), or 0 */
 } onnxopt_pool_desc;
 
 typedef struct {

@@ -38,7 +38,9 @@ def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
     for name in used_consts:
         body.append(helper.make_node("Constant", [], [name], value=inits[name]))
     # Compute regions carry their own body: the original ops, rewritten to read the packed weights.
-    nodes = region.compute.body if region.compute is not None else region.nodes
+    # A pool on blocked tensors: its rewrite for the 5-D form.
+    nodes = region.compute.body if region.compute is not None else \
+        region.pool.body if region.pool is not None and region.pool.body else region.nodes
     for n in nodes:
         m = onnx.NodeProto()
         m.CopyFrom(n)

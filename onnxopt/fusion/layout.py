@@ -52,6 +52,8 @@ def blocked_inputs(region: Region) -> set[str]:
         return set().union(*(blocked_inputs(p) for p in c.parts)) - {o for p in c.parts for o in p.outputs}
     if c is not None and c.op == "siblings":
         return set().union(*(blocked_inputs(p) for p in c.parts))
+    if region.pool is not None and region.pool.attrs.get("blocked"):
+        return {region.inputs[0]}
     if c is None or c.op != "conv":
         return set()
     names = {region.inputs[0]} if c.attrs.get("in_blocked") else set()
@@ -67,6 +69,8 @@ def blocked_outputs(region: Region) -> set[str]:
     c = region.compute
     if c is not None and c.op == "siblings":
         return set().union(*(blocked_outputs(p) for p in c.parts))
+    if region.pool is not None and region.pool.attrs.get("blocked"):
+        return set(region.outputs)
     return set(region.outputs) if c is not None and c.attrs.get("out_blocked") else set()
 
 

@@ -35,6 +35,9 @@ class PoolParams:
     attrs: dict = field(default_factory=dict)
     extra_kinds: list[int] = field(default_factory=list)
     extra_nstride: list[int] = field(default_factory=list)
+    # A pool on blocked tensors (attrs["blocked"] = lanes): its function fallback, the pool rewritten for the 5-D
+    # form (fusion/blocked_passthrough.py), instead of the original node.
+    body: list = field(default_factory=list)
 
     def key(self) -> list:
         return [self.op, self.extra_kinds, self.extra_nstride, {k: repr(v) for k, v in sorted(self.attrs.items())}]
@@ -147,6 +150,21 @@ class PoolRule:
         region = Region(self.kind_names[op], [idx.nodes[m] for m in members], [node.input[0]] + extras, outputs,
                         prog, shape)
         region.pool = params
+        return region
+
+
+    def blocked_region(self, node, rewritten: list, lanes: int) -> Region | None:
+        """A MaxPool or AveragePool that a blocked chain runs through, as a kernel of ours on the blocked tensors
+        (pool_exec.c's blocked path: each lane a channel); `rewritten` is the node's passthrough form, which becomes
+        the fallback. None when the pool is not one our kernel computes (then the passthrough stays)."""
+        if node.op_type not in ("MaxPool", "AveragePool") or self.admits(node) is not None:
+            return None
+        out_shape = self.ew.shape_of(node.output[0])
+        if out_shape is None:
+            return None
+        region = self._build(node, [self.index.nodes.index(node)], [], [], [node.output[0]], out_shape)
+        region.pool.attrs["blocked"] = int(lanes)
+        region.pool.body = list(rewritten)
         return region
 
 

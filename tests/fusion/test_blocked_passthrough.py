@@ -122,6 +122,12 @@ def test_admit_reasons():
     assert "Indices" in reason(n("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2]), [("x", [1, L, 4, 4])])
     assert "static" in reason(n("MaxPool", ["x"], ["y"], kernel_shape=[2, 2]), [("x", [1, L, 4])])
     assert reason(n("Sigmoid", ["x"], ["y"]), [("x", [1, L, 4, 4])]) is not None  # sigmoid(0) = 0.5
+    # onnx infers 4 columns, onnxruntime computes 3 (SAME padding from the undilated kernel): the chain's reorders
+    # would be built for the wrong size.
+    same_dilated = n("MaxPool", ["x"], ["y"], kernel_shape=[1, 2], dilations=[1, 2], auto_pad="SAME_UPPER")
+    assert "disagree" in reason(same_dilated, [("x", [1, L, 4, 4])])
+    ceil_past = n("MaxPool", ["x"], ["y"], kernel_shape=[1, 1], strides=[2, 2], ceil_mode=1)
+    assert "disagree" in reason(ceil_past, [("x", [1, L, 10, 10])])
     lo1 = [("lo", np.array(1.0, np.float32)), ("hi", np.array(6.0, np.float32))]
     assert "leaves out 0" in reason(n("Clip", ["x", "lo", "hi"], ["y"]), [("x", [1, L, 4, 4])], consts=lo1)
     assert "no constant" in reason(n("Add", ["x", "c"], ["y"]), [("x", [1, L, 4, 4])],
@@ -220,10 +226,13 @@ def test_blocked_chain_through_split_concat_pools_and_resize(tmp_path, batch):
     model = ch.model(["g"])
     res = optimize_blocked(model, tmp_path)
     ops = [nd.op_type for nd in res.model.graph.node if nd.domain != "onnxopt"]
-    # No reorder anywhere: only the fused kernels and onnxruntime's ops rewritten for blocked tensors.
+    # No reorder anywhere: only the fused kernels (the MaxPools too: our blocked pool kernel) and onnxruntime's ops
+    # rewritten for blocked tensors.
     assert "Transpose" not in ops
-    assert sorted(res.report["blocked_passthrough"]) == sorted(["split", "cat", "pool0", "pool1", "spp", "up"])
-    assert ops.count("MaxPool") == 2 and ops.count("Split") == 1 and ops.count("Concat") == 2
+    assert sorted(res.report["blocked_passthrough"]) == sorted(["split", "cat", "spp", "up"])
+    producer = {o: nd for nd in res.model.graph.node for o in nd.output}
+    assert producer["pool0"].domain == producer["pool1"].domain == "onnxopt"
+    assert ops.count("MaxPool") == 0 and ops.count("Split") == 1 and ops.count("Concat") == 2
     assert res.report["fused_regions"] == len([nd for nd in res.model.graph.node if nd.domain == "onnxopt"])
     check_answers(res, model, ch.feeds)
 

@@ -40,8 +40,18 @@ def _text(v):
 
 
 def is_pool_region(r: Region) -> bool:
-    """A passthrough region running a 2-D MaxPool or AveragePool on blocked tensors."""
-    return r.relayout is not None and r.kind == "relayout" and len(r.nodes) == 1 and r.nodes[0].op_type in POOL_OPS
+    """A 2-D MaxPool or AveragePool on blocked tensors: a passthrough region, or our blocked pool kernel's region
+    (fusion/pool.py `blocked_region`), with no epilogue."""
+    if len(r.nodes) != 1 or r.nodes[0].op_type not in POOL_OPS:
+        return False
+    if r.relayout is not None:
+        return r.kind == "relayout"
+    return r.pool is not None and bool(r.pool.attrs.get("blocked")) and not r.pool.extra_kinds
+
+
+def blocked_form(pool: Region) -> list:
+    """The pool's nodes rewritten for the 5-D form (the fused region's fallback)."""
+    return list(pool.relayout) if pool.relayout is not None else list(pool.pool.body)
 
 
 def pool_params(node) -> dict | str:
@@ -120,14 +130,14 @@ def fuse_conv_pool(first: Region, pool: Region, lanes: int, ni: int, opset: int,
     (p1,) = channel_vector_parts([first], lanes, ni, opset)
     params = pool_params(pool.nodes[0])
     taken = {o for n in p1.compute.body for o in n.output}
-    if any(o in taken for n in pool.relayout for o in n.output):  # cannot happen: the pool's outputs are its own
+    if any(o in taken for n in blocked_form(pool) for o in n.output):  # cannot happen: the pool's outputs are its own
         raise ValueError("the pool's fallback nodes would reassign a tensor of the convolution's")
     compute = ComputeParams(
         op="afusion",
         attrs={"band_rows": int(band_rows), "in_blocked": int(p1.compute.attrs.get("in_blocked", 0)),
                "out_blocked": 1, "block": lanes, "pool": params},
         initializers=list(p1.compute.initializers),
-        body=list(p1.compute.body) + list(pool.relayout),
+        body=list(p1.compute.body) + blocked_form(pool),
         orig_consts=list(p1.compute.orig_consts),
         parts=[p1],
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import onnxopt
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -113,11 +114,16 @@ def test_an_intermediate_read_elsewhere_is_refused(tmp_path):
 
 def test_ceil_mode_disagreement_is_refused(tmp_path):
     """10 rows, a 1x1 window every 2 with ceil_mode: onnx counts 6 rows, onnxruntime 5 (its last window would start
-    past the input). Refused with the reason."""
-    _, model = stem(k=1, s=2, p=0, ceil=1, hw=10, conv_k=1, conv_s=1)
-    res = optimize_afusion(model, tmp_path / "fused.onnx")
-    assert not fused_pool_pairs(res)
-    assert any("ceil_mode" in r["reason"] for r in res.report["afusion"]["refused"])
+    past the input). The pool does not join the blocked chain (fusion/blocked_passthrough.py compares the two
+    sizes), so there is no conv -> pool pair; AFUSION's own rule (ceil_mode_reason) says the same."""
+    from onnxopt.fusion.afusion.conv_pool import ceil_mode_reason, pool_params
+
+    c, model = stem(k=1, s=2, p=0, ceil=1, hw=10, conv_k=1, conv_s=1)
+    pool = next(n for n in model.graph.node if n.name == "pool1")
+    assert "ceil_mode" in ceil_mode_reason(pool_params(pool), 10, 10)
+    res = onnxopt.optimize(model, str(tmp_path / "fused.onnx"), plan="compute-blocked", measure=False)
+    assert "pool1" not in res.report.get("blocked_passthrough", [])
+    assert not any(n.domain == "onnxopt" and n.name.startswith("pool1") for n in res.model.graph.node)
 
 
 @st.composite
