@@ -124,12 +124,7 @@ static OrtStatus *af_chain_part(af_conv *cv, const onnxopt_ct_desc *c, OrtKernel
   cv->OC = c->oc, cv->OCB = (c->oc + L - 1) / L;
   CHECK(ct_dims(ctx, (size_t)at, &wv, wd, &wr));
   CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&cv->w));
-  ct_job e;
-  memset(&e, 0, sizeof(e));
-  CHECK(ct_extras_at(c, &e, ctx, at + 1, N, item_out, c->oc, 0, -1));
-  memcpy(cv->ex, e.extra, sizeof(cv->ex));
-  memcpy(cv->ex_count, e.extra_count, sizeof(cv->ex_count));
-  return NULL;
+  return af_extras(cv, c, ctx, at + 1, N, item_out, -1);
 }
 
 static OrtStatus *af_chain_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
@@ -164,11 +159,7 @@ static OrtStatus *af_chain_compute(const onnxopt_af_desc *ad, OrtKernelContext *
     CHECK(API(GetTensorMutableData)(ov, (void **)&j.user_out[o]));
     j.out[o] = j.user_out[o];
   }
-  ct_job ea;
-  memset(&ea, 0, sizeof(ea));
-  CHECK(ct_extras_at(ca, &ea, ctx, 2, N, 0, ca->oc, 0, -1));
-  memcpy(j.a.ex, ea.extra, sizeof(j.a.ex));
-  memcpy(j.a.ex_count, ea.extra_count, sizeof(j.a.ex_count));
+  CHECK(af_extras(&j.a, ca, ctx, 2, N, 0, -1));
   if (N == 0 || j.OH_C * j.OW_C == 0) return NULL;
   OrtStatus *st = NULL;
   float *scratch = NULL, *copy = NULL;

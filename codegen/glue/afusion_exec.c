@@ -51,6 +51,18 @@ typedef struct {
   int64_t ex_count[CT_MAX_EXTRA];
 } af_conv;
 
+/* Convolution `cv`'s epilogue inputs, op inputs `at`.. (ct_extras_at: `item_out` floats per batch item of a per-pixel
+   one, `skip` the one that is not an op input, or -1). */
+static OrtStatus *af_extras(af_conv *cv, const onnxopt_ct_desc *c, OrtKernelContext *ctx, int at, int64_t N,
+                            int64_t item_out, int skip) {
+  ct_job e;
+  memset(&e, 0, sizeof(e));
+  CHECK(ct_extras_at(c, &e, ctx, at, N, item_out, c->oc, 0, skip));
+  memcpy(cv->ex, e.extra, sizeof(cv->ex));
+  memcpy(cv->ex_count, e.extra_count, sizeof(cv->ex_count));
+  return NULL;
+}
+
 /* Where rows go: element (channel block g, row i, column p) at base[o] + g * plane + (i - row0) * row + (col0 + p) * L:
    the band (an intermediate with the seconds' padding) or an output tensor of the item. */
 typedef struct {
@@ -311,19 +323,11 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
       br->out[o] = br->user_out[o];
     }
     out_base += c->sig.n_out;
-    ct_job e;
-    memset(&e, 0, sizeof(e));
-    CHECK(ct_extras_at(c, &e, ctx, ad->second_input[s] + 1, N,
-                       c->out_blocked ? br->conv.OCB * oh * ow * L : c->oc * oh * ow, c->oc, 0, -1));
-    memcpy(br->conv.ex, e.extra, sizeof(br->conv.ex));
-    memcpy(br->conv.ex_count, e.extra_count, sizeof(br->conv.ex_count));
+    CHECK(af_extras(&br->conv, c, ctx, ad->second_input[s] + 1, N,
+                    c->out_blocked ? br->conv.OCB * oh * ow * L : c->oc * oh * ow, -1));
   }
   for (int s = 0; s < j.n_second; s++) j.second[s].col_shift = j.PL - j.second[s].pl;
-  ct_job e1;
-  memset(&e1, 0, sizeof(e1));
-  CHECK(ct_extras_at(c1, &e1, ctx, 2, N, 0, c1->oc, 0, -1));
-  memcpy(j.first.ex, e1.extra, sizeof(j.first.ex));
-  memcpy(j.first.ex_count, e1.extra_count, sizeof(j.first.ex_count));
+  CHECK(af_extras(&j.first, c1, ctx, 2, N, 0, -1));
   if (N == 0 || j.OH2 * j.OW2 == 0) return NULL;
   OrtStatus *st = NULL;
   float *copy = NULL; /* the first convolution's input, zero-padded or blocked, when it needs a copy */
@@ -456,27 +460,19 @@ static OrtStatus *af_miso_compute(const onnxopt_af_desc *ad, OrtKernelContext *c
     CHECK(API(GetTensorMutableData)(ov, (void **)&user_out[o]));
     j.out[o] = user_out[o];
   }
-  ct_job ea, eb;
-  memset(&ea, 0, sizeof(ea));
-  memset(&eb, 0, sizeof(eb));
-  CHECK(ct_extras_at(ca, &ea, ctx, 2, N, 0, ca->oc, 0, -1));
-  CHECK(ct_extras_at(cb, &eb, ctx, xb_at + 2, N, cb->out_blocked ? j.item_out : cb->oc * j.OH * j.OW, cb->oc, 0,
-                     ad->miso_extra));
+  CHECK(af_extras(&j.a, ca, ctx, 2, N, 0, -1));
+  CHECK(af_extras(&j.b, cb, ctx, xb_at + 2, N, cb->out_blocked ? j.item_out : cb->oc * j.OH * j.OW, ad->miso_extra));
   if (N == 0 || j.OH * j.OW == 0) return NULL;
   OrtStatus *st = NULL;
   float *scratch = NULL, *copy_a = NULL, *copy_b = NULL;
   int64_t *tabs = NULL;
-  if ((st = cb_blocked_scratch(cb, ctx, N, j.OH * j.OW, j.item_out, j.out, eb.extra, eb.extra_count, &scratch,
+  if ((st = cb_blocked_scratch(cb, ctx, N, j.OH * j.OW, j.item_out, j.out, j.b.ex, j.b.ex_count, &scratch,
                                ad->miso_extra)))
     goto done;
   /* the first's output, read in place: the blocked output the second writes (the tiles read a position, then write
      it) */
-  eb.extra[ad->miso_extra] = j.out[0];
-  eb.extra_count[ad->miso_extra] = j.item_out;
-  memcpy(j.a.ex, ea.extra, sizeof(j.a.ex));
-  memcpy(j.a.ex_count, ea.extra_count, sizeof(j.a.ex_count));
-  memcpy(j.b.ex, eb.extra, sizeof(j.b.ex));
-  memcpy(j.b.ex_count, eb.extra_count, sizeof(j.b.ex_count));
+  j.b.ex[ad->miso_extra] = j.out[0];
+  j.b.ex_count[ad->miso_extra] = j.item_out;
   const float *x, *w;
   int64_t ka = ca->ic_g * ca->groups * ca->kh * ca->kw, kb = cb->ic_g * cb->groups * cb->kh * cb->kw;
   tabs = (int64_t *)malloc((size_t)(ka + kb) * sizeof(int64_t));
@@ -621,11 +617,7 @@ static OrtStatus *af_pool_compute(const onnxopt_af_desc *ad, OrtKernelContext *c
   OrtValue *ov;
   CHECK(API(KernelContext_GetOutput)(ctx, 0, odims, 5, &ov));
   CHECK(API(GetTensorMutableData)(ov, (void **)&j.out));
-  ct_job e1;
-  memset(&e1, 0, sizeof(e1));
-  CHECK(ct_extras_at(c1, &e1, ctx, 2, N, 0, c1->oc, 0, -1));
-  memcpy(j.first.ex, e1.extra, sizeof(j.first.ex));
-  memcpy(j.first.ex_count, e1.extra_count, sizeof(j.first.ex_count));
+  CHECK(af_extras(&j.first, c1, ctx, 2, N, 0, -1));
   if (N == 0 || j.OH2 * j.OW2 == 0) return NULL;
   const float *x, *w1;
   CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));

@@ -9,13 +9,12 @@ the function body (a function cannot see the graph's initializers).
 from __future__ import annotations
 
 import json
-import heapq
-from collections import defaultdict
 
 import onnx
 from onnx import helper
 
 from onnxopt import __version__
+from onnxopt.graph.order import stable_order
 from onnxopt.fusion.layout import blocked_outputs
 from onnxopt.fusion.region import Region
 from onnxopt.graph.fold import outer_names_of, remove_dead_nodes
@@ -63,32 +62,15 @@ def stable_toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
             if o:
                 producer[o] = i
     deps = [set() for _ in nodes]
-    users = defaultdict(list)
     for i, n in enumerate(nodes):
-        for x in n.input:
+        for x in [*n.input, *outer_names_of(n)]:
             p = producer.get(x)
             if p is not None and p != i:
                 deps[i].add(p)
-        for sub in outer_names_of(n):
-            p = producer.get(sub)
-            if p is not None and p != i:
-                deps[i].add(p)
-        for p in deps[i]:
-            users[p].append(i)
-    ready = [i for i in range(len(nodes)) if not deps[i]]
-    heapq.heapify(ready)
-    order = []
-    remaining = [len(d) for d in deps]
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(nodes[i])
-        for u in users[i]:
-            remaining[u] -= 1
-            if remaining[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) != len(nodes):
+    order = stable_order(deps)
+    if order is None:
         raise RuntimeError("fusion produced a cycle; this is a bug in the region legality check")
-    return order
+    return [nodes[i] for i in order]
 
 
 

@@ -16,8 +16,9 @@ model is correct without the library. `sibling_reason` says why a group cannot b
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
+
+from onnxopt.graph.order import stable_order
 
 from .afusion.siso import _distinct_names, channel_vector_parts, conv_part_reason
 from .compute import ComputeParams
@@ -174,21 +175,7 @@ def topological(plan: list[Region]) -> list[Region]:
     (Kahn's algorithm taking the earliest ready region)."""
     producer = {o: i for i, r in enumerate(plan) for o in r.outputs}
     needs = [{producer[x] for x in r.inputs if x in producer and producer[x] != i} for i, r in enumerate(plan)]
-    readers: dict[int, list[int]] = {}
-    for i, deps in enumerate(needs):
-        for j in deps:
-            readers.setdefault(j, []).append(i)
-    waiting = [len(d) for d in needs]
-    ready = [i for i, n in enumerate(waiting) if n == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(plan[i])
-        for k in readers.get(i, ()):
-            waiting[k] -= 1
-            if waiting[k] == 0:
-                heapq.heappush(ready, k)
-    if len(order) != len(plan):
+    order = stable_order(needs)
+    if order is None:
         raise ValueError("the plan has a cycle: a fused group reads what it writes through other regions")
-    return order
+    return [plan[i] for i in order]
