@@ -43,7 +43,9 @@ from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.load import check_output_path, commit_files, load_model, parse_input_shapes, save_model
 from onnxopt.timing import make_session, time_interleaved
+from onnxopt.fusion import winograd
 from onnxopt.tune import search_tile
+from onnxopt.tune.tile_search import kernel_tolerance
 from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare, load_check_inputs, make_inputs, random_array
 
 # Seconds for trying the fused model without one kernel type at a time (_whole_model_decision).
@@ -60,6 +62,9 @@ class Result:
     report: dict
     output: str | None = None
     library: str | None = None
+
+
+WINOGRAD_MODES = ("auto", "off") + tuple(str(m) for m in winograd.SIZES)
 
 
 @dataclass
@@ -82,6 +87,10 @@ class Options:
     prune: bool = True  # prune fusion candidates by the roofline (OptiFX's theta_opt)
     # Seconds for the register-tile search (onnxopt/tune); regions past it keep the default tile. Largest first.
     tune_budget: float = 12.0
+    # Winograd F(m x m, 3 x 3) for blocked 3x3 stride-1 convolutions (fusion/winograd.py): "auto" times it per
+    # convolution (onnxopt/tune/winograd_search.py, with measure and the tile search), "off" never, "2" or "4" on
+    # every one that qualifies (ablations, tests).
+    winograd: str = "auto"
 
 
 def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -202,6 +211,13 @@ def _channel_vector_kernel(mk) -> tuple[int, int] | None:
     return (mk.lanes, mk.tile.ni) if mk.lanes >= 8 else None
 
 
+def kernel_error_bound(region: Region) -> float:
+    """The error a compute kernel may show against onnxruntime, as a fraction of its output's largest magnitude: a
+    reduction in another order (2e-6), or a Winograd convolution's transforms (fusion/winograd.py, ERROR_BOUND)."""
+    m = region.compute.attrs.get("winograd") if region.compute is not None else None
+    return winograd.ERROR_BOUND[m] if m else 2e-6
+
+
 def _region_flops(region: Region, feeds, outs) -> float:
     """Multiply-adds (x2) of a compute region's convolution or matmul; 0 for elementwise regions."""
     c = region.compute
@@ -246,7 +262,10 @@ def optimize(model, output: str | None = None, **kwargs) -> Result:
         search_budget=float(kwargs.pop("search_budget", 60.0)),
         tune_budget=float(kwargs.pop("tune_budget", 12.0)),
         prune=bool(kwargs.pop("prune", True)),
+        winograd=str(kwargs.pop("winograd", "auto")),
     )
+    if opts.winograd not in WINOGRAD_MODES:
+        raise UsageError(f"--winograd {opts.winograd}: one of {', '.join(WINOGRAD_MODES)}")
     if opts.search_budget <= 0:
         raise UsageError(f"--search-budget {opts.search_budget}: give a positive number of seconds")
     if opts.tune_budget < 0:
@@ -487,6 +506,11 @@ class _Optimizer:
                                          exits)
         if not blocked:
             return []
+        if self.opts.winograd not in ("auto", "off") and winograd.check_opset(work) is None:
+            # Forced: every 3x3 stride-1 convolution on the blocked kernel ("auto" decides in _search_tiles).
+            m = int(self.opts.winograd)
+            plan = [winograd.to_winograd(r, m, mk.lanes, mk.tile.ni) if winograd.applies(r) is None else r
+                    for r in plan]
         relayouts = [r for r in blocked if r.relayout is not None]
         claimed.update(rule.index.producer[r.outputs[0]] for r in relayouts)
         if "pool" not in self.opts.skip_fusion:
@@ -878,6 +902,9 @@ class _Optimizer:
                                           for x in runtime_inputs(r, work)))
             spent = time.perf_counter() - t
             over = f"the tuning budget ({self.opts.tune_budget:g} s) is spent" if spent > tile_budget else None
+            if self.opts.winograd == "auto" and winograd.applies(r) is None:
+                self._search_winograd(work, r, info, feeds_key, done, over, split)
+                continue
             try:
                 res = done.get(feeds_key) or search_tile(r, work, self.opts.target, self.opts.threads,
                                                           self._cost_cache(), info=info, bindings=self._bindings(),
@@ -907,6 +934,12 @@ class _Optimizer:
                 self.say(f"tile {self._tile_of(r)} for {r.describe()}"
                          + (f" ({res.to_report().get('gain', 1.0):.2f}x the default)" if res.changed else ""))
         self._search_bands(work, regions, info, t, split)
+        wins = [v["winograd"] for v in self.tile_info.values() if "winograd" in v]
+        if wins:
+            self.report["winograd"] = {"searched": sum(1 for w in wins if not w.get("skipped")),
+                                       "chosen": {f"F({m}x{m},3x3)": sum(1 for w in wins if w.get("chosen") == m)
+                                                  for m in winograd.SIZES},
+                                       "direct": sum(1 for w in wins if not w.get("chosen"))}
         searches = [v["tile_search"] for v in self.tile_info.values() if "tile_search" in v]
         self.report["tile_search"] = {"searched": sum(1 for x in searches if not x.get("skipped")),
                                       "changed": sum(1 for x in searches if not x.get("skipped")
@@ -918,6 +951,32 @@ class _Optimizer:
         self.report["timings"]["tile_search_s"] = time.perf_counter() - t
         self.report["timings"]["tile_search_build_s"] = split["build_s"]
         self.report["timings"]["tile_search_measure_s"] = split["measure_s"]
+
+    def _search_winograd(self, work, r: Region, info, feeds_key, done: dict, over: str | None, split: dict):
+        """Direct or Winograd for one blocked 3x3 convolution (onnxopt/tune/winograd_search.py); the winner is
+        applied to the region in place (the plans share it; AFUSION and sibling parts are copies)."""
+        from onnxopt.tune.winograd_search import search_winograd
+
+        key = ("winograd",) + feeds_key
+        try:
+            res = done.get(key) or search_winograd(r, work, self.opts.target, self.opts.threads, self._cost_cache(),
+                                                   info=info, bindings=self._bindings(), seed=self.opts.seed,
+                                                   cache_only=over)
+        except Exception as e:  # noqa: BLE001 - an optimization: keep the direct kernel
+            self.tile_info[id(r)] = {"tile": self._tile_of(r), "winograd": {"skipped": f"{type(e).__name__}: "
+                                                                                        f"{e}"[:300]}}
+            return
+        if key not in done:
+            split["build_s"] += res.build_s
+            split["measure_s"] += res.measure_s
+        done[key] = res
+        self.prebuilt.update(res.built)
+        if res.m:
+            mk = select_micro_kernel(self.opts.target)
+            winograd.apply_winograd(r, res.m, mk.lanes, mk.tile.ni)
+            self.say(f"Winograd F({res.m}x{res.m}, 3x3) for {r.describe()}"
+                     + (f" ({res.to_report()['gain']:.2f}x the direct kernel)" if "gain" in res.to_report() else ""))
+        self.tile_info[id(r)] = {"tile": self._tile_of(r), "winograd": res.to_report()}
 
     def _search_bands(self, work, regions, info, t_start, split):
         """The band height of each AFUSION region (onnxopt/tune/band_search.py), in what is left of the tuning
@@ -1008,8 +1067,7 @@ class _Optimizer:
                     # A reduction over K terms in another order differs by about K * eps * sum |a * b|: where
                     # terms cancel, the relative error of a small result is large while the error itself is
                     # rounding. Judge it against the output's scale.
-                    scale = max((float(np.max(np.abs(w))) for w in want if np.size(w)), default=1.0)
-                    tol = Tolerance({"float32": 1e-4}, {"float32": max(1e-5, 2e-6 * scale)})
+                    tol = kernel_tolerance(want, kernel_error_bound(r))
                 diffs = compare(r.outputs, want, got, tol)
                 bad = [d for d in diffs if not d.ok]
                 if bad:

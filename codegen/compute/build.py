@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from onnxopt.fusion.layout import is_depthwise
-from onnxopt.fusion.region import Region
+from onnxopt.fusion.region import EwProgram, Region, Value
 
 from ..elementwise.types import ONNX_ENUM
 from ..glue.library import CtKernelDesc
@@ -70,7 +70,14 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
     channel_vectors = c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")
     mi, ni = tile.mi, tile.ni
-    if channel_vectors and is_depthwise(c):  # one channel vector times its filters
+    wino = int(c.attrs.get("winograd", 0) or 0)
+    sets = []
+    if wino:
+        # The per-position products are blocked tiles with an empty epilogue; the epilogue runs in the output
+        # transform (codegen/compute/winograd.py, glue winograd_exec.c).
+        req = TileSetRequest("blocked", TileSpec(tile, identity_program(), (), packed_a=True))
+        sets.append(TileSetRequest("winograd", spec, winograd=wino))
+    elif channel_vectors and is_depthwise(c):  # one channel vector times its filters
         kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
         mi, ni = depthwise_mi_for(kernel, kw), 1
         req = TileSetRequest("depthwise", spec, (mi, kw, sw, dw))
@@ -94,4 +101,13 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         desc.channel_vectors = int(a.get("channel_vectors", 0))
         desc.transposed = int(c.op == "conv_transpose")
         desc.output_padding = tuple(a.get("output_padding", (0, 0)))
-    return desc, [req]
+    if wino:
+        desc.winograd = wino
+        desc.wino_in, desc.wino_out = sets[0].names()[0]
+    return desc, [req] + sets
+
+
+def identity_program() -> EwProgram:
+    """The epilogue that stores the accumulator as it is."""
+    acc = Value("acc", "float32")
+    return EwProgram(inputs=[acc], consts={}, ops=[], outputs=[acc])

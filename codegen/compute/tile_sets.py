@@ -26,6 +26,7 @@ from ..compile import compile_object, new_module
 from ..target import Target
 from .blocked_tile import define_blocked_tile_functions, define_depthwise_tile_functions
 from .tile import TileSpec, define_tile_functions
+from .winograd import define_winograd_functions
 
 # Compiled sets kept in this process: enough for the largest model's kernels and its tile search, bounded because a
 # long-lived process (the test suite, a batch conversion) builds thousands.
@@ -35,11 +36,13 @@ _COMPILED: OrderedDict[str, bytes] = OrderedDict()
 
 @dataclass(frozen=True)
 class TileSetRequest:
-    """One set of tile functions: `kind` "nchw" (tile.py), "blocked" or "depthwise" (blocked_tile.py)."""
+    """One set of tile functions: `kind` "nchw" (tile.py), "blocked" or "depthwise" (blocked_tile.py), or
+    "winograd" (winograd.py: a Winograd convolution's two transforms, the epilogue in the second)."""
 
     kind: str
     spec: TileSpec
     depthwise: tuple[int, int, int, int] = ()  # (mi, kw, sw, dw) of a depthwise set
+    winograd: int = 0  # m of a winograd set: F(m x m, 3 x 3)
 
     @property
     def key(self) -> str:
@@ -53,6 +56,8 @@ class TileSetRequest:
         p, tile = self.prefix(), self.spec.tile
         if self.kind == "depthwise":
             return [[f"{p}_d{m}", f"{p}_d{m}b"] for m in range(1, self.depthwise[0] + 1)]
+        if self.kind == "winograd":
+            return [[f"{p}_win", f"{p}_wout"]]
         tag = "b" if self.kind == "blocked" else "m"
         return [[f"{p}_{tag}{mi}v{nv}" for nv in range(1, tile.ni + 1)] for mi in range(1, tile.mi + 1)]
 
@@ -61,6 +66,8 @@ class TileSetRequest:
         if self.kind == "depthwise":
             mi, kw, sw, dw = self.depthwise
             return define_depthwise_tile_functions(module, self.prefix(), self.spec, features, mi, kw, sw, dw)
+        if self.kind == "winograd":
+            return define_winograd_functions(module, self.prefix(), self.spec, features, self.winograd)
         define = define_blocked_tile_functions if self.kind == "blocked" else define_tile_functions
         return define(module, self.prefix(), self.spec, features)
 
@@ -86,7 +93,7 @@ def _digest(req: TileSetRequest) -> str:
     s = req.spec
     t = s.tile
     parts = (req.kind, (t.mi, t.ni, t.mii, t.lanes), _canonical_program(s.epilogue), tuple(s.extra_kinds),
-             bool(s.packed_a), tuple(req.depthwise))
+             bool(s.packed_a), tuple(req.depthwise), req.winograd)
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

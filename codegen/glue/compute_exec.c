@@ -1203,11 +1203,15 @@ done:
   return st;
 }
 
+static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv, const int64_t *xd,
+                          const OrtValue *wv); /* winograd_exec.c */
+
 static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   const OrtValue *xv, *wv;
   int64_t xd[MAX_RANK];
   size_t xr;
   CHECK(ct_conv_inputs(d, ctx, &xv, xd, &xr, &wv));
+  if (d->wino_m) return wg_conv(d, ctx, xv, xd, wv);
   if (d->transposed && !d->channel_vectors) return ct_conv_transposed_pixels(d, ctx, xv, xd, wv);
   if (d->out_blocked || d->channel_vectors || d->transposed) return ct_conv_blocked(d, ctx, xv, xd, wv);
   int64_t L = d->in_blocked ? d->lanes : 0;

@@ -70,6 +70,11 @@ class CtKernelDesc:
     channel_vectors: int = 0  # the blocked kernel writing NCHW outputs (through a blocked buffer); weights as above
     transposed: int = 0  # ConvTranspose, on the blocked kernel, by output phases (compute_exec.c)
     output_padding: tuple[int, int] = (0, 0)
+    # Winograd F(m x m, 3 x 3) (winograd_exec.c): m, and the transforms' symbols; `tiles` are then the per-position
+    # products' (empty epilogue), weights packed [C/(NI*L)][(m+2)^2][IC][NI*L]
+    winograd: int = 0
+    wino_in: str = ""
+    wino_out: str = ""
 
 
 @dataclass
@@ -135,7 +140,8 @@ def _c_array(ctype: str, name: str, values) -> str:
 def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
     """(declarations and tables, the descriptor's initializer) of a compute op whose C names start with `c`."""
     syms = [s for row in k.tiles for s in row]
-    parts = [f"extern void {s}(const int64_t *);\n" for s in syms]
+    wino = [k.wino_in, k.wino_out] if k.winograd else []
+    parts = [f"extern void {s}(const int64_t *);\n" for s in syms + wino]
     parts.append(_c_array("int", f"{c}_in_types", k.in_types))
     parts.append(_c_array("int", f"{c}_out_types", k.out_types))
     parts.append(_c_array("tile_fn", f"{c}_tiles", syms))
@@ -146,7 +152,8 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
             f"{c}_extra_nstride, {k.oc}, {k.groups}, {k.kernel[0]}, {k.kernel[1]}, {k.strides[0]}, {k.strides[1]}, "
             f"{k.dilations[0]}, {k.dilations[1]}, {{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ic_g}, "
             f"{k.trans_a}, {k.in_blocked}, {k.out_blocked}, {k.channel_vectors}, {k.transposed}, "
-            f"{{{k.output_padding[0]}, {k.output_padding[1]}}}}}")
+            f"{{{k.output_padding[0]}, {k.output_padding[1]}}}, {k.winograd}, "
+            f"{wino[0] if wino else 'NULL'}, {wino[1] if wino else 'NULL'}}}")
     return "".join(parts), init
 
 
@@ -236,8 +243,8 @@ def _glue_parts() -> tuple[str, str]:
     AFUSION, sibling and pooling executors inserted."""
     files = resources.files("onnxopt.codegen.glue")
     prelude, rest = files.joinpath("ort_glue.c").read_text().split(_TABLES)
-    compute = "".join(files.joinpath(f).read_text() for f in ("compute_exec.c", "afusion_exec.c", "afusion_chain_exec.c",
-                                                             "siblings_exec.c"))
+    compute = "".join(files.joinpath(f).read_text() for f in ("compute_exec.c", "winograd_exec.c", "afusion_exec.c",
+                                                             "afusion_chain_exec.c", "siblings_exec.c"))
     rest = rest.replace("/*@@COMPUTE@@*/", compute).replace("/*@@POOL@@*/", files.joinpath("pool_exec.c").read_text())
     return prelude, rest
 

@@ -151,6 +151,11 @@ typedef struct {
      channels (channel_vectors 0) [sh][sw][ceil(oc / mi)][ceil(kh / sh)][ceil(kw / sw)][IC][mi] (compute_exec.c). */
   int transposed;
   int64_t out_pad[2]; /* output_padding: rows, columns */
+  /* Winograd F(m x m, 3 x 3) (winograd_exec.c), m > 0: `tiles` are the per-position products (empty epilogue),
+     weights packed [ceil(oc / (ni * lanes))][(m + 2)^2][ic][ni * lanes]; the transforms (codegen/compute/winograd.py)
+     run the epilogue. */
+  int wino_m;
+  tile_fn wino_in, wino_out;
 } onnxopt_ct_desc;
 
 /* A convolution and the convolutions that read its output (one: SISO; more: SIMO), fused by bands of output rows

@@ -170,13 +170,14 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
         in_blocked = made_blocked(r.inputs[0])
         out_blocked = id(r) in blocked_regions
         # A chain's last convolution, blocked in and NCHW out, still computes on vectors of output channels (into a
-        # blocked buffer, reordered at the end) when it has a vector's worth of them: the NCHW kernel reading a
-        # blocked input copies it into planes first, and ran 2x onnxruntime's time on a 64->64 3x3 at 56x56.
+        # blocked buffer, reordered at the end), even with fewer output channels than a vector: the NCHW kernel
+        # reading a blocked input copies it into planes first, and ran 2x onnxruntime's time on a 64->64 3x3 at
+        # 56x56; UNet's 16->1 1x1 output head took 194 us on it, 104 us on one vector of which one lane is used.
         # So does a depthwise one, whatever its channels and its input's layout: its NCHW kernel has one output
         # channel per group (a 7x7 /2 of NASNet's stem on it took 4 ms, 10x onnxruntime); an NCHW input is
         # reordered to blocked inside the kernel, as onnxruntime's NCHWc depthwise convolution does.
         exit_vectors = not out_blocked and r.compute.weights is not None and (
-            (in_blocked and r.compute.attrs.get("groups") == 1 and r.compute.weights.shape[0] >= lanes)
+            (in_blocked and r.compute.attrs.get("groups") == 1)
             or (is_depthwise(r.compute) and static(r.inputs[0]) and all(static(o) for o in r.outputs)))
         if in_blocked or out_blocked or exit_vectors:
             _convert(r, in_blocked, out_blocked, shape_of, lanes, ni, opset, channel_vectors=exit_vectors)

@@ -113,10 +113,11 @@ def region_flops(region, info, bindings) -> float:
     return 2.0 * out * k
 
 
-def _tolerance(want) -> Tolerance:
-    # As the pipeline's kernel check: a reduction in another order differs by about K * eps * sum |a * b|.
+def kernel_tolerance(want, bound: float) -> Tolerance:
+    # As the pipeline's kernel check: a reduction in another order differs by about K * eps * sum |a * b|; a
+    # Winograd kernel by more (pipeline.kernel_error_bound).
     scale = max((float(np.max(np.abs(w))) for w in want if np.size(w)), default=1.0)
-    return Tolerance({"float32": 1e-4}, {"float32": max(1e-5, 2e-6 * scale)})
+    return Tolerance({"float32": 1e-4}, {"float32": max(1e-5, bound * scale)})
 
 
 def search_tile(region, model, target, threads: int | None = None, cache=None, *, info=None, bindings=None,
@@ -173,7 +174,7 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
         candidates.append({"tile": tile_list(default), "vectors": "channels"})
         kinds.append((default, "channels"))
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    variants, jobs = [], []
+    variants = []
     for cand, (t, vectors) in zip(candidates, kinds):
         try:
             if vectors == "channels":
@@ -184,84 +185,15 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
             cand["error"] = f"build: {type(e).__name__}: {e}"
             continue
         variants.append((cand, (t, vectors), v))
-        jobs.append(lambda v=v: build_compute(v, target))
-    t_build = time.perf_counter()
-    # The candidates' tile sets (codegen/compute/tile_sets.py) compile on all cores, each once: regions with the
-    # same epilogue share them, so after the first region a search mostly times. Then the candidates describe
-    # themselves from those sets.
-    prebuild(tile_sets_of([v for _, _, v in variants], target), target)
-    results = build_many(jobs)
-    build_s = time.perf_counter() - t_build
-    objs, descs = [], []
-    for (cand, _, _), res in zip(variants, results):
-        if isinstance(res, Exception):  # a tile that does not build is left out
-            cand["error"] = f"build: {res}"
-            continue
-        objs.append(res[0])
-        descs.append(res[1])
-    variants = [v for v, res in zip(variants, results) if not isinstance(res, Exception)]
-    # The same op type twice (the default and its copy) would register twice: keep the first.
-    seen: set[str] = set()
-    keep = []
-    for i, (cand, t, v) in enumerate(variants):
-        if v.op_type in seen:
-            cand["error"] = "duplicate op type"
-            continue
-        seen.add(v.op_type)
-        keep.append(i)
-    variants = [variants[i] for i in keep]
-    objs = [objs[i] for i in keep]
-    descs = [descs[i] for i in keep]
-
-    timed = []
-    t_measure = time.perf_counter()
-    if variants:
-        with tempfile.TemporaryDirectory(prefix="onnxopt-tiles-") as tmp:
-            lib = os.path.join(tmp, "tiles.so")
-            try:
-                link_library(descs, objs, target, lib)
-                orig, _ = _region_models(region, model, info)
-                want = make_session(orig, threads).run(None, feeds)
-            except Exception as e:  # noqa: BLE001 - no search; the pipeline checks the default kernel as usual
-                return TileSearchResult(default, default, candidates,
-                                        skipped=f"could not run: {str(e).splitlines()[0][:200]}")
-            tol = _tolerance(want)
-            sessions = []
-            for cand, t, v in variants:
-                try:
-                    _, fused = _region_models(v, model, info)
-                    s = make_session(fused, threads, library=lib)
-                    got = s.run(None, feeds)
-                except Exception as e:  # noqa: BLE001
-                    cand["error"] = f"run: {str(e).splitlines()[0][:200]}"
-                    continue
-                bad = [d for d in compare(region.outputs, want, got, tol) if not d.ok]
-                if bad:
-                    cand["error"] = f"wrong results on {bad[0].name} (max abs {bad[0].max_abs:.3g})"
-                    continue
-                sessions.append(s)
-                timed.append((cand, t))
-            baseline = (default if space is None else tiles[0], "pixels")
-            chosen = baseline
-            if sessions:
-                times = time_interleaved(sessions, feeds, min_time=min_time, max_blocks=10, min_blocks=3)
-                for (cand, _), tm in zip(timed, times):
-                    cand["seconds"] = tm["median"]
-                secs = {t: cand["seconds"] for cand, t in timed}
-                best = min(secs, key=secs.get)
-                base = secs.get(baseline)
-                if base is None:
-                    chosen = best
-                elif secs[best] * margin < base:
-                    # A win of a few percent can be noise: time the two again, and keep the winner only if it
-                    # wins again.
-                    at = {t: i for i, (_, t) in enumerate(timed)}
-                    again = time_interleaved([sessions[at[baseline]], sessions[at[best]]], feeds,
-                                             min_time=min_time, max_blocks=10, min_blocks=3)
-                    timed[at[best]][0]["confirm_gain"] = again[0]["median"] / again[1]["median"]
-                    if again[1]["median"] * margin < again[0]["median"]:
-                        chosen = best
-            del sessions
+    baseline = (default if space is None else tiles[0], "pixels")
+    try:
+        timing = time_candidates(region, variants, model, info, feeds, target, threads, baseline,
+                                 min_time=min_time, margin=margin)
+    except CannotRun as e:  # no search; the pipeline checks the default kernel as usual
+        return TileSearchResult(default, default, candidates, skipped=f"could not run: {e}")
+    chosen, timed, objs, descs, build_s, t_measure = (timing.chosen, timing.timed, timing.objs, timing.descs,
+                                                       timing.build_s, timing.t_measure)
+    variants = timing.variants
     secs = {t: cand["seconds"] for cand, t in timed}
     if not variants or not secs:
         chosen = (default, "pixels")
@@ -272,6 +204,130 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
         cache.put_tile(region.op_type, shapes, threads, space_key,
                        tile_list(chosen[0]) + ([1] if chosen[1] == "channels" else []), candidates)
     return result
+
+
+class CannotRun(Exception):
+    """The candidates could not be linked, or the original region could not run."""
+
+
+@dataclass
+class CandidateTiming:
+    chosen: object  # the key of the candidate to use
+    timed: list  # (candidate dict, key) of those checked and timed
+    variants: list  # (candidate dict, key, region) of those built
+    objs: list
+    descs: list
+    build_s: float
+    t_measure: float  # perf_counter() when measuring began
+
+
+def time_candidates(region, variants, model, info, feeds, target, threads, baseline, *,
+                    min_time: float, margin: float) -> CandidateTiming:
+    """Build, check and time the variants of one region: `variants` is [(candidate dict, key, region variant)];
+    each candidate dict gets its "seconds" (or an "error"). All are built (their tile sets first, on all cores),
+    linked into one library, checked against onnxruntime running the original ops (as the pipeline's kernel check),
+    then timed in one interleaved run. The fastest replaces `baseline` (a key) only when
+    it wins by `margin` twice: in that run and in a second one of the two alone (a win of a few percent can be
+    noise). Raises CannotRun."""
+    from onnxopt.pipeline import _region_models, kernel_error_bound
+
+    jobs = [lambda v=v: build_compute(v, target) for _, _, v in variants]
+    t_build = time.perf_counter()
+    # The candidates' tile sets (codegen/compute/tile_sets.py) compile on all cores, each once: regions with the
+    # same epilogue share them, so after the first region a search mostly times. Then the candidates describe
+    # themselves from those sets.
+    prebuild(tile_sets_of([v for _, _, v in variants], target), target)
+    results = build_many(jobs)
+    build_s = time.perf_counter() - t_build
+    objs, descs = [], []
+    for (cand, _, _), res in zip(variants, results):
+        if isinstance(res, Exception):  # a candidate that does not build is left out
+            cand["error"] = f"build: {res}"
+            continue
+        objs.append(res[0])
+        descs.append(res[1])
+    variants = [v for v, res in zip(variants, results) if not isinstance(res, Exception)]
+    # The same op type twice (the default and its copy) would register twice: keep the first.
+    seen: set[str] = set()
+    keep = []
+    for i, (cand, _, v) in enumerate(variants):
+        if v.op_type in seen:
+            cand["error"] = "duplicate op type"
+            continue
+        seen.add(v.op_type)
+        keep.append(i)
+    variants = [variants[i] for i in keep]
+    objs = [objs[i] for i in keep]
+    descs = [descs[i] for i in keep]
+
+    timed = []
+    chosen = baseline
+    t_measure = time.perf_counter()
+    if variants:
+        with tempfile.TemporaryDirectory(prefix="onnxopt-tiles-") as tmp:
+            lib = os.path.join(tmp, "tiles.so")
+            try:
+                link_library(descs, objs, target, lib)
+                orig, _ = _region_models(region, model, info)
+                want = make_session(orig, threads).run(None, feeds)
+            except Exception as e:  # noqa: BLE001
+                raise CannotRun(str(e).splitlines()[0][:200]) from e
+            sessions = []
+            for cand, key, v in variants:
+                try:
+                    _, fused = _region_models(v, model, info)
+                    s = make_session(fused, threads, library=lib)
+                    got = s.run(None, _fused_feeds(v, feeds))
+                    got = _nchw_outputs(v, got, want)
+                except Exception as e:  # noqa: BLE001
+                    cand["error"] = f"run: {str(e).splitlines()[0][:200]}"
+                    continue
+                tol = kernel_tolerance(want, kernel_error_bound(v))
+                bad = [d for d in compare(region.outputs, want, got, tol) if not d.ok]
+                if bad:
+                    cand["error"] = f"wrong results on {bad[0].name} (max abs {bad[0].max_abs:.3g})"
+                    continue
+                sessions.append((s, _fused_feeds(v, feeds)))
+                timed.append((cand, key))
+            if sessions:
+                times = _time_sessions(sessions, min_time)
+                for (cand, _), tm in zip(timed, times):
+                    cand["seconds"] = tm["median"]
+                secs = {t: cand["seconds"] for cand, t in timed}
+                best = min(secs, key=secs.get)
+                base = secs.get(baseline)
+                if base is None:
+                    chosen = best
+                elif secs[best] * margin < base:
+                    at = {t: i for i, (_, t) in enumerate(timed)}
+                    again = _time_sessions([sessions[at[baseline]], sessions[at[best]]], min_time)
+                    timed[at[best]][0]["confirm_gain"] = again[0]["median"] / again[1]["median"]
+                    if again[1]["median"] * margin < again[0]["median"]:
+                        chosen = best
+            del sessions
+    return CandidateTiming(chosen, timed, variants, objs, descs, build_s, t_measure)
+
+
+def _fused_feeds(region, feeds):
+    """The feeds in the fused op's layout: blocked inputs reordered (fusion/layout.py)."""
+    from onnxopt.fusion.layout import blocked_inputs, to_blocked
+
+    lanes = region.compute.attrs.get("block", 0) if region.compute is not None else 0
+    b_in = blocked_inputs(region)
+    return {x: to_blocked(v, lanes) if x in b_in else v for x, v in feeds.items()}
+
+
+def _nchw_outputs(region, got, want):
+    from onnxopt.fusion.layout import blocked_outputs, from_blocked
+
+    b_out = blocked_outputs(region)
+    return [from_blocked(g, w.shape[1]) if o in b_out else g for o, g, w in zip(region.outputs, got, want)]
+
+
+def _time_sessions(sessions, min_time):
+    """Interleaved timing of (session, its feeds) pairs: blocked kernels take blocked inputs."""
+    return time_interleaved([s for s, _ in sessions], [f for _, f in sessions], min_time=min_time, max_blocks=10,
+                            min_blocks=3)
 
 
 def _main(argv=None) -> int:

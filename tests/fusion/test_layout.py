@@ -195,16 +195,25 @@ def test_assignment_chain_ends_and_graph_outputs():
 
 
 @needs_vectors
-def test_chain_exit_computes_on_channel_vectors_when_it_has_a_vector_of_channels():
-    """A chain's last convolution (blocked in, NCHW out) runs the channel-vector kernel into a blocked buffer when it
-    has at least L output channels; with fewer, the NCHW kernel, whose vectors run along the image row."""
-    for oc, vectors in ((LANES + 3, 1), (LANES - 5, 0)):
+def test_chain_exit_computes_on_channel_vectors():
+    """A chain's last convolution (blocked in, NCHW out) runs the channel-vector kernel into a blocked buffer, with
+    fewer output channels than a vector too (an output head: the NCHW kernel would copy its blocked input into
+    planes first)."""
+    for oc, vectors in ((LANES + 3, 1), (LANES - 5, 1), (1, 1)):
         ch = Chain(8, 10, 10)
         a = ch.conv("x", "a", 32)
         ch.conv(a, "b", oc)
         regions, _ = regions_of(ch.model(["b"]))
         attrs = regions["b"].compute.attrs
         assert (attrs["in_blocked"], attrs["out_blocked"], attrs["channel_vectors"]) == (1, 0, vectors)
+
+
+@needs_vectors
+def test_one_channel_output_head_matches_onnxruntime(tmp_path):
+    ch = Chain(8, 11, 9, batch=2)
+    a = ch.conv("x", "a", 16)
+    model = ch.model([ch.conv(a, "head", 1, k=1, p=0, act=None)])
+    check_answers(optimize_blocked(model, tmp_path), model, ch.feeds)
 
 
 def test_assignment_stops_at_ops_left_to_onnxruntime():

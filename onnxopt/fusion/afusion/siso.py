@@ -45,6 +45,8 @@ def conv_part_reason(r: Region, which: str, depthwise: bool | None = None) -> st
         return f"the {which} convolution's weights are not constant"
     if c.tile is not None:
         return f"the {which} convolution has a searched register tile"
+    if a.get("winograd"):
+        return f"the {which} convolution runs as Winograd tiles (its own kernel)"
     return None
 
 

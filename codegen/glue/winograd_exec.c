@@ -1,0 +1,230 @@
+/* ---- Winograd F(m x m, 3 x 3) convolutions on channel vectors (onnxopt/fusion/winograd.py). ----
+ *
+ * Inserted after compute_exec.c. Two parallel phases per call:
+ *  1. the input transform: each (m + 2) x (m + 2) input window of each input channel vector becomes n^2 = (m + 2)^2
+ *     vectors, stored by position: V [N][n^2][CB][T][L] (T tiles per item, row-major over the output). Windows that
+ *     cross the border are copied, zero-padded, into a small buffer first (any padding, SAME included);
+ *  2. per (item, group of NI output channel vectors, block of tiles): for each of the n^2 positions, the product of
+ *     that position's V (tiles x C) and transformed weights (C x NI * L) by the blocked tiles with an empty epilogue
+ *     (the tile's pixels are the block's tiles, its k the input channels through a tap table), into a buffer
+ *     M [n^2][NI][tiles][L] kept by the task; then the output transform of each tile and vector, which runs the
+ *     region's epilogue and writes the pixels inside the image.
+ * The block of tiles bounds M (WG_M_BYTES, so it stays in L2) while every tile of the block reuses each weight
+ * vector; the split aims at WG_MIN_TASKS tasks for the thread pool. Inputs and outputs as ct_conv_blocked's: an
+ * NCHW input is reordered to blocked first; NCHW outputs (channel_vectors) go through blocked buffers. */
+
+#define WG_M_BYTES (256 * 1024)
+#define WG_MIN_TASKS 8
+#define WG_MAX_N 6
+
+typedef struct { /* mirrors codegen/compute/winograd.py */
+  const float *src;
+  int64_t src_row;
+  float *dst;
+  int64_t dst_step;
+} wg_in_rec;
+
+typedef struct {
+  const float *src;
+  int64_t src_step, out_row, rows, cols, lanes;
+  float *out[CT_MAX_OUT];
+  const float *extra[CT_MAX_EXTRA];
+} wg_out_rec;
+
+typedef struct {
+  const onnxopt_ct_desc *d;
+  int64_t N, C, CB, OC, OCB, H, W, OH, OW, pt, pl;
+  int64_t m, n, nn, TH, TW, T; /* tiles: per column, per row, per item */
+  int64_t groups, blocks;      /* groups of NI output vectors; tile blocks per item */
+  const float *x;              /* blocked input */
+  float *V;
+  const float *w;
+  int64_t *koff;               /* per input channel: its offset in one position's [CB][T][L] */
+  float *out[CT_MAX_OUT];
+  const float *extra[CT_MAX_EXTRA];
+  int64_t extra_count[CT_MAX_EXTRA];
+  OrtStatus *oom;
+} wg_job;
+
+/* Phase 1: one row of tiles of one input channel vector of one item. */
+static void wg_input_row(void *usr, size_t index) {
+  const wg_job *j = (const wg_job *)usr;
+  const onnxopt_ct_desc *d = j->d;
+  int64_t L = d->lanes, n = j->n, m = j->m;
+  int64_t ty = (int64_t)index % j->TH, rest = (int64_t)index / j->TH, cb = rest % j->CB, item = rest / j->CB;
+  float win[WG_MAX_N * WG_MAX_N * 16] __attribute__((aligned(64)));
+  const float *plane = j->x + (item * j->CB + cb) * j->H * j->W * L;
+  float *vbase = j->V + item * j->nn * j->CB * j->T * L + cb * j->T * L;
+  wg_in_rec rec;
+  rec.dst_step = j->CB * j->T * L;
+  int64_t ih0 = ty * m - j->pt;
+  for (int64_t tx = 0; tx < j->TW; tx++) {
+    int64_t iw0 = tx * m - j->pl;
+    if (ih0 >= 0 && ih0 + n <= j->H && iw0 >= 0 && iw0 + n <= j->W) {
+      rec.src = plane + (ih0 * j->W + iw0) * L;
+      rec.src_row = j->W * L;
+    } else {
+      memset(win, 0, sizeof(float) * (size_t)(n * n * L));
+      int64_t c0 = iw0 < 0 ? -iw0 : 0, c1 = j->W - iw0 < n ? j->W - iw0 : n;
+      for (int64_t r = 0; r < n && c1 > c0; r++) {
+        int64_t ih = ih0 + r;
+        if (ih < 0 || ih >= j->H) continue;
+        memcpy(win + (r * n + c0) * L, plane + (ih * j->W + iw0 + c0) * L, sizeof(float) * (size_t)((c1 - c0) * L));
+      }
+      rec.src = win;
+      rec.src_row = n * L;
+    }
+    rec.dst = vbase + (ty * j->TW + tx) * L;
+    d->wino_in((const int64_t *)&rec);
+  }
+}
+
+/* Phase 2: the products of one (item, group, block of tiles) and their output transforms. */
+static void wg_product_block(void *usr, size_t index) {
+  wg_job *j = (wg_job *)usr;
+  const onnxopt_ct_desc *d = j->d;
+  int64_t L = d->lanes, NI = d->ni, MI = d->mi, nn = j->nn, m = j->m;
+  int64_t blk = (int64_t)index % j->blocks, rest = (int64_t)index / j->blocks;
+  int64_t g = rest % j->groups, item = rest / j->groups;
+  int64_t t0 = blk * j->T / j->blocks, t1 = (blk + 1) * j->T / j->blocks, tb = t1 - t0;
+  if (tb <= 0) return;
+  int nv = (int)(j->OCB - g * NI < NI ? j->OCB - g * NI : NI);
+  float *M = (float *)aligned_alloc(64, (size_t)((nn * NI * tb * L * (int64_t)sizeof(float) + 63) / 64 * 64));
+  if (!M) {
+    j->oom = fail(ORT_FAIL, "onnxopt: out of memory for a Winograd convolution's products");
+    return;
+  }
+  ct_tile t;
+  memset(&t, 0, sizeof(t));
+  t.koff = j->koff;
+  t.k = j->C;
+  t.a_ms = L;
+  t.ldc = L;
+  for (int jj = 0; jj < nv; jj++) {
+    int64_t left = j->OC - (g * NI + jj) * L;
+    t.voff[jj] = jj * L;
+    t.lanes[jj] = left < L ? left : L;
+  }
+  const float *v_item = j->V + item * nn * j->CB * j->T * L;
+  /* A block in near-equal tiles of at most MI (as cb_run_task: a short last tile runs far below the others' rate). */
+  int64_t tiles = (tb + MI - 1) / MI;
+  for (int64_t xi = 0; xi < nn; xi++) {
+    t.b = j->w + (g * nn + xi) * j->C * NI * L;
+    t.out[0] = M + xi * NI * tb * L;
+    for (int64_t ti = 0; ti < tiles; ti++) {
+      int64_t p0 = ti * tb / tiles, mi = (ti + 1) * tb / tiles - p0;
+      t.a = v_item + xi * j->CB * j->T * L + (t0 + p0) * L;
+      for (int jj = 0; jj < nv; jj++) t.coff[jj] = jj * tb * L + p0 * L;
+      d->tiles[(mi - 1) * NI + (nv - 1)]((const int64_t *)&t);
+    }
+  }
+  int64_t plane = j->OH * j->OW * L;
+  wg_out_rec o;
+  memset(&o, 0, sizeof(o));
+  o.src_step = NI * tb * L;
+  o.out_row = j->OW * L;
+  for (int jj = 0; jj < nv; jj++) {
+    int64_t kb = g * NI + jj;
+    o.lanes = t.lanes[jj];
+    const float *base[CT_MAX_EXTRA];
+    for (int e = 0; e < d->n_extra; e++) {
+      base[e] = j->extra[e] + (d->extra_nstride[e] ? item * j->extra_count[e] : 0);
+      if (d->extra_kind[e] == EX_CHANNEL) base[e] += kb * L;
+      else if (d->extra_kind[e] == EX_POSITION) base[e] += kb * plane;
+      o.extra[e] = base[e];
+    }
+    for (int64_t tt = t0; tt < t1; tt++) {
+      int64_t oy = (tt / j->TW) * m, ox = (tt % j->TW) * m, pix = (oy * j->OW + ox) * L;
+      o.src = M + jj * tb * L + (tt - t0) * L;
+      o.rows = j->OH - oy < m ? j->OH - oy : m;
+      o.cols = j->OW - ox < m ? j->OW - ox : m;
+      for (int k = 0; k < d->sig.n_out; k++) o.out[k] = j->out[k] + (item * j->OCB + kb) * plane + pix;
+      for (int e = 0; e < d->n_extra; e++)
+        if (d->extra_kind[e] == EX_POSITION) o.extra[e] = base[e] + pix;
+      d->wino_out((const int64_t *)&o);
+    }
+  }
+  free(M);
+}
+
+static OrtStatus *wg_parallel(OrtKernelContext *ctx, void (*fn)(void *, size_t), int64_t tasks, wg_job *job,
+                              double flops) {
+  if (tasks <= 1 || flops < CT_INLINE_FLOPS) {
+    for (int64_t i = 0; i < tasks; i++) fn(job, (size_t)i);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, fn, (size_t)tasks, 0, job);
+}
+
+static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv, const int64_t *xd,
+                          const OrtValue *wv) {
+  if (d->groups != 1 || d->kh != 3 || d->kw != 3 || d->sh != 1 || d->sw != 1 || d->dh != 1 || d->dw != 1 ||
+      d->wino_m < 2 || d->wino_m + 2 > WG_MAX_N || d->lanes > 16)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Winograd kernel is for one-group 3x3 stride-1 convolutions");
+  wg_job job;
+  memset(&job, 0, sizeof(job));
+  job.d = d;
+  int64_t L = d->lanes, N = xd[0], H = xd[2], W = xd[3], pb, pr;
+  job.N = N, job.C = d->ic_g, job.CB = (d->ic_g + L - 1) / L, job.OC = d->oc, job.OCB = (d->oc + L - 1) / L;
+  job.H = H, job.W = W;
+  CHECK(ct_conv_geometry(d, H, W, &job.pt, &job.pl, &pb, &pr, &job.OH, &job.OW));
+  job.m = d->wino_m, job.n = job.m + 2, job.nn = job.n * job.n;
+  job.TH = (job.OH + job.m - 1) / job.m, job.TW = (job.OW + job.m - 1) / job.m, job.T = job.TH * job.TW;
+  job.groups = (job.OCB + d->ni - 1) / d->ni;
+  int64_t block_size = job.OCB * job.OH * job.OW * L, pixels = job.OH * job.OW;
+  float *user_out[CT_MAX_OUT];
+  int64_t odims[5] = {N, job.OCB, job.OH, job.OW, L}, nchw_dims[4] = {N, d->oc, job.OH, job.OW};
+  for (int o = 0; o < d->sig.n_out; o++) {
+    OrtValue *ov;
+    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, d->out_blocked ? odims : nchw_dims, d->out_blocked ? 5 : 4,
+                                       &ov));
+    CHECK(API(GetTensorMutableData)(ov, (void **)&user_out[o]));
+    job.out[o] = user_out[o];
+  }
+  ct_job sizes;
+  memset(&sizes, 0, sizeof(sizes));
+  CHECK(ct_extras_at(d, &sizes, ctx, 2, N, d->out_blocked ? block_size : d->oc * pixels, d->oc, 0, -1));
+  memcpy(job.extra, sizes.extra, sizeof(job.extra));
+  memcpy(job.extra_count, sizes.extra_count, sizeof(job.extra_count));
+  if (N == 0 || pixels == 0) return NULL;
+  float *scratch = NULL, *in_buf = NULL;
+  CHECK(cb_blocked_scratch(d, ctx, N, pixels, block_size, job.out, job.extra, job.extra_count, &scratch, -1));
+  OrtStatus *st = API(GetTensorMutableData)((OrtValue *)xv, (void **)&job.x);
+  if (!st) st = API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.w);
+  if (!st && !d->in_blocked) { /* an NCHW input: reordered to channel vectors first */
+    in_buf = (float *)malloc((size_t)(N * job.CB * H * W * L) * sizeof(float));
+    st = in_buf ? cb_reorder(ctx, (float *)job.x, in_buf, N, job.C, L, H * W, 0)
+                : fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
+    job.x = in_buf;
+  }
+  if (!st) {
+    job.V = (float *)malloc((size_t)(N * job.nn * job.CB * job.T * L) * sizeof(float));
+    job.koff = (int64_t *)malloc((size_t)job.C * sizeof(int64_t));
+    if (!job.V || !job.koff) st = fail(ORT_FAIL, "onnxopt: out of memory for a Winograd convolution");
+  }
+  if (!st) {
+    for (int64_t c = 0; c < job.C; c++) job.koff[c] = (c / L) * job.T * L + c % L;
+    double flops = 2.0 * (double)N * job.T * job.nn * (double)job.C * (double)job.OCB * L;
+    st = wg_parallel(ctx, wg_input_row, N * job.CB * job.TH, &job, flops);
+  }
+  if (!st) {
+    /* Tile blocks: M within WG_M_BYTES, and enough tasks for the pool, but no block under MI tiles. */
+    int64_t cap = WG_M_BYTES / (job.nn * d->ni * L * (int64_t)sizeof(float));
+    if (cap < 1) cap = 1;
+    int64_t blocks = (job.T + cap - 1) / cap, most = (job.T + d->mi - 1) / d->mi;
+    int64_t want = (WG_MIN_TASKS + N * job.groups - 1) / (N * job.groups);
+    if (blocks < want) blocks = want < most ? want : most;
+    if (blocks < 1) blocks = 1;
+    job.blocks = blocks;
+    double flops = 2.0 * (double)N * job.T * job.nn * (double)job.C * (double)job.OCB * L;
+    st = wg_parallel(ctx, wg_product_block, N * job.groups * blocks, &job, flops);
+    if (!st) st = job.oom;
+  }
+  for (int o = 0; !st && scratch && o < d->sig.n_out; o++)
+    st = cb_reorder(ctx, user_out[o], job.out[o], N, d->oc, L, pixels, 1);
+  free(job.V);
+  free(job.koff);
+  free(in_buf);
+  free(scratch);
+  return st;
+}

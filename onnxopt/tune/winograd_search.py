@@ -1,0 +1,97 @@
+"""Winograd or direct, per convolution: each 3x3 stride-1 convolution on the blocked kernel is built three ways
+(direct, F(2x2, 3x3), F(4x4, 3x3); fusion/winograd.py), checked, and timed on its runtime shapes; the fastest wins
+if it beats the direct kernel by the tile search's margin, twice.
+
+Why time it rather than model it: Winograd trades multiply-adds for transforms and memory. With many channels the
+products dominate and F(4x4) runs 2.3-2.4x faster than the direct kernel (64-256 channels at 56x56 to 14x14 here);
+with few channels (16) the transforms dominate and Winograd loses; on a 7x7 image most of F(4x4)'s 8x8 coverage is
+wasted. Where the line falls depends on the machine's caches and on the epilogue, and a timing per distinct
+(op type, shapes) costs well under a second.
+
+The choice is kept in the cost cache under the direct kernel's op type, the input shapes and the thread count.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from onnxopt.codegen.microkernel.registry import select
+from onnxopt.fusion import winograd
+
+from .tile_search import MARGIN, MIN_SEARCH_FLOPS, CannotRun, region_flops, time_candidates
+
+SPACE = [[0]] + [[m] for m in winograd.SIZES]  # 0: the direct kernel
+
+
+@dataclass
+class WinogradSearchResult:
+    m: int  # 0: direct
+    candidates: list[dict] = field(default_factory=list)  # {"winograd": m, "seconds": s | None, ...}
+    cost_cache: str | None = None
+    skipped: str | None = None
+    built: dict = field(default_factory=dict, repr=False)  # op type -> (object code, glue description)
+    build_s: float = 0.0
+    measure_s: float = 0.0
+
+    def to_report(self) -> dict:
+        out = {"chosen": self.m, "candidates": self.candidates}
+        for k in ("cost_cache", "skipped"):
+            if getattr(self, k):
+                out[k] = getattr(self, k)
+        secs = {c["winograd"]: c.get("seconds") for c in self.candidates}
+        if secs.get(0) and secs.get(self.m):
+            out["gain"] = secs[0] / secs[self.m]
+        return out
+
+
+def search_winograd(region, model, target, threads: int | None = None, cache=None, *, info=None, bindings=None,
+                    seed: int = 0, min_time: float = 0.1, min_flops: float = MIN_SEARCH_FLOPS,
+                    margin: float = MARGIN, cache_only: str | None = None) -> WinogradSearchResult:
+    """Time the direct and Winograd kernels of one blocked convolution region and return the fastest's m."""
+    from onnxopt.annotate.shapes import tensor_info
+    from onnxopt.pipeline import _region_feeds
+
+    why = winograd.applies(region)
+    if why is not None:
+        return WinogradSearchResult(0, skipped=why)
+    if winograd.check_opset(model) is not None:
+        return WinogradSearchResult(0, skipped=winograd.check_opset(model))
+    info = info if info is not None else tensor_info(model)
+    bindings = bindings or {}
+    flops = region_flops(region, info, bindings)
+    if flops < min_flops:
+        return WinogradSearchResult(0, skipped=f"{flops / 1e6:.2f} MFLOP: too small to matter")
+    feeds = _region_feeds(region, info, bindings, seed, model)
+    shapes = [list(v.shape) for v in feeds.values()]
+    if cache is not None and cache.enabled:
+        hit = cache.get_tile(region.op_type, shapes, threads, SPACE)
+        if hit is not None:
+            return WinogradSearchResult(hit["tile"][0], hit["candidates"], cost_cache="hit")
+    if cache_only:
+        return WinogradSearchResult(0, skipped=cache_only)
+    mk = select(target)
+    candidates = [{"winograd": key[0]} for key in SPACE]
+    variants = []
+    for cand in candidates:
+        m = cand["winograd"]
+        try:
+            v = region if m == 0 else winograd.to_winograd(region, m, mk.lanes, mk.tile.ni)
+        except Exception as e:  # noqa: BLE001 - a form that does not apply is left out
+            cand["error"] = f"build: {type(e).__name__}: {e}"
+            continue
+        variants.append((cand, m, v))
+    try:
+        timing = time_candidates(region, variants, model, info, feeds, target, threads, 0, min_time=min_time,
+                                 margin=margin)
+    except CannotRun as e:
+        return WinogradSearchResult(0, candidates, skipped=f"could not run: {e}")
+    secs = {m: cand["seconds"] for cand, m in timing.timed}
+    chosen = timing.chosen if secs else 0
+    result = WinogradSearchResult(chosen, candidates,
+                                  cost_cache="miss" if cache is not None and cache.enabled else None,
+                                  built={d.op_type: (o, d) for o, d in zip(timing.objs, timing.descs)},
+                                  build_s=timing.build_s, measure_s=time.perf_counter() - timing.t_measure)
+    if cache is not None and cache.enabled and secs:
+        cache.put_tile(region.op_type, shapes, threads, SPACE, [chosen], candidates)
+    return result

@@ -1,0 +1,197 @@
+"""Winograd convolutions (fusion/winograd.py, codegen/compute/winograd.py, glue winograd_exec.c, the measured
+choice in tune/winograd_search.py): the transform matrices, the weight packing and the fallback's way back, which
+convolutions qualify, and the kernels' answers against onnxruntime with the library and through the fallbacks."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import onnxopt
+from onnxopt.errors import UsageError
+from onnxopt.fusion import winograd
+from onnxopt.fusion.afusion.siso import conv_part_reason
+
+from test_layout import Chain, check_answers, needs_vectors, reference, run_fused  # noqa: E402
+
+
+# ---- the matrices ----
+@pytest.mark.parametrize("m", winograd.SIZES)
+def test_matrices_compute_the_correlation_exactly(m):
+    """A^T [(G g) . (B^T d)] is the 1-D correlation of d (m + 2 values) with g (3 taps), in exact arithmetic."""
+    at, g, bt = winograd.matrices(m)
+    n = m + 2
+    rng = np.random.default_rng(m)
+    for _ in range(5):
+        d = [Fraction(int(x)) for x in rng.integers(-9, 10, n)]
+        w = [Fraction(int(x)) for x in rng.integers(-9, 10, 3)]
+        gw = [sum(g[i][k] * w[k] for k in range(3)) for i in range(n)]
+        bd = [sum(bt[i][k] * d[k] for k in range(n)) for i in range(n)]
+        y = [sum(at[r][i] * gw[i] * bd[i] for i in range(n)) for r in range(m)]
+        assert y == [sum(d[r + k] * w[k] for k in range(3)) for r in range(m)]
+
+
+def test_unknown_tile_size_is_refused():
+    with pytest.raises(ValueError, match="supported"):
+        winograd.matrices(3)
+
+
+@pytest.mark.parametrize("m", winograd.SIZES)
+def test_packed_weights_layout_and_the_way_back(m):
+    """[groups][n^2][IC][NI * L]: position k of output channel o, input channel c is G w G^T at (k // n, k % n);
+    the fallback's left inverse gives the 3x3 weights back."""
+    rng = np.random.default_rng(1)
+    oc, ic, lanes, ni = 37, 5, 16, 2
+    w = rng.standard_normal((oc, ic, 3, 3)).astype(np.float32)
+    packed = winograd.pack_winograd_weights(w, m, lanes, ni)
+    n = m + 2
+    assert packed.shape == (-(-oc // (ni * lanes)), n * n, ic, ni * lanes)
+    _, g, _ = winograd.float_matrices(m)
+    o, c, k = 33, 4, n * n - 2
+    want = (g @ w[o, c].astype(np.float64) @ g.T)[k // n, k % n]
+    assert packed[o // (ni * lanes), k, c, o % (ni * lanes)] == pytest.approx(want, rel=1e-6)
+    assert not packed[1, :, :, oc - ni * lanes:].any()  # padding output channels are zero
+    p = winograd.left_inverse(m)
+    u = winograd.transform_weights(w, m).astype(np.float64)  # [n, n, oc, ic]
+    back = np.einsum("ai,ijoc,bj->ocab", p, u, p)
+    np.testing.assert_allclose(back, w, atol=1e-5)
+
+
+# ---- what qualifies ----
+def _blocked_regions(model, tmp_path, mode="4"):
+    res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), plan="compute-blocked", measure=False, winograd=mode)
+    return res
+
+
+@needs_vectors
+def test_applies_to_3x3_stride_1_only(tmp_path):
+    ch = Chain(16, 12, 12)
+    a = ch.conv("x", "a", 32, k=3)
+    b = ch.conv(a, "b", 32, k=3, s=2)
+    c = ch.conv(b, "c", 32, k=1, p=0)
+    d = ch.conv(c, "d", 32, k=3, d=2, p=2)
+    e = ch.conv(d, "e", 32, k=3, group=2)
+    model = ch.model([e])
+    res = _blocked_regions(model, tmp_path)
+    wino = {i.name.split("__")[0] for i in res.model.graph.initializer if "__wino" in i.name}
+    assert wino == {"a_pre"}, wino
+    check_answers(res, model, ch.feeds)
+
+
+def test_reasons():
+    from onnxopt.fusion.compute import ComputeParams
+    from onnxopt.fusion.region import Region
+
+    def region(**attrs):
+        a = dict(kernel=[3, 3], strides=[1, 1], dilations=[1, 1], groups=1, out_blocked=1)
+        a.update(attrs)
+        c = ComputeParams(op="conv", attrs=a, weights=np.zeros((4, 4, 3, 3), np.float32))
+        return Region(kind="Conv", nodes=[], inputs=["x", "w"], outputs=["y"], program=None, shape=[1, 4, 4, 4],
+                      compute=c)
+
+    assert winograd.applies(region()) is None
+    assert "3x3" in winograd.applies(region(kernel=[5, 5]))
+    assert "strided" in winograd.applies(region(strides=[2, 2]))
+    assert "grouped" in winograd.applies(region(groups=2))
+    assert "blocked" in winograd.applies(region(out_blocked=0))
+    # an AFUSION kernel cannot hold a Winograd convolution as a part
+    assert "Winograd" in conv_part_reason(region(winograd=4), "first")
+
+
+# ---- answers ----
+@needs_vectors
+@pytest.mark.parametrize("m", winograd.SIZES)
+def test_resnet_block_matches_onnxruntime(tmp_path, m):
+    """1x1 -> 3x3 -> 3x3 with a residual Add + Relu in the last one's epilogue, an NCHW input (reordered inside the
+    kernel) and an NCHW output (a chain's exit), batch 2, an image that is not a multiple of the tile."""
+    ch = Chain(20, 13, 11, batch=2)
+    a = ch.conv("x", "a", 40, k=1, p=0)
+    b = ch.conv(a, "b", 40, k=3)
+    c = ch.conv(b, "c", 40, k=3, act=None)
+    d = ch.add(c, a, "d")
+    e = ch.conv(d, "e", 24, k=3)
+    model = ch.model([e])
+    res = _blocked_regions(model, tmp_path, str(m))
+    assert sum("__wino" in i.name for i in res.model.graph.initializer) == 3
+    check_answers(res, model, ch.feeds)
+
+
+@needs_vectors
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(c_in=st.integers(1, 40), oc=st.integers(1, 40), h=st.integers(1, 14), w=st.integers(1, 14),
+       pads=st.tuples(*[st.integers(0, 2)] * 4), batch=st.sampled_from([1, 3]), m=st.sampled_from(winograd.SIZES),
+       act=st.sampled_from([None, "Relu", "Sigmoid"]))
+def test_drawn_convolutions_match_onnxruntime(tmp_path, c_in, oc, h, w, pads, batch, m, act):
+    """Any channel counts (padding lanes), image sizes (partial tiles, images smaller than a tile), asymmetric
+    pads, batch, and epilogues: Winograd kernels give onnxruntime's answers."""
+    top, left, bottom, right = pads
+    if h + top + bottom < 3 or w + left + right < 3:
+        return
+    ch = Chain(c_in, h, w, batch=batch, seed=c_in * 100 + oc)
+    a = ch.conv("x", "a", oc, k=3, pads=[top, left, bottom, right], act=act)
+    b = ch.conv(a, "b", 16, k=1, p=0)
+    model = ch.model([b])
+    res = _blocked_regions(model, tmp_path, str(m))
+    assert any("__wino" in i.name for i in res.model.graph.initializer)
+    check_answers(res, model, ch.feeds)
+
+
+@needs_vectors
+def test_error_stays_within_the_bound(tmp_path):
+    """Many input channels, as deep in a network: the kernel's error against onnxruntime, as a fraction of the
+    output's largest magnitude, stays under the bound the kernel check allows."""
+    ch = Chain(256, 14, 14, seed=3)
+    p = ch.conv("x", "p", 256, k=1, p=0, act=None)
+    model = ch.model([ch.conv(p, "a", 64, k=3, act=None)])  # a chain's exit: blocked input, NCHW output
+    want = reference(model, ch.feeds)[0]
+    for m in winograd.SIZES:
+        res = onnxopt.optimize(model, str(tmp_path / f"f{m}.onnx"), plan="compute-blocked", measure=False,
+                               winograd=str(m))
+        got = run_fused(res, ch.feeds)[0]
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        assert err < winograd.ERROR_BOUND[m], (m, err)
+
+
+@needs_vectors
+def test_off_keeps_the_direct_kernel_and_auto_reports_its_choice(tmp_path):
+    ch = Chain(64, 28, 28)
+    a = ch.conv("x", "a", 64, k=1, p=0)
+    b = ch.conv(a, "b", 64, k=3)
+    c = ch.conv(b, "c", 64, k=1, p=0)
+    model = ch.model([c])
+    off = onnxopt.optimize(model, str(tmp_path / "off.onnx"), plan="compute-blocked", winograd="off",
+                           cost_cache=False, threads=2)
+    assert not any("__wino" in i.name for i in off.model.graph.initializer)
+    assert "winograd" not in off.report
+    auto = onnxopt.optimize(model, str(tmp_path / "auto.onnx"), plan="compute-blocked", cost_cache=False, threads=2)
+    rep = auto.report["winograd"]
+    assert rep["searched"] == 1
+    chosen = [m for m in winograd.SIZES if rep["chosen"][f"F({m}x{m},3x3)"]]
+    written = any("__wino" in i.name for i in auto.model.graph.initializer)
+    assert written == bool(chosen)  # what the search chose is what was written
+    check_answers(auto, model, ch.feeds)
+
+
+def test_unknown_mode_is_a_usage_error(tmp_path):
+    ch = Chain(4, 5, 5)
+    model = ch.model([ch.conv("x", "a", 4)])
+    with pytest.raises(UsageError, match="--winograd"):
+        onnxopt.optimize(model, str(tmp_path / "f.onnx"), winograd="3")
+
+
+@needs_vectors
+def test_fallback_weights_come_back_in_the_function_body(tmp_path):
+    """Without the library the function body runs: its MatMuls with the left inverse rebuild the weights."""
+    ch = Chain(8, 9, 9)
+    a = ch.conv("x", "a", 24, k=3)
+    model = ch.model([ch.conv(a, "b", 8, k=3)])
+    res = _blocked_regions(model, tmp_path, "4")
+    fn_ops = {nd.op_type for f in res.model.functions for nd in f.node}
+    assert "MatMul" in fn_ops
+    want = reference(model, ch.feeds)
+    got = run_fused(res, ch.feeds, library=False)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
