@@ -23,8 +23,8 @@ fused multiply-add.
 from __future__ import annotations
 
 from llvmlite import ir
-
 from onnxopt.codegen.elementwise.lower import emit_body
+
 from onnxopt.fusion.winograd import matrices
 
 from ..microkernel.outer_product import F32, I64, PTR, lane_mask

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from fractions import Fraction
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import onnx
@@ -42,7 +42,7 @@ SIZES = tuple(POINTS)
 ERROR_BOUND = {2: 2e-6, 4: 2e-5}
 
 
-@lru_cache(maxsize=None)
+@cache
 def matrices(m: int) -> tuple[tuple, tuple, tuple]:
     """(A^T [m x n], G [n x 3], B^T [n x n]) of F(m, 3) as exact fractions."""
     if m not in POINTS:

@@ -130,7 +130,7 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
     `cache_only`: a reason not to build or time anything (the tuning budget is spent, say): the cost cache's answer
     or the default tile, skipped for that reason."""
     from onnxopt.annotate.shapes import tensor_info
-    from onnxopt.pipeline import _region_feeds, _region_models
+    from onnxopt.pipeline import _region_feeds
 
     default = select(target).tile
     if region.compute is None:
@@ -270,7 +270,7 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
                 link_library(descs, objs, target, lib)
                 orig, _ = _region_models(region, model, info)
                 want = make_session(orig, threads).run(None, feeds)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 raise CannotRun(str(e).splitlines()[0][:200]) from e
             sessions = []
             for cand, key, v in variants:

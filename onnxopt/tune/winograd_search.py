@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from onnxopt.codegen.microkernel.registry import select
 from onnxopt.fusion import winograd
 
-from .tile_search import MARGIN, MIN_SEARCH_FLOPS, CannotRun, region_flops, time_candidates
+from .tile_search import (
+    MARGIN,
+    MIN_SEARCH_FLOPS,
+    CannotRun,
+    region_flops,
+    time_candidates,
+)
 
 SPACE = [[0]] + [[m] for m in winograd.SIZES]  # 0: the direct kernel
 

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_layout import Chain, check_answers, needs_vectors, reference, run_fused
 
 import onnxopt
 from onnxopt.errors import UsageError
 from onnxopt.fusion import winograd
 from onnxopt.fusion.afusion.siso import conv_part_reason
-
-from test_layout import Chain, check_answers, needs_vectors, reference, run_fused  # noqa: E402
 
 
 # ---- the matrices ----
@@ -87,7 +86,7 @@ def test_reasons():
     from onnxopt.fusion.region import Region
 
     def region(**attrs):
-        a = dict(kernel=[3, 3], strides=[1, 1], dilations=[1, 1], groups=1, out_blocked=1)
+        a = {"kernel": [3, 3], "strides": [1, 1], "dilations": [1, 1], "groups": 1, "out_blocked": 1}
         a.update(attrs)
         c = ComputeParams(op="conv", attrs=a, weights=np.zeros((4, 4, 3, 3), np.float32))
         return Region(kind="Conv", nodes=[], inputs=["x", "w"], outputs=["y"], program=None, shape=[1, 4, 4, 4],
