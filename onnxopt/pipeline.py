@@ -905,19 +905,11 @@ class _Optimizer:
             if self.opts.winograd == "auto" and winograd.applies(r) is None:
                 self._search_winograd(work, r, info, feeds_key, done, over, split)
                 continue
-            try:
-                res = done.get(feeds_key) or search_tile(r, work, self.opts.target, self.opts.threads,
-                                                          self._cost_cache(), info=info, bindings=self._bindings(),
-                                                          seed=self.opts.seed, cache_only=over)
-            except Exception as e:  # noqa: BLE001 - the search is an optimization: keep the default tile
-                self.tile_info[id(r)] = {"tile": self._tile_of(r), "tile_search": {"skipped": f"{type(e).__name__}: "
-                                                                                              f"{e}"[:300]}}
+            res = self._once(r, feeds_key, done, split, "tile_search", lambda r=r, over=over: search_tile(
+                r, work, self.opts.target, self.opts.threads, self._cost_cache(), info=info, bindings=self._bindings(),
+                seed=self.opts.seed, cache_only=over))
+            if res is None:
                 continue
-            if feeds_key not in done:
-                split["build_s"] += res.build_s
-                split["measure_s"] += res.measure_s
-            done[feeds_key] = res
-            self.prebuilt.update(res.built)
             if res.changed:
                 try:
                     if res.vectors == "channels":
@@ -952,25 +944,33 @@ class _Optimizer:
         self.report["timings"]["tile_search_build_s"] = split["build_s"]
         self.report["timings"]["tile_search_measure_s"] = split["measure_s"]
 
-    def _search_winograd(self, work, r: Region, info, feeds_key, done: dict, over: str | None, split: dict):
-        """Direct or Winograd for one blocked 3x3 convolution (onnxopt/tune/winograd_search.py); the winner is
-        applied to the region in place (the plans share it; AFUSION and sibling parts are copies)."""
-        from onnxopt.tune.winograd_search import search_winograd
-
-        key = ("winograd",) + feeds_key
+    def _once(self, r: Region, key, done: dict, split: dict, report_key: str, search):
+        """`search()` once per key (regions with the same op type and shapes share the result): its build and
+        measurement time go into `split`, the kernels it compiled into the prebuilt set. None when it failed, the
+        reason kept in the region's report under `report_key`: a search is an optimization, the region keeps its
+        kernel."""
         try:
-            res = done.get(key) or search_winograd(r, work, self.opts.target, self.opts.threads, self._cost_cache(),
-                                                   info=info, bindings=self._bindings(), seed=self.opts.seed,
-                                                   cache_only=over)
-        except Exception as e:  # noqa: BLE001 - an optimization: keep the direct kernel
-            self.tile_info[id(r)] = {"tile": self._tile_of(r), "winograd": {"skipped": f"{type(e).__name__}: "
-                                                                                        f"{e}"[:300]}}
-            return
+            res = done.get(key) or search()
+        except Exception as e:  # noqa: BLE001
+            self.tile_info[id(r)] = {"tile": self._tile_of(r), report_key: {"skipped": f"{type(e).__name__}: {e}"[:300]}}
+            return None
         if key not in done:
             split["build_s"] += res.build_s
             split["measure_s"] += res.measure_s
         done[key] = res
         self.prebuilt.update(res.built)
+        return res
+
+    def _search_winograd(self, work, r: Region, info, feeds_key, done: dict, over: str | None, split: dict):
+        """Direct or Winograd for one blocked 3x3 convolution (onnxopt/tune/winograd_search.py); the winner is
+        applied to the region in place (the plans share it; AFUSION and sibling parts are copies)."""
+        from onnxopt.tune.winograd_search import search_winograd
+
+        res = self._once(r, ("winograd",) + feeds_key, done, split, "winograd", lambda: search_winograd(
+            r, work, self.opts.target, self.opts.threads, self._cost_cache(), info=info, bindings=self._bindings(),
+            seed=self.opts.seed, cache_only=over))
+        if res is None:
+            return
         if res.m:
             mk = select_micro_kernel(self.opts.target)
             winograd.apply_winograd(r, res.m, mk.lanes, mk.tile.ni)

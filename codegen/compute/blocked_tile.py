@@ -27,17 +27,33 @@ a blocked tensor of the output's shape, read like the output; SCALAR is broadcas
 from __future__ import annotations
 
 from llvmlite import ir
-
 from onnxopt.codegen.elementwise.lower import emit_body
 
 from ..microkernel.depthwise import emit_depthwise
 from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask
 from ..vmath.irutil import broadcast, masked_load
 from ..vmath.isa import set_features
-from .tile import (CHANNEL, POSITION, SCALAR, SLOT_A, SLOT_A_KS, SLOT_A_MS, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K,
-                   SLOT_KOFF, SLOT_LANES, SLOT_LDC, SLOT_M0, SLOT_OUT, SLOT_VOFF, TileSpec, _slot,
-                   define_tile_functions)
-
+from .tile import (
+    CHANNEL,
+    POSITION,
+    SCALAR,
+    SLOT_A,
+    SLOT_A_KS,
+    SLOT_A_MS,
+    SLOT_B,
+    SLOT_COFF,
+    SLOT_EXTRA,
+    SLOT_K,
+    SLOT_KOFF,
+    SLOT_LANES,
+    SLOT_LDC,
+    SLOT_M0,
+    SLOT_OUT,
+    SLOT_VOFF,
+    TileSpec,
+    _slot,
+    define_tile_functions,
+)
 
 SLOT_LO, SLOT_HI = SLOT_A_KS, SLOT_M0  # a depthwise border tile's input positions (see above)
 
@@ -48,7 +64,6 @@ def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, m
     nv = 1) instead of the outer product, with the input positions bounded by the LO and HI slots when `bounded`;
     the epilogue is the same."""
     lanes = spec.tile.lanes
-    vty = ir.VectorType(F32, lanes)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
     fn.args[0].add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -75,36 +90,54 @@ def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, m
         acc = emit_outer_product(b, spec.tile, mi, nv, a, a_ms, None, bp, koff, k_count, voff, masks,
                                  a_by_table=True, b_ks=spec.tile.ni * lanes)
 
-    zero = ir.Constant(vty, [0.0] * lanes)
-    # Per-channel inputs are the same for every pixel of the tile: loaded once per vector.
-    chan = {}
-    for e, kind in enumerate(spec.extra_kinds):
-        if kind == CHANNEL:
-            chan[e] = [masked_load(b, b.gep(extras[e], [voff[j]], source_etype=F32), vty, masks[j], 4)
-                       for j in range(nv)]
-        elif kind == SCALAR:
-            chan[e] = [broadcast(b, b.load(extras[e], typ=F32), lanes)] * nv
-        elif kind != POSITION:
-            raise ValueError("a blocked convolution's epilogue inputs are per channel, per pixel or scalars")
+    chan = channel_inputs(b, spec, extras, voff[:nv],
+                          masks)
     for i in range(mi):
         pix = b.mul(ir.Constant(I64, i), ldc)
         for j in range(nv):
-            pos = b.add(pix, coff[j])
-            values = {prog.inputs[0].name: acc[i][j]}
-            for e, kind in enumerate(spec.extra_kinds):
-                name = prog.inputs[e + 1].name
-                if kind == POSITION:
-                    values[name] = b.load(b.gep(extras[e], [pos], source_etype=F32), typ=vty, align=4)
-                else:
-                    values[name] = chan[e][j]
-            emit_body(b, prog, values, lanes)
-            for k, v in enumerate(prog.outputs):
-                # Channels past C are stored as exact zeros: the next kernel's packed weights are zero there,
-                # and 0 * (inf or NaN from an epilogue on padding) would not be.
-                value = b.select(masks[j], values[v.name], zero)
-                b.store(value, b.gep(outs[k], [pos], source_etype=F32), align=4)
+            store_epilogue(b, spec, acc[i][j], extras, {e: v[j] for e, v in chan.items()}, b.add(pix, coff[j]),
+                           masks[j], outs)
     b.ret_void()
     return fn
+
+
+def channel_inputs(b: ir.IRBuilder, spec: TileSpec, extras: list, offsets: list, masks: list) -> dict[int, list]:
+    """The epilogue inputs that are the same for every pixel, per output vector j: CHANNEL ones (bias, BatchNorm,
+    SE scale) loaded at extras[e] + offsets[j] under the vector's lane mask, SCALAR ones broadcast. Loaded once, before
+    the pixels."""
+    lanes = spec.tile.lanes
+    vty = ir.VectorType(F32, lanes)
+    chan = {}
+    for e, kind in enumerate(spec.extra_kinds):
+        if kind == CHANNEL:
+            chan[e] = [masked_load(b, b.gep(extras[e], [off], source_etype=F32), vty, mask, 4)
+                       for off, mask in zip(offsets, masks)]
+        elif kind == SCALAR:
+            chan[e] = [broadcast(b, b.load(extras[e], typ=F32), lanes)] * len(offsets)
+        elif kind != POSITION:
+            raise ValueError("a blocked convolution's epilogue inputs are per channel, per pixel or scalars")
+    return chan
+
+
+def store_epilogue(b: ir.IRBuilder, spec: TileSpec, acc, extras: list, chan: dict, pos, mask, outs: list) -> None:
+    """One output vector of a blocked convolution: the epilogue on the accumulator `acc` (POSITION inputs read at
+    `pos`, like the outputs; `chan` the vector's channel_inputs) and every output stored at outs[k] + pos."""
+    lanes = spec.tile.lanes
+    vty = ir.VectorType(F32, lanes)
+    prog = spec.epilogue
+    values = {prog.inputs[0].name: acc}
+    for e, kind in enumerate(spec.extra_kinds):
+        name = prog.inputs[e + 1].name
+        if kind == POSITION:
+            values[name] = b.load(b.gep(extras[e], [pos], source_etype=F32), typ=vty, align=4)
+        else:
+            values[name] = chan[e]
+    emit_body(b, prog, values, lanes)
+    zero = ir.Constant(vty, [0.0] * lanes)
+    for k, v in enumerate(prog.outputs):
+        # Channels past C are stored as exact zeros: the next kernel's packed weights are zero there, and
+        # 0 * (inf or NaN from an epilogue on padding) would not be.
+        b.store(b.select(mask, values[v.name], zero), b.gep(outs[k], [pos], source_etype=F32), align=4)
 
 
 def define_blocked_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, features) -> list[list[str]]:

@@ -23,14 +23,14 @@ fused multiply-add.
 from __future__ import annotations
 
 from llvmlite import ir
-from onnxopt.codegen.elementwise.lower import emit_body
 
 from onnxopt.fusion.winograd import matrices
 
 from ..microkernel.outer_product import F32, I64, PTR, lane_mask
-from ..vmath.irutil import broadcast, fma, masked_load
+from ..vmath.irutil import fma
 from ..vmath.isa import set_features
-from .tile import CHANNEL, MAX_EXTRAS, MAX_OUTPUTS, POSITION, SCALAR, TileSpec, _slot
+from .blocked_tile import channel_inputs, store_epilogue
+from .tile import MAX_EXTRAS, MAX_OUTPUTS, TileSpec, _slot
 
 # The records' 8-byte slots (mirrored in winograd_exec.c).
 WIN_SRC, WIN_SRC_ROW, WIN_DST, WIN_DST_STEP = range(4)
@@ -65,14 +65,18 @@ def _sandwich(b, left, grid: list[list[ir.Value]], vty) -> list[list[ir.Value]]:
     return [[_combine(b, row, cols[i], vty) for row in left] for i in range(len(left))]
 
 
+def _record_function(module: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder, ir.Argument]:
+    """void name(const int64 *rec): the function, a builder at its entry, and the record."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+    fn.args[0].add_attribute("noalias")
+    return fn, ir.IRBuilder(fn.append_basic_block("entry")), fn.args[0]
+
+
 def define_input_transform(module: ir.Module, name: str, m: int, lanes: int) -> ir.Function:
     _, _, bt = matrices(m)
     n = m + 2
     vty = ir.VectorType(F32, lanes)
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
-    fn.args[0].add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    t = fn.args[0]
+    fn, b, t = _record_function(module, name)
     src, src_row = _slot(b, t, WIN_SRC, PTR), _slot(b, t, WIN_SRC_ROW, I64)
     dst, dst_step = _slot(b, t, WIN_DST, PTR), _slot(b, t, WIN_DST_STEP, I64)
     grid = []
@@ -94,10 +98,7 @@ def define_output_transform(module: ir.Module, name: str, m: int, spec: TileSpec
     n = m + 2
     lanes = spec.tile.lanes
     vty = ir.VectorType(F32, lanes)
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
-    fn.args[0].add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    t = fn.args[0]
+    fn, b, t = _record_function(module, name)
     src, step = _slot(b, t, WOUT_SRC, PTR), _slot(b, t, WOUT_SRC_STEP, I64)
     out_row = _slot(b, t, WOUT_OUT_ROW, I64)
     rows, cols = _slot(b, t, WOUT_ROWS, I64), _slot(b, t, WOUT_COLS, I64)
@@ -108,31 +109,13 @@ def define_output_transform(module: ir.Module, name: str, m: int, spec: TileSpec
     grid = [[b.load(b.gep(src, [b.mul(step, ir.Constant(I64, r * n + c))], source_etype=F32), typ=vty, align=4)
              for c in range(n)] for r in range(n)]
     y = _sandwich(b, at, grid, vty)
-    zero = ir.Constant(vty, [0.0] * lanes)
-    chan = {}
-    for e, kind in enumerate(spec.extra_kinds):
-        if kind == CHANNEL:
-            chan[e] = masked_load(b, extras[e], vty, mask, 4)
-        elif kind == SCALAR:
-            chan[e] = broadcast(b, b.load(extras[e], typ=F32), lanes)
-        elif kind != POSITION:
-            raise ValueError("a blocked convolution's epilogue inputs are per channel, per pixel or scalars")
+    chan = {e: v[0] for e, v in channel_inputs(b, spec, extras, [ir.Constant(I64, 0)], [mask]).items()}
     for r in range(m):
         for c in range(m):
             inside = b.and_(b.icmp_signed(">", rows, ir.Constant(I64, r)), b.icmp_signed(">", cols, ir.Constant(I64, c)))
             with b.if_then(inside, likely=True):
                 pos = b.add(b.mul(out_row, ir.Constant(I64, r)), ir.Constant(I64, c * lanes))
-                values = {prog.inputs[0].name: y[r][c]}
-                for e, kind in enumerate(spec.extra_kinds):
-                    nm = prog.inputs[e + 1].name
-                    if kind == POSITION:
-                        values[nm] = b.load(b.gep(extras[e], [pos], source_etype=F32), typ=vty, align=4)
-                    else:
-                        values[nm] = chan[e]
-                emit_body(b, prog, values, lanes)
-                for k, v in enumerate(prog.outputs):
-                    # Padding channels as exact zeros, as the blocked tiles store them (blocked_tile.py).
-                    b.store(b.select(mask, values[v.name], zero), b.gep(outs[k], [pos], source_etype=F32), align=4)
+                store_epilogue(b, spec, y[r][c], extras, chan, pos, mask, outs)
     b.ret_void()
     return fn
 
