@@ -124,6 +124,15 @@ def _has_unknown_shapes(model: onnx.ModelProto) -> bool:
     return any(o and o not in known for n in model.graph.node for o in n.output)
 
 
+def _complete_output_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+    """Graph outputs declared without a shape (onnxruntime runs such models, the ONNX checker rejects them) get the
+    inferred one, so the emitted model passes the checker. Outputs with a declared shape are left as declared."""
+    shapes = {o.name: o.type for o in inferred.graph.output if o.type.tensor_type.HasField("shape")}
+    for o in model.graph.output:
+        if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape") and o.name in shapes:
+            o.type.tensor_type.shape.CopyFrom(shapes[o.name].tensor_type.shape)
+
+
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx's shape inference, then onnxruntime's symbolic one where onnx lost dims (Shape/Slice arithmetic on
     symbolic dims, common in exported transformers). The symbolic pass assumes broadcast symbolic dims are equal;
@@ -361,6 +370,7 @@ class _Optimizer:
         self.report["merged_nodes"] = eliminate_common_subexpressions(work)
         self.emit_base = work  # the folded graph as it is: what fused.onnx is built from
         work = _infer(work)
+        _complete_output_types(self.emit_base, work)
         self.report["timings"]["load_fold_infer_s"] = time.perf_counter() - t
 
         t = time.perf_counter()

@@ -180,6 +180,27 @@ def test_intermediate_graph_output_stays_materialized(tmp_path):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
 
 
+def test_output_declared_without_shape(tmp_path):
+    """onnxruntime runs a model whose output type has no shape; the ONNX checker does not. The fused model gets the
+    inferred shape, so it passes the checker and gives the same answer."""
+    w = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 4),
+                           helper.make_node("Relu", ["c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    src, out = str(tmp_path / "m.onnx"), str(tmp_path / "f.onnx")
+    onnx.save(m, src)
+    res = onnxopt.optimize(src, out, measure=False)
+    assert res.report["fused_regions"] == 1
+    fused = onnx.load(out)
+    onnx.checker.check_model(fused)
+    assert [d.dim_value for d in fused.graph.output[0].type.tensor_type.shape.dim] == [1, 8, 16, 16]
+    x = np.random.default_rng(1).standard_normal((1, 4, 16, 16)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, {"x": x}, runtime=True)[0], _run(src, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
 def test_python_api_without_output_returns_model(tmp_path):
     res = onnxopt.optimize(build_model("mobilenetv3", image_size=32), measure=False)
     assert res.output is None and res.library is None
