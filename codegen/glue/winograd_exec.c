@@ -43,60 +43,57 @@ typedef struct {
   float *out[CT_MAX_OUT];
   const float *extra[CT_MAX_EXTRA];
   int64_t extra_count[CT_MAX_EXTRA];
-  OrtStatus *oom;
+  int failed; /* a task ran out of memory (set by any thread; reported after the parallel section) */
 } wg_job;
 
-/* Phase 1: one row of tiles of one input channel vector of one item. */
-static void wg_input_row(void *usr, size_t index) {
-  const wg_job *j = (const wg_job *)usr;
+/* The input transform of tile (ty, tx) of one channel vector's plane into dst (positions dst_step apart). */
+static void wg_input_tile(const wg_job *j, const float *plane, int64_t ty, int64_t tx, float *dst, int64_t dst_step) {
   const onnxopt_ct_desc *d = j->d;
   int64_t L = d->lanes, n = j->n, m = j->m;
-  int64_t ty = (int64_t)index % j->TH, rest = (int64_t)index / j->TH, cb = rest % j->CB, item = rest / j->CB;
   float win[WG_MAX_N * WG_MAX_N * 16] __attribute__((aligned(64)));
-  const float *plane = j->x + (item * j->CB + cb) * j->H * j->W * L;
-  float *vbase = j->V + item * j->nn * j->CB * j->T * L + cb * j->T * L;
   wg_in_rec rec;
-  rec.dst_step = j->CB * j->T * L;
-  int64_t ih0 = ty * m - j->pt;
-  for (int64_t tx = 0; tx < j->TW; tx++) {
-    int64_t iw0 = tx * m - j->pl;
-    if (ih0 >= 0 && ih0 + n <= j->H && iw0 >= 0 && iw0 + n <= j->W) {
-      rec.src = plane + (ih0 * j->W + iw0) * L;
-      rec.src_row = j->W * L;
-    } else {
-      memset(win, 0, sizeof(float) * (size_t)(n * n * L));
-      int64_t c0 = iw0 < 0 ? -iw0 : 0, c1 = j->W - iw0 < n ? j->W - iw0 : n;
-      for (int64_t r = 0; r < n && c1 > c0; r++) {
-        int64_t ih = ih0 + r;
-        if (ih < 0 || ih >= j->H) continue;
-        memcpy(win + (r * n + c0) * L, plane + (ih * j->W + iw0 + c0) * L, sizeof(float) * (size_t)((c1 - c0) * L));
-      }
-      rec.src = win;
-      rec.src_row = n * L;
+  rec.dst_step = dst_step;
+  rec.dst = dst;
+  int64_t ih0 = ty * m - j->pt, iw0 = tx * m - j->pl;
+  if (ih0 >= 0 && ih0 + n <= j->H && iw0 >= 0 && iw0 + n <= j->W) {
+    rec.src = plane + (ih0 * j->W + iw0) * L;
+    rec.src_row = j->W * L;
+  } else {
+    memset(win, 0, sizeof(float) * (size_t)(n * n * L));
+    int64_t c0 = iw0 < 0 ? -iw0 : 0, c1 = j->W - iw0 < n ? j->W - iw0 : n;
+    for (int64_t r = 0; r < n && c1 > c0; r++) {
+      int64_t ih = ih0 + r;
+      if (ih < 0 || ih >= j->H) continue;
+      memcpy(win + (r * n + c0) * L, plane + (ih * j->W + iw0 + c0) * L, sizeof(float) * (size_t)((c1 - c0) * L));
     }
-    rec.dst = vbase + (ty * j->TW + tx) * L;
-    d->wino_in((const int64_t *)&rec);
+    rec.src = win;
+    rec.src_row = n * L;
   }
+  d->wino_in((const int64_t *)&rec);
 }
 
-/* Phase 2: the products of one (item, group, block of tiles) and their output transforms. */
-static void wg_product_block(void *usr, size_t index) {
-  wg_job *j = (wg_job *)usr;
+/* Two-phase form, phase 1: one row of tiles of one input channel vector of one item, into the shared V. */
+static void wg_input_row(void *usr, size_t index) {
+  const wg_job *j = (const wg_job *)usr;
+  int64_t L = j->d->lanes;
+  int64_t ty = (int64_t)index % j->TH, rest = (int64_t)index / j->TH, cb = rest % j->CB, item = rest / j->CB;
+  const float *plane = j->x + (item * j->CB + cb) * j->H * j->W * L;
+  float *vbase = j->V + item * j->nn * j->CB * j->T * L + cb * j->T * L;
+  for (int64_t tx = 0; tx < j->TW; tx++)
+    wg_input_tile(j, plane, ty, tx, vbase + (ty * j->TW + tx) * L, j->CB * j->T * L);
+}
+
+/* The products of tiles [t0, t1) of one item with output vector group g, and their output transforms. `v` holds
+ * the tiles' transformed inputs as [nn][CB][vt][L] with tile t0 at offset v0 (vt: tiles per channel vector), koff
+ * each input channel's offset in one position's [CB][vt][L]; M the task's product buffer. */
+static void wg_products(const wg_job *j, int64_t item, int64_t g, int64_t t0, int64_t t1, const float *v, int64_t v0,
+                        int64_t vt, const int64_t *koff, float *M) {
   const onnxopt_ct_desc *d = j->d;
-  int64_t L = d->lanes, NI = d->ni, MI = d->mi, nn = j->nn, m = j->m;
-  int64_t blk = (int64_t)index % j->blocks, rest = (int64_t)index / j->blocks;
-  int64_t g = rest % j->groups, item = rest / j->groups;
-  int64_t t0 = blk * j->T / j->blocks, t1 = (blk + 1) * j->T / j->blocks, tb = t1 - t0;
-  if (tb <= 0) return;
+  int64_t L = d->lanes, NI = d->ni, MI = d->mi, nn = j->nn, m = j->m, tb = t1 - t0;
   int nv = (int)(j->OCB - g * NI < NI ? j->OCB - g * NI : NI);
-  float *M = (float *)aligned_alloc(64, (size_t)((nn * NI * tb * L * (int64_t)sizeof(float) + 63) / 64 * 64));
-  if (!M) {
-    j->oom = fail(ORT_FAIL, "onnxopt: out of memory for a Winograd convolution's products");
-    return;
-  }
   ct_tile t;
   memset(&t, 0, sizeof(t));
-  t.koff = j->koff;
+  t.koff = koff;
   t.k = j->C;
   t.a_ms = L;
   t.ldc = L;
@@ -105,7 +102,6 @@ static void wg_product_block(void *usr, size_t index) {
     t.voff[jj] = jj * L;
     t.lanes[jj] = left < L ? left : L;
   }
-  const float *v_item = j->V + item * nn * j->CB * j->T * L;
   /* A block in near-equal tiles of at most MI (as cb_run_task: a short last tile runs far below the others' rate). */
   int64_t tiles = (tb + MI - 1) / MI;
   for (int64_t xi = 0; xi < nn; xi++) {
@@ -113,7 +109,7 @@ static void wg_product_block(void *usr, size_t index) {
     t.out[0] = M + xi * NI * tb * L;
     for (int64_t ti = 0; ti < tiles; ti++) {
       int64_t p0 = ti * tb / tiles, mi = (ti + 1) * tb / tiles - p0;
-      t.a = v_item + xi * j->CB * j->T * L + (t0 + p0) * L;
+      t.a = v + xi * j->CB * vt * L + v0 + p0 * L;
       for (int jj = 0; jj < nv; jj++) t.coff[jj] = jj * tb * L + p0 * L;
       d->tiles[(mi - 1) * NI + (nv - 1)]((const int64_t *)&t);
     }
@@ -144,7 +140,51 @@ static void wg_product_block(void *usr, size_t index) {
       d->wino_out((const int64_t *)&o);
     }
   }
+}
+
+/* Two-phase form, phase 2: one (item, group, block of tiles), reading the shared V. */
+static void wg_product_block(void *usr, size_t index) {
+  wg_job *j = (wg_job *)usr;
+  int64_t L = j->d->lanes, NI = j->d->ni;
+  int64_t blk = (int64_t)index % j->blocks, rest = (int64_t)index / j->blocks;
+  int64_t g = rest % j->groups, item = rest / j->groups;
+  int64_t t0 = blk * j->T / j->blocks, t1 = (blk + 1) * j->T / j->blocks, tb = t1 - t0;
+  if (tb <= 0) return;
+  float *M = (float *)aligned_alloc(64, (size_t)((j->nn * NI * tb * L * (int64_t)sizeof(float) + 63) / 64 * 64));
+  if (!M) {
+    __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  wg_products(j, item, g, t0, t1, j->V + item * j->nn * j->CB * j->T * L, t0 * L, j->T, j->koff, M);
   free(M);
+}
+
+/* One-phase form: one (item, block of tiles) transforms its own tiles' inputs into a task buffer, then runs every
+ * output group on them. Each tile's input transform runs once, as in the two-phase form, but the transformed tiles
+ * stay in the core's cache and the call has one parallel section instead of two. */
+static void wg_fused_block(void *usr, size_t index) {
+  wg_job *j = (wg_job *)usr;
+  int64_t L = j->d->lanes, NI = j->d->ni, nn = j->nn;
+  int64_t blk = (int64_t)index % j->blocks, item = (int64_t)index / j->blocks;
+  int64_t t0 = blk * j->T / j->blocks, t1 = (blk + 1) * j->T / j->blocks, tb = t1 - t0;
+  if (tb <= 0) return;
+  size_t v_bytes = (size_t)(nn * j->CB * tb * L) * sizeof(float), m_bytes = (size_t)(nn * NI * tb * L) * sizeof(float);
+  size_t k_bytes = (size_t)j->C * sizeof(int64_t);
+  char *buf = (char *)aligned_alloc(64, (v_bytes + m_bytes + k_bytes + 63) / 64 * 64);
+  if (!buf) {
+    __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  float *v = (float *)buf, *M = (float *)(buf + v_bytes);
+  int64_t *koff = (int64_t *)(buf + v_bytes + m_bytes);
+  for (int64_t c = 0; c < j->C; c++) koff[c] = (c / L) * tb * L + c % L;
+  for (int64_t cb = 0; cb < j->CB; cb++) {
+    const float *plane = j->x + (item * j->CB + cb) * j->H * j->W * L;
+    for (int64_t tt = t0; tt < t1; tt++)
+      wg_input_tile(j, plane, tt / j->TW, tt % j->TW, v + (cb * tb + tt - t0) * L, j->CB * tb * L);
+  }
+  for (int64_t g = 0; g < j->groups; g++) wg_products(j, item, g, t0, t1, v, 0, tb, koff, M);
+  free(buf);
 }
 
 static OrtStatus *wg_parallel(OrtKernelContext *ctx, void (*fn)(void *, size_t), int64_t tasks, wg_job *job,
@@ -197,29 +237,37 @@ static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const
                 : fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
     job.x = in_buf;
   }
-  if (!st) {
+  double flops = 2.0 * (double)N * job.T * job.nn * (double)job.C * (double)job.OCB * L;
+  /* One-phase when blocks of tiles whose transformed inputs and products fit WG_M_BYTES, of at least MI tiles each,
+   * still give the pool WG_MIN_TASKS tasks; else (few tiles, many channels) the two-phase form, whose tasks also
+   * split the output groups. */
+  int64_t one_tile = job.nn * (job.CB + d->ni) * L * (int64_t)sizeof(float), most = (job.T + d->mi - 1) / d->mi;
+  int64_t one_blocks = (job.T * one_tile + WG_M_BYTES - 1) / WG_M_BYTES, want = (WG_MIN_TASKS + N - 1) / N;
+  if (one_blocks < want) one_blocks = want;
+  if (one_blocks > most) one_blocks = most;
+  int one_phase = N * one_blocks >= WG_MIN_TASKS || flops < CT_INLINE_FLOPS;
+  if (!st && one_phase) {
+    job.blocks = one_blocks < 1 ? 1 : one_blocks;
+    st = wg_parallel(ctx, wg_fused_block, N * job.blocks, &job, flops);
+  } else if (!st) {
     job.V = (float *)malloc((size_t)(N * job.nn * job.CB * job.T * L) * sizeof(float));
     job.koff = (int64_t *)malloc((size_t)job.C * sizeof(int64_t));
     if (!job.V || !job.koff) st = fail(ORT_FAIL, "onnxopt: out of memory for a Winograd convolution");
+    if (!st) {
+      for (int64_t c = 0; c < job.C; c++) job.koff[c] = (c / L) * job.T * L + c % L;
+      st = wg_parallel(ctx, wg_input_row, N * job.CB * job.TH, &job, flops);
+    }
+    if (!st) {
+      /* Tile blocks: M within WG_M_BYTES, and enough tasks for the pool, but no block under MI tiles. */
+      int64_t cap = WG_M_BYTES / (job.nn * d->ni * L * (int64_t)sizeof(float));
+      if (cap < 1) cap = 1;
+      int64_t blocks = (job.T + cap - 1) / cap, per = (WG_MIN_TASKS + N * job.groups - 1) / (N * job.groups);
+      if (blocks < per) blocks = per < most ? per : most;
+      job.blocks = blocks < 1 ? 1 : blocks;
+      st = wg_parallel(ctx, wg_product_block, N * job.groups * job.blocks, &job, flops);
+    }
   }
-  if (!st) {
-    for (int64_t c = 0; c < job.C; c++) job.koff[c] = (c / L) * job.T * L + c % L;
-    double flops = 2.0 * (double)N * job.T * job.nn * (double)job.C * (double)job.OCB * L;
-    st = wg_parallel(ctx, wg_input_row, N * job.CB * job.TH, &job, flops);
-  }
-  if (!st) {
-    /* Tile blocks: M within WG_M_BYTES, and enough tasks for the pool, but no block under MI tiles. */
-    int64_t cap = WG_M_BYTES / (job.nn * d->ni * L * (int64_t)sizeof(float));
-    if (cap < 1) cap = 1;
-    int64_t blocks = (job.T + cap - 1) / cap, most = (job.T + d->mi - 1) / d->mi;
-    int64_t want = (WG_MIN_TASKS + N * job.groups - 1) / (N * job.groups);
-    if (blocks < want) blocks = want < most ? want : most;
-    if (blocks < 1) blocks = 1;
-    job.blocks = blocks;
-    double flops = 2.0 * (double)N * job.T * job.nn * (double)job.C * (double)job.OCB * L;
-    st = wg_parallel(ctx, wg_product_block, N * job.groups * blocks, &job, flops);
-    if (!st) st = job.oom;
-  }
+  if (!st && job.failed) st = fail(ORT_FAIL, "onnxopt: out of memory for a Winograd convolution's products");
   for (int o = 0; !st && scratch && o < d->sig.n_out; o++)
     st = cb_reorder(ctx, user_out[o], job.out[o], N, d->oc, L, pixels, 1);
   free(job.V);

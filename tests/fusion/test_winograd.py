@@ -120,6 +120,23 @@ def test_resnet_block_matches_onnxruntime(tmp_path, m):
 
 
 @needs_vectors
+@pytest.mark.parametrize("c_in, oc, size, batch", [(16, 24, 40, 1), (16, 16, 9, 3), (192, 80, 8, 1)])
+def test_both_task_forms_match_onnxruntime(tmp_path, c_in, oc, size, batch):
+    """winograd_exec.c runs a convolution in one phase (each task transforms its own tiles' inputs) when blocks of
+    tiles give the pool enough tasks: a large image, or small layers run inline; and in two phases (all inputs
+    transformed first, tasks over output groups too) when few tiles hold many channels. These shapes take each:
+    40x40 one phase over 8+ parallel tasks, 9x9 batch 3 one phase, 8x8 with 192 channels two phases."""
+    ch = Chain(c_in, size, size, batch=batch, seed=c_in + oc)
+    a = ch.conv("x", "a", c_in, k=1, p=0)
+    b = ch.conv(a, "b", oc, k=3)
+    model = ch.model([ch.conv(b, "c", 16, k=1, p=0)])
+    for m in winograd.SIZES:
+        res = _blocked_regions(model, tmp_path, str(m))
+        assert sum("__wino" in i.name for i in res.model.graph.initializer) == 1
+        check_answers(res, model, ch.feeds)
+
+
+@needs_vectors
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(c_in=st.integers(1, 40), oc=st.integers(1, 40), h=st.integers(1, 14), w=st.integers(1, 14),
        pads=st.tuples(*[st.integers(0, 2)] * 4), batch=st.sampled_from([1, 3]), m=st.sampled_from(winograd.SIZES),
