@@ -156,6 +156,45 @@ typedef struct {
   const float *inv_h, *inv_w;
 } pool_blocked_job;
 
+#define POOL_BLOCKED_U 4 /* interior outputs computed together: independent accumulators hide the add latency */
+
+/* Output positions [q, q + U) of output row o, all of whose taps along the width are inside the input: U
+ * accumulators per vector, the rows' bounds checked once per row. */
+static inline __attribute__((always_inline)) void pool_blocked_span_l(const pool_blocked_job *j, const float *xp,
+                                                                       float *yp, int64_t o, int64_t q, const int L,
+                                                                       const int U) {
+  const onnxopt_pool_desc *d = j->d;
+  int is_max = d->op == POOL_MAX;
+  int64_t hl = is_max ? j->H : j->He, r0 = o * d->sh - j->pt;
+  float acc[POOL_BLOCKED_U][16];
+#pragma GCC unroll 4
+  for (int u = 0; u < U; u++)
+    for (int l = 0; l < L; l++) acc[u][l] = is_max ? -3.402823466e+38f : 0.0f;
+  for (int64_t a = 0; a < d->kh; a++) {
+    int64_t r = r0 + a * d->dh;
+    if (r < 0 || r >= hl) continue;
+    const float *xr = xp + (r * j->W + q * d->sw - j->pl) * L;
+    for (int64_t b = 0; b < d->kw; b++) {
+      const float *v = xr + b * d->dw * L;
+      if (is_max) {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+          for (int l = 0; l < L; l++) acc[u][l] = v[u * d->sw * L + l] > acc[u][l] ? v[u * d->sw * L + l] : acc[u][l];
+      } else {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+          for (int l = 0; l < L; l++) acc[u][l] += v[u * d->sw * L + l];
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int u = 0; u < U; u++) {
+    float *dst = yp + (q + u) * L;
+    float inv = is_max ? 1.0f : j->inv_h[o] * j->inv_w[q + u];
+    for (int l = 0; l < L; l++) dst[l] = is_max ? acc[u][l] : acc[u][l] * inv;
+  }
+}
+
 /* Output row `row` (over N * C / L * OH) for L lanes; inlined into each clone with L a constant. */
 static inline __attribute__((always_inline)) void pool_blocked_row_l(const pool_blocked_job *j, int64_t row,
                                                                       const int L) {
@@ -166,8 +205,18 @@ static inline __attribute__((always_inline)) void pool_blocked_row_l(const pool_
   int is_max = d->op == POOL_MAX;
   int64_t hl = is_max ? j->H : j->He, wl = is_max ? j->W : j->We; /* taps past these count for nothing */
   int64_t r0 = o * d->sh - j->pt;
+  /* Outputs [q_lo, q_hi) have every tap along the width inside [0, wl). */
+  int64_t q_lo = (j->pl + d->sw - 1) / d->sw, last = wl - 1 - (d->kw - 1) * d->dw + j->pl;
+  int64_t q_hi = last < 0 ? 0 : last / d->sw + 1;
+  if (q_hi > j->OW) q_hi = j->OW;
+  if (q_lo > q_hi) q_lo = q_hi;
   float acc[16];
   for (int64_t q = 0; q < j->OW; q++) {
+    if (q == q_lo) { /* the interior, U outputs at a time */
+      for (; q + POOL_BLOCKED_U <= q_hi; q += POOL_BLOCKED_U) pool_blocked_span_l(j, xp, yp, o, q, L, POOL_BLOCKED_U);
+      for (; q < q_hi; q++) pool_blocked_span_l(j, xp, yp, o, q, L, 1);
+      if (q >= j->OW) break;
+    }
     int64_t c0 = q * d->sw - j->pl;
     for (int l = 0; l < L; l++) acc[l] = is_max ? -3.402823466e+38f : 0.0f;
     for (int64_t a = 0; a < d->kh; a++) {
