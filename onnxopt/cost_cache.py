@@ -15,8 +15,10 @@ table was added without a schema change (CREATE TABLE IF NOT EXISTS): an older o
 
 A row is keyed by the sha256 of everything the time depends on: the region's op type (which hashes its
 computation and the target's name, CPU and features; the register tile too), the runtime input shapes that were
-timed, the thread count (and the CPUs this process may use), onnxruntime's version, onnxopt's version and the CPU
-model, so a cache copied to another machine or kept across an upgrade never answers for what it did not measure.
+timed, the thread count (and the CPUs this process may use), onnxruntime's version, onnxopt's version with a digest
+of its sources (onnxopt/ and codegen/: the glue's task split or an IR emitter change makes another kernel under the
+same op type) and the CPU model, so a cache copied to another machine or kept across an upgrade, or a checkout
+moved to another commit, never answers for what it did not measure.
 The readable parts are stored as columns too, for inspection with any SQLite client.
 
 Only timings are reused: every kernel is still checked against onnxruntime on every run. A file that cannot be
@@ -26,6 +28,7 @@ optimization: the cache turns itself off, and the report (and one Python warning
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -113,6 +116,31 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """12 hex digits of sha256 over the Python and C sources of the onnxopt and codegen packages (what generates and
+    runs a kernel; tests and docs are not part of it)."""
+    import codegen
+    import onnxopt
+
+    return tree_digest([os.path.dirname(os.path.abspath(p.__file__)) for p in (onnxopt, codegen)])
+
+
+def tree_digest(roots) -> str:
+    """sha256 (12 hex digits) of the .py, .c and .h files under each root, by path relative to the root's parent."""
+    h = hashlib.sha256()
+    for root in roots:
+        for dirpath, dirnames, files in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for f in sorted(files):
+                if f.endswith((".py", ".c", ".h")):
+                    path = os.path.join(dirpath, f)
+                    h.update(os.path.relpath(path, os.path.dirname(root)).encode() + b"\0")
+                    with open(path, "rb") as fh:
+                        h.update(fh.read() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def _ort_version() -> str:
     try:
         import onnxruntime
@@ -138,7 +166,8 @@ class CostCache:
         self.kernel_hits = self.kernel_misses = 0
         self.warning: str | None = None
         self._conn: sqlite3.Connection | None = None
-        self._ident = {"ort_version": _ort_version(), "onnxopt_version": __version__, "cpu": cpu_model(),
+        self._ident = {"ort_version": _ort_version(), "onnxopt_version": f"{__version__}+{source_digest()}",
+                       "cpu": cpu_model(),
                        "cpus": usable_cpus()}
         try:
             self._open()

@@ -1197,7 +1197,7 @@ class _Optimizer:
         if current:
             # The last word, timed longer, with a margin: two sessions of the same model differ by 1-3% run to run
             # on a shared machine, and a model that only measured faster by that much is not known to be faster.
-            ta, tb = time_interleaved([s_orig, s_cur], feeds, min_time=1.5, max_blocks=60, min_blocks=10)
+            ta, tb = time_interleaved([s_orig, s_cur], feeds, min_time=1.5, max_blocks=400, min_blocks=10)
             t_orig, t_cur = ta["median"], tb["median"]
             decisions["final_candidate_s"] = t_cur  # what the plan measured, emitted or not
             if t_orig / t_cur < self.opts.min_speedup * WHOLE_MODEL_MARGIN:

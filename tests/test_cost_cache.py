@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxopt
-from onnxopt.cost_cache import CostCache, CostCacheWarning, default_path
+from onnxopt.cost_cache import CostCache, CostCacheWarning, default_path, source_digest, tree_digest
 from onnxopt.models.conv_shapes import ConvShape, conv_model
 
 
@@ -44,7 +44,24 @@ def test_round_trip_in_a_real_file(tmp_path):
         assert db.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
     rec = dict(zip(cols, row))
     assert rec["op_type"] == "Conv_ab" and json.loads(rec["shapes"]) == [[1, 8, 4, 4]] and rec["threads"] == 2
-    assert rec["onnxopt_version"] == onnxopt.__version__ and rec["cpu"] and rec["ort_version"]
+    assert rec["onnxopt_version"] == f"{onnxopt.__version__}+{source_digest()}" and rec["cpu"] and rec["ort_version"]
+
+
+def test_source_digest_follows_the_kernel_sources(tmp_path):
+    """A kernel timed by other glue or code generation is another kernel: the cache's version holds a digest of the
+    sources, which changes with any .py, .c or .h file under the packages (and only with those)."""
+    root = tmp_path / "codegen"
+    (root / "glue").mkdir(parents=True)
+    (root / "glue" / "exec.c").write_text("int task_split = 8;\n")
+    (root / "build.py").write_text("TILE = 6\n")
+    first = tree_digest([str(root)])
+    (root / "NOTES.md").write_text("docs are not code\n")
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "build.cpython-311.pyc").write_bytes(b"\0")
+    assert tree_digest([str(root)]) == first
+    (root / "glue" / "exec.c").write_text("int task_split = 16;\n")
+    assert tree_digest([str(root)]) != first
+    assert len(source_digest()) == 12
 
 
 def test_key_depends_on_shapes_threads_and_op_type(tmp_path):
