@@ -120,10 +120,12 @@ def usable_cpus() -> int:
 def source_digest() -> str:
     """12 hex digits of sha256 over the Python and C sources of the onnxopt and codegen packages (what generates and
     runs a kernel; tests and docs are not part of it)."""
-    import codegen
     import onnxopt
+    from onnxopt import codegen
 
-    return tree_digest([os.path.dirname(os.path.abspath(p.__file__)) for p in (onnxopt, codegen)])
+    roots = [os.path.dirname(os.path.abspath(p.__file__)) for p in (onnxopt, codegen)]
+    # Installed from a wheel, codegen/ lies inside onnxopt/; in a checkout (editable install) beside it.
+    return tree_digest([r for r in roots if not any(r.startswith(o + os.sep) for o in roots)])
 
 
 def tree_digest(roots) -> str:
