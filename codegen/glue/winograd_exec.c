@@ -1,17 +1,22 @@
 /* ---- Winograd F(m x m, 3 x 3) convolutions on channel vectors (onnxopt/fusion/winograd.py). ----
  *
- * Inserted after compute_exec.c. Two parallel phases per call:
- *  1. the input transform: each (m + 2) x (m + 2) input window of each input channel vector becomes n^2 = (m + 2)^2
- *     vectors, stored by position: V [N][n^2][CB][T][L] (T tiles per item, row-major over the output). Windows that
- *     cross the border are copied, zero-padded, into a small buffer first (any padding, SAME included);
- *  2. per (item, group of NI output channel vectors, block of tiles): for each of the n^2 positions, the product of
- *     that position's V (tiles x C) and transformed weights (C x NI * L) by the blocked tiles with an empty epilogue
- *     (the tile's pixels are the block's tiles, its k the input channels through a tap table), into a buffer
- *     M [n^2][NI][tiles][L] kept by the task; then the output transform of each tile and vector, which runs the
- *     region's epilogue and writes the pixels inside the image.
- * The block of tiles bounds M (WG_M_BYTES, so it stays in L2) while every tile of the block reuses each weight
- * vector; the split aims at WG_MIN_TASKS tasks for the thread pool. Inputs and outputs as ct_conv_blocked's: an
- * NCHW input is reordered to blocked first; NCHW outputs (channel_vectors) go through blocked buffers. */
+ * Inserted after compute_exec.c. Per call, in one of two task forms (wg_conv picks):
+ *  - the input transform: each (m + 2) x (m + 2) input window of each input channel vector becomes n^2 = (m + 2)^2
+ *    vectors, stored by position ([n^2][CB][tiles][L], tiles row-major over the output). Windows that cross the
+ *    border are copied, zero-padded, into a small buffer first (any padding, SAME included);
+ *  - the products, per group of NI output channel vectors and block of tiles: for each of the n^2 positions, that
+ *    position's transformed inputs (tiles x C) times the transformed weights (C x NI * L) by the blocked tiles with an
+ *    empty epilogue (the tile's pixels are the block's tiles, its k the input channels through a tap table), into a
+ *    buffer M [n^2][NI][tiles][L] kept by the task; then the output transform of each tile and vector, which runs the
+ *    region's epilogue and writes the pixels inside the image.
+ * One phase (wg_fused_block): a task per (item, block of tiles) transforms its block's inputs into its own buffer
+ * and runs every group on it, so the transformed inputs stay in the core's cache and the call wakes the pool once.
+ * Two phases (wg_input_row, then wg_product_block): all inputs are transformed into V [N][n^2][CB][T][L] first,
+ * then tasks split over groups as well as blocks, for layers with few tiles and many channels (14x14, 7x7), where
+ * one phase would leave cores idle. The block of tiles bounds the task's buffers (WG_M_BYTES, so they stay in L2)
+ * while every tile of the block reuses each weight vector; the split aims at WG_MIN_TASKS tasks for the thread pool.
+ * Inputs and outputs as ct_conv_blocked's: an NCHW input is reordered to blocked first; NCHW outputs
+ * (channel_vectors) go through blocked buffers. */
 
 #define WG_M_BYTES (256 * 1024)
 #define WG_MIN_TASKS 8
