@@ -151,14 +151,7 @@ static OrtStatus *af_chain_compute(const onnxopt_af_desc *ad, OrtKernelContext *
   int64_t item_c = cc->out_blocked ? ocb_c * oh_c * ow_c * L : cc->oc * oh_c * ow_c;
   CHECK(af_chain_part(&j.c, cc, ctx, ad->second_input[1], N, j.OH_B, j.b.OW, L, &j.pt_c, &j.pl_c, &pr_c, item_c));
   j.OH_C = j.c.OH, j.OW_C = j.c.OW, j.sh_b = cbd->sh, j.sh_c = cc->sh;
-  int64_t odims[5] = {N, j.c.OCB, j.OH_C, j.OW_C, L}, nchw_dims[4] = {N, cc->oc, j.OH_C, j.OW_C};
-  for (int o = 0; o < cc->sig.n_out; o++) {
-    OrtValue *ov;
-    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, cc->out_blocked ? odims : nchw_dims, cc->out_blocked ? 5 : 4,
-                                       &ov));
-    CHECK(API(GetTensorMutableData)(ov, (void **)&j.user_out[o]));
-    j.out[o] = j.user_out[o];
-  }
+  CHECK(ct_conv_outputs(cc, ctx, 0, N, j.OH_C, j.OW_C, j.user_out, j.out));
   CHECK(af_extras(&j.a, ca, ctx, 2, N, 0, -1));
   if (N == 0 || j.OH_C * j.OW_C == 0) return NULL;
   OrtStatus *st = NULL;

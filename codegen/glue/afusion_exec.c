@@ -314,14 +314,7 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
     const OrtValue *wv;
     CHECK(ct_dims(ctx, (size_t)ad->second_input[s], &wv, wd, &wr));
     CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&br->conv.w));
-    int64_t odims[5] = {N, br->conv.OCB, oh, ow, L}, nchw_dims[4] = {N, c->oc, oh, ow};
-    for (int o = 0; o < c->sig.n_out; o++) {
-      OrtValue *ov;
-      CHECK(API(KernelContext_GetOutput)(ctx, (size_t)(out_base + o), c->out_blocked ? odims : nchw_dims,
-                                         c->out_blocked ? 5 : 4, &ov));
-      CHECK(API(GetTensorMutableData)(ov, (void **)&br->user_out[o]));
-      br->out[o] = br->user_out[o];
-    }
+    CHECK(ct_conv_outputs(c, ctx, (size_t)out_base, N, oh, ow, br->user_out, br->out));
     out_base += c->sig.n_out;
     CHECK(af_extras(&br->conv, c, ctx, ad->second_input[s] + 1, N,
                     c->out_blocked ? br->conv.OCB * oh * ow * L : c->oc * oh * ow, -1));
@@ -451,15 +444,8 @@ static OrtStatus *af_miso_compute(const onnxopt_af_desc *ad, OrtKernelContext *c
   j.L = L;
   int64_t OCB = (cb->oc + L - 1) / L;
   j.item_out = OCB * j.OH * j.OW * L;
-  int64_t odims[5] = {N, OCB, j.OH, j.OW, L}, nchw_dims[4] = {N, cb->oc, j.OH, j.OW};
   float *user_out[CT_MAX_OUT];
-  for (int o = 0; o < cb->sig.n_out; o++) {
-    OrtValue *ov;
-    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, cb->out_blocked ? odims : nchw_dims, cb->out_blocked ? 5 : 4,
-                                       &ov));
-    CHECK(API(GetTensorMutableData)(ov, (void **)&user_out[o]));
-    j.out[o] = user_out[o];
-  }
+  CHECK(ct_conv_outputs(cb, ctx, 0, N, j.OH, j.OW, user_out, j.out));
   CHECK(af_extras(&j.a, ca, ctx, 2, N, 0, -1));
   CHECK(af_extras(&j.b, cb, ctx, xb_at + 2, N, cb->out_blocked ? j.item_out : cb->oc * j.OH * j.OW, ad->miso_extra));
   if (N == 0 || j.OH * j.OW == 0) return NULL;

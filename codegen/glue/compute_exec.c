@@ -813,6 +813,21 @@ static OrtStatus *cb_prepare_depthwise(cb_ready *r, const onnxopt_ct_desc *d, co
 
 /* Makes a channel-vector convolution ready to run on input `xv` (dims `xd`) with packed weights `wv`: its epilogue
    inputs are op inputs `in_extra`.., its outputs op outputs `out0`... On failure nothing is left allocated. */
+/* A convolution kernel's outputs out0 .. out0 + n_out - 1: blocked [N, OC/L, OH, OW, L] or NCHW [N, OC, OH, OW], as
+ * the description says. `user` and `out` both get each one's data (a kernel may point `out` at scratch later). */
+static OrtStatus *ct_conv_outputs(const onnxopt_ct_desc *d, OrtKernelContext *ctx, size_t out0, int64_t N, int64_t OH,
+                                  int64_t OW, float **user, float **out) {
+  int64_t L = d->lanes, odims[5] = {N, (d->oc + L - 1) / L, OH, OW, L}, nchw_dims[4] = {N, d->oc, OH, OW};
+  for (int o = 0; o < d->sig.n_out; o++) {
+    OrtValue *ov;
+    CHECK(API(KernelContext_GetOutput)(ctx, out0 + (size_t)o, d->out_blocked ? odims : nchw_dims,
+                                       d->out_blocked ? 5 : 4, &ov));
+    CHECK(API(GetTensorMutableData)(ov, (void **)&user[o]));
+    out[o] = user[o];
+  }
+  return NULL;
+}
+
 static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv, const int64_t *xd,
                              const OrtValue *wv, int in_extra, int out0, cb_ready *r) {
   memset(r, 0, sizeof(*r));
@@ -847,15 +862,8 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
   int64_t C_in = C * d->groups;
   int64_t planes = d->in_blocked ? (C_in + L - 1) / L : C_in; /* per batch item */
   int64_t ps = d->in_blocked ? L : 1;
-  int64_t odims[5] = {N, job->OCB, OH, OW, L}, nchw_dims[4] = {N, d->oc, OH, OW};
   int64_t block_size = job->OCB * OH * OW * L; /* per item */
-  for (int o = 0; o < d->sig.n_out; o++) {
-    OrtValue *ov;
-    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)(out0 + o), d->out_blocked ? odims : nchw_dims,
-                                       d->out_blocked ? 5 : 4, &ov));
-    CHECK(API(GetTensorMutableData)(ov, (void **)&r->user_out[o]));
-    job->out[o] = r->user_out[o];
-  }
+  CHECK(ct_conv_outputs(d, ctx, (size_t)out0, N, OH, OW, r->user_out, job->out));
   /* Reuses the NCHW kernels' check: per-pixel inputs come in the outputs' layout. */
   ct_job sizes;
   memset(&sizes, 0, sizeof(sizes));

@@ -218,14 +218,7 @@ static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const
   job.groups = (job.OCB + d->ni - 1) / d->ni;
   int64_t block_size = job.OCB * job.OH * job.OW * L, pixels = job.OH * job.OW;
   float *user_out[CT_MAX_OUT];
-  int64_t odims[5] = {N, job.OCB, job.OH, job.OW, L}, nchw_dims[4] = {N, d->oc, job.OH, job.OW};
-  for (int o = 0; o < d->sig.n_out; o++) {
-    OrtValue *ov;
-    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, d->out_blocked ? odims : nchw_dims, d->out_blocked ? 5 : 4,
-                                       &ov));
-    CHECK(API(GetTensorMutableData)(ov, (void **)&user_out[o]));
-    job.out[o] = user_out[o];
-  }
+  CHECK(ct_conv_outputs(d, ctx, 0, N, job.OH, job.OW, user_out, job.out));
   ct_job sizes;
   memset(&sizes, 0, sizeof(sizes));
   CHECK(ct_extras_at(d, &sizes, ctx, 2, N, d->out_blocked ? block_size : d->oc * pixels, d->oc, 0, -1));
