@@ -17,6 +17,7 @@ import sys
 
 from onnxopt import __version__
 from onnxopt.errors import OnnxoptError
+from onnxopt.pipeline import WINOGRAD_MODES
 
 SUBCOMMANDS = ("inspect", "machine", "bench", "optimize")
 
@@ -63,10 +64,11 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    help="time for the register-tile and AFUSION band-height searches, largest regions first; the "
                    "rest keep the machine model's choice (default 12; tiles found are kept in the cost cache, so a "
                    "second run searches further)")
-    p.add_argument("--winograd", choices=["auto", "off", "2", "4"], default="auto",
-                   help="Winograd F(m x m, 3 x 3) for 3x3 stride-1 convolutions on the blocked kernel: auto (timed "
-                   "per convolution against the direct kernel, the faster kept), off, or 2 / 4 (on every one that "
-                   "qualifies). F(4x4) differs from the direct sum by about 3e-6 of the output's scale")
+    p.add_argument("--winograd", choices=list(WINOGRAD_MODES), default="auto",
+                   help="Winograd tiles for stride-1 3x3, 5x5, 1x7, 7x1, 1x3 and 3x1 convolutions on the blocked "
+                   "kernel: auto (timed per convolution against the direct kernel, the faster kept), off, or a tile "
+                   "length m (on every one whose kernel offers it: 3x3 2 or 4, 5x5 2, 1x7 2 or 4, 1x3 4 or 6). "
+                   "F(4x4, 3x3) differs from the direct sum by about 4e-6 of the output's scale")
     p.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true")

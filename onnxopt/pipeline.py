@@ -87,9 +87,9 @@ class Options:
     prune: bool = True  # prune fusion candidates by the roofline (OptiFX's theta_opt)
     # Seconds for the register-tile search (onnxopt/tune); regions past it keep the default tile. Largest first.
     tune_budget: float = 12.0
-    # Winograd F(m x m, 3 x 3) for blocked 3x3 stride-1 convolutions (fusion/winograd.py): "auto" times it per
-    # convolution (onnxopt/tune/winograd_search.py, with measure and the tile search), "off" never, "2" or "4" on
-    # every one that qualifies (ablations, tests).
+    # Winograd tiles for blocked stride-1 3x3, 5x5, 1xk and kx1 convolutions (fusion/winograd.py): "auto" times them
+    # per convolution (onnxopt/tune/winograd_search.py, with measure and the tile search), "off" never, a tile
+    # length m on every one whose kernel offers it (ablations, tests).
     winograd: str = "auto"
 
 
@@ -222,9 +222,9 @@ def _channel_vector_kernel(mk) -> tuple[int, int] | None:
 
 def kernel_error_bound(region: Region) -> float:
     """The error a compute kernel may show against onnxruntime, as a fraction of its output's largest magnitude: a
-    reduction in another order (2e-6), or a Winograd convolution's transforms (fusion/winograd.py, ERROR_BOUND)."""
+    reduction in another order (2e-6), or a Winograd convolution's transforms (fusion/winograd.py, error_bound)."""
     m = region.compute.attrs.get("winograd") if region.compute is not None else None
-    return winograd.ERROR_BOUND[m] if m else 2e-6
+    return winograd.error_bound(region.compute.attrs["kernel"], m) if m else 2e-6
 
 
 def _region_flops(region: Region, feeds, outs) -> float:
@@ -517,9 +517,11 @@ class _Optimizer:
         if not blocked:
             return []
         if self.opts.winograd not in ("auto", "off") and winograd.check_opset(work) is None:
-            # Forced: every 3x3 stride-1 convolution on the blocked kernel ("auto" decides in _search_tiles).
+            # Forced: every convolution on the blocked kernel whose kernel offers this tile length ("auto" decides
+            # in _search_tiles).
             m = int(self.opts.winograd)
-            plan = [winograd.to_winograd(r, m, mk.lanes, mk.tile.ni) if winograd.applies(r) is None else r
+            plan = [winograd.to_winograd(r, m, mk.lanes, mk.tile.ni)
+                    if winograd.applies(r) is None and m in winograd.sizes(r.compute.attrs["kernel"]) else r
                     for r in plan]
         relayouts = [r for r in blocked if r.relayout is not None]
         claimed.update(rule.index.producer[r.outputs[0]] for r in relayouts)
@@ -899,9 +901,12 @@ class _Optimizer:
         t = time.perf_counter()
         info = tensor_info(work)
         done: dict[tuple, object] = {}
-        # Largest first, so that a tuning budget spent leaves the default tile on the cheapest regions.
+        # Winograd choices first: they gain 1.5-3x where they win, a register tile a few percent. Then largest first,
+        # so that a tuning budget spent leaves the default tile on the cheapest regions.
+        wino = self.opts.winograd == "auto"
         order = sorted((r for r in regions if r.compute is not None and r.compute.op not in ("afusion", "siblings")),
-                       key=lambda r: -region_flops(r, info, self._bindings()))
+                       key=lambda r: (not (wino and winograd.applies(r) is None),
+                                      -region_flops(r, info, self._bindings())))
         split = {"build_s": 0.0, "measure_s": 0.0}
         # AFUSION band heights cost a compile and a short timing per op type: a third of the budget is kept for them.
         has_bands = any(r.compute is not None and r.compute.op == "afusion" for r in regions)
@@ -938,9 +943,13 @@ class _Optimizer:
         self._search_bands(work, regions, info, t, split)
         wins = [v["winograd"] for v in self.tile_info.values() if "winograd" in v]
         if wins:
-            self.report["winograd"] = {"searched": sum(1 for w in wins if not w.get("skipped")),
-                                       "chosen": {f"F({m}x{m},3x3)": sum(1 for w in wins if w.get("chosen") == m)
-                                                  for m in winograd.SIZES},
+            chosen = {}
+            for kernel, ms in winograd.SIZES_BY_KERNEL.items():
+                for m in ms:
+                    n = sum(1 for w in wins if w.get("chosen") == m and tuple(w.get("kernel", ())) == kernel)
+                    if n or kernel == (3, 3):
+                        chosen[winograd.label(kernel, m)] = n
+            self.report["winograd"] = {"searched": sum(1 for w in wins if not w.get("skipped")), "chosen": chosen,
                                        "direct": sum(1 for w in wins if not w.get("chosen"))}
         searches = [v["tile_search"] for v in self.tile_info.values() if "tile_search" in v]
         self.report["tile_search"] = {"searched": sum(1 for x in searches if not x.get("skipped")),
@@ -972,7 +981,7 @@ class _Optimizer:
         return res
 
     def _search_winograd(self, work, r: Region, info, feeds_key, done: dict, over: str | None, split: dict):
-        """Direct or Winograd for one blocked 3x3 convolution (onnxopt/tune/winograd_search.py); the winner is
+        """Direct or Winograd for one blocked convolution (onnxopt/tune/winograd_search.py); the winner is
         applied to the region in place (the plans share it; AFUSION and sibling parts are copies)."""
         from onnxopt.tune.winograd_search import search_winograd
 
@@ -984,7 +993,7 @@ class _Optimizer:
         if res.m:
             mk = select_micro_kernel(self.opts.target)
             winograd.apply_winograd(r, res.m, mk.lanes, mk.tile.ni)
-            self.say(f"Winograd F({res.m}x{res.m}, 3x3) for {r.describe()}"
+            self.say(f"Winograd {winograd.label(r.compute.attrs['kernel'], res.m)} for {r.describe()}"
                      + (f" ({res.to_report()['gain']:.2f}x the direct kernel)" if "gain" in res.to_report() else ""))
         self.tile_info[id(r)] = {"tile": self._tile_of(r), "winograd": res.to_report()}
 

@@ -76,7 +76,7 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         # The per-position products are blocked tiles with an empty epilogue; the epilogue runs in the output
         # transform (codegen/compute/winograd.py, glue winograd_exec.c).
         req = TileSetRequest("blocked", TileSpec(tile, identity_program(), (), packed_a=True))
-        sets.append(TileSetRequest("winograd", spec, winograd=wino))
+        sets.append(TileSetRequest("winograd", spec, winograd=wino, wino_kernel=tuple(c.attrs["kernel"])))
     elif channel_vectors and is_depthwise(c):  # one channel vector times its filters
         kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
         mi, ni = depthwise_mi_for(kernel, kw), 1

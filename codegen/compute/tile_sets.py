@@ -42,7 +42,8 @@ class TileSetRequest:
     kind: str
     spec: TileSpec
     depthwise: tuple[int, int, int, int] = ()  # (mi, kw, sw, dw) of a depthwise set
-    winograd: int = 0  # m of a winograd set: F(m x m, 3 x 3)
+    winograd: int = 0  # m of a winograd set: F(m, wino_kernel) (fusion/winograd.py)
+    wino_kernel: tuple[int, int] = (3, 3)
 
     @property
     def key(self) -> str:
@@ -67,7 +68,8 @@ class TileSetRequest:
             mi, kw, sw, dw = self.depthwise
             return define_depthwise_tile_functions(module, self.prefix(), self.spec, features, mi, kw, sw, dw)
         if self.kind == "winograd":
-            return define_winograd_functions(module, self.prefix(), self.spec, features, self.winograd)
+            return define_winograd_functions(module, self.prefix(), self.spec, features, self.wino_kernel,
+                                             self.winograd)
         define = define_blocked_tile_functions if self.kind == "blocked" else define_tile_functions
         return define(module, self.prefix(), self.spec, features)
 
@@ -93,7 +95,7 @@ def _digest(req: TileSetRequest) -> str:
     s = req.spec
     t = s.tile
     parts = (req.kind, (t.mi, t.ni, t.mii, t.lanes), _canonical_program(s.epilogue), tuple(s.extra_kinds),
-             bool(s.packed_a), tuple(req.depthwise), req.winograd)
+             bool(s.packed_a), tuple(req.depthwise), req.winograd, tuple(req.wino_kernel))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

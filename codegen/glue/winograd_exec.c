@@ -1,14 +1,15 @@
-/* ---- Winograd F(m x m, 3 x 3) convolutions on channel vectors (onnxopt/fusion/winograd.py). ----
+/* ---- Winograd convolutions on channel vectors (onnxopt/fusion/winograd.py): F(mh x mw, kh x kw) for 3x3, 5x5,
+ * 1xk and kx1 stride-1 kernels. ----
  *
  * Inserted after compute_exec.c. Per call, in one of two task forms (wg_conv picks):
- *  - the input transform: each (m + 2) x (m + 2) input window of each input channel vector becomes n^2 = (m + 2)^2
- *    vectors, stored by position ([n^2][CB][tiles][L], tiles row-major over the output). Windows that cross the
- *    border are copied, zero-padded, into a small buffer first (any padding, SAME included);
- *  - the products, per group of NI output channel vectors and block of tiles: for each of the n^2 positions, that
+ *  - the input transform: each nh x nw input window (nh = mh + kh - 1, nw = mw + kw - 1) of each input channel
+ *    vector becomes nn = nh * nw vectors, stored by position ([nn][CB][tiles][L], tiles row-major over the output).
+ *    Windows that cross the border are copied, zero-padded, into a small buffer first (any padding, SAME included);
+ *  - the products, per group of NI output channel vectors and block of tiles: for each of the nn positions, that
  *    position's transformed inputs (tiles x C) times the transformed weights (C x NI * L) by the blocked tiles with an
  *    empty epilogue (the tile's pixels are the block's tiles, its k the input channels through a tap table), into a
- *    buffer M [n^2][NI][tiles][L] kept by the task; then the output transform of each tile and vector, which runs the
- *    region's epilogue and writes the pixels inside the image.
+ *    buffer M [nn][NI][tiles][L] kept by the task; then the output transform of each tile and vector, which runs the
+ *    region's epilogue and writes the mh x mw pixels inside the image.
  * One phase (wg_fused_block): a task per (item, block of tiles) transforms its block's inputs into its own buffer
  * and runs every group on it, so the transformed inputs stay in the core's cache and the call wakes the pool once.
  * Two phases (wg_input_row, then wg_product_block): all inputs are transformed into V [N][n^2][CB][T][L] first,
@@ -20,7 +21,8 @@
 
 #define WG_M_BYTES (256 * 1024)
 #define WG_MIN_TASKS 8
-#define WG_MAX_N 6
+#define WG_MAX_SIDE 10 /* nh, nw: F(1x4, 1x7) */
+#define WG_MAX_NN 36   /* nh * nw: F(4x4, 3x3), F(2x2, 5x5) */
 
 typedef struct { /* mirrors codegen/compute/winograd.py */
   const float *src;
@@ -39,7 +41,7 @@ typedef struct {
 typedef struct {
   const onnxopt_ct_desc *d;
   int64_t N, C, CB, OC, OCB, H, W, OH, OW, pt, pl;
-  int64_t m, n, nn, TH, TW, T; /* tiles: per column, per row, per item */
+  int64_t mh, mw, nh, nw, nn, TH, TW, T; /* tile, window; tiles per column, per row, per item */
   int64_t groups, blocks;      /* groups of NI output vectors; tile blocks per item */
   const float *x;              /* blocked input */
   float *V;
@@ -54,25 +56,25 @@ typedef struct {
 /* The input transform of tile (ty, tx) of one channel vector's plane into dst (positions dst_step apart). */
 static void wg_input_tile(const wg_job *j, const float *plane, int64_t ty, int64_t tx, float *dst, int64_t dst_step) {
   const onnxopt_ct_desc *d = j->d;
-  int64_t L = d->lanes, n = j->n, m = j->m;
-  float win[WG_MAX_N * WG_MAX_N * 16] __attribute__((aligned(64)));
+  int64_t L = d->lanes, nh = j->nh, nw = j->nw;
+  float win[WG_MAX_NN * 16] __attribute__((aligned(64)));
   wg_in_rec rec;
   rec.dst_step = dst_step;
   rec.dst = dst;
-  int64_t ih0 = ty * m - j->pt, iw0 = tx * m - j->pl;
-  if (ih0 >= 0 && ih0 + n <= j->H && iw0 >= 0 && iw0 + n <= j->W) {
+  int64_t ih0 = ty * j->mh - j->pt, iw0 = tx * j->mw - j->pl;
+  if (ih0 >= 0 && ih0 + nh <= j->H && iw0 >= 0 && iw0 + nw <= j->W) {
     rec.src = plane + (ih0 * j->W + iw0) * L;
     rec.src_row = j->W * L;
   } else {
-    memset(win, 0, sizeof(float) * (size_t)(n * n * L));
-    int64_t c0 = iw0 < 0 ? -iw0 : 0, c1 = j->W - iw0 < n ? j->W - iw0 : n;
-    for (int64_t r = 0; r < n && c1 > c0; r++) {
+    memset(win, 0, sizeof(float) * (size_t)(nh * nw * L));
+    int64_t c0 = iw0 < 0 ? -iw0 : 0, c1 = j->W - iw0 < nw ? j->W - iw0 : nw;
+    for (int64_t r = 0; r < nh && c1 > c0; r++) {
       int64_t ih = ih0 + r;
       if (ih < 0 || ih >= j->H) continue;
-      memcpy(win + (r * n + c0) * L, plane + (ih * j->W + iw0 + c0) * L, sizeof(float) * (size_t)((c1 - c0) * L));
+      memcpy(win + (r * nw + c0) * L, plane + (ih * j->W + iw0 + c0) * L, sizeof(float) * (size_t)((c1 - c0) * L));
     }
     rec.src = win;
-    rec.src_row = n * L;
+    rec.src_row = nw * L;
   }
   d->wino_in((const int64_t *)&rec);
 }
@@ -94,7 +96,7 @@ static void wg_input_row(void *usr, size_t index) {
 static void wg_products(const wg_job *j, int64_t item, int64_t g, int64_t t0, int64_t t1, const float *v, int64_t v0,
                         int64_t vt, const int64_t *koff, float *M) {
   const onnxopt_ct_desc *d = j->d;
-  int64_t L = d->lanes, NI = d->ni, MI = d->mi, nn = j->nn, m = j->m, tb = t1 - t0;
+  int64_t L = d->lanes, NI = d->ni, MI = d->mi, nn = j->nn, mh = j->mh, mw = j->mw, tb = t1 - t0;
   int nv = (int)(j->OCB - g * NI < NI ? j->OCB - g * NI : NI);
   ct_tile t;
   memset(&t, 0, sizeof(t));
@@ -135,10 +137,10 @@ static void wg_products(const wg_job *j, int64_t item, int64_t g, int64_t t0, in
       o.extra[e] = base[e];
     }
     for (int64_t tt = t0; tt < t1; tt++) {
-      int64_t oy = (tt / j->TW) * m, ox = (tt % j->TW) * m, pix = (oy * j->OW + ox) * L;
+      int64_t oy = (tt / j->TW) * mh, ox = (tt % j->TW) * mw, pix = (oy * j->OW + ox) * L;
       o.src = M + jj * tb * L + (tt - t0) * L;
-      o.rows = j->OH - oy < m ? j->OH - oy : m;
-      o.cols = j->OW - ox < m ? j->OW - ox : m;
+      o.rows = j->OH - oy < mh ? j->OH - oy : mh;
+      o.cols = j->OW - ox < mw ? j->OW - ox : mw;
       for (int k = 0; k < d->sig.n_out; k++) o.out[k] = j->out[k] + (item * j->OCB + kb) * plane + pix;
       for (int e = 0; e < d->n_extra; e++)
         if (d->extra_kind[e] == EX_POSITION) o.extra[e] = base[e] + pix;
@@ -203,18 +205,21 @@ static OrtStatus *wg_parallel(OrtKernelContext *ctx, void (*fn)(void *, size_t),
 
 static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const OrtValue *xv, const int64_t *xd,
                           const OrtValue *wv) {
-  if (d->groups != 1 || d->kh != 3 || d->kw != 3 || d->sh != 1 || d->sw != 1 || d->dh != 1 || d->dw != 1 ||
-      d->wino_m < 2 || d->wino_m + 2 > WG_MAX_N || d->lanes > 16)
-    return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Winograd kernel is for one-group 3x3 stride-1 convolutions");
   wg_job job;
   memset(&job, 0, sizeof(job));
   job.d = d;
+  /* The tile spans m pixels along each axis the kernel spans (fusion/winograd.py, tile_shape). */
+  job.mh = d->kh > 1 ? d->wino_m : 1, job.mw = d->kw > 1 ? d->wino_m : 1;
+  job.nh = job.mh + d->kh - 1, job.nw = job.mw + d->kw - 1, job.nn = job.nh * job.nw;
+  if (d->groups != 1 || d->sh != 1 || d->sw != 1 || d->dh != 1 || d->dw != 1 || d->wino_m < 1 ||
+      job.nh > WG_MAX_SIDE || job.nw > WG_MAX_SIDE || job.nn > WG_MAX_NN || d->lanes > 16)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Winograd kernel is for one-group stride-1 convolutions whose "
+                                      "transformed tile has at most 36 positions");
   int64_t L = d->lanes, N = xd[0], H = xd[2], W = xd[3], pb, pr;
   job.N = N, job.C = d->ic_g, job.CB = (d->ic_g + L - 1) / L, job.OC = d->oc, job.OCB = (d->oc + L - 1) / L;
   job.H = H, job.W = W;
   CHECK(ct_conv_geometry(d, H, W, &job.pt, &job.pl, &pb, &pr, &job.OH, &job.OW));
-  job.m = d->wino_m, job.n = job.m + 2, job.nn = job.n * job.n;
-  job.TH = (job.OH + job.m - 1) / job.m, job.TW = (job.OW + job.m - 1) / job.m, job.T = job.TH * job.TW;
+  job.TH = (job.OH + job.mh - 1) / job.mh, job.TW = (job.OW + job.mw - 1) / job.mw, job.T = job.TH * job.TW;
   job.groups = (job.OCB + d->ni - 1) / d->ni;
   int64_t block_size = job.OCB * job.OH * job.OW * L, pixels = job.OH * job.OW;
   float *user_out[CT_MAX_OUT];

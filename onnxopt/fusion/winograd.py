@@ -1,26 +1,43 @@
-"""Winograd convolution: a 3x3 stride-1 convolution in F(m x m, 3 x 3) tiles, for the blocked-layout kernel.
+"""Winograd convolution: a stride-1 convolution computed in tiles of outputs, for the blocked-layout kernel.
 
-An m x m block of output pixels is computed from the (m + 2) x (m + 2) input window above it as
+Along one axis, F(m, r) computes m outputs of an r-tap correlation from the n = m + r - 1 inputs above them as
 
-    Y = A^T [ sum over input channels of (G w G^T) . (B^T d B) ] A        (. : elementwise, per output channel)
+    y = A^T [ (G g) . (B^T d) ]        (. : elementwise)
 
-so the n x n = (m + 2)^2 positions of the transformed tile each become one matrix product over the channels
-(tiles x C times C x K), and the 9 m^2 multiply-adds per output channel and input channel of a tile become n^2:
-2.25x fewer at m = 2 (16 against 36), 4x fewer at m = 4 (36 against 144). onnxruntime's CPU convolutions are
-direct (NCHWc) or im2col + GEMM: they run at close to the machine's peak, so on 3x3 layers spending fewer
-multiply-adds is the only way past them.
+with n multiplies instead of m * r. Nested over both axes, an mh x mw block of output pixels comes from the nh x nw
+input window above it as Y = A_h^T [ sum over input channels of (G_h w G_w^T) . (B_h^T d B_w) ] A_w, so the nh * nw
+positions of the transformed tile each become one matrix product over the channels (tiles x C times C x K), and the
+rh * rw * mh * mw multiply-adds per output channel and input channel of a tile become nh * nw. The kernels and tile
+lengths offered (`SIZES_BY_KERNEL`; m is the tile length along each axis the kernel spans, 1 along the others):
 
-The matrices come from Toom-Cook interpolation at the points of `POINTS` plus the point at infinity, computed
-exactly with fractions. The price is rounding: the transforms add and subtract inputs and scale by the points'
-powers, so the result differs from the direct sum by more than reordering would. Measured on random 3x3 layers
-(C 128-512), relative to the output's largest magnitude: direct 3e-7, F(2x2) 4.5e-7, F(4x4) 3e-6 with the points
-(0, 1, -1, 1/2, -2) (9e-6 with (0, +-1, +-2), the textbook set). `ERROR_BOUND` is what the kernel checks allow,
-with margin; the optimizer picks Winograd per convolution only where the timing says it wins
-(onnxopt/tune/winograd_search.py), and `--winograd off` keeps the direct kernels everywhere.
+    kernel  m   tile      positions  multiplies per output against direct
+    3x3     2   2x2       4x4        2.25x fewer
+    3x3     4   4x4       6x6        4x fewer
+    5x5     2   2x2       6x6        2.8x fewer
+    1x7     2   1x2       1x8        1.75x fewer      (7x1 the same, transposed: Inception-v3's factorized 7x7)
+    1x7     4   1x4       1x10       2.8x fewer
+    1x3     4   1x4       1x6        2x fewer         (3x1 the same: Inception-v3's last blocks)
+    1x3     6   1x6       1x8        2.25x fewer
+
+onnxruntime's CPU convolutions are direct (NCHWc) or im2col + GEMM: they run at close to the machine's peak, so
+spending fewer multiply-adds is the only way past them.
+
+The matrices come from Toom-Cook interpolation at the points of `POINTS` (by n) plus the point at infinity,
+computed exactly with fractions. The price is rounding: the transforms add and subtract inputs and scale by the
+points' powers, so the result differs from the direct sum by more than reordering would. Measured on random layers
+with 256 input channels, relative to the output's largest magnitude (direct: 3e-7):
+
+    F(2x2, 3x3) 8e-7    F(4x4, 3x3) 4e-6 (points 0, 1, -1, 1/2, -2; 9e-6 with the textbook 0, +-1, +-2)
+    F(2x2, 5x5) 3.5e-6  F(1x2, 1x7) 4e-6  F(1x4, 1x7) 1.2e-5 (1.4e-5 with +-1/3, 2.1e-5 with +-3 for the +-3/2)
+    F(1x4, 1x3) 1.1e-6  F(1x6, 1x3) 1.7e-6
+
+`error_bound` is what the kernel checks allow, with margin; the optimizer picks Winograd per convolution only where
+the timing says it wins (onnxopt/tune/winograd_search.py), and `--winograd off` keeps the direct kernels everywhere.
 
 The weights are transformed once, offline, and packed for the blocked tiles that run the per-position products:
-[ceil(OC / (NI * L))][n^2][IC][NI * L]. The function fallback recovers the 3x3 weights with a left inverse of G
-(two MatMuls on constants, which onnxruntime folds when the session loads) and runs the original convolution.
+[ceil(OC / (NI * L))][nh * nw][IC][NI * L]. The function fallback recovers the weights with a left inverse of each
+axis' G (two MatMuls on constants, which onnxruntime folds when the session loads) and runs the original
+convolution.
 """
 
 from __future__ import annotations
@@ -35,21 +52,71 @@ from onnx import helper, numpy_helper
 
 from .region import Region
 
-# Interpolation points per output tile size m (n = m + 2 points, the last one infinity).
-POINTS = {2: (0, 1, -1), 4: (0, 1, -1, Fraction(1, 2), -2)}
-SIZES = tuple(POINTS)
-# Largest error the kernel checks accept, as a fraction of the output's largest magnitude (see above).
-ERROR_BOUND = {2: 2e-6, 4: 2e-5}
+# Interpolation points per transform length n (n - 1 finite points; the last point is infinity).
+_HALF = Fraction(1, 2)
+POINTS = {4: (0, 1, -1), 6: (0, 1, -1, _HALF, -2), 8: (0, 1, -1, _HALF, -_HALF, 2, -2),
+          10: (0, 1, -1, _HALF, -_HALF, 2, -2, Fraction(3, 2), Fraction(-3, 2))}
+# Tile lengths m offered per kernel (kh, kw); m runs along the axes whose kernel extent is above 1.
+SIZES_BY_KERNEL = {(3, 3): (2, 4), (5, 5): (2,), (1, 7): (2, 4), (7, 1): (2, 4), (1, 3): (4, 6), (3, 1): (4, 6)}
+SIZES = tuple(sorted({m for ms in SIZES_BY_KERNEL.values() for m in ms}))
+# Largest error the kernel checks accept, as a fraction of the output's largest magnitude (see above), by (kernel, m).
+_ERROR_BOUND = {((3, 3), 2): 2e-6, ((3, 3), 4): 2e-5, ((5, 5), 2): 2e-5, ((1, 7), 2): 2e-5, ((1, 7), 4): 6e-5,
+                ((1, 3), 4): 6e-6, ((1, 3), 6): 1e-5}
+
+
+def _axes(kernel) -> tuple[int, int]:
+    kh, kw = (int(k) for k in kernel)
+    return kh, kw
+
+
+def sizes(kernel) -> tuple[int, ...]:
+    """The tile lengths m offered for a convolution kernel (kh, kw); () when Winograd does not apply to it."""
+    return SIZES_BY_KERNEL.get(_axes(kernel), ())
+
+
+def tile_shape(kernel, m: int) -> tuple[int, int]:
+    """(mh, mw): the output pixels of one tile of F(m, kernel)."""
+    kh, kw = _axes(kernel)
+    return (m if kh > 1 else 1, m if kw > 1 else 1)
+
+
+def positions(kernel, m: int) -> tuple[int, int]:
+    """(nh, nw): the transformed tile's size, mh + kh - 1 by mw + kw - 1."""
+    kh, kw = _axes(kernel)
+    mh, mw = tile_shape(kernel, m)
+    return mh + kh - 1, mw + kw - 1
+
+
+def label(kernel, m: int) -> str:
+    mh, mw = tile_shape(kernel, m)
+    kh, kw = _axes(kernel)
+    return f"F({mh}x{mw},{kh}x{kw})"
+
+
+def error_bound(kernel, m: int) -> float:
+    kh, kw = _axes(kernel)
+    return _ERROR_BOUND[((min(kh, kw), max(kh, kw)) if kh == 1 or kw == 1 else (kh, kw), m)]
+
+
+def _check(kernel, m: int) -> None:
+    if m not in sizes(kernel):
+        offered = sizes(kernel)
+        raise ValueError(f"Winograd F({m}, {'x'.join(map(str, _axes(kernel)))}) is not supported; tile sizes for "
+                         f"this kernel: {offered or 'none'} (kernels: "
+                         f"{', '.join(f'{a}x{b}' for a, b in SIZES_BY_KERNEL)})")
 
 
 @cache
-def matrices(m: int) -> tuple[tuple, tuple, tuple]:
-    """(A^T [m x n], G [n x 3], B^T [n x n]) of F(m, 3) as exact fractions."""
-    if m not in POINTS:
-        raise ValueError(f"Winograd F({m}, 3) is not supported; output tile sizes: {SIZES}")
-    r = 3
+def matrices(m: int, r: int = 3) -> tuple[tuple, tuple, tuple]:
+    """(A^T [m x n], G [n x r], B^T [n x n]) of F(m, r) as exact fractions; F(1, 1) is the identity."""
     n = m + r - 1
-    pts = [Fraction(p) for p in POINTS[m]]
+    if m == 1 and r == 1:
+        one = ((Fraction(1),),)
+        return one, one, one
+    if m < 1 or r < 2 or n not in POINTS:
+        raise ValueError(f"Winograd F({m}, {r}) is not supported: no interpolation points for n = {n} "
+                         f"(supported n: {tuple(POINTS)})")
+    pts = [Fraction(p) for p in POINTS[n]]
 
     def poly_without(skip: int | None) -> list[Fraction]:
         """Coefficients (lowest first) of the product of (x - p) over the points other than `skip`."""
@@ -77,28 +144,42 @@ def matrices(m: int) -> tuple[tuple, tuple, tuple]:
     return tuple(map(tuple, at)), tuple(map(tuple, g)), tuple(map(tuple, bt))
 
 
-def float_matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    at, g, bt = matrices(m)
+def axis_matrices(kernel, m: int) -> tuple[tuple, tuple]:
+    """((A^T, G, B^T) along the height, the same along the width) of F(m, kernel), exact."""
+    _check(kernel, m)
+    kh, kw = _axes(kernel)
+    mh, mw = tile_shape(kernel, m)
+    return matrices(mh, kh), matrices(mw, kw)
+
+
+def float_matrices(m: int, r: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    at, g, bt = matrices(m, r)
     return (np.array(at, np.float64), np.array(g, np.float64), np.array(bt, np.float64))
 
 
+def _float_axes(kernel, m: int):
+    (ah, gh, bh), (aw, gw, bw) = axis_matrices(kernel, m)
+    f = lambda x: np.array(x, np.float64)  # noqa: E731
+    return (f(ah), f(gh), f(bh)), (f(aw), f(gw), f(bw))
+
+
 def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
-    """[OC, IC, 3, 3] -> [n, n, OC, IC]: G w G^T per (output, input) channel, in float64 then rounded once."""
-    _, g, _ = float_matrices(m)
-    return np.einsum("ij,ocjk,lk->iloc", g, w.astype(np.float64), g).astype(np.float32)
+    """[OC, IC, kh, kw] -> [nh, nw, OC, IC]: G_h w G_w^T per (output, input) channel, in float64 then rounded once."""
+    (_, gh, _), (_, gw, _) = _float_axes(w.shape[2:], m)
+    return np.einsum("ij,ocjk,lk->iloc", gh, w.astype(np.float64), gw).astype(np.float32)
 
 
 def pack_winograd_weights(w: np.ndarray, m: int, lanes: int, ni: int) -> np.ndarray:
-    """[OC, IC, 3, 3] -> [ceil(OC / (NI * L))][n^2][IC][NI * L] (zero-padded output channels): per group of NI
+    """[OC, IC, kh, kw] -> [ceil(OC / (NI * L))][nh * nw][IC][NI * L] (zero-padded output channels): per group of NI
     output channel vectors and per position, the IC x NI * L right-hand side of that position's product."""
     u = transform_weights(w, m)
-    n = m + 2
+    nn = u.shape[0] * u.shape[1]
     oc, ic = w.shape[:2]
     width = ni * lanes
     groups = -(-oc // width)
-    padded = np.zeros((n * n, groups * width, ic), np.float32)
-    padded[:, :oc] = u.reshape(n * n, oc, ic)
-    return np.ascontiguousarray(padded.reshape(n * n, groups, width, ic).transpose(1, 0, 3, 2))
+    padded = np.zeros((nn, groups * width, ic), np.float32)
+    padded[:, :oc] = u.reshape(nn, oc, ic)
+    return np.ascontiguousarray(padded.reshape(nn, groups, width, ic).transpose(1, 0, 3, 2))
 
 
 def applies(region: Region) -> str | None:
@@ -107,8 +188,9 @@ def applies(region: Region) -> str | None:
     if c is None or c.op != "conv":
         return "not a convolution"
     a = c.attrs
-    if tuple(a.get("kernel", ())) != (3, 3):
-        return f"kernel {tuple(a.get('kernel', ()))}, not 3x3"
+    kernel = tuple(a.get("kernel", ()))
+    if not sizes(kernel):
+        return f"kernel {'x'.join(map(str, kernel))}: Winograd tiles are for {', '.join(f'{h}x{w}' for h, w in SIZES_BY_KERNEL)}"
     if tuple(a.get("strides", ())) != (1, 1) or tuple(a.get("dilations", ())) != (1, 1):
         return "strided or dilated"
     if a.get("groups", 1) != 1:
@@ -122,26 +204,28 @@ def applies(region: Region) -> str | None:
     return None
 
 
-def left_inverse(m: int) -> np.ndarray:
-    """P [3 x n] with P G = I: the fallback's way back from G w G^T to w (least squares, exact in exact
-    arithmetic)."""
-    _, g, _ = float_matrices(m)
+def left_inverse(m: int, r: int = 3) -> np.ndarray:
+    """P [r x n] with P G = I for F(m, r): the fallback's way back from G w G^T to w along one axis (least squares,
+    exact in exact arithmetic)."""
+    _, g, _ = float_matrices(m, r)
     return np.linalg.pinv(g)
 
 
 def to_winograd(region: Region, m: int, lanes: int, ni: int) -> Region:
-    """A copy of a blocked convolution region (`applies`) computed by F(m x m, 3 x 3) tiles: weights transformed and
+    """A copy of a blocked convolution region (`applies`) computed by F(m, kernel) tiles: weights transformed and
     packed, attrs["winograd"] = m, and the fallback's weight unpacking replaced by the way back from the transformed
     weights. The op type is recomputed."""
     why = applies(region)
     if why is not None:
         raise ValueError(f"Winograd does not apply: {why}")
-    if m not in POINTS:
-        raise ValueError(f"Winograd F({m}, 3) is not supported; output tile sizes: {SIZES}")
     c = region.compute
     w = c.weights
+    kernel = w.shape[2:]
+    _check(kernel, m)
     oc, ic = w.shape[:2]
-    n = m + 2
+    kh, kw = kernel
+    mh, mw = tile_shape(kernel, m)
+    nh, nw = positions(kernel, m)
     packed = pack_winograd_weights(w, m, lanes, ni)
     old = region.inputs[1]
     name = f"{old}__wino{m}"
@@ -163,19 +247,19 @@ def to_winograd(region: Region, m: int, lanes: int, ni: int) -> Region:
     at = body.index(conv)
     u = f"{name}__unpack"
     groups = packed.shape[0]
-    p = left_inverse(m).astype(np.float32)
+    ph, pw = left_inverse(mh, kh).astype(np.float32), left_inverse(mw, kw).astype(np.float32)
 
     def const(tname, arr):
         return helper.make_node("Constant", [], [tname], value=numpy_helper.from_array(np.asarray(arr), tname))
 
     unpack = [helper.make_node("Transpose", [name], [f"{u}_t"], perm=[0, 3, 2, 1]),  # [G, NI*L, IC, n^2]
-              const(f"{u}_s1", np.asarray([groups * ni * lanes, ic, n, n], np.int64)),
+              const(f"{u}_s1", np.asarray([groups * ni * lanes, ic, nh, nw], np.int64)),
               helper.make_node("Reshape", [f"{u}_t", f"{u}_s1"], [f"{u}_r"]),
               const(f"{u}_starts", np.asarray([0], np.int64)), const(f"{u}_ends", np.asarray([oc], np.int64)),
               const(f"{u}_axes", np.asarray([0], np.int64)),
               helper.make_node("Slice", [f"{u}_r", f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_gw"]),
-              # [OC, IC, n(rows), n(cols)]: P . X . P^T
-              const(f"{u}_pt", p.T.copy()), const(f"{u}_p", p),
+              # [OC, IC, nh, nw]: P_h . X . P_w^T
+              const(f"{u}_pt", pw.T.copy()), const(f"{u}_p", ph),
               helper.make_node("MatMul", [f"{u}_gw", f"{u}_pt"], [f"{u}_half"]),
               helper.make_node("MatMul", [f"{u}_p", f"{u}_half"], [conv.input[1]])]
     new_body = kept + unpack + body[at:]

@@ -1,6 +1,7 @@
-"""Winograd or direct, per convolution: each 3x3 stride-1 convolution on the blocked kernel is built three ways
-(direct, F(2x2, 3x3), F(4x4, 3x3); fusion/winograd.py), checked, and timed on its runtime shapes; the fastest wins
-if it beats the direct kernel by the tile search's margin, twice.
+"""Winograd or direct, per convolution: each stride-1 convolution on the blocked kernel whose kernel has Winograd tiles
+(3x3, 5x5, 1x7, 7x1, 1x3, 3x1; fusion/winograd.py) is built as the direct kernel and with each tile length its kernel
+offers (3x3: F(2x2), F(4x4)), checked, and timed on its runtime shapes; the fastest wins if it beats the direct
+kernel by the tile search's margin, twice.
 
 Why time it rather than model it: Winograd trades multiply-adds for transforms and memory. With many channels the
 products dominate and F(4x4) runs 2.3-2.4x faster than the direct kernel (64-256 channels at 56x56 to 14x14 here);
@@ -27,12 +28,15 @@ from .tile_search import (
     time_candidates,
 )
 
-SPACE = [[0]] + [[m] for m in winograd.SIZES]  # 0: the direct kernel
+def space(kernel) -> list[list[int]]:
+    """The candidates for a kernel: 0 (the direct kernel) and its Winograd tile lengths."""
+    return [[0]] + [[m] for m in winograd.sizes(kernel)]
 
 
 @dataclass
 class WinogradSearchResult:
     m: int  # 0: direct
+    kernel: tuple = ()
     candidates: list[dict] = field(default_factory=list)  # {"winograd": m, "seconds": s | None, ...}
     cost_cache: str | None = None
     skipped: str | None = None
@@ -41,7 +45,7 @@ class WinogradSearchResult:
     measure_s: float = 0.0
 
     def to_report(self) -> dict:
-        out = {"chosen": self.m, "candidates": self.candidates}
+        out = {"chosen": self.m, "kernel": list(self.kernel), "candidates": self.candidates}
         for k in ("cost_cache", "skipped"):
             if getattr(self, k):
                 out[k] = getattr(self, k)
@@ -61,23 +65,25 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
     why = winograd.applies(region)
     if why is not None:
         return WinogradSearchResult(0, skipped=why)
+    kernel = tuple(region.compute.attrs["kernel"])
     if winograd.check_opset(model) is not None:
-        return WinogradSearchResult(0, skipped=winograd.check_opset(model))
+        return WinogradSearchResult(0, kernel, skipped=winograd.check_opset(model))
     info = info if info is not None else tensor_info(model)
     bindings = bindings or {}
     flops = region_flops(region, info, bindings)
     if flops < min_flops:
-        return WinogradSearchResult(0, skipped=f"{flops / 1e6:.2f} MFLOP: too small to matter")
+        return WinogradSearchResult(0, kernel, skipped=f"{flops / 1e6:.2f} MFLOP: too small to matter")
     feeds = _region_feeds(region, info, bindings, seed, model)
     shapes = [list(v.shape) for v in feeds.values()]
+    kspace = space(kernel)
     if cache is not None and cache.enabled:
-        hit = cache.get_tile(region.op_type, shapes, threads, SPACE)
+        hit = cache.get_tile(region.op_type, shapes, threads, kspace)
         if hit is not None:
-            return WinogradSearchResult(hit["tile"][0], hit["candidates"], cost_cache="hit")
+            return WinogradSearchResult(hit["tile"][0], kernel, hit["candidates"], cost_cache="hit")
     if cache_only:
-        return WinogradSearchResult(0, skipped=cache_only)
+        return WinogradSearchResult(0, kernel, skipped=cache_only)
     mk = select(target)
-    candidates = [{"winograd": key[0]} for key in SPACE]
+    candidates = [{"winograd": key[0]} for key in kspace]
     variants = []
     for cand in candidates:
         m = cand["winograd"]
@@ -91,13 +97,13 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
         timing = time_candidates(region, variants, model, info, feeds, target, threads, 0, min_time=min_time,
                                  margin=margin)
     except CannotRun as e:
-        return WinogradSearchResult(0, candidates, skipped=f"could not run: {e}")
+        return WinogradSearchResult(0, kernel, candidates, skipped=f"could not run: {e}")
     secs = {m: cand["seconds"] for cand, m in timing.timed}
     chosen = timing.chosen if secs else 0
-    result = WinogradSearchResult(chosen, candidates,
+    result = WinogradSearchResult(chosen, kernel, candidates,
                                   cost_cache="miss" if cache is not None and cache.enabled else None,
                                   built={d.op_type: (o, d) for o, d in zip(timing.objs, timing.descs)},
                                   build_s=timing.build_s, measure_s=time.perf_counter() - timing.t_measure)
     if cache is not None and cache.enabled and secs:
-        cache.put_tile(region.op_type, shapes, threads, SPACE, [chosen], candidates)
+        cache.put_tile(region.op_type, shapes, threads, kspace, [chosen], candidates)
     return result

@@ -18,45 +18,63 @@ from onnxopt.fusion import winograd
 from onnxopt.fusion.afusion.siso import conv_part_reason
 
 
+# Every (kernel, tile length) offered, and the 1-D transforms (m, r) they are built from.
+OFFERED = [(k, m) for k, ms in winograd.SIZES_BY_KERNEL.items() for m in ms]
+AXES = sorted({(m, r) for (kh, kw), m in OFFERED for r in (kh, kw) if r > 1})
+SQUARE = winograd.sizes((3, 3))
+
+
 # ---- the matrices ----
-@pytest.mark.parametrize("m", winograd.SIZES)
-def test_matrices_compute_the_correlation_exactly(m):
-    """A^T [(G g) . (B^T d)] is the 1-D correlation of d (m + 2 values) with g (3 taps), in exact arithmetic."""
-    at, g, bt = winograd.matrices(m)
-    n = m + 2
-    rng = np.random.default_rng(m)
+@pytest.mark.parametrize("m, r", AXES)
+def test_matrices_compute_the_correlation_exactly(m, r):
+    """A^T [(G g) . (B^T d)] is the 1-D correlation of d (m + r - 1 values) with g (r taps), in exact arithmetic."""
+    at, g, bt = winograd.matrices(m, r)
+    n = m + r - 1
+    assert (len(at), len(at[0]), len(g), len(g[0]), len(bt)) == (m, n, n, r, n)
+    rng = np.random.default_rng(m * 10 + r)
     for _ in range(5):
         d = [Fraction(int(x)) for x in rng.integers(-9, 10, n)]
-        w = [Fraction(int(x)) for x in rng.integers(-9, 10, 3)]
-        gw = [sum(g[i][k] * w[k] for k in range(3)) for i in range(n)]
+        w = [Fraction(int(x)) for x in rng.integers(-9, 10, r)]
+        gw = [sum(g[i][k] * w[k] for k in range(r)) for i in range(n)]
         bd = [sum(bt[i][k] * d[k] for k in range(n)) for i in range(n)]
-        y = [sum(at[r][i] * gw[i] * bd[i] for i in range(n)) for r in range(m)]
-        assert y == [sum(d[r + k] * w[k] for k in range(3)) for r in range(m)]
+        y = [sum(at[q][i] * gw[i] * bd[i] for i in range(n)) for q in range(m)]
+        assert y == [sum(d[q + k] * w[k] for k in range(r)) for q in range(m)]
+
+
+def test_the_identity_along_an_axis_the_kernel_does_not_span():
+    assert winograd.matrices(1, 1) == (((1,),), ((1,),), ((1,),))
+    assert winograd.tile_shape((1, 7), 4) == (1, 4) and winograd.positions((1, 7), 4) == (1, 10)
+    assert winograd.tile_shape((7, 1), 2) == (2, 1) and winograd.positions((7, 1), 2) == (8, 1)
+    assert winograd.label((5, 5), 2) == "F(2x2,5x5)"
 
 
 def test_unknown_tile_size_is_refused():
     with pytest.raises(ValueError, match="supported"):
-        winograd.matrices(3)
+        winograd.matrices(3)  # n = 5: no interpolation points
+    with pytest.raises(ValueError, match="tile sizes for this kernel: \\(2,\\)"):
+        winograd.transform_weights(np.zeros((2, 2, 5, 5), np.float32), 4)
 
 
-@pytest.mark.parametrize("m", winograd.SIZES)
-def test_packed_weights_layout_and_the_way_back(m):
-    """[groups][n^2][IC][NI * L]: position k of output channel o, input channel c is G w G^T at (k // n, k % n);
-    the fallback's left inverse gives the 3x3 weights back."""
+@pytest.mark.parametrize("kernel, m", OFFERED)
+def test_packed_weights_layout_and_the_way_back(kernel, m):
+    """[groups][nh * nw][IC][NI * L]: position k of output channel o, input channel c is G_h w G_w^T at
+    (k // nw, k % nw); the fallback's left inverses give the weights back."""
     rng = np.random.default_rng(1)
     oc, ic, lanes, ni = 37, 5, 16, 2
-    w = rng.standard_normal((oc, ic, 3, 3)).astype(np.float32)
+    kh, kw = kernel
+    w = rng.standard_normal((oc, ic, kh, kw)).astype(np.float32)
     packed = winograd.pack_winograd_weights(w, m, lanes, ni)
-    n = m + 2
-    assert packed.shape == (-(-oc // (ni * lanes)), n * n, ic, ni * lanes)
-    _, g, _ = winograd.float_matrices(m)
-    o, c, k = 33, 4, n * n - 2
-    want = (g @ w[o, c].astype(np.float64) @ g.T)[k // n, k % n]
-    assert packed[o // (ni * lanes), k, c, o % (ni * lanes)] == pytest.approx(want, rel=1e-6)
+    nh, nw = winograd.positions(kernel, m)
+    mh, mw = winograd.tile_shape(kernel, m)
+    assert packed.shape == (-(-oc // (ni * lanes)), nh * nw, ic, ni * lanes)
+    (_, gh, _), (_, gw, _) = (winograd.float_matrices(mh, kh), winograd.float_matrices(mw, kw))
+    o, c, k = 33, 4, nh * nw - 2
+    want = (gh @ w[o, c].astype(np.float64) @ gw.T)[k // nw, k % nw]
+    assert packed[o // (ni * lanes), k, c, o % (ni * lanes)] == pytest.approx(want, rel=1e-6, abs=1e-7)
     assert not packed[1, :, :, oc - ni * lanes:].any()  # padding output channels are zero
-    p = winograd.left_inverse(m)
-    u = winograd.transform_weights(w, m).astype(np.float64)  # [n, n, oc, ic]
-    back = np.einsum("ai,ijoc,bj->ocab", p, u, p)
+    ph, pw = winograd.left_inverse(mh, kh), winograd.left_inverse(mw, kw)
+    u = winograd.transform_weights(w, m).astype(np.float64)  # [nh, nw, oc, ic]
+    back = np.einsum("ai,ijoc,bj->ocab", ph, u, pw)
     np.testing.assert_allclose(back, w, atol=1e-5)
 
 
@@ -67,17 +85,21 @@ def _blocked_regions(model, tmp_path, mode="4"):
 
 
 @needs_vectors
-def test_applies_to_3x3_stride_1_only(tmp_path):
+def test_applies_to_stride_1_kernels_that_offer_the_tile(tmp_path):
+    """--winograd 4: the 3x3 and the 1x7 layers (F(1x4, 1x7)); not the strided, 1x1, dilated or grouped ones, nor
+    the 5x5 one, whose only tile length is 2."""
     ch = Chain(16, 12, 12)
     a = ch.conv("x", "a", 32, k=3)
     b = ch.conv(a, "b", 32, k=3, s=2)
     c = ch.conv(b, "c", 32, k=1, p=0)
     d = ch.conv(c, "d", 32, k=3, d=2, p=2)
     e = ch.conv(d, "e", 32, k=3, group=2)
-    model = ch.model([e])
+    f = ch.conv(e, "f", 32, k=1, kw=7, pads=[0, 3, 0, 3])
+    g = ch.conv(f, "g", 32, k=5, p=2)
+    model = ch.model([g])
     res = _blocked_regions(model, tmp_path)
     wino = {i.name.split("__")[0] for i in res.model.graph.initializer if "__wino" in i.name}
-    assert wino == {"a_pre"}, wino
+    assert wino == {"a_pre", "f_pre"}, wino
     check_answers(res, model, ch.feeds)
 
 
@@ -93,7 +115,8 @@ def test_reasons():
                       compute=c)
 
     assert winograd.applies(region()) is None
-    assert "3x3" in winograd.applies(region(kernel=[5, 5]))
+    assert winograd.applies(region(kernel=[1, 7])) is None
+    assert "7x7" in winograd.applies(region(kernel=[7, 7]))
     assert "strided" in winograd.applies(region(strides=[2, 2]))
     assert "grouped" in winograd.applies(region(groups=2))
     assert "blocked" in winograd.applies(region(out_blocked=0))
@@ -103,7 +126,7 @@ def test_reasons():
 
 # ---- answers ----
 @needs_vectors
-@pytest.mark.parametrize("m", winograd.SIZES)
+@pytest.mark.parametrize("m", SQUARE)
 def test_resnet_block_matches_onnxruntime(tmp_path, m):
     """1x1 -> 3x3 -> 3x3 with a residual Add + Relu in the last one's epilogue, an NCHW input (reordered inside the
     kernel) and an NCHW output (a chain's exit), batch 2, an image that is not a multiple of the tile."""
@@ -130,7 +153,7 @@ def test_both_task_forms_match_onnxruntime(tmp_path, c_in, oc, size, batch):
     a = ch.conv("x", "a", c_in, k=1, p=0)
     b = ch.conv(a, "b", oc, k=3)
     model = ch.model([ch.conv(b, "c", 16, k=1, p=0)])
-    for m in winograd.SIZES:
+    for m in SQUARE:
         res = _blocked_regions(model, tmp_path, str(m))
         assert sum("__wino" in i.name for i in res.model.graph.initializer) == 1
         check_answers(res, model, ch.feeds)
@@ -139,16 +162,17 @@ def test_both_task_forms_match_onnxruntime(tmp_path, c_in, oc, size, batch):
 @needs_vectors
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(c_in=st.integers(1, 40), oc=st.integers(1, 40), h=st.integers(1, 14), w=st.integers(1, 14),
-       pads=st.tuples(*[st.integers(0, 2)] * 4), batch=st.sampled_from([1, 3]), m=st.sampled_from(winograd.SIZES),
+       pads=st.tuples(*[st.integers(0, 3)] * 4), batch=st.sampled_from([1, 3]), offered=st.sampled_from(OFFERED),
        act=st.sampled_from([None, "Relu", "Sigmoid"]))
-def test_drawn_convolutions_match_onnxruntime(tmp_path, c_in, oc, h, w, pads, batch, m, act):
-    """Any channel counts (padding lanes), image sizes (partial tiles, images smaller than a tile), asymmetric
-    pads, batch, and epilogues: Winograd kernels give onnxruntime's answers."""
+def test_drawn_convolutions_match_onnxruntime(tmp_path, c_in, oc, h, w, pads, batch, offered, act):
+    """Any kernel and tile length offered, channel counts (padding lanes), image sizes (partial tiles, images smaller
+    than a tile), asymmetric pads, batch, and epilogues: Winograd kernels give onnxruntime's answers."""
+    (kh, kw), m = offered
     top, left, bottom, right = pads
-    if h + top + bottom < 3 or w + left + right < 3:
+    if h + top + bottom < kh or w + left + right < kw:
         return
     ch = Chain(c_in, h, w, batch=batch, seed=c_in * 100 + oc)
-    a = ch.conv("x", "a", oc, k=3, pads=[top, left, bottom, right], act=act)
+    a = ch.conv("x", "a", oc, k=kh, kw=kw, pads=[top, left, bottom, right], act=act)
     b = ch.conv(a, "b", 16, k=1, p=0)
     model = ch.model([b])
     res = _blocked_regions(model, tmp_path, str(m))
@@ -164,12 +188,33 @@ def test_error_stays_within_the_bound(tmp_path):
     p = ch.conv("x", "p", 256, k=1, p=0, act=None)
     model = ch.model([ch.conv(p, "a", 64, k=3, act=None)])  # a chain's exit: blocked input, NCHW output
     want = reference(model, ch.feeds)[0]
-    for m in winograd.SIZES:
+    for m in SQUARE:
         res = onnxopt.optimize(model, str(tmp_path / f"f{m}.onnx"), plan="compute-blocked", measure=False,
                                winograd=str(m))
         got = run_fused(res, ch.feeds)[0]
         err = float(np.abs(got - want).max() / np.abs(want).max())
-        assert err < winograd.ERROR_BOUND[m], (m, err)
+        assert err < winograd.error_bound((3, 3), m), (m, err)
+
+
+@needs_vectors
+@pytest.mark.parametrize("kernel", [k for k in winograd.SIZES_BY_KERNEL if k != (3, 3)])
+def test_other_kernels_stay_within_their_bounds_and_fall_back(tmp_path, kernel):
+    """5x5, 1x7, 7x1, 1x3, 3x1 with 192 input channels, an image that is not a multiple of the tile, batch 2, each
+    tile length: within the bound against onnxruntime, and the function fallback (without the library) rebuilds
+    the kernel's weights."""
+    kh, kw = kernel
+    ch = Chain(192, 17, 13, batch=2, seed=kh * 10 + kw)
+    p = ch.conv("x", "p", 192, k=1, p=0)
+    model = ch.model([ch.conv(p, "a", 40, k=kh, kw=kw, pads=[kh // 2, kw // 2, kh // 2, kw // 2], act=None)])
+    want = reference(model, ch.feeds)[0]
+    for m in winograd.sizes(kernel):
+        res = onnxopt.optimize(model, str(tmp_path / f"f{m}.onnx"), plan="compute-blocked", measure=False,
+                               winograd=str(m))
+        assert sum("__wino" in i.name for i in res.model.graph.initializer) == 1
+        got = run_fused(res, ch.feeds)[0]
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        assert err < winograd.error_bound(kernel, m), (kernel, m, err)
+        np.testing.assert_allclose(run_fused(res, ch.feeds, library=False)[0], want, rtol=1e-4, atol=1e-4)
 
 
 @needs_vectors
@@ -186,7 +231,7 @@ def test_off_keeps_the_direct_kernel_and_auto_reports_its_choice(tmp_path):
     auto = onnxopt.optimize(model, str(tmp_path / "auto.onnx"), plan="compute-blocked", cost_cache=False, threads=2)
     rep = auto.report["winograd"]
     assert rep["searched"] == 1
-    chosen = [m for m in winograd.SIZES if rep["chosen"][f"F({m}x{m},3x3)"]]
+    chosen = [m for m in SQUARE if rep["chosen"][f"F({m}x{m},3x3)"]]
     written = any("__wino" in i.name for i in auto.model.graph.initializer)
     assert written == bool(chosen)  # what the search chose is what was written
     check_answers(auto, model, ch.feeds)
