@@ -61,7 +61,8 @@ def _optimize_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tile-search", action="store_true", help="use the target's default register tile for "
                    "compute kernels instead of timing a few")
     p.add_argument("--tune-budget", type=float, default=12.0, metavar="SECONDS",
-                   help="time for the register-tile and AFUSION band-height searches, largest regions first; the "
+                   help="time for the Winograd choices (first), then the register-tile and AFUSION band-height "
+                   "searches (what is left, at least a third), largest regions first; the "
                    "rest keep the machine model's choice (default 12; tiles found are kept in the cost cache, so a "
                    "second run searches further)")
     p.add_argument("--winograd", choices=list(WINOGRAD_MODES), default="auto",

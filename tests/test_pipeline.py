@@ -224,3 +224,40 @@ def test_budgets_must_be_seconds(option, value, tmp_path):
     """A budget that is no time at all is bad usage, said before any work is done."""
     with pytest.raises(UsageError, match=option.replace("_", "-")):
         onnxopt.optimize(build_model("mobilenetv3", image_size=32), str(tmp_path / "o.onnx"), **{option: value})
+
+
+def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
+    """_plan_runoff: the fastest plan, when it fuses more than the fastest plan listed after it and the two measured
+    within PLAN_RUNOFF_WITHIN of each other, is timed head to head against it and kept only if it wins by
+    PLAN_MARGIN; otherwise the less fused plan goes first. The head-to-head timings here are given, not measured,
+    to pin the rule."""
+    from types import SimpleNamespace
+
+    from onnxopt.pipeline import PLAN_MARGIN, PLAN_RUNOFF_WITHIN, _Optimizer
+
+    opt = SimpleNamespace(plans=[("afusion", []), ("horizontal", []), ("compute-blocked", [])])
+
+    def cands():  # (fused / original, name, regions, session, t_orig, t_plan), fastest first
+        return [(0.70, "afusion", [], "s_af", 1.0, 0.70), (0.72, "compute-blocked", [], "s_cb", 1.0, 0.72),
+                (0.74, "horizontal", [], "s_h", 1.0, 0.74)]
+
+    def timed(gain):
+        def compare(a, b, min_time, max_blocks):
+            assert (a, b) == ("s_af", "s_cb") and min_time >= 1.0  # the fastest of the plans listed after it
+            return 1.0, gain
+        return compare
+
+    c = cands()
+    run = _Optimizer._plan_runoff(opt, c, timed(PLAN_MARGIN * 0.99))
+    assert run == {"plans": ["afusion", "compute-blocked"], "gain": pytest.approx(PLAN_MARGIN * 0.99),
+                   "kept": "compute-blocked"}
+    assert [x[1] for x in c] == ["compute-blocked", "afusion", "horizontal"]
+    c = cands()
+    assert _Optimizer._plan_runoff(opt, c, timed(PLAN_MARGIN * 1.01))["kept"] == "afusion"
+    assert c[0][1] == "afusion"
+    # far apart, or the fastest is already the least fused: no runoff
+    far = [(0.70, "afusion", [], "s_af", 1.0, 0.70), (0.70 * PLAN_RUNOFF_WITHIN * 1.01, "compute-blocked", [], "s_cb",
+                                                      1.0, 1)]
+    assert _Optimizer._plan_runoff(opt, far, timed(1.0)) is None
+    least = [(0.70, "compute-blocked", [], "s_cb", 1.0, 0.70), (0.71, "afusion", [], "s_af", 1.0, 0.71)]
+    assert _Optimizer._plan_runoff(opt, least, timed(1.0)) is None

@@ -159,7 +159,9 @@ def float_matrices(m: int, r: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def _float_axes(kernel, m: int):
     (ah, gh, bh), (aw, gw, bw) = axis_matrices(kernel, m)
-    f = lambda x: np.array(x, np.float64)  # noqa: E731
+    def f(x):
+        return np.array(x, np.float64)
+
     return (f(ah), f(gh), f(bh)), (f(aw), f(gw), f(bw))
 
 

@@ -28,6 +28,7 @@ from .tile_search import (
     time_candidates,
 )
 
+
 def space(kernel) -> list[list[int]]:
     """The candidates for a kernel: 0 (the direct kernel) and its Winograd tile lengths."""
     return [[0]] + [[m] for m in winograd.sizes(kernel)]

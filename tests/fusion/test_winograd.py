@@ -17,7 +17,6 @@ from onnxopt.errors import UsageError
 from onnxopt.fusion import winograd
 from onnxopt.fusion.afusion.siso import conv_part_reason
 
-
 # Every (kernel, tile length) offered, and the 1-D transforms (m, r) they are built from.
 OFFERED = [(k, m) for k, ms in winograd.SIZES_BY_KERNEL.items() for m in ms]
 AXES = sorted({(m, r) for (kh, kw), m in OFFERED for r in (kh, kw) if r > 1})
@@ -256,3 +255,19 @@ def test_fallback_weights_come_back_in_the_function_body(tmp_path):
     want = reference(model, ch.feeds)
     got = run_fused(res, ch.feeds, library=False)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+@needs_vectors
+def test_the_winograd_choices_have_their_own_budget(tmp_path):
+    """With no tuning time at all, the Winograd choice reports its own budget as spent and keeps the direct kernel
+    (the register-tile search reports the tuning budget)."""
+    ch = Chain(32, 14, 14)
+    a = ch.conv("x", "a", 32, k=1, p=0)
+    b = ch.conv(a, "b", 32, k=1, kw=7, pads=[0, 3, 0, 3])
+    model = ch.model([ch.conv(b, "c", 32, k=1, p=0)])
+    res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), plan="compute-blocked", tune_budget=0, cost_cache=False)
+    wins = [r["winograd"] for r in res.report["regions"] if "winograd" in r]
+    assert [w["kernel"] for w in wins] == [[1, 7]]
+    assert wins[0]["chosen"] == 0 and "Winograd budget (0 s)" in wins[0]["skipped"]
+    assert not any("__wino" in i.name for i in res.model.graph.initializer)
+    check_answers(res, model, ch.feeds)
