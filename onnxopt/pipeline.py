@@ -89,8 +89,8 @@ class Options:
     tile_search: bool = True  # time a few register tiles per compute region (with measure)
     search_budget: float = 60.0  # seconds for the backtracking search over fusion plans (onnxopt/fusion/search)
     prune: bool = True  # prune fusion candidates by the roofline (OptiFX's theta_opt)
-    # Seconds for the register-tile search (onnxopt/tune); regions past it keep the default tile. Largest first. The
-    # Winograd choices, searched before it, have as many seconds of their own.
+    # Seconds for the Winograd choices, then the register-tile and band searches (onnxopt/tune): the tile search
+    # gets what the Winograd choices leave, but at least a third; regions past it keep the default tile.
     tune_budget: float = 12.0
     # Winograd tiles for blocked stride-1 3x3, 5x5, 1xk and kx1 convolutions (fusion/winograd.py): "auto" times them
     # per convolution (onnxopt/tune/winograd_search.py, with measure and the tile search), "off" never, a tile
