@@ -43,7 +43,8 @@ def chain(cin: int, cout: int, h: int, kernel: tuple[int, int], seed: int = 0) -
     nodes, inits, x, c = [], [], "x", cin
     for name, (kh, kw), oc in (("a", (1, 1), cin), ("b", kernel, cout), ("c", (1, 1), cout)):
         w = (rng.standard_normal((oc, c, kh, kw)) / np.sqrt(c * kh * kw)).astype(np.float32)
-        inits += [numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(np.zeros(oc, np.float32), f"{name}_b")]
+        inits += [numpy_helper.from_array(w, f"{name}_w"),
+                  numpy_helper.from_array(np.zeros(oc, np.float32), f"{name}_b")]
         nodes += [helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_pre"], name=name,
                                    kernel_shape=[kh, kw], pads=[kh // 2, kw // 2, kh // 2, kw // 2]),
                   helper.make_node("Relu", [f"{name}_pre"], [name], name=f"{name}_relu")]

@@ -157,17 +157,12 @@ def float_matrices(m: int, r: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return (np.array(at, np.float64), np.array(g, np.float64), np.array(bt, np.float64))
 
 
-def _float_axes(kernel, m: int):
-    (ah, gh, bh), (aw, gw, bw) = axis_matrices(kernel, m)
-    def f(x):
-        return np.array(x, np.float64)
-
-    return (f(ah), f(gh), f(bh)), (f(aw), f(gw), f(bw))
-
-
 def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
     """[OC, IC, kh, kw] -> [nh, nw, OC, IC]: G_h w G_w^T per (output, input) channel, in float64 then rounded once."""
-    (_, gh, _), (_, gw, _) = _float_axes(w.shape[2:], m)
+    kh, kw = w.shape[2:]
+    _check((kh, kw), m)
+    mh, mw = tile_shape((kh, kw), m)
+    (_, gh, _), (_, gw, _) = float_matrices(mh, kh), float_matrices(mw, kw)
     return np.einsum("ij,ocjk,lk->iloc", gh, w.astype(np.float64), gw).astype(np.float32)
 
 
@@ -192,7 +187,8 @@ def applies(region: Region) -> str | None:
     a = c.attrs
     kernel = tuple(a.get("kernel", ()))
     if not sizes(kernel):
-        return f"kernel {'x'.join(map(str, kernel))}: Winograd tiles are for {', '.join(f'{h}x{w}' for h, w in SIZES_BY_KERNEL)}"
+        offered = ", ".join(f"{h}x{w}" for h, w in SIZES_BY_KERNEL)
+        return f"kernel {'x'.join(map(str, kernel))}: Winograd tiles are for {offered}"
     if tuple(a.get("strides", ())) != (1, 1) or tuple(a.get("dilations", ())) != (1, 1):
         return "strided or dilated"
     if a.get("groups", 1) != 1:
