@@ -265,7 +265,8 @@ def test_the_winograd_choices_have_their_own_budget(tmp_path):
     a = ch.conv("x", "a", 32, k=1, p=0)
     b = ch.conv(a, "b", 32, k=1, kw=7, pads=[0, 3, 0, 3])
     model = ch.model([ch.conv(b, "c", 32, k=1, p=0)])
-    res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), plan="compute-blocked", tune_budget=0, cost_cache=False)
+    res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), plan="compute-blocked", tune_budget=0, cost_cache=False,
+                           min_speedup=0.0)  # emitted whatever the timing: the report keeps emitted regions only
     wins = [r["winograd"] for r in res.report["regions"] if "winograd" in r]
     assert [w["kernel"] for w in wins] == [[1, 7]]
     assert wins[0]["chosen"] == 0 and "Winograd budget (0 s)" in wins[0]["skipped"]
