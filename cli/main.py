@@ -37,6 +37,9 @@ def _optimize_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", action="append", metavar="[DTYPE:]X", help="relative tolerance of the check "
                    "(default float32:1e-3)")
     p.add_argument("--atol", action="append", metavar="[DTYPE:]X", help="absolute tolerance (default float32:1e-4)")
+    p.add_argument("--scale-tol", action="append", metavar="[DTYPE:]X", help="tolerance as a fraction of the output's "
+                   "largest magnitude, for values near zero that come from cancelling terms (default float32:1e-5; "
+                   "0 for the plain rtol/atol check)")
     p.add_argument("--skip-fusion", action="append", metavar="KIND", help="do not fuse regions of this kind "
                    "(elementwise, compute, pool, afusion, horizontal)")
     p.add_argument("--no-afusion", action="store_true", help="no AFUSION kernels (two or three convolutions, or a "
@@ -87,7 +90,7 @@ def cmd_optimize(argv) -> int:
     a = _optimize_parser().parse_args(argv)
     console = Console(stderr=True, quiet=a.quiet)
     result = optimize(a.input, a.output, input_shape=a.input_shape, target=a.target, check_input=a.check_input,
-                      rtol=a.rtol, atol=a.atol, threads=a.threads,
+                      rtol=a.rtol, atol=a.atol, scale_tol=a.scale_tol, threads=a.threads,
                       skip_fusion=(a.skip_fusion or []) + (["afusion"] if a.no_afusion else []),
                       verify=not a.no_verify, measure=not a.no_measure, min_speedup=a.min_speedup, seed=a.seed, plan=a.plan,
                       cost_cache=False if a.no_cost_cache else a.cost_cache, tile_search=not a.no_tile_search,

@@ -255,13 +255,13 @@ def _bytes_moved(region: Region, feeds, outs) -> int:
 def optimize(model, output: str | None = None, **kwargs) -> Result:
     """Optimize a model (path or ModelProto). With `output`, writes it and `<output>.so`.
 
-    Keyword options mirror the CLI: input_shape=["x:1,3,224,224"], target="native", rtol=, atol=,
+    Keyword options mirror the CLI: input_shape=["x:1,3,224,224"], target="native", rtol=, atol=, scale_tol=,
     check_input=["x:file.npy"], skip_fusion=["elementwise"], threads=, verify=True, measure=True, min_speedup=1.0.
     """
     opts = Options(
         input_shapes=parse_input_shapes(kwargs.pop("input_shape", None)),
         target=parse_target(kwargs.pop("target", None)),
-        tolerance=Tolerance.parse(kwargs.pop("rtol", None), kwargs.pop("atol", None)),
+        tolerance=Tolerance.parse(kwargs.pop("rtol", None), kwargs.pop("atol", None), kwargs.pop("scale_tol", None)),
         check_inputs=load_check_inputs(kwargs.pop("check_input", None)),
         skip_fusion=tuple(kwargs.pop("skip_fusion", None) or ()),
         threads=kwargs.pop("threads", None),
@@ -1100,7 +1100,7 @@ class _Optimizer:
                 except Exception as e:  # noqa: BLE001
                     self._reject(r, f"kernel check could not run: {str(e).splitlines()[0][:200]}")
                     continue
-                tol = Tolerance(dict(KERNEL_RTOL), dict(KERNEL_ATOL))
+                tol = Tolerance(dict(KERNEL_RTOL), dict(KERNEL_ATOL), {})
                 if r.compute is not None:
                     # A reduction over K terms in another order differs by about K * eps * sum |a * b|: where
                     # terms cancel, the relative error of a small result is large while the error itself is

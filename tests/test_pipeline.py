@@ -93,7 +93,7 @@ def test_failed_verification_leaves_nothing(tmp_path):
     out = str(tmp_path / "out" / "fused.onnx")
     os.makedirs(os.path.dirname(out))
     with pytest.raises(VerificationError, match="nothing was written"):
-        onnxopt.optimize(src, out, measure=False, rtol=0.0, atol=0.0)
+        onnxopt.optimize(src, out, measure=False, rtol=0.0, atol=0.0, scale_tol=0.0)
     assert os.listdir(os.path.dirname(out)) == []
 
 

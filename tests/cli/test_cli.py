@@ -58,6 +58,7 @@ def test_inspect_and_machine(model):
     (["{src}", "-o", "x.onnx", "--target", "z80"], 2, "unknown --target"),
     (["{src}", "-o", "x.onnx", "--skip-fusion", "magic"], 2, "known fusion kinds"),
     (["{src}", "-o", "x.onnx", "--rtol", "abc"], 2, "--rtol"),
+    (["{src}", "-o", "x.onnx", "--scale-tol", "x"], 2, "--scale-tol"),
     (["machine", "--preset", "cray-1"], 2, "known"),
 ])
 def test_usage_errors_exit_2_with_one_line(model, args, code, msg):
@@ -70,7 +71,7 @@ def test_usage_errors_exit_2_with_one_line(model, args, code, msg):
 def test_failed_verification_exits_1(tmp_path):
     src = str(tmp_path / "bert.onnx")
     onnx.save(build_model("bert"), src)
-    r = onnxopt(src, "-o", str(tmp_path / "f.onnx"), "--no-measure", "--rtol", "0", "--atol", "0")
+    r = onnxopt(src, "-o", str(tmp_path / "f.onnx"), "--no-measure", "--rtol", "0", "--atol", "0", "--scale-tol", "0")
     assert r.returncode == 1, r.stderr
     assert "verification failed" in r.stderr
     assert not os.path.exists(tmp_path / "f.onnx") and not os.path.exists(tmp_path / "f.onnx.so")
