@@ -168,7 +168,7 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
 def _region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The region as a standalone model (original ops) and as one fused node, same inputs and outputs."""
     inits = {t.name: t for t in model.graph.initializer}
-    new_inits = {t.name: t for t in (region.compute.initializers if region.compute is not None else ())}
+    new_inits = {t.name: t for t in (region.compute.initializers if region.compute is not None else region.initializers)}
 
     blocked = blocked_inputs(region) | blocked_outputs(region)
 
@@ -182,6 +182,9 @@ def _region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.M
     ins = [vi(x) for x in runtime_inputs(region, model)]
     outs = [vi(o) for o in region.outputs]
     consts = [inits[c] for c in region.program.consts if c in inits]
+    if region.initializers:  # a BatchNormalization's parameters, which the original node reads
+        consts += [inits[x] for x in dict.fromkeys(x for n in region.nodes for x in n.input)
+                   if x in inits and x not in region.program.consts]
     if region.compute is not None:  # weights, biases, BatchNorm parameters: constants on both sides
         used = {x for n in region.nodes for x in n.input}
         consts = [t for name, t in inits.items() if name in used or name in region.program.consts]
@@ -203,7 +206,8 @@ def _region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.M
 def runtime_inputs(region: Region, model: onnx.ModelProto) -> list[str]:
     """The region's inputs that are not constants (for compute regions: not weights, biases or their packing)."""
     if region.compute is None:
-        return list(dict.fromkeys(region.inputs))
+        carried = {t.name for t in region.initializers}
+        return [x for x in dict.fromkeys(region.inputs) if x not in carried]
     consts = {t.name for t in model.graph.initializer} | {t.name for t in region.compute.initializers}
     if model.ir_version >= 4:  # see ElementwiseRule: IR 3 lists every initializer as an input
         consts -= {i.name for i in model.graph.input}

@@ -34,6 +34,9 @@ def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
     # An AFUSION region's epilogues are its parts' (fusion/afusion/siso.py): their constants too.
     programs = [region.program] + [p.program for p in (region.compute.parts if region.compute is not None else [])]
     used_consts = list(dict.fromkeys(c for prog in programs for c in prog.consts if c in inits))
+    if region.initializers:  # the body is the original nodes: a BatchNormalization reads its own parameters
+        used_consts += [x for n in region.nodes for x in n.input
+                        if x in inits and x not in region.inputs and x not in used_consts]
     for name in used_consts:
         body.append(helper.make_node("Constant", [], [name], value=inits[name]))
     # Compute regions carry their own body: the original ops, rewritten to read the packed weights.
@@ -112,7 +115,7 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
     g.value_info.extend(keep)
     have = {t.name for t in g.initializer}
     for r in regions:
-        for t in (r.compute.initializers if r.compute is not None else ()):
+        for t in (r.compute.initializers if r.compute is not None else r.initializers):
             if t.name not in have:
                 have.add(t.name)
                 g.initializer.append(t)

@@ -10,7 +10,9 @@ Legality:
   iteration space, and inputs broadcast to it by numpy's rules;
 - contracting the region keeps the graph acyclic (no path leaves the region and comes back);
 - an intermediate that is a graph output, or is used outside the region (also by an If/Loop/Scan body), is written;
-- scalar constants (initializers that are not graph inputs, one element) are folded into the code.
+- scalar constants (initializers that are not graph inputs, one element) are folded into the code;
+- an inference BatchNormalization with constant parameters joins as `x * scale + shift` (fusion/batchnorm.py): the
+  region reads the new [C, 1, 1] scale and shift initializers it carries.
 A region needs at least two ops: a single op is already one pass over memory in onnxruntime.
 """
 
@@ -22,6 +24,7 @@ from onnx import numpy_helper
 
 from onnxopt.annotate.shapes import tensor_info
 
+from . import batchnorm
 from .elementwise_ops import SUPPORTED
 from .graph_index import GraphIndex
 from .region import EwOp, EwProgram, Region, Value
@@ -55,6 +58,7 @@ class ElementwiseRule:
         overridable = {i.name for i in self.graph.input} if model.ir_version >= 4 else set()
         self.inits = {t.name: t for t in self.graph.initializer if t.name not in overridable}
         self.index = GraphIndex(self.graph)
+        self.derived: dict[str, onnx.TensorProto] = {}  # BatchNormalization scale/shift by name (batchnorm.py)
 
     # ---- per-node admission ----
     def scalar_const(self, name: str):
@@ -71,6 +75,8 @@ class ElementwiseRule:
         return arr.reshape(()).item(), arr.dtype.name
 
     def shape_of(self, name):
+        if name in self.derived:
+            return tuple(self.derived[name].dims)
         ti = self.info.get(name)
         if ti is None or ti.shape is None or ti.dtype is None:
             return None
@@ -79,6 +85,8 @@ class ElementwiseRule:
         return tuple(ti.shape)
 
     def dtype_of(self, name):
+        if name in self.derived:
+            return onnx.helper.tensor_dtype_to_np_dtype(self.derived[name].data_type).name
         ti = self.info.get(name)
         return None if ti is None else ti.dtype
 
@@ -86,6 +94,15 @@ class ElementwiseRule:
         """None if the node can join a region, else the reason it cannot."""
         if node.domain not in ("", "ai.onnx"):
             return "custom domain"
+        if node.op_type == "BatchNormalization":
+            why = batchnorm.admit(node, self.inits, self.shape_of, self.dtype_of)
+            if why is None and self.shape_of(node.output[0]) is None:
+                why = "output shape unknown"
+            if why is None:
+                for t in batchnorm.affine(node, self.inits, len(self.shape_of(node.input[0])),
+                                          self.dtype_of(node.input[0])):
+                    self.derived[t.name] = t
+            return why
         if node.op_type not in SUPPORTED:
             return "not elementwise"
         if len(node.output) != 1:
@@ -153,11 +170,17 @@ class ElementwiseRule:
             regions.append(region)
         return regions
 
+    def _reads(self, node: onnx.NodeProto) -> list[str]:
+        """What the node's operations read: a BatchNormalization its data and its scale and shift."""
+        if node.op_type == "BatchNormalization":
+            return [node.input[0], *batchnorm.names(node)]
+        return list(node.input)
+
     def _boundary_inputs(self, members: set[int]) -> list[str]:
         produced = {o for m in members for o in self.index.nodes[m].output}
         seen = []
         for m in sorted(members):
-            for x in self.index.nodes[m].input:
+            for x in self._reads(self.index.nodes[m]):
                 if x and x not in produced and x not in seen and self.scalar_const(x) is None:
                     seen.append(x)
         return seen
@@ -178,7 +201,7 @@ class ElementwiseRule:
         consts: dict[str, tuple] = {}
         ops: list[EwOp] = []
         for n in nodes:
-            ops.append(self._to_op(n, consts))
+            ops += self._to_ops(n, consts)
         prog = EwProgram(
             inputs=[Value(x, self.dtype_of(x)) for x in inputs],
             consts=consts,
@@ -186,7 +209,16 @@ class ElementwiseRule:
             outputs=[Value(o, self.dtype_of(o)) for o in outputs],
         )
         prog.masks = expected_masks([self.shape_of(x) for x in inputs], shape)
-        return Region("Elementwise", nodes, inputs, outputs, prog, list(shape))
+        return Region("Elementwise", nodes, inputs, outputs, prog, list(shape),
+                      initializers=[self.derived[x] for x in inputs if x in self.derived])
+
+    def _to_ops(self, n: onnx.NodeProto, consts: dict) -> list[EwOp]:
+        if n.op_type == "BatchNormalization":
+            out, dtype = n.output[0], self.dtype_of(n.output[0])
+            scale, shift = batchnorm.names(n)
+            return [EwOp("Mul", (n.input[0], scale), f"{out}__bn_mul", dtype),
+                    EwOp("Add", (f"{out}__bn_mul", shift), out, dtype)]
+        return [self._to_op(n, consts)]
 
     def _to_op(self, n: onnx.NodeProto, consts: dict) -> EwOp:
         out = n.output[0]

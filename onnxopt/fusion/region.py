@@ -103,6 +103,9 @@ class Region:
     # kind "relayout": no kernel; the node is replaced by these onnxruntime nodes that run on blocked tensors
     # (fusion/blocked_passthrough.py)
     relayout: list | None = None
+    # new constant tensors an elementwise region reads (a BatchNormalization's scale and shift, fusion/batchnorm.py):
+    # written into fused.onnx with it; its function fallback reads the original parameters instead
+    initializers: list = field(default_factory=list)
 
     def compute_op_type(self, target_name: str) -> str:
         self.op_type_key = target_name
