@@ -8,12 +8,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_builders import const, make_model
 
 import onnxopt
 from onnxopt.fusion import batchnorm
 from onnxopt.fusion.elementwise import ElementwiseRule
-
-from onnx_builders import const, make_model  # noqa: E402
 
 vi = helper.make_tensor_value_info
 
