@@ -41,7 +41,7 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    "largest magnitude, for values near zero that come from cancelling terms (default float32:1e-5; "
                    "0 for the plain rtol/atol check)")
     p.add_argument("--skip-fusion", action="append", metavar="KIND", help="do not fuse regions of this kind "
-                   "(elementwise, compute, pool, afusion, horizontal)")
+                   "(elementwise, compute, pool, afusion, horizontal, copy)")
     p.add_argument("--no-afusion", action="store_true", help="no AFUSION kernels (two or three convolutions, or a "
                    "convolution and its pool, in one kernel); the same as --skip-fusion afusion")
     p.add_argument("--search-budget", type=float, default=60.0, metavar="SECONDS",

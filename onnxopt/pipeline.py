@@ -22,6 +22,7 @@ from onnxopt import __version__
 from onnxopt.codegen.compute.build import build_compute, tile_sets_of
 from onnxopt.codegen.compute.tile_sets import prebuild
 from onnxopt.codegen.elementwise.build import build_elementwise
+from onnxopt.codegen.copy.build import build_copy
 from onnxopt.codegen.pool.build import build_pool
 from onnxopt.codegen.microkernel.depthwise import depthwise_mi_for
 from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
@@ -31,6 +32,7 @@ from onnxopt.cost_cache import open_cost_cache
 from onnxopt.emit.model import DOMAIN, build_fused_model
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
 from onnxopt.fusion import blocked_passthrough
+from onnxopt.fusion.blocked_copy import fuse_copies
 from onnxopt.fusion.afusion.plan import afusion_pairs, apply_pairs, greedy_pairs
 from onnxopt.fusion.compute import ComputeRule, apply_tile, conv_macs_per_output
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
@@ -57,7 +59,7 @@ PLAN_MARGIN = 1.02
 PLAN_RUNOFF_WITHIN = 1.08
 # Whole-graph plans, timed against each other (see _Optimizer._run).
 PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "horizontal", "pool", "elementwise")
-FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal")
+FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy")
 
 
 @dataclass
@@ -182,9 +184,9 @@ def _region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.M
     ins = [vi(x) for x in runtime_inputs(region, model)]
     outs = [vi(o) for o in region.outputs]
     consts = [inits[c] for c in region.program.consts if c in inits]
-    if region.initializers:  # a BatchNormalization's parameters, which the original node reads
-        consts += [inits[x] for x in dict.fromkeys(x for n in region.nodes for x in n.input)
-                   if x in inits and x not in region.program.consts]
+    # Other constants the original nodes read: a BatchNormalization's parameters, a Resize's scales.
+    consts += [inits[x] for x in dict.fromkeys(x for n in region.nodes for x in n.input)
+               if x in inits and x not in region.program.consts and x not in region.inputs]
     if region.compute is not None:  # weights, biases, BatchNorm parameters: constants on both sides
         used = {x for n in region.nodes for x in n.input}
         consts = [t for name, t in inits.items() if name in used or name in region.program.consts]
@@ -471,8 +473,10 @@ class _Optimizer:
         t = time.perf_counter()
         accepted = self._check_regions(work, built) if built else []
         accepted = self._measured_afusion(accepted, [r for _, _, rs in built.values() for r in rs])
-        # Passthrough nodes of blocked chains have no kernel to check: they stay while both their ends do.
-        accepted += [r for r in regions if r.relayout is not None]
+        # Passthrough nodes of blocked chains have no kernel to check: they stay while both their ends do; those a
+        # copy kernel replaces (fusion/blocked_copy.py) only when it was rejected.
+        copied = {id(f) for r in accepted if r.copy is not None for f in r.copy.fallback}
+        accepted += [r for r in regions if r.relayout is not None and id(r) not in copied]
         kept = _consistent_layouts(accepted)
         kept_ids = {id(r) for r in kept}
         for r in accepted:
@@ -541,6 +545,10 @@ class _Optimizer:
             relayouts = [(r.kind == "relayout" and pools.blocked_region(r.nodes[0], r.relayout, mk.lanes)) or r
                          for r in relayouts]
         plan += relayouts
+        if "copy" not in self.opts.skip_fusion:
+            # Concats and nearest Resizes in the chains as our copy kernel (fusion/blocked_copy.py); the plan keeps
+            # their passthrough regions too, which stand in for a copy kernel that is rejected.
+            plan += fuse_copies(relayouts, rule.index, ew.shape_of, mk.lanes)
         if "pool" not in self.opts.skip_fusion:  # pools left out of the chains read and write NCHW
             plan += PoolRule(work).find_regions(claimed, [])
         if "elementwise" not in self.opts.skip_fusion:
@@ -834,7 +842,7 @@ class _Optimizer:
 
         def job(r):
             builder = build_pool if r.pool is not None else build_compute if r.compute is not None \
-                else build_elementwise
+                else build_copy if r.copy is not None else build_elementwise
             return lambda: builder(r, self.opts.target)
 
         # The compute kernels' tile sets first, each distinct one once (codegen/compute/tile_sets.py): most
@@ -1086,7 +1094,8 @@ class _Optimizer:
                 # Blocked tensors go in and come out in the kernel's layout; the check compares NCHW values and
                 # that the padding channels are exact zeros (the next blocked kernel relies on it).
                 lanes = r.compute.attrs.get("block", 0) if r.compute is not None else \
-                    r.pool.attrs.get("blocked", 0) if r.pool is not None else 0
+                    r.pool.attrs.get("blocked", 0) if r.pool is not None else \
+                    r.copy.lanes if r.copy is not None else 0
                 fused_feeds = {x: to_blocked(v, lanes) if x in blocked_inputs(r) else v for x, v in feeds.items()}
                 try:
                     s_orig = make_session(orig, self.opts.threads)

@@ -17,6 +17,7 @@ from importlib import resources
 
 from onnxopt.errors import ToolchainError
 
+from ..copy.desc import CopyKernelDesc, copy_source
 from ..pool.desc import PoolKernelDesc, pool_source
 from ..target import Target
 
@@ -220,6 +221,9 @@ def library_source(kernels: list, target: Target) -> str:
     pools = [k for k in kernels if isinstance(k, PoolKernelDesc)]
     parts.extend(pool_source(i, k) for i, k in enumerate(pools))
     refs += [f"&p{i}_desc.sig" for i in range(len(pools))]
+    copies = [k for k in kernels if isinstance(k, CopyKernelDesc)]
+    parts.extend(copy_source(i, k) for i, k in enumerate(copies))
+    refs += [f"&y{i}_desc.sig" for i in range(len(copies))]
     # External linkage (hidden by -fvisibility=hidden): the runtime object, compiled once, reads these.
     parts.append(_c_array("onnxopt_sig *", "ONNXOPT_OPS", refs).replace("static const onnxopt_sig *",
                                                                          "const onnxopt_sig *const"))
@@ -240,12 +244,13 @@ int onnxopt_cpu_ok(void);
 
 def _glue_parts() -> tuple[str, str]:
     """ort_glue.c's prelude (includes, macros, the descriptors' types) and the runtime after it, with the compute,
-    AFUSION, sibling and pooling executors inserted."""
+    AFUSION, sibling, pooling and copy executors inserted."""
     files = resources.files("onnxopt.codegen.glue")
     prelude, rest = files.joinpath("ort_glue.c").read_text().split(_TABLES)
     compute = "".join(files.joinpath(f).read_text() for f in ("compute_exec.c", "winograd_exec.c", "afusion_exec.c",
                                                              "afusion_chain_exec.c", "siblings_exec.c"))
-    rest = rest.replace("/*@@COMPUTE@@*/", compute).replace("/*@@POOL@@*/", files.joinpath("pool_exec.c").read_text())
+    pools = files.joinpath("pool_exec.c").read_text() + files.joinpath("copy_exec.c").read_text()
+    rest = rest.replace("/*@@COMPUTE@@*/", compute).replace("/*@@POOL@@*/", pools)
     return prelude, rest
 
 

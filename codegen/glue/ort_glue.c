@@ -105,7 +105,8 @@ typedef void (*row_fn)(void **ins, void **outs, int64_t n);
 typedef void (*generic_fn)(void **ins, void **outs, int64_t n, const int64_t *inner_strides);
 
 /* What every fused op type declares to ORT; the first member of each kind's descriptor. */
-enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2, KIND_POOL = 3, KIND_AFUSION = 4, KIND_SIBLINGS = 5 };
+enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2, KIND_POOL = 3, KIND_AFUSION = 4, KIND_SIBLINGS = 5,
+       KIND_COPY = 6 };
 typedef struct {
   const char *name;
   int kind;
@@ -203,6 +204,15 @@ typedef struct {
   const int64_t *extra_nstride; /* 1: has the batch dim, 0: shared by the batch */
   int blocked;                  /* lanes of a blocked input and output [N, C / L, H, W, L] (windowed only), or 0 */
 } onnxopt_pool_desc;
+
+/* A Concat of blocked tensors along their channel blocks, each input first repeated by integer factors along the
+   rows and columns (a nearest Resize): copy_exec.c. Inputs and output are [N, C / lanes, H, W, lanes]. */
+#define CP_MAX_IN 16
+typedef struct {
+  onnxopt_sig sig;
+  int lanes;
+  int64_t fh[CP_MAX_IN], fw[CP_MAX_IN]; /* per input: rows and columns repeated */
+} onnxopt_copy_desc;
 
 typedef struct {
   OnnxoptCustomOp base; /* first, so an OnnxoptCustomOp* is also an onnxopt_op* */
@@ -430,6 +440,7 @@ static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx) {
   if (sig->kind == KIND_POOL) return pool_compute((const onnxopt_pool_desc *)kernel, ctx);
   if (sig->kind == KIND_AFUSION) return af_compute((const onnxopt_af_desc *)kernel, ctx);
   if (sig->kind == KIND_SIBLINGS) return sb_compute((const onnxopt_sb_desc *)kernel, ctx);
+  if (sig->kind == KIND_COPY) return cp_compute((const onnxopt_copy_desc *)kernel, ctx);
   return ct_compute((const onnxopt_ct_desc *)kernel, ctx);
 }
 static void op_destroy(void *kernel) { (void)kernel; }

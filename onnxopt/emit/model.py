@@ -34,15 +34,16 @@ def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
     # An AFUSION region's epilogues are its parts' (fusion/afusion/siso.py): their constants too.
     programs = [region.program] + [p.program for p in (region.compute.parts if region.compute is not None else [])]
     used_consts = list(dict.fromkeys(c for prog in programs for c in prog.consts if c in inits))
-    if region.initializers:  # the body is the original nodes: a BatchNormalization reads its own parameters
-        used_consts += [x for n in region.nodes for x in n.input
+    # Compute regions carry their own body: the original ops, rewritten to read the packed weights.
+    # A pool or a copy on blocked tensors: its rewrite for the 5-D form.
+    nodes = region.compute.body if region.compute is not None else \
+        region.pool.body if region.pool is not None and region.pool.body else \
+        region.copy.body if region.copy is not None else region.nodes
+    if region.compute is None:  # the body reads other constants itself (a BatchNormalization, a Resize's scales)
+        used_consts += [x for x in dict.fromkeys(x for n in nodes for x in n.input)
                         if x in inits and x not in region.inputs and x not in used_consts]
     for name in used_consts:
         body.append(helper.make_node("Constant", [], [name], value=inits[name]))
-    # Compute regions carry their own body: the original ops, rewritten to read the packed weights.
-    # A pool on blocked tensors: its rewrite for the 5-D form.
-    nodes = region.compute.body if region.compute is not None else \
-        region.pool.body if region.pool is not None and region.pool.body else region.nodes
     for n in nodes:
         m = onnx.NodeProto()
         m.CopyFrom(n)

@@ -45,7 +45,7 @@ def from_blocked(a: np.ndarray, channels: int) -> np.ndarray:
 
 # ---- what a region reads and writes blocked ----
 def blocked_inputs(region: Region) -> set[str]:
-    if region.relayout is not None:
+    if region.relayout is not None or region.copy is not None:
         return set(region.inputs)
     c = region.compute
     if c is not None and c.op == "afusion":  # what its parts read blocked, less the intermediates it keeps inside
@@ -64,6 +64,8 @@ def blocked_inputs(region: Region) -> set[str]:
 
 
 def blocked_outputs(region: Region) -> set[str]:
+    if region.copy is not None:
+        return set(region.outputs)
     if region.relayout is not None:
         return set() if region.kind == "relayout-exit" else set(region.outputs)
     c = region.compute

@@ -103,6 +103,7 @@ class Region:
     # kind "relayout": no kernel; the node is replaced by these onnxruntime nodes that run on blocked tensors
     # (fusion/blocked_passthrough.py)
     relayout: list | None = None
+    copy: object = None  # fusion.blocked_copy.CopyParams: a Concat / nearest Resize of blocked tensors
     # new constant tensors an elementwise region reads (a BatchNormalization's scale and shift, fusion/batchnorm.py):
     # written into fused.onnx with it; its function fallback reads the original parameters instead
     initializers: list = field(default_factory=list)
@@ -124,6 +125,8 @@ class Region:
                 text += "|tile" + json.dumps([tile.mi, tile.ni, tile.mii, tile.lanes])
         if self.pool is not None:
             text += "|pool" + json.dumps(self.pool.key(), sort_keys=True)
+        if self.copy is not None:
+            text += "|copy" + json.dumps(self.copy.key())
         h = hashlib.sha256(text.encode()).hexdigest()
         self.op_type = f"{self.kind}_{h[:16]}"
         return self.op_type

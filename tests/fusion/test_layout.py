@@ -93,8 +93,8 @@ def run_fused(result, feeds, library=True):
                                                                                                             feeds)
 
 
-def optimize_blocked(model, tmp_path, name="fused.onnx"):
-    return onnxopt.optimize(model, str(tmp_path / name), plan="compute-blocked", measure=False)
+def optimize_blocked(model, tmp_path, name="fused.onnx", **kw):
+    return onnxopt.optimize(model, str(tmp_path / name), plan="compute-blocked", measure=False, **kw)
 
 
 def fused_nodes(model):

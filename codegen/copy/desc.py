@@ -1,0 +1,31 @@
+"""The glue's description of a blocked copy op type (copy_exec.c) and its C initializer; no generated code: the
+copy is memcpy of vectors, which the glue does itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_INPUTS = 16  # CP_MAX_IN in ort_glue.c
+
+
+@dataclass
+class CopyKernelDesc:
+    op_type: str
+    in_types: list[int]
+    out_types: list[int]
+    lanes: int
+    factors: list[tuple[int, int]]  # per input: (rows, columns) each input pixel is repeated
+
+
+def copy_source(i: int, k: CopyKernelDesc) -> str:
+    """The tables and the descriptor of copy op number i."""
+    if not 1 <= len(k.factors) <= MAX_INPUTS or len(k.factors) != len(k.in_types):
+        raise ValueError(f"a blocked copy has 1 to {MAX_INPUTS} inputs, each with its factors")
+    ins = ", ".join(str(t) for t in k.in_types)
+    outs = ", ".join(str(t) for t in k.out_types)
+    fh = ", ".join(str(int(f[0])) for f in k.factors)
+    fw = ", ".join(str(int(f[1])) for f in k.factors)
+    return (f"static const int y{i}_in_types[] = {{{ins}}};\n"
+            f"static const int y{i}_out_types[] = {{{outs}}};\n"
+            f'static const onnxopt_copy_desc y{i}_desc = {{{{"{k.op_type}", KIND_COPY, {len(k.in_types)}, '
+            f"{len(k.out_types)}, y{i}_in_types, y{i}_out_types}}, {k.lanes}, {{{fh}}}, {{{fw}}}}};\n")

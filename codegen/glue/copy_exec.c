@@ -1,0 +1,101 @@
+/* ---- Copies of blocked tensors: Concat along the channel blocks, each input optionally repeated (nearest). ----
+ *
+ * Inserted into ort_glue.c by library.py (after the pools). Inputs k are [N, CB_k, H / fh_k, W / fw_k, L]; the
+ * output is [N, sum CB_k, H, W, L]. An output row (n, block, oh) is input k's row oh / fh_k with every pixel (one
+ * vector of L channels) written fw_k times: a memcpy when fw_k is 1. onnxruntime runs the same on the 5-D blocked
+ * tensors as Concat and Reshape -> Expand -> Reshape (fusion/blocked_passthrough.py), one pass each and on one
+ * thread; here it is one pass over the output on all threads (UNet's up-blocks, Inception's and YOLO's Concats).
+ */
+
+#define CP_TARGET_TASKS 64
+#define CP_TASK_MIN_FLOATS 16384 /* floats written per task, at least */
+#define CP_INLINE_FLOATS 65536   /* below this, one thread is faster than waking the pool */
+
+typedef struct {
+  const onnxopt_copy_desc *d;
+  int n_in;
+  const float *in[CP_MAX_IN];
+  int64_t cb[CP_MAX_IN], first[CP_MAX_IN]; /* blocks of each input; the output block its first one lands in */
+  int64_t N, CB, H, W, L;
+  float *out;
+  int64_t rows, tasks;
+} cp_job;
+
+/* One pixel vector written `times` times: a fixed-size copy for the usual lane counts, which the compiler inlines. */
+static void cp_repeat_row(float *dst, const float *src, int64_t w, int64_t times, int64_t L) {
+  if (times == 1) {
+    memcpy(dst, src, (size_t)(w * L) * sizeof(float));
+    return;
+  }
+  if (L == 16) {
+    for (int64_t i = 0; i < w; i++, src += 16)
+      for (int64_t r = 0; r < times; r++, dst += 16) memcpy(dst, src, 16 * sizeof(float));
+  } else if (L == 8) {
+    for (int64_t i = 0; i < w; i++, src += 8)
+      for (int64_t r = 0; r < times; r++, dst += 8) memcpy(dst, src, 8 * sizeof(float));
+  } else {
+    for (int64_t i = 0; i < w; i++, src += L)
+      for (int64_t r = 0; r < times; r++, dst += L) memcpy(dst, src, (size_t)L * sizeof(float));
+  }
+}
+
+static void cp_run_task(void *usr, size_t task) {
+  const cp_job *j = (const cp_job *)usr;
+  const onnxopt_copy_desc *d = j->d;
+  int64_t r0 = (int64_t)task * j->rows / j->tasks, r1 = ((int64_t)task + 1) * j->rows / j->tasks;
+  int64_t row_floats = j->W * j->L;
+  for (int64_t row = r0; row < r1; row++) {
+    int64_t oh = row % j->H, nb = row / j->H, b = nb % j->CB, n = nb / j->CB;
+    int k = 0;
+    while (k + 1 < j->n_in && b >= j->first[k + 1]) k++;
+    int64_t h = j->H / d->fh[k], w = j->W / d->fw[k];
+    const float *src = j->in[k] + ((n * j->cb[k] + (b - j->first[k])) * h + oh / d->fh[k]) * w * j->L;
+    cp_repeat_row(j->out + row * row_floats, src, w, d->fw[k], j->L);
+  }
+}
+
+static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) {
+  cp_job j;
+  memset(&j, 0, sizeof(j));
+  j.d = d;
+  j.n_in = d->sig.n_in;
+  j.L = d->lanes;
+  if (j.n_in < 1 || j.n_in > CP_MAX_IN) return fail(ORT_INVALID_ARGUMENT, "onnxopt: a copy op has 1 to 16 inputs");
+  for (int k = 0; k < j.n_in; k++) {
+    const OrtValue *v;
+    int64_t dims[MAX_RANK];
+    size_t rank;
+    CHECK(ct_dims(ctx, (size_t)k, &v, dims, &rank));
+    if (rank != 5 || dims[4] != j.L)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: a blocked copy's input is not [N, C / L, H, W, L]");
+    int64_t H = dims[2] * d->fh[k], W = dims[3] * d->fw[k];
+    if (k == 0) {
+      j.N = dims[0];
+      j.H = H;
+      j.W = W;
+    } else if (dims[0] != j.N || H != j.H || W != j.W) {
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: a blocked copy's inputs do not give one output size");
+    }
+    j.cb[k] = dims[1];
+    j.first[k] = j.CB;
+    j.CB += dims[1];
+    CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&j.in[k]));
+  }
+  int64_t od[5] = {j.N, j.CB, j.H, j.W, j.L};
+  OrtValue *ov;
+  CHECK(API(KernelContext_GetOutput)(ctx, 0, od, 5, &ov));
+  CHECK(API(GetTensorMutableData)(ov, (void **)&j.out));
+  j.rows = j.N * j.CB * j.H;
+  if (j.rows == 0 || j.W == 0) return NULL;
+  int64_t total = j.rows * j.W * j.L;
+  j.tasks = total / CP_TASK_MIN_FLOATS;
+  if (j.tasks > CP_TARGET_TASKS) j.tasks = CP_TARGET_TASKS;
+  if (j.tasks > j.rows) j.tasks = j.rows;
+  if (j.tasks < 1) j.tasks = 1;
+  if (total < CP_INLINE_FLOATS || j.tasks == 1) {
+    j.tasks = 1;
+    cp_run_task(&j, 0);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, cp_run_task, (size_t)j.tasks, 0, &j);
+}
