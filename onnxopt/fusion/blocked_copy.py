@@ -59,7 +59,7 @@ def fuse_copies(relayouts: list[Region], index, shape_of, lanes: int) -> list[Re
         inputs, factors, parts = [], [], []
         for x in node.input:
             src = by_output.get(x)
-            readers = {i for i in index.consumers.get(x, [])}
+            readers = set(index.consumers.get(x, []))
             if x in resizes and len(readers) == 1 and x not in index.graph_outputs:
                 inputs.append(src.inputs[0])
                 factors.append(resizes[x])

@@ -11,15 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-
-import onnxopt
+from onnx_builders import const, make_model
 from onnxopt.codegen.copy.build import build_copy
 from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.target import host_target
+
+import onnxopt
 from onnxopt.fusion.blocked_copy import CopyParams
 from onnxopt.fusion.region import EwProgram, Region, Value
-
-from onnx_builders import const, make_model
 
 F = TensorProto.FLOAT
 vi = helper.make_tensor_value_info
