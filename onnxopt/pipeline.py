@@ -325,6 +325,7 @@ class _Optimizer:
         self._afusion: dict | None = None  # the AFUSION plan's base plan, groups built and regions made
         self._afusion_base: list[Region] = []  # the plan the AFUSION groups are made from
         self._timed: dict[int, float] = {}  # id(region) -> its kernel's measured seconds (_check_regions)
+        self._timed_by_key: dict[tuple, float] = {}  # (op type, input shapes) -> its measured seconds
 
     def say(self, msg: str):
         if self.opts.progress:
@@ -1087,10 +1088,19 @@ class _Optimizer:
         bindings = self._bindings()
         accepted = []
         machine = _machine()
+        # The same kernel on the same shapes in another region (a network's repeated cells: NASNet's 580 candidate
+        # regions are 250 kernels on distinct shapes) gets that region's verdict without two more sessions: the
+        # code is the same, only the weights differ, and the whole-model check runs every region on its own.
+        verdicts: dict[tuple, tuple] = {}  # key -> (rejection reason or None, accepted entry or None)
         for op_type, (_, desc, regions) in built.items():
             for r in regions:
-                orig, fused = _region_models(r, work, info)
                 feeds = _region_feeds(r, info, bindings, self.opts.seed, work)
+                key = (r.op_type, repr([np.shape(v) for v in feeds.values()]))
+                if key in verdicts:
+                    self._reuse_verdict(r, key, verdicts[key], accepted)
+                    continue
+                verdicts[key] = (None, None)  # filled in below; a crash leaves it unknown
+                orig, fused = _region_models(r, work, info)
                 # Blocked tensors go in and come out in the kernel's layout; the check compares NCHW values and
                 # that the padding channels are exact zeros (the next blocked kernel relies on it).
                 lanes = r.compute.attrs.get("block", 0) if r.compute is not None else \
@@ -1112,6 +1122,7 @@ class _Optimizer:
                             got[i] = from_blocked(got[i], ch)
                 except Exception as e:  # noqa: BLE001
                     self._reject(r, f"kernel check could not run: {str(e).splitlines()[0][:200]}")
+                    verdicts[key] = (r.rejected, None)
                     continue
                 tol = Tolerance(dict(KERNEL_RTOL), dict(KERNEL_ATOL), {})
                 if r.compute is not None:
@@ -1125,6 +1136,7 @@ class _Optimizer:
                     d = bad[0]
                     self._reject(r, f"kernel gives wrong results on {d.name} (max abs {d.max_abs:.3g}, "
                                     f"max rel {d.max_rel:.3g}) {d.detail}".strip())
+                    verdicts[key] = (r.rejected, None)
                     continue
                 bytes_moved = _bytes_moved(r, feeds, want)
                 entry = {"op_type": r.op_type, "ops": r.describe(), "nodes": r.node_names, "inputs": r.inputs,
@@ -1153,6 +1165,7 @@ class _Optimizer:
                     t_orig, t_fused = self._cached_times(r, feeds, entry, lambda: time_interleaved(
                         [s_orig, s_fused], [feeds, fused_feeds], **quick))
                     self._timed[id(r)] = t_fused["median"]  # for the measured search, even if rejected below
+                    self._timed_by_key[key] = t_fused["median"]
                     entry["measured_original_s"] = t_orig["median"]
                     entry["measured_fused_s"] = t_fused["median"]
                     entry["speedup"] = t_orig["median"] / t_fused["median"]
@@ -1168,11 +1181,31 @@ class _Optimizer:
                     if entry["speedup"] < self.opts.min_speedup and not chained:
                         self._reject(r, f"not faster than onnxruntime ({entry['speedup']:.2f}x, "
                                         f"needs {self.opts.min_speedup:.2f}x)")
+                        verdicts[key] = (r.rejected, None)
                         continue
                 r.measured = entry
                 self.report["regions"].append(entry)
                 accepted.append(r)
+                verdicts[key] = (None, entry)
         return accepted
+
+    def _reuse_verdict(self, r: Region, key: tuple, verdict: tuple, accepted: list) -> None:
+        """_check_regions for a region whose kernel and shapes an earlier region had: the same outcome."""
+        reason, first = verdict
+        if key in self._timed_by_key:  # the measured AFUSION search reads every region's time, rejected ones too
+            self._timed[id(r)] = self._timed_by_key[key]
+        if reason is None and first is None:
+            reason = "kernel check could not run (the same kernel and shapes in another region)"
+        if reason is not None:
+            self._reject(r, reason)
+            return
+        entry = dict(first, nodes=r.node_names, inputs=r.inputs, outputs=r.outputs, shape=r.shape,
+                     checked_as="the same kernel and shapes in another region")
+        if r.compute is not None:
+            entry.update(self.tile_info.get(id(r)) or {"tile": self._tile_of(r)})
+        r.measured = entry
+        self.report["regions"].append(entry)
+        accepted.append(r)
 
     def _whole_model_decision(self, original, work, accepted, built, src_path) -> list[Region]:
         """Kernels that win alone can still lose in the graph: onnxruntime's blocked-layout (NCHWc) pass keeps

@@ -261,3 +261,30 @@ def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
     assert _Optimizer._plan_runoff(opt, far, timed(1.0)) is None
     least = [(0.70, "compute-blocked", [], "s_cb", 1.0, 0.70), (0.71, "afusion", [], "s_af", 1.0, 0.71)]
     assert _Optimizer._plan_runoff(opt, least, timed(1.0)) is None
+
+
+def test_repeated_kernels_are_checked_once_and_still_verified(tmp_path):
+    """Two convolutions with the same kernel and shapes but their own weights: the second region reuses the first
+    one's check, and the whole model (each with its weights) still matches onnxruntime."""
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array((rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32), f"w{i}")
+             for i in range(2)]
+    nodes = []
+    for i in range(2):
+        nodes += [helper.make_node("Conv", ["x", f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+                  helper.make_node("Relu", [f"c{i}"], [f"y{i}"], name=f"relu{i}")]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+                          [vi(f"y{i}", TensorProto.FLOAT, [1, 16, 12, 12]) for i in range(2)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    src, out = str(tmp_path / "m.onnx"), str(tmp_path / "f.onnx")
+    onnx.save(m, src)
+    res = onnxopt.optimize(src, out, measure=False, plan="compute", skip_fusion=["horizontal"])
+    convs = [e for e in res.report["regions"] if e["ops"] == "Conv -> Relu"]
+    assert len(convs) == 2 and convs[0]["op_type"] == convs[1]["op_type"]
+    assert ["checked_as" in e for e in convs] == [False, True]
+    assert res.report["verification"]["ok"]
+    feeds = {"x": rng.standard_normal((1, 8, 12, 12)).astype(np.float32)}
+    for a, b in zip(_run(out, feeds, runtime=True), _run(src, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
