@@ -6,8 +6,9 @@ Per network (models/: ResNet-50, Inception-v3, DenseNet-BC k=12 L=100, MobileNet
 style stack, UNet-16): the model is optimized twice with no cost cache (a first run, so the offline time is what a
 user waits): the default pipeline and `--no-afusion`. The three models are then timed interleaved in one process, for
 --min-time seconds in all (onnxruntime's own optimizations on, same thread count; a short timing let this machine's
-bursts of noise move a 4 ms network by 10%), each in --sessions sessions of its own: one model in three sessions
-measured up to 4% apart, so a model's time is the median of its sessions' medians. Printed: a markdown table with the medians, the ratios, the
+bursts of noise move a 4 ms network by 10%), in --sessions rounds of fresh sessions: one model in three sessions
+measured up to 4% apart, so a model's time is the median over the rounds (one round at a time: idle sessions'
+spinning threads slow the timed one). Printed: a markdown table with the medians, the ratios, the
 plan each run emitted (with its kernel count; "nothing" when no plan was faster than onnxruntime in the graph,
 with the best plan's ratio), how many AFUSION groups the emitted model has, and the first run's offline time split as
 OptiFX's Table 7 (search / codegen / measurement). Each run's report is kept next to its model (`--out`).
@@ -64,8 +65,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated network names")
     p.add_argument("--out", help="keep the models in this folder (default: a temporary one)")
     p.add_argument("--sessions", type=int, default=3,
-                   help="sessions per model, all interleaved; a model's time is the median over its sessions (one "
-                        "model timed in three sessions of one process differed by up to 4%%)")
+                   help="rounds of fresh sessions, --min-time split among them; a model's time is the median over "
+                        "the rounds (one model timed in three sessions of one process differed by up to 4%%)")
     a = p.parse_args(argv)
     todo = [(n, kw) for n, kw in NETWORKS if not a.only or n in a.only.split(",")]
     rows = []
@@ -85,15 +86,19 @@ def main(argv=None) -> int:
                 outs[label] = _optimize(src, path, a.threads, **opts) + (path,)
                 with open(path + ".report.json", "w") as f:  # what was fused, refused, and where the time went
                     json.dump(outs[label][0].report, f, indent=1, default=str)
-            sessions = []
+            rounds = []
             for _ in range(max(1, a.sessions)):
-                sessions.append(make_session(src, a.threads))
+                # Fresh sessions each round, and only these three alive: the idle sessions' spinning threads of a
+                # longer interleave slowed the timed one (UNet's onnxruntime time 3.6 -> 6.4 ms with nine).
+                sessions = [make_session(src, a.threads)]
                 for label in ("default", "no-afusion"):
                     res, _, _, path = outs[label]
                     sessions.append(make_session(path, a.threads, res.library))
-            # min_time, not a block count, ends the timing: a few-ms network gets as many seconds as ResNet-50
-            times = time_interleaved(sessions, random_inputs(model), min_time=a.min_time, max_blocks=1_000_000)
-            ort_t, ours, no_af = (float(np.median([t["median"] for t in times[k::3]])) for k in range(3))
+                # min_time, not a block count, ends the timing: a few-ms network gets as many seconds as ResNet-50
+                rounds.append([t["median"] for t in time_interleaved(
+                    sessions, random_inputs(model), min_time=a.min_time / max(1, a.sessions), max_blocks=1_000_000)])
+                del sessions
+            ort_t, ours, no_af = (float(np.median([r[k] for r in rounds])) for k in range(3))
             res, wall, groups, _ = outs["default"]
             off = res.report["offline"]
             rows.append((name, ort_t, ours, no_af, _emitted(res.report), _emitted(outs["no-afusion"][0].report), groups,

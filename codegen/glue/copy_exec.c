@@ -2,7 +2,8 @@
  *
  * Inserted into ort_glue.c by library.py (after the pools). Inputs k are [N, CB_k, H / fh_k, W / fw_k, L]; the
  * output is [N, sum CB_k, H, W, L]. An output row (n, block, oh) is input k's row oh / fh_k with every pixel (one
- * vector of L channels) written fw_k times: a memcpy when fw_k is 1. onnxruntime runs the same on the 5-D blocked
+ * vector of L channels) written fw_k times: a memcpy when fw_k is 1. Without repeats, the output is each input's contiguous
+ * [CB_k, H, W, L] per batch item: copied in runs of CP_TASK_MIN_FLOATS, split over the threads. onnxruntime runs the same on the 5-D blocked
  * tensors as Concat and Reshape -> Expand -> Reshape (fusion/blocked_passthrough.py), one pass each and on one
  * thread; here it is one pass over the output on all threads (UNet's up-blocks, Inception's and YOLO's Concats).
  */
@@ -54,6 +55,24 @@ static void cp_run_task(void *usr, size_t task) {
   }
 }
 
+/* Without repeats: run `task` of the per-(item, input) contiguous pieces, cut into j->tasks equal spans of the
+   output. */
+static void cp_run_span(void *usr, size_t task) {
+  const cp_job *j = (const cp_job *)usr;
+  int64_t plane = j->H * j->W * j->L, item = j->CB * plane, total = j->N * item;
+  int64_t o0 = (int64_t)task * total / j->tasks, o1 = ((int64_t)task + 1) * total / j->tasks;
+  while (o0 < o1) {
+    int64_t n = o0 / item, off = o0 % item, b = off / plane;
+    int k = 0;
+    while (k + 1 < j->n_in && b >= j->first[k + 1]) k++;
+    int64_t piece_end = (j->first[k] + j->cb[k]) * plane; /* end of input k's part of item n */
+    int64_t len = piece_end - off < o1 - o0 ? piece_end - off : o1 - o0;
+    const float *src = j->in[k] + n * j->cb[k] * plane + (off - j->first[k] * plane);
+    memcpy(j->out + o0, src, (size_t)len * sizeof(float));
+    o0 += len;
+  }
+}
+
 static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) {
   cp_job j;
   memset(&j, 0, sizeof(j));
@@ -92,10 +111,13 @@ static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) 
   if (j.tasks > CP_TARGET_TASKS) j.tasks = CP_TARGET_TASKS;
   if (j.tasks > j.rows) j.tasks = j.rows;
   if (j.tasks < 1) j.tasks = 1;
+  int repeats = 0;
+  for (int k = 0; k < j.n_in; k++) repeats |= d->fh[k] != 1 || d->fw[k] != 1;
+  void (*run)(void *, size_t) = repeats ? cp_run_task : cp_run_span;
   if (total < CP_INLINE_FLOATS || j.tasks == 1) {
     j.tasks = 1;
-    cp_run_task(&j, 0);
+    run(&j, 0);
     return NULL;
   }
-  return API(KernelContext_ParallelFor)(ctx, cp_run_task, (size_t)j.tasks, 0, &j);
+  return API(KernelContext_ParallelFor)(ctx, run, (size_t)j.tasks, 0, &j);
 }

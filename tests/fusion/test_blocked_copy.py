@@ -124,3 +124,12 @@ def test_skip_fusion_copy_keeps_the_passthrough_nodes(tmp_path):
                      skip_fusion=["afusion", "horizontal", "copy"])
     ops = [n.op_type for n in onnx.load(out).graph.node]
     assert not any(o.startswith("Copy_") for o in ops) and "Concat" in ops and "Expand" in ops
+
+
+@pytest.mark.parametrize("factors", [[(1, 1), (1, 1), (1, 1)], [(1, 1)]])
+def test_blocked_concat_without_repeats_copies_contiguous_spans(tmp_path, factors):
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((2, 1 + i, 40, 33, LANES)).astype(np.float32) for i in range(len(factors))]
+    sess = _copy_library(tmp_path, factors)
+    got = sess.run(None, {f"x{i}": x for i, x in enumerate(xs)})[0]
+    np.testing.assert_array_equal(got, np.concatenate(xs, axis=1))
