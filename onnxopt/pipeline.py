@@ -476,10 +476,7 @@ class _Optimizer:
         t = time.perf_counter()
         accepted = self._check_regions(work, built) if built else []
         accepted = self._measured_afusion(accepted, [r for _, _, rs in built.values() for r in rs])
-        # Passthrough nodes of blocked chains have no kernel to check: they stay while both their ends do; those a
-        # copy kernel replaces (fusion/blocked_copy.py) only when it was rejected.
-        copied = {id(f) for r in accepted if r.copy is not None for f in r.copy.fallback}
-        accepted += [r for r in regions if r.relayout is not None and id(r) not in copied]
+        accepted += passthroughs_kept(accepted, regions)
         kept = _consistent_layouts(accepted)
         kept_ids = {id(r) for r in kept}
         for r in accepted:
@@ -1161,9 +1158,11 @@ class _Optimizer:
                     entry.update(self.tile_info.get(id(r)) or {"tile": self._tile_of(r)})
                 if self.opts.measure:
                     # A region of a blocked chain is judged with its chain in the whole-model timing; its own time
-                    # is for the report (and AFUSION's measured savings): a shorter timing does.
-                    quick = dict(min_time=0.03, max_blocks=6, min_blocks=3) \
-                        if blocked_inputs(r) or blocked_outputs(r) else dict(min_time=0.1, max_blocks=15)
+                    # is for the report (and AFUSION's measured savings): a shorter timing does. A copy kernel has
+                    # its passthrough nodes to fall back on (fusion/blocked_copy.py), so it is judged alone.
+                    chained = (blocked_inputs(r) or blocked_outputs(r)) and r.copy is None
+                    quick = dict(min_time=0.03, max_blocks=6, min_blocks=3) if chained \
+                        else dict(min_time=0.1, max_blocks=15)
                     t_orig, t_fused = self._cached_times(r, feeds, entry, lambda: time_interleaved(
                         [s_orig, s_fused], [feeds, fused_feeds], **quick))
                     self._timed[id(r)] = t_fused["median"]  # for the measured search, even if rejected below
@@ -1178,8 +1177,7 @@ class _Optimizer:
                         entry["achieved_flops"] = flops / t_fused["median"]
                         if machine is not None:
                             entry["peak_fraction"] = entry["achieved_flops"] / machine.peak_flops["float32"]
-                    # A region of a blocked chain is judged with its chain, in the whole-model timing.
-                    chained = blocked_inputs(r) or blocked_outputs(r)
+                    # A region of a blocked chain is judged with its chain, in the whole-model timing (`chained`).
                     if entry["speedup"] < self.opts.min_speedup and not chained:
                         self._reject(r, f"not faster than onnxruntime ({entry['speedup']:.2f}x, "
                                         f"needs {self.opts.min_speedup:.2f}x)")
@@ -1468,6 +1466,14 @@ def offline_split(timings: dict) -> dict:
            "total_s": t.get("total_s", 0.0)}
     out["other_s"] = max(0.0, out["total_s"] - out["search_s"] - out["codegen_s"] - out["measurement_s"])
     return out
+
+
+def passthroughs_kept(accepted: list[Region], regions: list[Region]) -> list[Region]:
+    """The passthrough regions of blocked chains that join the accepted kernels. They have no kernel to check and
+    stay while both their ends do (_consistent_layouts), except those an accepted copy kernel replaces
+    (fusion/blocked_copy.py): they come back only when it was rejected."""
+    copied = {id(f) for r in accepted if r.copy is not None for f in r.copy.fallback}
+    return [r for r in regions if r.relayout is not None and id(r) not in copied]
 
 
 def _consistent_layouts(regions: list[Region]) -> list[Region]:

@@ -19,6 +19,7 @@ from onnxopt.codegen.target import host_target
 import onnxopt
 from onnxopt.fusion.blocked_copy import CopyParams
 from onnxopt.fusion.region import EwProgram, Region, Value
+from onnxopt.pipeline import passthroughs_kept
 
 F = TensorProto.FLOAT
 vi = helper.make_tensor_value_info
@@ -133,3 +134,18 @@ def test_blocked_concat_without_repeats_copies_contiguous_spans(tmp_path, factor
     sess = _copy_library(tmp_path, factors)
     got = sess.run(None, {f"x{i}": x for i, x in enumerate(xs)})[0]
     np.testing.assert_array_equal(got, np.concatenate(xs, axis=1))
+
+
+
+def test_a_rejected_copy_kernel_gives_the_chain_its_passthrough_nodes_back():
+    """The passthrough regions a copy kernel replaces join the plan only when the kernel was not accepted."""
+    def relayout(name):
+        node = helper.make_node("Identity", [f"{name}_in"], [name], name=name)
+        return Region("relayout", [node], [f"{name}_in"], [name], None, [], relayout=[node])
+
+    up, cat, other = relayout("up"), relayout("cat"), relayout("other")
+    copy = Region("Copy", [up.nodes[0], cat.nodes[0]], ["up_in"], ["cat"], EwProgram([], {}, [], []), [])
+    copy.copy = CopyParams(lanes=LANES, factors=[(2, 2)], fallback=[up, cat])
+    regions = [up, cat, other, copy]
+    assert passthroughs_kept([copy], regions) == [other]
+    assert passthroughs_kept([], regions) == [up, cat, other]
