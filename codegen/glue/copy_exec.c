@@ -2,10 +2,11 @@
  *
  * Inserted into ort_glue.c by library.py (after the pools). Inputs k are [N, CB_k, H / fh_k, W / fw_k, L]; the
  * output is [N, sum CB_k, H, W, L]. An output row (n, block, oh) is input k's row oh / fh_k with every pixel (one
- * vector of L channels) written fw_k times: a memcpy when fw_k is 1. Without repeats, the output is each input's contiguous
- * [CB_k, H, W, L] per batch item: copied in runs of CP_TASK_MIN_FLOATS, split over the threads. onnxruntime runs the same on the 5-D blocked
- * tensors as Concat and Reshape -> Expand -> Reshape (fusion/blocked_passthrough.py), one pass each and on one
- * thread; here it is one pass over the output on all threads (UNet's up-blocks, Inception's and YOLO's Concats).
+ * vector of L channels) written fw_k times: a memcpy when fw_k is 1. Without repeats, the output is each input's
+ * contiguous [CB_k, H, W, L] per batch item, copied in equal spans over the threads. onnxruntime runs the same on
+ * the 5-D blocked tensors as Concat and Reshape -> Expand -> Reshape (fusion/blocked_passthrough.py), one pass
+ * each; here it is one pass over the output (UNet's up-blocks, YOLO's necks, Inception's Concats). A copy slower
+ * than onnxruntime's is rejected and the passthrough nodes run instead (fusion/blocked_copy.py).
  */
 
 #define CP_TARGET_TASKS 64
