@@ -57,6 +57,7 @@ WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this mu
 # only if it wins their head-to-head timing by this much; they are timed head to head when within PLAN_RUNOFF_WITHIN.
 PLAN_MARGIN = 1.02
 PLAN_RUNOFF_WITHIN = 1.08
+PLAN_FALLBACKS = 1  # plans the final check tries after the chosen one fails it (1.5 s each)
 # Whole-graph plans, timed against each other (see _Optimizer._run).
 PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "horizontal", "pool", "elementwise")
 FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy")
@@ -1236,12 +1237,10 @@ class _Optimizer:
         candidates.sort(key=lambda c: c[0])
         runoff = self._plan_runoff(candidates, compare)
         _, plan_name, current, s_cur, t_orig, t_cur = candidates[0]
-        chosen = {id(r) for r in current}
+        entries = self.report["regions"]
+        why = {}  # why each region left the plan, applied once the plan is final
         for r in accepted:
-            if id(r) not in chosen:
-                self._reject(r, f"the {plan_name} plan makes the model faster without this region")
-        self.report["regions"] = [e for e in self.report["regions"] if any(e["op_type"] == r.op_type and
-                                                                         e["nodes"] == r.node_names for r in current)]
+            why[id(r)] = f"the {plan_name} plan makes the model faster without this region"
         decisions = {"original_s": t_orig, "all_kernels_s": t_cur, "dropped": [], "plan": plan_name,
                      "plans": {c[1]: c[4] / c[5] for c in candidates}}
         if runoff:
@@ -1266,25 +1265,64 @@ class _Optimizer:
             if t_trial < t_cur * 0.99:
                 for r in current:
                     if r.op_type == kind:
-                        self._reject(r, f"the model is faster without this kernel ({t_cur / t_trial:.2f}x): "
-                                        "it breaks a chain that onnxruntime keeps in its blocked layout")
-                        self.report["regions"] = [e for e in self.report["regions"] if e["op_type"] != kind]
+                        why[id(r)] = (f"the model is faster without this kernel ({t_cur / t_trial:.2f}x): "
+                                      "it breaks a chain that onnxruntime keeps in its blocked layout")
                 decisions["dropped"].append({"op_type": kind, "gain": t_cur / t_trial})
                 current, s_cur = trial, s_trial
-        if current:
-            # The last word, timed longer, with a margin: two sessions of the same model differ by 1-3% run to run
-            # on a shared machine, and a model that only measured faster by that much is not known to be faster.
-            ta, tb = time_interleaved([s_orig, s_cur], feeds, min_time=1.5, max_blocks=400, min_blocks=10)
-            t_orig, t_cur = ta["median"], tb["median"]
-            decisions["final_candidate_s"] = t_cur  # what the plan measured, emitted or not
-            if t_orig / t_cur < self.opts.min_speedup * WHOLE_MODEL_MARGIN:
-                for r in current:
-                    self._reject(r, f"the fused model is not faster than the original ({t_orig / t_cur:.2f}x)")
-                self.report["regions"] = []
-                current = []
+        # The last word, timed longer, with a margin: two sessions of the same model differ by 1-3% run to run on a
+        # shared machine, and a model that only measured faster by that much is not known to be faster. A plan
+        # that fails it leaves the next plan that measured faster its turn (PLAN_FALLBACKS of them): the plans
+        # were timed for 0.4 s each, and one burst of noise once made UNet's elementwise plan (two small kernels)
+        # look 1.36x faster, pass over the 1.23x compute-blocked plan, fail here, and leave nothing emitted.
+        others = [c for c in candidates[1:] if c[4] / c[5] >= self.opts.min_speedup * WHOLE_MODEL_MARGIN]
+        attempts = [(plan_name, current)] + [(c[1], c[2]) for c in others[:PLAN_FALLBACKS]]
+        sessions = {plan_name: s_cur, **{c[1]: c[3] for c in others}}
+
+        def final_time(name):
+            ta, tb = time_interleaved([s_orig, sessions[name]], feeds, min_time=1.5, max_blocks=400, min_blocks=10)
+            return ta["median"], tb["median"]
+
+        passed, finals = self._final_check(attempts, final_time)
+        if finals and finals[0]["plan"] == plan_name:
+            decisions["final_candidate_s"] = finals[0]["fused_s"]  # what the plan measured, emitted or not
+        if finals:  # the last one timed is the plan that passed, if one did
+            t_orig, t_cur = finals[-1]["original_s"], finals[-1]["fused_s"]
+        if passed is None:  # no plan passed: nothing is emitted
+            if finals:
+                for r in accepted:
+                    why[id(r)] = f"the fused model is not faster than the original ({finals[0]['speedup']:.2f}x)"
+            current = []
+        else:
+            name, current = attempts[passed]
+            if name != plan_name:
+                decisions["plan"] = name
+                for r in accepted:
+                    why[id(r)] = f"the {name} plan makes the model faster without this region"
+        if len(finals) > 1:
+            decisions["final_checks"] = finals
+        kept = {id(r) for r in current}
+        for r in accepted:
+            if id(r) not in kept:
+                self._reject(r, why[id(r)])
+        self.report["regions"] = [e for e in entries if any(e["op_type"] == r.op_type and e["nodes"] == r.node_names
+                                                            for r in current)]
         decisions["final_original_s"], decisions["final_fused_s"] = t_orig, (t_cur if current else t_orig)
         self.report["whole_model"] = decisions
         return current
+
+    def _final_check(self, attempts: list, final_time) -> tuple[int | None, list[dict]]:
+        """The last word on the plan, timed longer (`final_time(name)` -> (original s, fused s)), with a margin:
+        `attempts` is [(plan name, regions)], the chosen plan first, then the fallbacks. Returns the index of the
+        first that is at least min_speedup * WHOLE_MODEL_MARGIN faster (None: none is) and what each one timed."""
+        finals = []
+        for i, (name, regions) in enumerate(attempts):
+            if not regions:
+                continue
+            t_orig, t_plan = final_time(name)
+            finals.append({"plan": name, "speedup": t_orig / t_plan, "original_s": t_orig, "fused_s": t_plan})
+            if t_orig / t_plan >= self.opts.min_speedup * WHOLE_MODEL_MARGIN:
+                return i, finals
+        return None, finals
 
     def _plan_runoff(self, candidates: list, compare) -> dict | None:
         """Each plan was timed against the original on its own, so two plans within a few percent of each other are

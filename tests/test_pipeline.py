@@ -288,3 +288,36 @@ def test_repeated_kernels_are_checked_once_and_still_verified(tmp_path):
     feeds = {"x": rng.standard_normal((1, 8, 12, 12)).astype(np.float32)}
     for a, b in zip(_run(out, feeds, runtime=True), _run(src, feeds)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_final_check_falls_back_to_the_next_plan():
+    """_final_check: the chosen plan is timed once more, longer; when it is not WHOLE_MODEL_MARGIN faster than the
+    original, the next plan that measured faster gets the same check, and nothing is emitted only when none
+    passes. Timings given, not measured, to pin the rule."""
+    from types import SimpleNamespace
+
+    from onnxopt.pipeline import WHOLE_MODEL_MARGIN, _Optimizer
+
+    opt = SimpleNamespace(opts=SimpleNamespace(min_speedup=1.0))
+    attempts = [("elementwise", ["r1"]), ("compute-blocked", ["r2", "r3"])]
+
+    def timed(**gains):
+        asked = []
+
+        def final_time(name):
+            asked.append(name)
+            return 1.0, 1.0 / gains[name]
+        return final_time, asked
+
+    final_time, asked = timed(elementwise=1.0, **{"compute-blocked": 1.3})
+    passed, finals = _Optimizer._final_check(opt, attempts, final_time)
+    assert passed == 1 and asked == ["elementwise", "compute-blocked"]
+    assert [f["speedup"] for f in finals] == [pytest.approx(1.0), pytest.approx(1.3)]
+    final_time, asked = timed(elementwise=WHOLE_MODEL_MARGIN * 1.01, **{"compute-blocked": 1.3})
+    assert _Optimizer._final_check(opt, attempts, final_time)[0] == 0 and asked == ["elementwise"]
+    final_time, asked = timed(elementwise=0.9, **{"compute-blocked": WHOLE_MODEL_MARGIN * 0.99})
+    assert _Optimizer._final_check(opt, attempts, final_time)[0] is None and len(asked) == 2
+    # a plan left empty by its drop trials is not timed
+    final_time, asked = timed(**{"compute-blocked": 1.3})
+    assert _Optimizer._final_check(opt, [("elementwise", []), attempts[1]], final_time)[0] == 1
+    assert asked == ["compute-blocked"]

@@ -194,8 +194,8 @@ static OrtStatus *af_chain_compute(const onnxopt_af_desc *ad, OrtKernelContext *
   for (int o = 0; !st && scratch && o < cc->sig.n_out; o++)
     st = cb_reorder(ctx, j.user_out[o], j.out[o], N, cc->oc, L, j.OH_C * j.OW_C, 1);
 done:
-  free(copy);
+  glue_release(copy);
   free(tabs);
-  free(scratch);
+  glue_release(scratch);
   return st;
 }

@@ -137,7 +137,7 @@ static OrtStatus *af_conv_setup(af_conv *cv, const onnxopt_ct_desc *c, OrtKernel
   int64_t C = c->ic_g * c->groups;
   if (c->groups != 1) { /* depthwise: a blocked input is read in place; an NCHW one is reordered first */
     if (!c->in_blocked) {
-      *copy = (float *)malloc((size_t)(N * cv->OCB * H * W * L) * sizeof(float));
+      *copy = glue_floats((size_t)(N * cv->OCB * H * W * L));
       if (!*copy) return fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
       CHECK(cb_reorder(ctx, (float *)x, *copy, N, C, L, H * W, 0));
       x = *copy;
@@ -167,7 +167,7 @@ static OrtStatus *af_conv_setup(af_conv *cv, const onnxopt_ct_desc *c, OrtKernel
   cv->x = x;
   if (Hp == H && Wp == W) return NULL;
   /* the zero-padded input (cb_copy_row) */
-  *copy = (float *)malloc((size_t)(N * cv->x_item) * sizeof(float));
+  *copy = glue_floats((size_t)(N * cv->x_item));
   if (!*copy) return fail(ORT_FAIL, "onnxopt: out of memory for the padded input");
   cb_copy_job cj = {x, *copy, ps, H, W, Hp, Wp, pt, pl};
   int64_t rows = N * planes * Hp;
@@ -396,9 +396,9 @@ static OrtStatus *af_compute(const onnxopt_af_desc *ad, OrtKernelContext *ctx) {
       st = cb_reorder(ctx, br->user_out[o], br->out[o], N, br->conv.OC, L, j.OH2 * j.OW2, 1);
   }
 done:
-  free(copy);
+  glue_release(copy);
   free(tabs);
-  for (int s = 0; s < j.n_second; s++) free(j.second[s].scratch);
+  for (int s = 0; s < j.n_second; s++) glue_release(j.second[s].scratch);
   return st;
 }
 
@@ -484,10 +484,10 @@ static OrtStatus *af_miso_compute(const onnxopt_af_desc *ad, OrtKernelContext *c
   for (int o = 0; !st && scratch && o < cb->sig.n_out; o++)
     st = cb_reorder(ctx, user_out[o], j.out[o], N, cb->oc, L, j.OH * j.OW, 1);
 done:
-  free(copy_a);
-  free(copy_b);
+  glue_release(copy_a);
+  glue_release(copy_b);
   free(tabs);
-  free(scratch);
+  glue_release(scratch);
   return st;
 }
 
@@ -626,7 +626,7 @@ static OrtStatus *af_pool_compute(const onnxopt_af_desc *ad, OrtKernelContext *c
     }
     if (!st && j.failed) st = fail(ORT_FAIL, "onnxopt: out of memory for a fused convolution's band");
   }
-  free(copy);
+  glue_release(copy);
   free(tab);
   return st;
 }

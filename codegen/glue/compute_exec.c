@@ -651,7 +651,7 @@ static OrtStatus *cb_blocked_scratch(const onnxopt_ct_desc *d, OrtKernelContext 
   if (d->out_blocked) return NULL;
   int n_pos = 0;
   for (int e = 0; e < d->n_extra; e++) n_pos += d->extra_kind[e] == EX_POSITION && e != skip;
-  *scratch = (float *)malloc((size_t)((d->sig.n_out + n_pos) * N * block_size) * sizeof(float));
+  *scratch = glue_floats((size_t)((d->sig.n_out + n_pos) * N * block_size));
   if (!*scratch) return fail(ORT_FAIL, "onnxopt: out of memory for the convolution's blocked outputs");
   float *next = *scratch;
   for (int o = 0; o < d->sig.n_out; o++, next += N * block_size) out[o] = next;
@@ -660,7 +660,7 @@ static OrtStatus *cb_blocked_scratch(const onnxopt_ct_desc *d, OrtKernelContext 
     int64_t items = d->extra_nstride[e] ? N : 1;
     OrtStatus *rs = cb_reorder(ctx, (float *)extra[e], next, items, d->oc, d->lanes, pixels, 0);
     if (rs) {
-      free(*scratch);
+      glue_release(*scratch);
       *scratch = NULL;
       return rs;
     }
@@ -782,9 +782,9 @@ static OrtStatus *cb_finish(cb_ready *r, OrtKernelContext *ctx, OrtStatus *st) {
   const onnxopt_ct_desc *d = r->job.d;
   for (int o = 0; !st && r->scratch && r->tasks && o < d->sig.n_out; o++)
     st = cb_reorder(ctx, r->user_out[o], r->job.out[o], r->job.N, d->oc, d->lanes, r->job.OH * r->job.OW, 1);
-  free(r->buf);
+  glue_release(r->buf);
   free(r->aoff);
-  free(r->scratch);
+  glue_release(r->scratch);
   r->buf = r->scratch = NULL;
   r->aoff = NULL;
   return st;
@@ -887,7 +887,7 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
   if (!st && depthwise && !d->in_blocked) {
     /* An NCHW input (a depthwise convolution whose producer writes NCHW): its tiles read channel vectors, so it is
        reordered to blocked first, one pass over it (what onnxruntime's NCHWc depthwise convolution does too). */
-    r->buf = (float *)malloc((size_t)(N * job->OCB * H * W * L) * sizeof(float));
+    r->buf = glue_floats((size_t)(N * job->OCB * H * W * L));
     st = r->buf ? cb_reorder(ctx, (float *)x, r->buf, N, C_in, L, H * W, 0)
                 : fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
     x = r->buf;
@@ -911,7 +911,7 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
     job->in = x;
   } else {
     int64_t total = N * job->item_in;
-    r->buf = (float *)malloc((size_t)total * sizeof(float));
+    r->buf = glue_floats((size_t)total);
     if (!r->buf) {
       st = fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
       goto done;
@@ -1073,7 +1073,7 @@ static OrtStatus *ctt_run_merged(const onnxopt_ct_desc *d, OrtKernelContext *ctx
   for (int e = 0; e < d->n_extra; e++)
     if (d->extra_kind[e] == EX_CHANNEL) rep += (d->extra_nstride[e] ? N : 1) * n_ph * d->oc;
   if (rep) {
-    float *next = *chan = (float *)malloc((size_t)rep * sizeof(float));
+    float *next = *chan = glue_floats((size_t)rep);
     if (!next) return fail(ORT_FAIL, "onnxopt: out of memory");
     for (int e = 0; e < d->n_extra; e++) {
       if (d->extra_kind[e] != EX_CHANNEL) continue;
@@ -1124,7 +1124,7 @@ static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelC
   const float *x, *w;
   CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&x));
   CHECK(API(GetTensorMutableData)((OrtValue *)wv, (void **)&w));
-  float *scratch = (float *)malloc((size_t)(total * d->sig.n_out) * sizeof(float));
+  float *scratch = glue_floats((size_t)(total * d->sig.n_out));
   int64_t *koff = (int64_t *)malloc((size_t)(K > 0 ? K : 1) * sizeof(int64_t));
   int64_t *offs = (int64_t *)malloc((size_t)N * 2 * sizeof(int64_t));
   float *pad = NULL, *chan = NULL;
@@ -1139,7 +1139,7 @@ static OrtStatus *ct_conv_transposed_pixels(const onnxopt_ct_desc *d, OrtKernelC
   }
   const float *in = x;
   if (padded) {
-    pad = (float *)malloc((size_t)(N * C * Hp * Wp) * sizeof(float));
+    pad = glue_floats((size_t)(N * C * Hp * Wp));
     if (!pad) {
       st = fail(ORT_FAIL, "onnxopt: out of memory for the padded input");
       goto done;
@@ -1206,11 +1206,11 @@ interleave:
     }
   }
 done:
-  free(pad);
-  free(chan);
+  glue_release(pad);
+  glue_release(chan);
   free(koff);
   free(offs);
-  free(scratch);
+  glue_release(scratch);
   return st;
 }
 
@@ -1269,7 +1269,7 @@ static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   int use_col = !flat && eff_flat - eff_rows > 0.08 && (double)job.items * job.K * job.P * 4.0 <= 32.0 * 1048576.0;
   if (use_col) {
     plane = 0;
-    pad = (float *)malloc((size_t)(job.items * job.K * job.P) * sizeof(float));
+    pad = glue_floats((size_t)(job.items * job.K * job.P));
     if (!pad) {
       st = fail(ORT_FAIL, "onnxopt: out of memory for the convolution's columns");
       goto done;
@@ -1293,7 +1293,7 @@ static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
     int64_t Hph = (H + pt + pb + d->sh - 1) / d->sh, Wph = (W + pl + pr + d->sw - 1) / d->sw;
     int64_t phase = Hph * Wph;
     plane = d->sh * d->sw * phase;
-    pad = (float *)malloc((size_t)(N * C * plane) * sizeof(float));
+    pad = glue_floats((size_t)(N * C * plane));
     if (!pad) {
       st = fail(ORT_FAIL, "onnxopt: out of memory for the padded input");
       goto done;
@@ -1325,7 +1325,7 @@ static OrtStatus *ct_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   job.koff = koff;
   st = ct_run(&job, ctx);
 done:
-  free(pad);
+  glue_release(pad);
   free(koff);
   free(offs);
   return st;

@@ -157,13 +157,13 @@ static void wg_product_block(void *usr, size_t index) {
   int64_t g = rest % j->groups, item = rest / j->groups;
   int64_t t0 = blk * j->T / j->blocks, t1 = (blk + 1) * j->T / j->blocks, tb = t1 - t0;
   if (tb <= 0) return;
-  float *M = (float *)aligned_alloc(64, (size_t)((j->nn * NI * tb * L * (int64_t)sizeof(float) + 63) / 64 * 64));
+  float *M = glue_floats((size_t)(j->nn * NI * tb * L));
   if (!M) {
     __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     return;
   }
   wg_products(j, item, g, t0, t1, j->V + item * j->nn * j->CB * j->T * L, t0 * L, j->T, j->koff, M);
-  free(M);
+  glue_release(M);
 }
 
 /* One-phase form: one (item, block of tiles) transforms its own tiles' inputs into a task buffer, then runs every
@@ -177,7 +177,7 @@ static void wg_fused_block(void *usr, size_t index) {
   if (tb <= 0) return;
   size_t v_bytes = (size_t)(nn * j->CB * tb * L) * sizeof(float), m_bytes = (size_t)(nn * NI * tb * L) * sizeof(float);
   size_t k_bytes = (size_t)j->C * sizeof(int64_t);
-  char *buf = (char *)aligned_alloc(64, (v_bytes + m_bytes + k_bytes + 63) / 64 * 64);
+  char *buf = (char *)glue_bytes(v_bytes + m_bytes + k_bytes);
   if (!buf) {
     __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     return;
@@ -191,7 +191,7 @@ static void wg_fused_block(void *usr, size_t index) {
       wg_input_tile(j, plane, tt / j->TW, tt % j->TW, v + (cb * tb + tt - t0) * L, j->CB * tb * L);
   }
   for (int64_t g = 0; g < j->groups; g++) wg_products(j, item, g, t0, t1, v, 0, tb, koff, M);
-  free(buf);
+  glue_release(buf);
 }
 
 static OrtStatus *wg_parallel(OrtKernelContext *ctx, void (*fn)(void *, size_t), int64_t tasks, wg_job *job,
@@ -235,7 +235,7 @@ static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const
   OrtStatus *st = API(GetTensorMutableData)((OrtValue *)xv, (void **)&job.x);
   if (!st) st = API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.w);
   if (!st && !d->in_blocked) { /* an NCHW input: reordered to channel vectors first */
-    in_buf = (float *)malloc((size_t)(N * job.CB * H * W * L) * sizeof(float));
+    in_buf = glue_floats((size_t)(N * job.CB * H * W * L));
     st = in_buf ? cb_reorder(ctx, (float *)job.x, in_buf, N, job.C, L, H * W, 0)
                 : fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
     job.x = in_buf;
@@ -253,7 +253,7 @@ static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const
     job.blocks = one_blocks < 1 ? 1 : one_blocks;
     st = wg_parallel(ctx, wg_fused_block, N * job.blocks, &job, flops);
   } else if (!st) {
-    job.V = (float *)malloc((size_t)(N * job.nn * job.CB * job.T * L) * sizeof(float));
+    job.V = glue_floats((size_t)(N * job.nn * job.CB * job.T * L));
     job.koff = (int64_t *)malloc((size_t)job.C * sizeof(int64_t));
     if (!job.V || !job.koff) st = fail(ORT_FAIL, "onnxopt: out of memory for a Winograd convolution");
     if (!st) {
@@ -273,9 +273,9 @@ static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const
   if (!st && job.failed) st = fail(ORT_FAIL, "onnxopt: out of memory for a Winograd convolution's products");
   for (int o = 0; !st && scratch && o < d->sig.n_out; o++)
     st = cb_reorder(ctx, user_out[o], job.out[o], N, d->oc, L, pixels, 1);
-  free(job.V);
+  glue_release(job.V);
   free(job.koff);
-  free(in_buf);
-  free(scratch);
+  glue_release(in_buf);
+  glue_release(scratch);
   return st;
 }
