@@ -58,6 +58,10 @@ WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this mu
 PLAN_MARGIN = 1.02
 PLAN_RUNOFF_WITHIN = 1.08
 PLAN_FALLBACKS = 1  # plans the final check tries after the chosen one fails it (1.5 s each)
+# The plans from the most fused to the least, for the runoffs: a plan is kept over a less fused one that measured
+# within PLAN_RUNOFF_WITHIN only by winning their head-to-head timing by PLAN_MARGIN.
+PLANS_BY_FUSION = ("afusion", "afusion-chains", "horizontal", "compute-blocked", "compute", "compute-dense", "pool",
+                   "elementwise")
 # Whole-graph plans, timed against each other (see _Optimizer._run).
 PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "horizontal", "pool", "elementwise")
 FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy")
@@ -1326,12 +1330,16 @@ class _Optimizer:
 
     def _plan_runoff(self, candidates: list, compare) -> dict | None:
         """Each plan was timed against the original on its own, so two plans within a few percent of each other are
-        ordered by noise. When the fastest fuses more than the fastest of the plans listed after it (AFUSION before
-        horizontal before compute-blocked ...), time the two against each other, longer; the more fused one is kept
-        only if it wins by PLAN_MARGIN. `candidates` (sorted, fastest first) is reordered in place."""
-        order = [name for name, _ in self.plans]
+        ordered by noise. When the fastest fuses more than the fastest of the plans after it in PLANS_BY_FUSION
+        (AFUSION before horizontal before compute-blocked ...), time the two against each other, longer; the more
+        fused one is kept only if it wins by PLAN_MARGIN. `candidates` (sorted, fastest first) is reordered in
+        place."""
+
+        def rank(name):  # PLANS_BY_FUSION, not the order the plans were built in (compute-blocked before AFUSION)
+            return PLANS_BY_FUSION.index(name) if name in PLANS_BY_FUSION else len(PLANS_BY_FUSION)
+
         best = candidates[0]
-        simpler = [c for c in candidates[1:] if order.index(c[1]) > order.index(best[1])]
+        simpler = [c for c in candidates[1:] if rank(c[1]) > rank(best[1])]
         if not simpler or simpler[0][0] > best[0] * PLAN_RUNOFF_WITHIN:
             return None
         other = simpler[0]

@@ -235,7 +235,8 @@ def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
 
     from onnxopt.pipeline import PLAN_MARGIN, PLAN_RUNOFF_WITHIN, _Optimizer
 
-    opt = SimpleNamespace(plans=[("afusion", []), ("horizontal", []), ("compute-blocked", [])])
+    # in the order the pipeline builds them: compute-blocked first, although AFUSION fuses more
+    opt = SimpleNamespace(plans=[("compute-blocked", []), ("afusion", []), ("horizontal", [])])
 
     def cands():  # (fused / original, name, regions, session, t_orig, t_plan), fastest first
         return [(0.70, "afusion", [], "s_af", 1.0, 0.70), (0.72, "compute-blocked", [], "s_cb", 1.0, 0.72),
