@@ -280,11 +280,11 @@ static OrtStatus *fail(int code, const char *msg) { return API(CreateStatus)(cod
    take over each other's buffers, still in cache, instead of a fresh malloc per call. With the same kernels
    (one library linked with either glue), NASNet-A ran 1.09x faster, ResNet-50 1.025x, UNet-16 1.02x. A warm
    session page-faulted no more without the cache than with it (0 minor faults a run in both), so the gain is not
-   the mmap of fresh blocks; a fresh block's lines are simply not the ones the previous kernel left in L2. The cache
+   the mmap of fresh blocks; the likeliest cause (not measured) is that a reused block is still in cache. The cache
    holds GLUE_CACHE_BYTES per thread at most; onnxruntime's pool threads, and the caller's, live as long as their
    sessions' environment. */
 #define GLUE_CACHE_SLOTS 8
-#define GLUE_CACHE_BYTES ((size_t)256 << 20)
+#define GLUE_CACHE_BYTES ((size_t)64 << 20) /* larger ones are freed: one large batch must not pin them */
 #define GLUE_HEADER 64 /* keeps the block's capacity; the caller's pointer stays 64-byte aligned */
 
 static _Thread_local void *glue_cache[GLUE_CACHE_SLOTS];
