@@ -58,6 +58,7 @@ WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this mu
 PLAN_MARGIN = 1.02
 PLAN_RUNOFF_WITHIN = 1.08
 PLAN_FALLBACKS = 1  # plans the final check tries after the chosen one fails it (1.5 s each)
+CONFIRM_BELOW = 1.08  # a plan that passes the final check by less is timed again in fresh sessions
 # The plans from the most fused to the least, for the runoffs: a plan is kept over a less fused one that measured
 # within PLAN_RUNOFF_WITHIN only by winning their head-to-head timing by PLAN_MARGIN.
 PLANS_BY_FUSION = ("afusion", "afusion-chains", "horizontal", "compute-blocked", "compute", "compute-dense", "pool",
@@ -1293,8 +1294,12 @@ class _Optimizer:
         attempts = [(plan_name, current)] + [(c[1], c[2]) for c in others[:PLAN_FALLBACKS]]
         sessions = {plan_name: s_cur, **{c[1]: c[3] for c in others}}
 
-        def final_time(name):
-            ta, tb = time_interleaved([s_orig, sessions[name]], feeds, min_time=1.5, max_blocks=400, min_blocks=10)
+        def final_time(name, fresh):
+            pair = [s_orig, sessions[name]]
+            if fresh:  # new sessions of the same two models
+                pair = [make_session(original if src_path is None else src_path, self.opts.threads),
+                        session(dict(attempts)[name])]
+            ta, tb = time_interleaved(pair, feeds, min_time=1.5, max_blocks=400, min_blocks=10)
             return ta["median"], tb["median"]
 
         passed, finals = self._final_check(attempts, final_time)
@@ -1313,7 +1318,7 @@ class _Optimizer:
                 decisions["plan"] = name
                 for r in accepted:
                     why[id(r)] = f"the {name} plan makes the model faster without this region"
-        if len(finals) > 1:
+        if finals:
             decisions["final_checks"] = finals
         kept = {id(r) for r in current}
         for r in accepted:
@@ -1326,16 +1331,26 @@ class _Optimizer:
         return current
 
     def _final_check(self, attempts: list, final_time) -> tuple[int | None, list[dict]]:
-        """The last word on the plan, timed longer (`final_time(name)` -> (original s, fused s)), with a margin:
-        `attempts` is [(plan name, regions)], the chosen plan first, then the fallbacks. Returns the index of the
-        first that is at least min_speedup * WHOLE_MODEL_MARGIN faster (None: none is) and what each one timed."""
+        """The last word on the plan, timed longer (`final_time(name, fresh)` -> (original s, fused s)), with a
+        margin: `attempts` is [(plan name, regions)], the chosen plan first, then the fallbacks. Returns the index
+        of the first that is at least min_speedup * WHOLE_MODEL_MARGIN faster (None: none is) and what each one
+        timed. A plan that passes with less than CONFIRM_BELOW to spare is timed again in fresh sessions (`fresh`)
+        and must pass there too: one session of a model can run a few percent faster than another, and a NASNet plan that
+        passed at 1.03x measured 0.94-0.98x in the benchmark's sessions."""
         finals = []
+        need = self.opts.min_speedup * WHOLE_MODEL_MARGIN
         for i, (name, regions) in enumerate(attempts):
             if not regions:
                 continue
-            t_orig, t_plan = final_time(name)
-            finals.append({"plan": name, "speedup": t_orig / t_plan, "original_s": t_orig, "fused_s": t_plan})
-            if t_orig / t_plan >= self.opts.min_speedup * WHOLE_MODEL_MARGIN:
+            t_orig, t_plan = final_time(name, False)
+            entry = {"plan": name, "speedup": t_orig / t_plan, "original_s": t_orig, "fused_s": t_plan}
+            finals.append(entry)
+            if need <= t_orig / t_plan < need * CONFIRM_BELOW:
+                t_orig2, t_plan2 = final_time(name, True)
+                entry["confirm_speedup"] = t_orig2 / t_plan2
+                if t_orig2 / t_plan2 < t_orig / t_plan:  # the worse of the two stands
+                    entry.update(speedup=t_orig2 / t_plan2, original_s=t_orig2, fused_s=t_plan2)
+            if entry["speedup"] >= need:
                 return i, finals
         return None, finals
 
