@@ -1,6 +1,7 @@
 """The seven OptiFX networks, batch 1: onnxruntime against onnxopt, and onnxopt against itself without AFUSION.
 
     python benchmarks/optifx_networks.py [--threads 2] [--min-time 6] [--sessions 3] [--only resnet50] [--out DIR]
+    python benchmarks/optifx_networks.py --out DIR --retime [--min-time 15 --sessions 5]   # time DIR's models again
 
 Per network (models/: ResNet-50, Inception-v3, DenseNet-BC k=12 L=100, MobileNetV2, SqueezeNet 1.0, the NASNet-A
 style stack, UNet-16): the model is optimized twice with no cost cache (a first run, so the offline time is what a
@@ -22,6 +23,7 @@ import math
 import os
 import tempfile
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -49,6 +51,17 @@ def _optimize(src: str, out: str, threads: int, **kw):
     return res, wall, groups
 
 
+def _written(path: str):
+    """An earlier run's model, library and report in --out (for --retime): what _optimize returns, and the path."""
+    if not os.path.exists(path + ".report.json"):
+        raise SystemExit(f"--retime: {path}.report.json is missing; run once with --out {os.path.dirname(path)} first")
+    with open(path + ".report.json") as f:
+        report = json.load(f)
+    lib = path + ".so" if os.path.exists(path + ".so") else None
+    groups = sum(1 for n in onnx.load(path, load_external_data=False).graph.node if n.op_type.startswith("afusion_"))
+    return SimpleNamespace(report=report, library=lib), report["timings"]["total_s"], groups, path
+
+
 def _emitted(report: dict) -> str:
     """The plan whose kernels the written model has, with their count, or why it has none."""
     w = report.get("whole_model") or {}
@@ -67,19 +80,30 @@ def main(argv=None) -> int:
     p.add_argument("--sessions", type=int, default=3,
                    help="rounds of fresh sessions, --min-time split among them; a model's time is the median over "
                         "the rounds (one model timed in three sessions of one process differed by up to 4%%)")
+    p.add_argument("--retime", action="store_true",
+                   help="time the models an earlier run wrote to --out again, without optimizing (offline times "
+                        "are that run's)")
     a = p.parse_args(argv)
+    if a.retime and not a.out:
+        p.error("--retime times the models of an earlier run: give its --out folder")
     todo = [(n, kw) for n, kw in NETWORKS if not a.only or n in a.only.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         d = a.out or tmp
         os.makedirs(d, exist_ok=True)
         for name, kw in todo:
-            model = build_model(name, **kw)
             src = os.path.join(d, f"{name}.onnx")
-            onnx.save(model, src)
+            if a.retime:
+                model = onnx.load(src)
+            else:
+                model = build_model(name, **kw)
+                onnx.save(model, src)
             outs = {}
             for label, opts in (("default", {}), ("no-afusion", {"skip_fusion": ["afusion"]})):
                 path = os.path.join(d, f"{name}_{label}.onnx")
+                if a.retime:
+                    outs[label] = _written(path)
+                    continue
                 for f in (path, path + ".so"):
                     if os.path.exists(f):
                         os.remove(f)
