@@ -1,7 +1,8 @@
 """The buffers a kernel needs for one call (padded input copies, blocked scratch, Winograd products) come from a
-per-thread cache (glue_bytes / glue_release in codegen/glue/ort_glue.c) instead of a fresh malloc each call (same
-kernels, NASNet-A ran 1.09x faster with the cache). Checked here: the answers stay
-right when calls of different sizes take each other's released buffers, and a warm session allocates none."""
+cache (glue_bytes / glue_release in codegen/glue/ort_glue.c) instead of a fresh malloc each call (same kernels,
+NASNet-A ran 1.09x faster with the cache). Checked here: the answers stay
+right when calls of different sizes take each other's released buffers, a warm session allocates none, and
+new sessions reuse what earlier ones released."""
 
 from __future__ import annotations
 
@@ -68,3 +69,23 @@ def test_warm_session_reuses_its_buffers(tmp_path, monkeypatch):
     for _ in range(20):
         sess.run(None, chain.feeds)
     assert fresh() == warm
+
+
+@needs_vectors
+def test_sessions_come_and_go_without_new_buffers(tmp_path, monkeypatch):
+    """Sessions of the same model one after another (each with its own pool threads, which exit with it) take the
+    buffers the earlier ones released: a cache per thread would allocate anew, and leak, with every session."""
+    monkeypatch.setenv("ONNXOPT_CONV_BORDER", "copy")
+    chain, model = _padded_chain()
+    res = optimize_blocked(model, tmp_path, winograd="4")  # Winograd tasks take their buffers on the pool threads
+    assert any("__wino" in i.name for i in res.model.graph.initializer), "no Winograd kernel: the pool takes nothing"
+    fresh = ctypes.CDLL(res.library).onnxopt_fresh_buffers  # keeps the library loaded between the sessions
+    fresh.restype = ctypes.c_int64
+    counts = []
+    for _ in range(4):
+        sess = _session(res)
+        for _ in range(3):
+            sess.run(None, chain.feeds)
+        del sess
+        counts.append(fresh())
+    assert counts[0] >= 1 and counts[1:] == [counts[0]] * 3, counts
