@@ -279,7 +279,7 @@ static OrtStatus *fail(int code, const char *msg) { return API(CreateStatus)(cod
 /* Buffers for one call (padded copies, blocked scratch, Winograd products), 64-byte aligned, released with
    glue_release. The library keeps the last GLUE_CACHE_SLOTS released ones for the next calls, so a run's kernels
    take over each other's buffers instead of a fresh malloc per call. With the same kernels (one library linked
-   with either glue), NASNet-A ran 1.09x faster, ResNet-50 1.025x, UNet-16 1.02x. A warm session page-faulted no
+   with either glue), NASNet-A ran 1.10x faster, ResNet-50 1.02x, UNet-16 1.04x. A warm session page-faulted no
    more without the cache than with it (0 minor faults a run in both), so the gain is not the mmap of fresh blocks;
    the likeliest cause (not measured) is that a reused block is still in cache.
    One cache for the process, under a spin lock (a few slots scanned; calls and Winograd tasks take it once each):

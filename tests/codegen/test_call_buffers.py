@@ -1,8 +1,8 @@
-"""The buffers a kernel needs for one call (padded input copies, blocked scratch, Winograd products) come from a
-cache (glue_bytes / glue_release in codegen/glue/ort_glue.c) instead of a fresh malloc each call (same kernels,
-NASNet-A ran 1.09x faster with the cache). Checked here: the answers stay
-right when calls of different sizes take each other's released buffers, a warm session allocates none, and
-new sessions reuse what earlier ones released."""
+"""The buffers a kernel needs for one call (padded input copies, blocked scratch, Winograd products) come from one
+cache for the process (glue_bytes / glue_release in codegen/glue/ort_glue.c) instead of a fresh malloc each call
+(same kernels, NASNet-A's compute-blocked plan went from 0.756x to 0.835x onnxruntime's speed). Checked here: the
+answers stay right when calls of different sizes take each other's released buffers, a warm session allocates
+none, and new sessions reuse what earlier ones released."""
 
 from __future__ import annotations
 
