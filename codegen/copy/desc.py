@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_INPUTS = 16  # CP_MAX_IN in ort_glue.c
+from onnxopt.fusion.blocked_copy import MAX_INPUTS  # CP_MAX_IN in ort_glue.c
 
 
 @dataclass
