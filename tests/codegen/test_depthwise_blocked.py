@@ -98,6 +98,25 @@ def test_depthwise_on_an_nchw_input_matches_onnxruntime(tmp_path_factory, c, con
 
 
 @needs_vectors
+@pytest.mark.parametrize("c", [3, 16, 20])
+def test_nchw_input_reorder_puts_every_pixel_and_lane_in_place(tmp_path, c):
+    """The reorder of an NCHW input to channel vectors (compute_exec.c's cb_reorder; 16 pixels at a time through a
+    register transpose on AVX-512, then the scalar loop): 37x29 = 1073 pixels is one full run of 1024, then 49 of
+    which 48 go through the transpose and 1 through the scalar loop; 3 and 20 channels leave padding lanes, which
+    must read as zeros. A 1x1 depthwise convolution maps each input value to one output value, so any value put in
+    the wrong pixel or lane shows in the answer."""
+    ch = Chain(c, 37, 29, batch=2, seed=c)
+    ch.conv("x", "b", c, k=1, p=0, group=c, act=None)
+    ch.conv("b", "c", 5, k=1, p=0, act=None)
+    ch.conv(ch.conv("x", "e", 8, k=1, p=0), "f", 4, k=3)  # a blocked chain beside it, as above
+    model = ch.model(["c", "f"])
+    res = optimize_blocked(model, tmp_path)
+    dw = next(r for r in res.report["regions"] if r["nodes"][0] == "b")  # no activation: the Conv's own name
+    assert dw["layout"] == "nchw->blocked"
+    check_answers(res, model, ch.feeds, rtol=1e-6, atol=1e-6)
+
+
+@needs_vectors
 def test_mobilenet_block_stays_blocked_with_a_residual(tmp_path):
     """An inverted residual block (expand 1x1, depthwise 3x3, project 1x1 + residual add) twice, then a strided
     depthwise: every tensor between the fused convolutions stays blocked, the residual read blocked in the
