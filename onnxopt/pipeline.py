@@ -26,7 +26,7 @@ from onnxopt.codegen.copy.build import build_copy
 from onnxopt.codegen.pool.build import build_pool
 from onnxopt.codegen.microkernel.depthwise import depthwise_mi_for
 from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
-from onnxopt.codegen.glue.library import link_library
+from onnxopt.codegen.glue.library import INLINE_FLOPS, INLINE_FLOPS_WIDE, link_library
 from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
 from onnxopt.cost_cache import open_cost_cache
 from onnxopt.emit.model import DOMAIN, build_fused_model
@@ -59,6 +59,7 @@ PLAN_MARGIN = 1.02
 PLAN_RUNOFF_WITHIN = 1.08
 PLAN_FALLBACKS = 1  # plans the final check tries after the chosen one fails it (1.5 s each)
 CONFIRM_BELOW = 1.08  # a plan that passes the final check by less is timed again in fresh sessions
+INLINE_MARGIN = 1.02  # the chosen plan's library with more kernels on the calling thread must win by this much
 # The plans from the most fused to the least, for the runoffs: a plan is kept over a less fused one that measured
 # within PLAN_RUNOFF_WITHIN only by winning their head-to-head timing by PLAN_MARGIN.
 PLANS_BY_FUSION = ("afusion", "afusion-chains", "horizontal", "compute-blocked", "compute", "compute-dense", "pool",
@@ -318,6 +319,7 @@ class _Optimizer:
         # accepted on the strength of their codegen tests, and the model is verified through its function bodies.
         self.cannot_run = missing_cpu_flags(opts.target.required_cpu_flags)
         self.costs = None  # the CostCache, opened on first use (_cost_cache)
+        self.inline_flops = INLINE_FLOPS  # the emitted library's CT_INLINE_FLOPS (_inline_choice)
         self.tile_info: dict[int, dict] = {}  # id(region) -> its tile and tile search, for the report
         self.prebuilt: dict[str, tuple] = {}  # op type -> (object, desc) compiled by the tile search
         self.pair_predictions: dict[tuple, dict] = {}  # AFUSION pair -> the search's roofline prediction
@@ -1233,9 +1235,11 @@ class _Optimizer:
         feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
         s_orig = make_session(original if src_path is None else src_path, self.opts.threads)
 
+        session_lib: dict[int, str] = {}  # a plan's library other than candidates.so (_inline_choice), by id
+
         def session(regions):
             m = build_fused_model(self.emit_base, regions, None, None, {}, [])
-            return make_session(m, self.opts.threads, library=lib)
+            return make_session(m, self.opts.threads, library=session_lib.get(id(regions), lib))
 
         def compare(a, b, min_time=0.4, max_blocks=30):
             ta, tb = time_interleaved([a, b], feeds, min_time=min_time, max_blocks=max_blocks, min_blocks=6)
@@ -1285,6 +1289,9 @@ class _Optimizer:
                                       "it breaks a chain that onnxruntime keeps in its blocked layout")
                 decisions["dropped"].append({"op_type": kind, "gain": t_cur / t_trial})
                 current, s_cur = trial, s_trial
+        decisions["inline_flops"], wide = self._inline_choice(current, s_cur, built, compare)
+        if wide:  # the plan runs on the library with more kernels inline from here on, the final check included
+            session_lib[id(current)], s_cur = wide
         # The last word, timed longer, with a margin: two sessions of the same model differ by 1-3% run to run on a
         # shared machine, and a model that only measured faster by that much is not known to be faster. A plan
         # that fails it leaves the next plan that measured faster its turn (PLAN_FALLBACKS of them): the plans
@@ -1314,6 +1321,8 @@ class _Optimizer:
             current = []
         else:
             name, current = attempts[passed]
+            if id(current) in session_lib:  # the emitted library runs the kernels the way it was timed
+                self.inline_flops = decisions["inline_flops"]["kept"]
             if name != plan_name:
                 decisions["plan"] = name
                 for r in accepted:
@@ -1329,6 +1338,28 @@ class _Optimizer:
         decisions["final_original_s"], decisions["final_fused_s"] = t_orig, (t_cur if current else t_orig)
         self.report["whole_model"] = decisions
         return current
+
+    def _inline_choice(self, regions: list[Region], s_plan, built, compare) -> dict:
+        """Which compute kernels run on the calling thread (CT_INLINE_FLOPS, codegen/glue/compute_exec.c): the plan
+        is timed head to head with a library whose kernels below INLINE_FLOPS_WIDE run there, and that library is
+        kept only if it wins by INLINE_MARGIN. Small kernels (NASNet's 16-channel 1x1 convolutions, 1-4 MFLOP) ran
+        faster on one thread than on two, because onnxruntime's pool threads sleep between ops and the input is in
+        the calling core's cache; MobileNetV2's ran slower. Returns the report entry, and (that library's path, the
+        plan's session on it) when it is kept, else None."""
+        entry = {"tried": INLINE_FLOPS_WIDE, "kept": INLINE_FLOPS}
+        if not any(r.compute is not None for r in regions):
+            return entry, None
+        wide = os.path.join(self.tmpdir, "candidates-inline.so")
+        link_library([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, wide,
+                     inline_flops=INLINE_FLOPS_WIDE)
+        m = build_fused_model(self.emit_base, regions, None, None, {}, [])
+        s_wide = make_session(m, self.opts.threads, library=wide)
+        t_plan, t_wide = compare(s_plan, s_wide, min_time=1.0, max_blocks=200)
+        entry["gain"] = t_plan / t_wide
+        if entry["gain"] < INLINE_MARGIN:
+            return entry, None
+        entry["kept"] = INLINE_FLOPS_WIDE
+        return entry, (wide, s_wide)
 
     def _final_check(self, attempts: list, final_time) -> tuple[int | None, list[dict]]:
         """The last word on the plan, timed longer (`final_time(name, fresh)` -> (original s, fused s)), with a
@@ -1412,7 +1443,8 @@ class _Optimizer:
                 if any(r.op_type == op_type for r in accepted):
                     used.append((obj, desc))
             lib_path = os.path.join(out_dir, f".{lib_name}.{os.getpid()}.tmp")
-            sha = link_library([d for _, d in used], [o for o, _ in used], self.opts.target, lib_path)
+            sha = link_library([d for _, d in used], [o for o, _ in used], self.opts.target, lib_path,
+                               inline_flops=self.inline_flops)
         fused = build_fused_model(self.emit_base, accepted, lib_name if accepted else None, sha,
                                   self.opts.target.to_dict(), self.opts.target.required_cpu_flags)
         try:

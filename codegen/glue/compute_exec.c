@@ -17,7 +17,11 @@ enum { EX_POSITION = 0, EX_CHANNEL = 1, EX_COLUMN = 2, EX_SCALAR = 3 };
 #define CT_MAX_EXTRA 8
 #define CT_TARGET_TASKS 64
 #define CT_TASK_MIN_FLOPS 262144.0
-#define CT_INLINE_FLOPS 1048576.0
+/* Below this many FLOPs a kernel runs on the calling thread: waking onnxruntime's pool (its threads sleep between
+   ops when spinning is off) and reading the input from the other core's cache cost more than the second core
+   saves. The library's tables set it (library.py, INLINE_FLOPS); the optimizer times the chosen plan with a
+   larger value too and keeps the faster (pipeline._inline_choice). */
+#define CT_INLINE_FLOPS onnxopt_inline_flops
 
 typedef struct { /* mirrors the slots of codegen/compute/tile.py */
   const float *a;

@@ -158,7 +158,16 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
     return "".join(parts), init
 
 
-def library_source(kernels: list, target: Target) -> str:
+# Compute kernels with fewer FLOPs run on the calling thread (CT_INLINE_FLOPS in compute_exec.c): the default, and
+# the larger value the optimizer also times on the chosen plan (pipeline._inline_choice). With onnxruntime's spinning
+# off, ten 16 -> 16 1x1 convolutions at 56x56 (1.6 MFLOP each) took 272 us on one thread and 311 us on two (the
+# original model: 200 and 271 us). With the same kernels, NASNet's compute-blocked plan ran 0.88-0.89x onnxruntime's
+# speed with 1 MFLOP and 0.98-1.05x with 4 MFLOP; MobileNetV2's 1.03x and 0.97x, so neither is right everywhere.
+INLINE_FLOPS = float(1 << 20)
+INLINE_FLOPS_WIDE = float(1 << 22)
+
+
+def library_source(kernels: list, target: Target, inline_flops: float = INLINE_FLOPS) -> str:
     ew = [k for k in kernels if isinstance(k, EwKernelDesc)]
     ct = [k for k in kernels if isinstance(k, CtKernelDesc)]
     parts = []
@@ -228,6 +237,7 @@ def library_source(kernels: list, target: Target) -> str:
     parts.append(_c_array("onnxopt_sig *", "ONNXOPT_OPS", refs).replace("static const onnxopt_sig *",
                                                                          "const onnxopt_sig *const"))
     parts.append(f"const int onnxopt_n_ops = {len(kernels)};\n")
+    parts.append(f"const double onnxopt_inline_flops = {float(inline_flops)!r};\n")
     checks = [f for f in target.features if f in _GCC_CPU_NAMES]
     cond = " && ".join(f'__builtin_cpu_supports("{f}")' for f in checks) or "1"
     parts.append(f"int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n")
@@ -238,6 +248,7 @@ def library_source(kernels: list, target: Target) -> str:
 _TABLES = "/*@@LIBRARY@@*/"
 _RUNTIME_DECLS = """extern const onnxopt_sig *const ONNXOPT_OPS[];
 extern const int onnxopt_n_ops;
+extern const double onnxopt_inline_flops;
 int onnxopt_cpu_ok(void);
 """
 
@@ -273,17 +284,21 @@ def _cc() -> str:
 _CFLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", "-std=c11", "-Wall", "-Werror"]
 
 
-def link_library(kernels: list, objects: list, target: Target, output: str) -> str:
+def link_library(kernels: list, objects: list, target: Target, output: str,
+                 inline_flops: float = INLINE_FLOPS) -> str:
     """Compile the library's tables, link them with the shared runtime object and the kernel objects into `output`;
     returns the library's sha256. An entry of `objects` is one object or a tuple of them (a compute kernel's tile
-    sets, codegen/compute/tile_sets.py); an object several kernels share is linked once."""
+    sets, codegen/compute/tile_sets.py); an object several kernels share is linked once. `inline_flops`: compute
+    kernels below it run on the calling thread."""
+    if not inline_flops >= 0:
+        raise ValueError(f"inline_flops must be a number >= 0, not {inline_flops!r}")
     cc = _cc()
     flat = [o for entry in objects for o in ((entry,) if isinstance(entry, (bytes, bytearray)) else entry)]
     objects = list(dict.fromkeys(bytes(o) for o in flat))
     with tempfile.TemporaryDirectory(prefix="onnxopt-link-") as tmp:
         src = os.path.join(tmp, "tables.c")
         with open(src, "w") as f:
-            f.write(library_source(kernels, target))
+            f.write(library_source(kernels, target, inline_flops))
         objs = []
         for i, data in enumerate(objects):
             p = os.path.join(tmp, f"kernels{i}.o")

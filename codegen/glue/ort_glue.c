@@ -299,6 +299,9 @@ __attribute__((visibility("default"))) int64_t onnxopt_fresh_buffers(void) {
   return __atomic_load_n(&glue_fresh, __ATOMIC_RELAXED);
 }
 
+/* The library's CT_INLINE_FLOPS (compute_exec.c), for the tests and for tools that inspect a library. */
+__attribute__((visibility("default"))) double onnxopt_inline_threshold(void) { return onnxopt_inline_flops; }
+
 static void glue_acquire(void) {
   while (atomic_flag_test_and_set_explicit(&glue_lock, memory_order_acquire)) {
   }
