@@ -60,7 +60,12 @@ WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this mu
 PLAN_MARGIN = 1.05
 PLAN_RUNOFF_WITHIN = 1.08
 PLAN_FALLBACKS = 1  # plans the final check tries after the chosen one fails it (1.5 s each)
-CONFIRM_BELOW = 1.08  # a plan that passes the final check by less is timed again in fresh sessions
+# A final-check timing between need / RETIME_BAND and need * CONFIRM_BELOW (need: --min-speedup times
+# WHOLE_MODEL_MARGIN) is within this host's noise of the bar: the plan is timed twice more in new sessions and the
+# median of the three decides. ResNet-50's horizontal plan measured 1.12x in its plan timing and 0.96x in one final
+# check, and nothing was emitted; its --no-afusion run's compute-blocked plan (nearly the same kernels) got 1.18x.
+CONFIRM_BELOW = 1.08
+RETIME_BAND = 1.08
 # The chosen plan's library with more kernels on the calling thread must win by this much (_inline_choice): it won
 # by 10-13% on NASNet's compute-blocked plan; on DenseNet-BC the same two libraries measured 1.08x in one
 # interleaved timing and 0.97x in the next.
@@ -1375,9 +1380,11 @@ class _Optimizer:
         """The last word on the plan, timed longer (`final_time(name, fresh)` -> (original s, fused s)), with a
         margin: `attempts` is [(plan name, regions)], the chosen plan first, then the fallbacks. Returns the index
         of the first that is at least min_speedup * WHOLE_MODEL_MARGIN faster (None: none is) and what each one
-        timed. A plan that passes with less than CONFIRM_BELOW to spare is timed again in fresh sessions (`fresh`)
-        and must pass there too: one session of a model can run a few percent faster than another, and a NASNet plan that
-        passed at 1.03x measured 0.94-0.98x in the benchmark's sessions."""
+        timed. A timing within the noise of that bar (RETIME_BAND below it to CONFIRM_BELOW above) is not trusted
+        alone: the plan is timed twice more in fresh sessions of both models (`fresh`) and the median of the three
+        stands. One session of a model can run a few percent faster than another: a NASNet plan that passed at 1.03x
+        measured 0.94-0.98x in the benchmark's sessions, and a ResNet-50 plan failed at 0.96x that measured 1.12x
+        before and after."""
         finals = []
         need = self.opts.min_speedup * WHOLE_MODEL_MARGIN
         for i, (name, regions) in enumerate(attempts):
@@ -1386,11 +1393,11 @@ class _Optimizer:
             t_orig, t_plan = final_time(name, False)
             entry = {"plan": name, "speedup": t_orig / t_plan, "original_s": t_orig, "fused_s": t_plan}
             finals.append(entry)
-            if need <= t_orig / t_plan < need * CONFIRM_BELOW:
-                t_orig2, t_plan2 = final_time(name, True)
-                entry["confirm_speedup"] = t_orig2 / t_plan2
-                if t_orig2 / t_plan2 < t_orig / t_plan:  # the worse of the two stands
-                    entry.update(speedup=t_orig2 / t_plan2, original_s=t_orig2, fused_s=t_plan2)
+            if need / RETIME_BAND <= t_orig / t_plan < need * CONFIRM_BELOW:
+                timings = [(t_orig, t_plan)] + [final_time(name, True) for _ in range(2)]
+                entry["retimed"] = [o / p for o, p in timings]
+                t_orig, t_plan = sorted(timings, key=lambda t: t[0] / t[1])[1]
+                entry.update(speedup=t_orig / t_plan, original_s=t_orig, fused_s=t_plan)
             if entry["speedup"] >= need:
                 return i, finals
         return None, finals
