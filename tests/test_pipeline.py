@@ -298,7 +298,12 @@ def test_final_check_falls_back_to_the_next_plan():
     more in fresh sessions and the median of the three decides. Timings given, not measured, to pin the rule."""
     from types import SimpleNamespace
 
-    from onnxopt.pipeline import CONFIRM_BELOW, RETIME_BAND, WHOLE_MODEL_MARGIN, _Optimizer
+    from onnxopt.pipeline import (
+        CONFIRM_BELOW,
+        RETIME_BAND,
+        WHOLE_MODEL_MARGIN,
+        _Optimizer,
+    )
 
     opt = SimpleNamespace(opts=SimpleNamespace(min_speedup=1.0))
     attempts = [("elementwise", ["r1"]), ("compute-blocked", ["r2", "r3"])]
