@@ -129,7 +129,8 @@ def _render_siblings(report: dict, console: Console) -> None:
 
 def render_bench(result: dict, console: Console | None = None) -> None:
     console = console or Console()
-    t = Table(title=f"onnxopt bench ({result['threads']} threads, interleaved)")
+    how = "spinning on, one session at a time" if result.get("spinning") else "interleaved"
+    t = Table(title=f"onnxopt bench ({result['threads']} threads, {how})")
     for c in ("model", "median ms", "p10 ms", "p90 ms", "library"):
         t.add_column(c, justify="right" if c not in ("model", "library") else "left")
     for side in ("a", "b"):

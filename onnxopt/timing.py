@@ -1,7 +1,8 @@
 """Interleaved timing of several onnxruntime sessions, the way ARCHITECTURE.md's performance method prescribes.
 
 Sessions run A B A B... in short blocks, each side warmed up right before its block, with intra-op spinning off so
-the idle side's threads do not steal the cores. Only ratios measured in one run are compared.
+the idle side's threads do not steal the cores. With spinning on (onnxruntime's default), `time_in_turns` keeps one
+session alive at a time instead. Only ratios measured in one run are compared.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import time
 import numpy as np
 
 
-def make_session(model, threads: int | None = None, library: str | None = None, optimization: str = "all"):
+def make_session(model, threads: int | None = None, library: str | None = None, optimization: str = "all",
+                 spinning: bool = False):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -19,7 +21,7 @@ def make_session(model, threads: int | None = None, library: str | None = None, 
     if threads:
         so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     so.graph_optimization_level = {
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -62,6 +64,32 @@ def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None =
         out.append({"median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
                     "p90": float(np.percentile(a, 90)), "mean": float(a.mean()), "blocks": len(xs),
                     "runs_per_block": block})
+    return out
+
+
+def time_in_turns(makers, feeds, min_time: float = 2.0, rounds: int = 4) -> list[dict]:
+    """Per session maker: median, p10, p90 and mean seconds per run, with only one session alive at a time.
+    Onnxruntime's spinning threads (its default) keep spinning for a while after each run, so a second live session
+    would lose cores to them; here each round makes each session in turn, warms it, times it for
+    min_time / rounds seconds and releases it. `makers`: callables that return a new session."""
+    samples = [[] for _ in makers]
+    for _ in range(rounds):
+        for k, make in enumerate(makers):
+            s = make()
+            for _ in range(3):  # memory planning, first-touch pages
+                s.run(None, feeds)
+            start = time.perf_counter()
+            while not samples[k] or time.perf_counter() - start < min_time / rounds:
+                t0 = time.perf_counter()
+                s.run(None, feeds)
+                samples[k].append(time.perf_counter() - t0)
+            del s
+    out = []
+    for xs in samples:
+        a = np.array(xs)
+        out.append({"median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
+                    "p90": float(np.percentile(a, 90)), "mean": float(a.mean()), "runs": len(xs),
+                    "rounds": rounds})
     return out
 
 

@@ -34,7 +34,37 @@ def test_optimize_report_and_bench(model):
     b = onnxopt("bench", src, out, "--min-time", "0.2", "--json")
     assert b.returncode == 0, b.stderr
     res = json.loads(b.stdout)
-    assert res["outputs_match"] and res["speedup"] > 0 and res["b"]["library"]
+    assert res["outputs_match"] and res["speedup"] > 0 and res["b"]["library"] and not res["spinning"]
+    # spinning on (onnxruntime's default): one session alive at a time, in rounds
+    b = onnxopt("bench", src, out, "--min-time", "0.4", "--spinning", "--json")
+    assert b.returncode == 0, b.stderr
+    res = json.loads(b.stdout)
+    assert res["spinning"] and res["outputs_match"] and res["speedup"] > 0
+    assert res["a"]["rounds"] == res["b"]["rounds"] == 4 and res["a"]["runs"] >= 4
+    assert "spinning on" in onnxopt("bench", src, out, "--min-time", "0.2", "--spinning").stdout
+
+
+def test_time_in_turns_keeps_one_session_alive(model):
+    """timing.time_in_turns makes each session in turn, times it, and lets it go before the next: at most one
+    session exists at a time, each side gets every round."""
+    import weakref
+
+    from onnxopt.timing import make_session, time_in_turns
+    from onnxopt.verify import make_inputs
+
+    _, src = model
+    feeds = make_inputs(onnx.load(src), {}, 0, None)
+    alive, made = [], []
+
+    def maker():
+        assert not any(r() is not None for r in alive), "a session from an earlier turn is still alive"
+        s = make_session(src, 1, spinning=True)
+        alive.append(weakref.ref(s))
+        made.append(1)
+        return s
+
+    out = time_in_turns([maker, maker], feeds, min_time=0.2, rounds=3)
+    assert len(made) == 6 and all(o["rounds"] == 3 and o["runs"] >= 3 and o["median"] > 0 for o in out)
 
 
 def test_inspect_and_machine(model):
