@@ -58,13 +58,7 @@ def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None =
                 s.run(None, feeds)
             samples[k].append((time.perf_counter() - t0) / block)
         blocks += 1
-    out = []
-    for xs in samples:
-        a = np.array(xs)
-        out.append({"median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
-                    "p90": float(np.percentile(a, 90)), "mean": float(a.mean()), "blocks": len(xs),
-                    "runs_per_block": block})
-    return out
+    return [_stats(xs, blocks=len(xs), runs_per_block=block) for xs in samples]
 
 
 def time_in_turns(makers, feeds, min_time: float = 2.0, rounds: int = 4) -> list[dict]:
@@ -78,19 +72,20 @@ def time_in_turns(makers, feeds, min_time: float = 2.0, rounds: int = 4) -> list
             s = make()
             for _ in range(3):  # memory planning, first-touch pages
                 s.run(None, feeds)
-            start = time.perf_counter()
-            while not samples[k] or time.perf_counter() - start < min_time / rounds:
+            start, runs = time.perf_counter(), 0
+            while runs == 0 or time.perf_counter() - start < min_time / rounds:  # one run per round at least
                 t0 = time.perf_counter()
                 s.run(None, feeds)
                 samples[k].append(time.perf_counter() - t0)
+                runs += 1
             del s
-    out = []
-    for xs in samples:
-        a = np.array(xs)
-        out.append({"median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
-                    "p90": float(np.percentile(a, 90)), "mean": float(a.mean()), "runs": len(xs),
-                    "rounds": rounds})
-    return out
+    return [_stats(xs, runs=len(xs), rounds=rounds) for xs in samples]
+
+
+def _stats(seconds: list[float], **extra) -> dict:
+    a = np.array(seconds)
+    return {"median": float(np.median(a)), "p10": float(np.percentile(a, 10)), "p90": float(np.percentile(a, 90)),
+            "mean": float(a.mean()), **extra}
 
 
 class _Bound:
