@@ -1356,7 +1356,8 @@ class _Optimizer:
         faster on one thread than on two, because onnxruntime's pool threads sleep between ops and the input is in
         the calling core's cache; MobileNetV2's ran slower, and DenseNet-BC's emitted AFUSION plan measured 1.41x
         onnxruntime's speed with the wide library against 1.30x in one interleaved timing, 1.26x against 1.30x in
-        the next (hence INLINE_MARGIN). Returns the report entry, and (that library's path, the plan's session on it) when it is kept, else None."""
+        the next (hence INLINE_MARGIN). Returns the report entry, and (that library's path, the plan's session on
+        it) when it is kept, else None."""
         entry = {"tried": INLINE_FLOPS_WIDE, "kept": INLINE_FLOPS}
         if not any(r.compute is not None for r in regions):
             return entry, None

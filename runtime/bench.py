@@ -1,8 +1,8 @@
 """`onnxopt bench A B`: both models through onnxruntime in one process, same threads, interleaved.
 
 ORT_ENABLE_ALL on both sides, intra-op spinning off (two sessions timed in turn otherwise fight for the cores),
-warm-up, blocks of runs alternating A B A B (with --spinning: spinning on, one session alive at a time, in rounds), medians and p10/p90 per run, and the ratio median(A) / median(B)
-(> 1: B is faster). Only ratios from one run are meaningful; absolute times drift on shared machines.
+warm-up, blocks of runs alternating A B A B (with --spinning: spinning on, one session alive at a time, in rounds),
+medians and p10/p90 per run, and the ratio median(A) / median(B) (> 1: B is faster). Only ratios from one run are meaningful; absolute times drift on shared machines.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _load_side(path: str, threads: int | None, spinning: bool = False):
     chk = check_library(path, model=model)
     lib = chk.path if chk.usable else None
     sess = make_session(path, threads, library=lib, spinning=spinning)
-    return model, sess, chk, lib
+    return model, sess, lib
 
 
 def bench(path_a: str, path_b: str, threads: int | None = None, min_time: float = 2.0, inputs=None,
@@ -33,8 +33,8 @@ def bench(path_a: str, path_b: str, threads: int | None = None, min_time: float 
     """`spinning`: onnxruntime's intra-op spinning on (its default) instead of off; the sessions are then timed one
     at a time (timing.time_in_turns), since an idle session's spinning threads would take the cores."""
     threads = threads or os.cpu_count()
-    model_a, sess_a, chk_a, lib_a = _load_side(path_a, threads, spinning)
-    _, sess_b, chk_b, lib_b = _load_side(path_b, threads, spinning)
+    model_a, sess_a, lib_a = _load_side(path_a, threads, spinning)
+    _, sess_b, lib_b = _load_side(path_b, threads, spinning)
     given = load_check_inputs(inputs) if inputs else None
     feeds = make_inputs(model_a, bindings, seed, given)
     names = [o.name for o in sess_a.get_outputs()]
@@ -47,8 +47,8 @@ def bench(path_a: str, path_b: str, threads: int | None = None, min_time: float 
     else:
         ta, tb = time_interleaved([sess_a, sess_b], feeds, min_time=min_time, max_blocks=400, min_blocks=10)
     return {
-        "a": {"path": path_a, "library": chk_a.path if chk_a.usable else None, **ta},
-        "b": {"path": path_b, "library": chk_b.path if chk_b.usable else None, **tb},
+        "a": {"path": path_a, "library": lib_a, **ta},
+        "b": {"path": path_b, "library": lib_b, **tb},
         "speedup": ta["median"] / tb["median"],
         "threads": threads,
         "spinning": spinning,
