@@ -2,7 +2,8 @@
 
 ORT_ENABLE_ALL on both sides, intra-op spinning off (two sessions timed in turn otherwise fight for the cores),
 warm-up, blocks of runs alternating A B A B (with --spinning: spinning on, one session alive at a time, in rounds),
-medians and p10/p90 per run, and the ratio median(A) / median(B) (> 1: B is faster). Only ratios from one run are meaningful; absolute times drift on shared machines.
+medians and p10/p90 per run, and the ratio median(A) / median(B) (> 1: B is faster). Only ratios from one run are
+meaningful; absolute times drift on shared machines.
 """
 
 from __future__ import annotations
