@@ -70,6 +70,7 @@ RETIME_BAND = 1.08
 # by 10-13% on NASNet's compute-blocked plan; on DenseNet-BC the same two libraries measured 1.08x in one
 # interleaved timing and 0.97x in the next.
 INLINE_MARGIN = 1.05
+INLINE_REACH = 4  # report FLOPs per glue-counted FLOP at most (Winograd F(4x4, 3x3)); see _inline_choice
 # The plans from the most fused to the least, for the runoffs: a plan is kept over a less fused one that measured
 # within PLAN_RUNOFF_WITHIN only by winning their head-to-head timing by PLAN_MARGIN.
 PLANS_BY_FUSION = ("afusion", "afusion-chains", "horizontal", "compute-blocked", "compute", "compute-dense", "pool",
@@ -1359,7 +1360,13 @@ class _Optimizer:
         the next (hence INLINE_MARGIN). Returns the report entry, and (that library's path, the plan's session on
         it) when it is kept, else None."""
         entry = {"tried": INLINE_FLOPS_WIDE, "kept": INLINE_FLOPS}
-        if not any(r.compute is not None for r in regions):
+        # Kernels far above both thresholds run on the pool either way: then the two libraries are the same program
+        # and timing them would only cost offline time (ResNet-50's smallest convolution is 103 MFLOP). The glue
+        # counts a Winograd kernel's products, about a quarter of the report's direct FLOPs for F(4x4, 3x3).
+        small = [r for r in regions if r.compute is not None
+                 and (r.measured or {}).get("flops", 0.0) < INLINE_FLOPS_WIDE * INLINE_REACH]
+        if not small:
+            entry["skipped"] = "no compute kernel is small enough for the threshold to matter"
             return entry, None
         wide = os.path.join(self.tmpdir, "candidates-inline.so")
         link_library([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, wide,

@@ -94,3 +94,17 @@ def test_emitted_library_is_the_one_the_report_kept(tmp_path):
         want = reference(model, chain.feeds)[0]
         got = _run(res, chain.feeds)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@needs_vectors
+def test_no_second_library_when_every_kernel_is_large(tmp_path):
+    """Convolutions far above both thresholds run on the pool with either library: the choice is not timed, the
+    report says why, and the emitted library keeps the default."""
+    c = Chain(32, 56, 56, batch=1, seed=5)
+    y = c.conv(c.conv("x", "a", 64, k=3, p=1), "b", 64, k=3, p=1, act=None)  # 58 and 231 MFLOP
+    res = onnxopt.optimize(c.model([y]), str(tmp_path / "fused.onnx"), threads=2, cost_cache=False,
+                           min_speedup=0.0)
+    choice = res.report["whole_model"]["inline_flops"]
+    assert "skipped" in choice and "gain" not in choice and choice["kept"] == INLINE_FLOPS
+    if res.library:
+        assert _threshold(res.library) == INLINE_FLOPS
