@@ -47,6 +47,24 @@ def test_models_fuse_their_decomposed_activations(name, kw, pattern, tmp_path):
     assert fused.ir_version <= max_ir_version()
 
 
+def test_nasnet_graph_rewrites_leave_no_pad_or_cell_relu_and_the_same_answer(tmp_path):
+    """The factorized reductions' Pad -> Slice -> AveragePool chains become convolution strides (and one Slice);
+    the cell outputs' Relus move into the kernels before the Concats (graph/subsample_conv.py,
+    graph/unary_through_concat.py)."""
+    src = str(tmp_path / "nasnet.onnx")
+    onnx.save(build_model("nasnet_a", image_size=32), src)
+    out = str(tmp_path / "fused.onnx")
+    res = onnxopt.optimize(src, out, measure=False)
+    assert res.report["rewrites"] == {"subsampling_into_convs": 3 * 3, "unary_through_concats": 3 * 3}
+    assert res.report["verification"]["ok"]
+    fused = onnx.load(out)
+    plain = [m.op_type for m in fused.graph.node if m.domain == ""]
+    assert "Pad" not in plain and "AveragePool" not in plain and plain.count("Slice") == 3
+    assert "Relu" not in plain, plain  # every Relu is in a kernel
+    feeds = {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)}
+    np.testing.assert_allclose(_run(out, feeds, runtime=True)[0], _run(src, feeds)[0], rtol=1e-3, atol=1e-3)
+
+
 def test_bert_keeps_symbolic_dims(tmp_path):
     src = str(tmp_path / "bert.onnx")
     onnx.save(build_model("bert"), src)
