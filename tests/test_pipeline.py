@@ -245,41 +245,56 @@ def test_budgets_must_be_seconds(option, value, tmp_path):
 
 
 def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
-    """_plan_runoff: the fastest plan, when it fuses more than the fastest plan listed after it and the two measured
-    within PLAN_RUNOFF_WITHIN of each other, is timed head to head against it and kept only if it wins by
-    PLAN_MARGIN; otherwise the less fused plan goes first. The head-to-head timings here are given, not measured,
-    to pin the rule."""
+    """_plan_runoff: the fastest plan, when it fuses more than plans listed after it that measured within
+    PLAN_RUNOFF_WITHIN, or is built on another plan, duels them (its base first, then the fastest) and is kept
+    only if the median of its rounds wins by PLAN_MARGIN; the winner meets the next. The duels' timings are
+    given, not measured, to pin the rule."""
     from types import SimpleNamespace
 
-    from onnxopt.pipeline import PLAN_MARGIN, PLAN_RUNOFF_WITHIN, _Optimizer
+    from onnxopt.pipeline import PLAN_MARGIN, PLAN_RUNOFF_WITHIN, RUNOFF_OPPONENTS, _Optimizer
 
     # in the order the pipeline builds them: compute-blocked first, although AFUSION fuses more
-    opt = SimpleNamespace(plans=[("compute-blocked", []), ("afusion", []), ("horizontal", [])])
+    opt = SimpleNamespace(plans=[("compute-blocked", []), ("afusion", []), ("horizontal", []), ("elementwise", [])],
+                          plan_bases={"afusion": "compute-blocked", "horizontal": "compute-blocked"})
+    assert RUNOFF_OPPONENTS == 2
 
-    def cands():  # (fused / original, name, regions, session, t_orig, t_plan), fastest first
-        return [(0.70, "afusion", [], "s_af", 1.0, 0.70), (0.72, "compute-blocked", [], "s_cb", 1.0, 0.72),
-                (0.74, "horizontal", [], "s_h", 1.0, 0.74)]
+    def cands(cb=0.72):  # (fused / original, name, regions, session, t_orig, t_plan), fastest first
+        return sorted([(0.70, "afusion", [], "s_af", 1.0, 0.70), (cb, "compute-blocked", [], "s_cb", 1.0, cb),
+                       (0.71, "elementwise", [], "s_ew", 1.0, 0.71), (0.74, "horizontal", [], "s_h", 1.0, 0.74)])
 
-    def timed(gain):
-        def compare(a, b, min_time, max_blocks):
-            assert (a, b) == ("s_af", "s_cb") and min_time >= 1.0  # the fastest of the plans listed after it
-            return 1.0, gain
-        return compare
+    def duels(gains):  # (session a, session b) -> the rounds' t_b / t_a
+        met = []
 
+        def duel(a, b):
+            met.append((a[3], b[3]))
+            return gains[(a[3], b[3])]
+        return duel, met
+
+    lose, win = [PLAN_MARGIN * 1.1, PLAN_MARGIN * 0.99, PLAN_MARGIN * 0.98], [PLAN_MARGIN * 1.01, 0.9, 1.2]
+    # AFUSION meets its base first, loses on the median of three; compute-blocked then meets elementwise (the
+    # fastest less fused plan) and beats it
     c = cands()
-    run = _Optimizer._plan_runoff(opt, c, timed(PLAN_MARGIN * 0.99))
-    assert run == {"plans": ["afusion", "compute-blocked"], "gain": pytest.approx(PLAN_MARGIN * 0.99),
-                   "kept": "compute-blocked"}
-    assert [x[1] for x in c] == ["compute-blocked", "afusion", "horizontal"]
+    duel, met = duels({("s_af", "s_cb"): lose, ("s_cb", "s_ew"): win})
+    run = _Optimizer._plan_runoff(opt, c, duel)
+    assert met == [("s_af", "s_cb"), ("s_cb", "s_ew")]
+    assert run["kept"] == "compute-blocked" and [d["kept"] for d in run["duels"]] == ["compute-blocked"] * 2
+    assert run["duels"][0]["gain"] == pytest.approx(PLAN_MARGIN * 0.99)
+    assert [x[1] for x in c][:1] == ["compute-blocked"]
+    # AFUSION wins both duels; its base is met even when its plan timing was far behind
+    c = cands(cb=0.70 * PLAN_RUNOFF_WITHIN * 1.2)
+    duel, met = duels({("s_af", "s_cb"): win, ("s_af", "s_ew"): win})
+    assert _Optimizer._plan_runoff(opt, c, duel)["kept"] == "afusion"
+    assert met == [("s_af", "s_cb"), ("s_af", "s_ew")] and c[0][1] == "afusion"
+    # compute-blocked beats AFUSION, then has to beat elementwise by the margin too, and does not
     c = cands()
-    assert _Optimizer._plan_runoff(opt, c, timed(PLAN_MARGIN * 1.01))["kept"] == "afusion"
-    assert c[0][1] == "afusion"
-    # far apart, or the fastest is already the least fused: no runoff
-    far = [(0.70, "afusion", [], "s_af", 1.0, 0.70), (0.70 * PLAN_RUNOFF_WITHIN * 1.01, "compute-blocked", [], "s_cb",
-                                                      1.0, 1)]
-    assert _Optimizer._plan_runoff(opt, far, timed(1.0)) is None
-    least = [(0.70, "compute-blocked", [], "s_cb", 1.0, 0.70), (0.71, "afusion", [], "s_af", 1.0, 0.71)]
-    assert _Optimizer._plan_runoff(opt, least, timed(1.0)) is None
+    duel, met = duels({("s_af", "s_cb"): lose, ("s_cb", "s_ew"): lose})
+    assert _Optimizer._plan_runoff(opt, c, duel)["kept"] == "elementwise" and c[0][1] == "elementwise"
+    # far apart and not built on the other, or the fastest is already the least fused: no runoff
+    far = [(0.70, "compute-blocked", [], "s_cb", 1.0, 0.70),
+           (0.70 * PLAN_RUNOFF_WITHIN * 1.01, "elementwise", [], "s_ew", 1.0, 1)]
+    assert _Optimizer._plan_runoff(opt, far, duels({})[0]) is None
+    least = [(0.70, "elementwise", [], "s_ew", 1.0, 0.70), (0.71, "afusion", [], "s_af", 1.0, 0.71)]
+    assert _Optimizer._plan_runoff(opt, least, duels({})[0]) is None
 
 
 def test_repeated_kernels_are_checked_once_and_still_verified(tmp_path):
