@@ -356,6 +356,7 @@ class _Optimizer:
         self.afusion_chosen: list = []  # the AFUSION plan's pairs (fusion/afusion/plan.py), as in report["afusion"]
         self.siblings_chosen: list = []  # the sibling groups fused (fusion/siblings.py), as in report["horizontal"]
         self.plan_bases: dict[str, str] = {}  # plan name -> the plan it adds fusions to (_plan_runoff)
+        self.weights_flush: int | None = None  # bytes read before each Winograd timing run (weights_cold_flush)
         self._siblings_first: list = []  # the first search's sibling groups (before the probe's were added)
         self._siblings_probed = False
         self._chain_probe: list = []  # chains of three probed in a plan of their own (_afusion_plan)
@@ -1041,6 +1042,7 @@ class _Optimizer:
                     if n or kernel == (3, 3):
                         chosen[winograd.label(kernel, m)] = n
             self.report["winograd"] = {"searched": sum(1 for w in wins if not w.get("skipped")), "chosen": chosen,
+                                       "weights": "cold" if self.weights_flush else "warm",
                                        "direct": sum(1 for w in wins if not w.get("chosen"))}
         searches = [v["tile_search"] for v in self.tile_info.values() if "tile_search" in v]
         self.report["tile_search"] = {"searched": sum(1 for x in searches if not x.get("skipped")),
@@ -1076,9 +1078,14 @@ class _Optimizer:
         applied to the region in place (the plans share it; AFUSION and sibling parts are copies)."""
         from onnxopt.tune.winograd_search import search_winograd
 
+        if self.weights_flush is None:
+            from onnxopt.hardware.measure import cache_levels
+            from onnxopt.tune.winograd_search import weights_cold_flush
+
+            self.weights_flush = weights_cold_flush(work, cache_levels()[-1].total_bytes)
         res = self._once(r, ("winograd",) + feeds_key, done, split, "winograd", lambda: search_winograd(
             r, work, self.opts.target, self.opts.threads, self._cost_cache(), info=info, bindings=self._bindings(),
-            seed=self.opts.seed, cache_only=over))
+            seed=self.opts.seed, cache_only=over, flush_bytes=self.weights_flush))
         if res is None:
             return
         if res.m:

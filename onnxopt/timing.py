@@ -34,14 +34,19 @@ def make_session(model, threads: int | None = None, library: str | None = None, 
 
 
 def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None = None, max_blocks: int = 40,
-                     min_blocks: int = 5) -> list[dict]:
+                     min_blocks: int = 5, flush_bytes: int = 0) -> list[dict]:
     """Per session: median, p10, p90 and mean seconds per run, from interleaved blocks. `feeds`: one dict for
-    all sessions, or a list with one per session (a kernel that takes its inputs in another layout)."""
+    all sessions, or a list with one per session (a kernel that takes its inputs in another layout).
+
+    `flush_bytes` > 0 times single runs, each right after reading that many bytes of another buffer: the run
+    starts with its weights out of the caches, as one layer of a model whose weights do not fit in them does."""
     per = list(feeds) if isinstance(feeds, (list, tuple)) else [feeds] * len(sessions)
     sessions = [_Bound(s, f) for s, f in zip(sessions, per)]
     feeds = None
     for s in sessions:  # first runs allocate and JIT-compile nothing of ours, but ORT plans memory
         s.run(None, feeds)
+    if flush_bytes > 0:
+        return _time_flushed(sessions, min_time, max_blocks, min_blocks, flush_bytes)
     if block is None:
         t = time.perf_counter()
         sessions[0].run(None, feeds)
@@ -59,6 +64,22 @@ def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None =
             samples[k].append((time.perf_counter() - t0) / block)
         blocks += 1
     return [_stats(xs, blocks=len(xs), runs_per_block=block) for xs in samples]
+
+
+def _time_flushed(sessions, min_time: float, max_rounds: int, min_rounds: int, flush_bytes: int) -> list[dict]:
+    """Interleaved single runs, each after the caches are flushed (see time_interleaved)."""
+    lines = np.ones(max(1, flush_bytes // 4), np.float32)
+    samples = [[] for _ in sessions]
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < min_time):
+        for k, s in enumerate(sessions):
+            lines[::16] += 1.0  # one float of every 64-byte line: the caches fill with dirty lines, as in a model
+            t0 = time.perf_counter()
+            s.run(None, None)
+            samples[k].append(time.perf_counter() - t0)
+        rounds += 1
+    return [_stats(xs, blocks=len(xs), runs_per_block=1, flushed_bytes=flush_bytes) for xs in samples]
 
 
 def time_in_turns(makers, feeds, min_time: float = 2.0, rounds: int = 4) -> list[dict]:

@@ -251,7 +251,12 @@ def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
     given, not measured, to pin the rule."""
     from types import SimpleNamespace
 
-    from onnxopt.pipeline import PLAN_MARGIN, PLAN_RUNOFF_WITHIN, RUNOFF_OPPONENTS, _Optimizer
+    from onnxopt.pipeline import (
+        PLAN_MARGIN,
+        PLAN_RUNOFF_WITHIN,
+        RUNOFF_OPPONENTS,
+        _Optimizer,
+    )
 
     # in the order the pipeline builds them: compute-blocked first, although AFUSION fuses more
     opt = SimpleNamespace(plans=[("compute-blocked", []), ("afusion", []), ("horizontal", []), ("elementwise", [])],

@@ -222,13 +222,14 @@ class CandidateTiming:
 
 
 def time_candidates(region, variants, model, info, feeds, target, threads, baseline, *,
-                    min_time: float, margin: float) -> CandidateTiming:
+                    min_time: float, margin: float, flush_bytes: int = 0) -> CandidateTiming:
     """Build, check and time the variants of one region: `variants` is [(candidate dict, key, region variant)];
     each candidate dict gets its "seconds" (or an "error"). All are built (their tile sets first, on all cores),
     linked into one library, checked against onnxruntime running the original ops (as the pipeline's kernel check),
     then timed in one interleaved run. The fastest replaces `baseline` (a key) only when
     it wins by `margin` twice: in that run and in a second one of the two alone (a win of a few percent can be
-    noise). Raises CannotRun."""
+    noise). `flush_bytes` > 0: every timed run starts with the caches flushed (timing.time_interleaved). Raises
+    CannotRun."""
     from onnxopt.pipeline import _region_models, kernel_error_bound
 
     jobs = [lambda v=v: build_compute(v, target) for _, _, v in variants]
@@ -290,7 +291,7 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
                 sessions.append((s, _fused_feeds(v, feeds)))
                 timed.append((cand, key))
             if sessions:
-                times = _time_sessions(sessions, min_time)
+                times = _time_sessions(sessions, min_time, flush_bytes)
                 for (cand, _), tm in zip(timed, times):
                     cand["seconds"] = tm["median"]
                 secs = {t: cand["seconds"] for cand, t in timed}
@@ -300,7 +301,7 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
                     chosen = best
                 elif secs[best] * margin < base:
                     at = {t: i for i, (_, t) in enumerate(timed)}
-                    again = _time_sessions([sessions[at[baseline]], sessions[at[best]]], min_time)
+                    again = _time_sessions([sessions[at[baseline]], sessions[at[best]]], min_time, flush_bytes)
                     timed[at[best]][0]["confirm_gain"] = again[0]["median"] / again[1]["median"]
                     if again[1]["median"] * margin < again[0]["median"]:
                         chosen = best
@@ -324,10 +325,12 @@ def _nchw_outputs(region, got, want):
     return [from_blocked(g, w.shape[1]) if o in b_out else g for o, g, w in zip(region.outputs, got, want)]
 
 
-def _time_sessions(sessions, min_time):
-    """Interleaved timing of (session, its feeds) pairs: blocked kernels take blocked inputs."""
-    return time_interleaved([s for s, _ in sessions], [f for _, f in sessions], min_time=min_time, max_blocks=10,
-                            min_blocks=3)
+def _time_sessions(sessions, min_time, flush_bytes: int = 0):
+    """Interleaved timing of (session, its feeds) pairs: blocked kernels take blocked inputs. Flushed runs are
+    single runs, so more of them."""
+    blocks = (8, 16) if flush_bytes else (3, 10)
+    return time_interleaved([s for s, _ in sessions], [f for _, f in sessions], min_time=min_time,
+                            min_blocks=blocks[0], max_blocks=blocks[1], flush_bytes=flush_bytes)
 
 
 def _main(argv=None) -> int:

@@ -9,13 +9,21 @@ with few channels (16) the transforms dominate and Winograd loses; on a 7x7 imag
 wasted. Where the line falls depends on the machine's caches and on the epilogue, and a timing per distinct
 (op type, shapes) costs well under a second.
 
-The choice is kept in the cost cache under the direct kernel's op type, the input shapes and the thread count.
+How it is timed matters as much. At batch 1, a model whose weights do not fit in the last-level cache reads each
+layer's weights from memory once per inference, into caches full of the previous layers' dirty lines; a timing that
+repeats one layer keeps its weights in the cache and favours the tile with the larger transformed weights. Such a
+model's candidates are timed with the caches filled with dirty lines before every run (weights_cold_flush).
+
+The choice is kept in the cost cache under the direct kernel's op type, the input shapes, the thread count and
+whether the weights were timed cold.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+import onnx
 
 from onnxopt.codegen.microkernel.registry import select
 from onnxopt.fusion import winograd
@@ -27,6 +35,25 @@ from .tile_search import (
     region_flops,
     time_candidates,
 )
+
+
+def weights_cold_flush(model, cache_bytes: int) -> int:
+    """Bytes to read between timed runs so that they start with cold weights (0: time them warm). At batch 1 a
+    model whose weights do not fit in the last-level cache reads each layer's weights from memory once per
+    inference, and a timing that repeats one layer keeps them in the cache: it favours the kernel with the larger
+    weights. ResNet-50's 14x14 and 7x7 convolutions chose F(4x4, 3x3), whose transformed weights are 4x the
+    direct kernel's (9.4 and 37.7 MB); in the model F(2x2, 3x3) ran them in 600 and 1030 us against F(4x4)'s 730
+    and 1420. Timed after a read-only flush they still chose F(4x4) at 7x7; after a flush that leaves the caches
+    full of dirty lines, as the earlier layers leave them in the model, they choose F(2x2) at 14x14 and 7x7 and
+    F(4x4) at 56x56 and 28x28, the model's own best. A model whose weights fit stays warm between inferences and
+    is timed warm."""
+    weights = 0
+    for t in model.graph.initializer:  # from the dims: external data is not loaded here
+        n = 1
+        for d in t.dims:
+            n *= d
+        weights += n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return 2 * cache_bytes if weights > cache_bytes else 0
 
 
 def space(kernel) -> list[list[int]]:
@@ -58,8 +85,10 @@ class WinogradSearchResult:
 
 def search_winograd(region, model, target, threads: int | None = None, cache=None, *, info=None, bindings=None,
                     seed: int = 0, min_time: float = 0.1, min_flops: float = MIN_SEARCH_FLOPS,
-                    margin: float = MARGIN, cache_only: str | None = None) -> WinogradSearchResult:
-    """Time the direct and Winograd kernels of one blocked convolution region and return the fastest's m."""
+                    margin: float = MARGIN, cache_only: str | None = None,
+                    flush_bytes: int = 0) -> WinogradSearchResult:
+    """Time the direct and Winograd kernels of one blocked convolution region and return the fastest's m.
+    `flush_bytes` > 0: each run starts with its weights out of the caches (weights_cold_flush)."""
     from onnxopt.annotate.shapes import tensor_info
     from onnxopt.pipeline import _region_feeds
 
@@ -77,8 +106,10 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
     feeds = _region_feeds(region, info, bindings, seed, model)
     shapes = [list(v.shape) for v in feeds.values()]
     kspace = space(kernel)
+    # cold and warm timings can choose differently: the cache keeps them apart
+    key_space = kspace + ([["weights cold"]] if flush_bytes else [])
     if cache is not None and cache.enabled:
-        hit = cache.get_tile(region.op_type, shapes, threads, kspace)
+        hit = cache.get_tile(region.op_type, shapes, threads, key_space)
         if hit is not None:
             return WinogradSearchResult(hit["tile"][0], kernel, hit["candidates"], cost_cache="hit")
     if cache_only:
@@ -96,7 +127,7 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
         variants.append((cand, m, v))
     try:
         timing = time_candidates(region, variants, model, info, feeds, target, threads, 0, min_time=min_time,
-                                 margin=margin)
+                                 margin=margin, flush_bytes=flush_bytes)
     except CannotRun as e:
         return WinogradSearchResult(0, kernel, candidates, skipped=f"could not run: {e}")
     secs = {m: cand["seconds"] for cand, m in timing.timed}
@@ -106,5 +137,5 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
                                   built={d.op_type: (o, d) for o, d in zip(timing.objs, timing.descs)},
                                   build_s=timing.build_s, measure_s=time.perf_counter() - timing.t_measure)
     if cache is not None and cache.enabled and secs:
-        cache.put_tile(region.op_type, shapes, threads, kspace, [chosen], candidates)
+        cache.put_tile(region.op_type, shapes, threads, key_space, [chosen], candidates)
     return result

@@ -67,6 +67,30 @@ def test_time_in_turns_keeps_one_session_alive(model):
     assert len(made) == 6 and all(o["rounds"] == 3 and o["runs"] >= 3 and o["median"] > 0 for o in out)
 
 
+def test_flushed_timing_times_single_runs_after_a_flush(model):
+    """time_interleaved with flush_bytes: after one warm-up run each, the sessions run once in turn, and each
+    sample is that single run (the flush before it is not timed)."""
+    from onnxopt.timing import make_session, time_interleaved
+    from onnxopt.verify import make_inputs
+
+    _, src = model
+    feeds = make_inputs(onnx.load(src), {}, 0, None)
+    order = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name, self.session = name, make_session(src, 1)
+
+        def run(self, names, f):
+            order.append(self.name)
+            return self.session.run(names, f)
+
+    out = time_interleaved([Recorder("a"), Recorder("b")], feeds, min_time=0.0, min_blocks=4, max_blocks=4,
+                           flush_bytes=1 << 20)
+    assert order == ["a", "b"] + ["a", "b"] * 4  # one warm-up run each, then single runs in turn
+    assert all(o["blocks"] == 4 and o["runs_per_block"] == 1 and o["flushed_bytes"] == 1 << 20 for o in out)
+
+
 def test_inspect_and_machine(model):
     d, src = model
     r = onnxopt("inspect", src, "--top", "5")

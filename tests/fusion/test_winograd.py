@@ -272,3 +272,55 @@ def test_the_winograd_choices_have_their_own_budget(tmp_path):
     assert wins[0]["chosen"] == 0 and "Winograd budget (0 s)" in wins[0]["skipped"]
     assert not any("__wino" in i.name for i in res.model.graph.initializer)
     check_answers(res, model, ch.feeds)
+
+
+def test_weights_cold_flush_counts_the_weights_from_their_dims():
+    """Weights over the last-level cache: flush twice its size before each run; weights that fit: no flush. The
+    bytes come from the dims, so an initializer whose data is external (not loaded) counts too."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from onnxopt.tune.winograd_search import weights_cold_flush
+
+    loaded = helper.make_tensor("w", TensorProto.FLOAT, [64, 64, 3, 3], np.zeros(64 * 64 * 9, np.float32))
+    external = TensorProto(name="e", data_type=TensorProto.FLOAT16, dims=[1000, 1000],
+                           data_location=TensorProto.EXTERNAL)
+    g = helper.make_graph([], "g", [], [], initializer=[loaded, external])
+    model = helper.make_model(g)
+    total = 64 * 64 * 9 * 4 + 1000 * 1000 * 2
+    assert weights_cold_flush(model, total - 1) == 2 * (total - 1)
+    assert weights_cold_flush(model, total) == 0
+    assert weights_cold_flush(onnx.ModelProto(), 1) == 0
+
+
+@needs_vectors
+def test_a_model_larger_than_the_cache_chooses_with_cold_weights(tmp_path, monkeypatch):
+    """A machine whose last-level cache is smaller than the model's weights: the Winograd candidates are timed
+    with the caches flushed before every run, the report says so, and the choice is cached apart from a warm one
+    (the same cache file answers the cold search the second time and not the warm search)."""
+    from onnxopt.hardware import measure
+
+    ch = Chain(32, 14, 14)
+    a = ch.conv("x", "a", 32, k=1, p=0)
+    model = ch.model([ch.conv(a, "b", 32, k=3)])
+    cache = str(tmp_path / "costs.sqlite")
+    real = measure.cache_levels
+
+    def run(tag, llc):
+        if llc is None:
+            monkeypatch.setattr(measure, "cache_levels", real)
+        else:
+            monkeypatch.setattr(measure, "cache_levels", lambda cpus=None: [measure.CacheLevel(3, llc, 1, 2)])
+        res = onnxopt.optimize(model, str(tmp_path / f"{tag}.onnx"), plan="compute-blocked", cost_cache=cache,
+                               threads=2, min_speedup=0.0)
+        wins = [r["winograd"] for r in res.report["regions"] if "winograd" in r]
+        assert len(wins) == 1
+        return res, wins[0]
+
+    res, win = run("cold", 16 << 10)  # the 3x3 layer's weights alone are 36 KiB
+    assert res.report["winograd"]["weights"] == "cold"
+    assert win["cost_cache"] == "miss" and all(c.get("seconds") for c in win["candidates"])
+    check_answers(res, model, ch.feeds)
+    assert run("cold_again", 16 << 10)[1]["cost_cache"] == "hit"
+    res, win = run("warm", None)
+    assert res.report["winograd"]["weights"] == "warm" and win["cost_cache"] == "miss"
