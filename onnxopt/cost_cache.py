@@ -243,9 +243,10 @@ class CostCache:
         doc = dict(cols, kind=kind, extra=extra)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest(), cols
 
-    def key(self, op_type: str, shapes, threads) -> str:
-        """The key of a region's timing (exposed for tests and inspection)."""
-        return self._key("region", op_type, shapes, threads)[0]
+    def key(self, op_type: str, shapes, threads, cold: bool = False) -> str:
+        """The key of a region's timing (exposed for tests and inspection); `cold`: timed with its weights out of
+        the caches (timing.time_interleaved's flush), kept apart from the warm timing."""
+        return self._key("region", op_type, shapes, threads, extra="weights cold" if cold else None)[0]
 
     def _query(self, sql, args=()):
         if self._conn is None:
@@ -257,12 +258,12 @@ class CostCache:
             return None
 
     # ---- region timings ----
-    def get_region(self, op_type: str, shapes, threads) -> dict | None:
+    def get_region(self, op_type: str, shapes, threads, cold: bool = False) -> dict | None:
         """The stored timing of this region on these shapes, or None (counted as a hit or a miss)."""
         if self._conn is None:
             return None
         rows = self._query("SELECT original_s, fused_s, speedup, measured_at FROM region_cost WHERE key = ?",
-                           (self.key(op_type, shapes, threads),))
+                           (self.key(op_type, shapes, threads, cold),))
         if rows and all(isinstance(v, float) and v > 0 and v == v and v != float("inf") for v in rows[0][:2]):
             self.hits += 1
             return dict(zip(("original_s", "fused_s", "speedup", "measured_at"), rows[0]))
@@ -270,8 +271,9 @@ class CostCache:
             self.misses += 1
         return None
 
-    def put_region(self, op_type: str, shapes, threads, original_s: float, fused_s: float) -> None:
-        key, cols = self._key("region", op_type, shapes, threads)
+    def put_region(self, op_type: str, shapes, threads, original_s: float, fused_s: float,
+                   cold: bool = False) -> None:
+        key, cols = self._key("region", op_type, shapes, threads, extra="weights cold" if cold else None)
         self._query("INSERT OR REPLACE INTO region_cost (key, op_type, shapes, threads, cpus, ort_version, "
                     "onnxopt_version, cpu, original_s, fused_s, speedup, measured_at) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

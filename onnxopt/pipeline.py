@@ -79,6 +79,9 @@ RETIME_BAND = 1.08
 # by 10-13% on NASNet's compute-blocked plan; on DenseNet-BC the same two libraries measured 1.08x in one
 # interleaved timing and 0.97x in the next.
 INLINE_MARGIN = 1.05
+# A region judged alone whose constants are at least this big (one core's L2 here) is timed with cold weights in a
+# model whose weights exceed the last-level cache (_check_regions).
+COLD_REGION_BYTES = 1 << 20
 INLINE_REACH = 4  # report FLOPs per glue-counted FLOP at most (Winograd F(4x4, 3x3)); see _inline_choice
 # The plans from the most fused to the least, for the runoffs: a plan is kept over a less fused one that measured
 # within PLAN_RUNOFF_WITHIN only by winning their head-to-head timing by PLAN_MARGIN.
@@ -184,6 +187,15 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
         if inferred is not None:
             model = inferred
     return model
+
+
+def _weight_bytes(region: Region, model: onnx.ModelProto) -> int:
+    """Bytes of the constants the region's kernel reads: the model's initializers among its inputs, and those it
+    carries itself (packed weights)."""
+    carried = region.compute.initializers if region.compute is not None else region.initializers
+    names = set(region.inputs)
+    inits = list(carried) + [t for t in model.graph.initializer if t.name in names]
+    return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in inits)
 
 
 def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
@@ -934,7 +946,16 @@ class _Optimizer:
         else:
             self.report["cost_cache"] = {"path": None, "enabled": False, "hits": 0, "misses": 0}
 
-    def _cached_times(self, r: Region, feeds, entry, measure):
+    def _weights_flush(self, work) -> int:
+        """Bytes to flush before each run of a cold timing (tune/winograd_search.weights_cold_flush), once."""
+        if self.weights_flush is None:
+            from onnxopt.hardware.measure import cache_levels
+            from onnxopt.tune.winograd_search import weights_cold_flush
+
+            self.weights_flush = weights_cold_flush(work, cache_levels()[-1].total_bytes)
+        return self.weights_flush
+
+    def _cached_times(self, r: Region, feeds, entry, measure, cold: bool = False):
         """The region's (original, fused) timings: from the cost cache when it holds them for this op type, these
         input shapes, threads, machine and versions; else `measure()`d and stored. Only the timing is reused: the
         kernel was checked against onnxruntime before this is called."""
@@ -946,14 +967,14 @@ class _Optimizer:
         if same is not None:
             entry["timed_as"] = "the same kernel and shapes in another region"
             return same
-        hit = cache.get_region(r.op_type, shapes, self.opts.threads) if cache else None
+        hit = cache.get_region(r.op_type, shapes, self.opts.threads, cold) if cache else None
         if hit is not None:
             entry["cost_cache"] = "hit"
             return {"median": hit["original_s"]}, {"median": hit["fused_s"]}
         t_orig, t_fused = measure()
         self._region_times[(r.op_type, repr(shapes))] = (t_orig, t_fused)
         if cache is not None:
-            cache.put_region(r.op_type, shapes, self.opts.threads, t_orig["median"], t_fused["median"])
+            cache.put_region(r.op_type, shapes, self.opts.threads, t_orig["median"], t_fused["median"], cold)
             if cache.enabled:
                 entry["cost_cache"] = "miss"
         return t_orig, t_fused
@@ -1042,7 +1063,7 @@ class _Optimizer:
                     if n or kernel == (3, 3):
                         chosen[winograd.label(kernel, m)] = n
             self.report["winograd"] = {"searched": sum(1 for w in wins if not w.get("skipped")), "chosen": chosen,
-                                       "weights": "cold" if self.weights_flush else "warm",
+                                       "weights": "cold" if self._weights_flush(work) else "warm",
                                        "direct": sum(1 for w in wins if not w.get("chosen"))}
         searches = [v["tile_search"] for v in self.tile_info.values() if "tile_search" in v]
         self.report["tile_search"] = {"searched": sum(1 for x in searches if not x.get("skipped")),
@@ -1078,14 +1099,9 @@ class _Optimizer:
         applied to the region in place (the plans share it; AFUSION and sibling parts are copies)."""
         from onnxopt.tune.winograd_search import search_winograd
 
-        if self.weights_flush is None:
-            from onnxopt.hardware.measure import cache_levels
-            from onnxopt.tune.winograd_search import weights_cold_flush
-
-            self.weights_flush = weights_cold_flush(work, cache_levels()[-1].total_bytes)
         res = self._once(r, ("winograd",) + feeds_key, done, split, "winograd", lambda: search_winograd(
             r, work, self.opts.target, self.opts.threads, self._cost_cache(), info=info, bindings=self._bindings(),
-            seed=self.opts.seed, cache_only=over, flush_bytes=self.weights_flush))
+            seed=self.opts.seed, cache_only=over, flush_bytes=self._weights_flush(work)))
         if res is None:
             return
         if res.m:
@@ -1231,8 +1247,15 @@ class _Optimizer:
                     chained = (blocked_inputs(r) or blocked_outputs(r)) and r.copy is None
                     quick = dict(min_time=0.03, max_blocks=6, min_blocks=3) if chained \
                         else dict(min_time=0.1, max_blocks=15)
+                    # Judged alone with large weights in a model whose weights do not fit in the caches: timed with
+                    # them out of the caches, as in the model (ResNet-50's classifier, 8 MB: ours measured faster
+                    # warm and ran 550 us in the model against onnxruntime's 325).
+                    cold = not chained and self._weights_flush(work) > 0 and _weight_bytes(r, work) >= COLD_REGION_BYTES
+                    if cold:
+                        quick = dict(min_time=0.1, min_blocks=8, max_blocks=16, flush_bytes=self._weights_flush(work))
+                        entry["weights"] = "cold"
                     t_orig, t_fused = self._cached_times(r, feeds, entry, lambda: time_interleaved(
-                        [s_orig, s_fused], [feeds, fused_feeds], **quick))
+                        [s_orig, s_fused], [feeds, fused_feeds], **quick), cold)
                     self._timed[id(r)] = t_fused["median"]  # for the measured search, even if rejected below
                     self._timed_by_key[key] = t_fused["median"]
                     entry["measured_original_s"] = t_orig["median"]

@@ -65,6 +65,37 @@ def test_nasnet_graph_rewrites_leave_no_pad_or_cell_relu_and_the_same_answer(tmp
     np.testing.assert_allclose(_run(out, feeds, runtime=True)[0], _run(src, feeds)[0], rtol=1e-3, atol=1e-3)
 
 
+def test_large_weights_of_a_large_model_are_timed_cold(tmp_path, monkeypatch):
+    """A classifier Gemm with 2 MB of weights, judged alone, in a model whose weights exceed the last-level cache
+    (a machine with a 64 KiB one): its check times both sides with the caches flushed before each run, and the
+    timing is stored apart from a warm one. (Whether the Gemm is then emitted is the whole-model timing's call.)"""
+    from onnxopt.cost_cache import CostCache
+    from onnxopt.hardware import measure
+
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((512, 1024)).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array(rng.standard_normal(1024).astype(np.float32), "b")
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["y"])], "fc",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])], [w, b])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = str(tmp_path / "costs.sqlite")
+
+    def check(tag):
+        res = onnxopt.optimize(model, str(tmp_path / f"{tag}.onnx"), cost_cache=path, min_speedup=0.0, threads=2)
+        (gemm,) = [e["op_type"] for e in res.report["regions"] + res.report["rejected"] if e.get("ops") == "Gemm"]
+        cache = CostCache(path)
+        try:
+            return [cache.get_region(gemm, [[1, 512]], 2, cold) is not None for cold in (False, True)]
+        finally:
+            cache.close()
+
+    monkeypatch.setattr(measure, "cache_levels", lambda cpus=None: [measure.CacheLevel(3, 64 << 10, 1, 2)])
+    assert check("cold") == [False, True]  # a cold timing only
+    monkeypatch.undo()
+    assert check("warm") == [True, True]  # this machine's cache holds 2 MB: timed warm, stored beside it
+
+
 def test_bert_keeps_symbolic_dims(tmp_path):
     src = str(tmp_path / "bert.onnx")
     onnx.save(build_model("bert"), src)
