@@ -1252,7 +1252,8 @@ class _Optimizer:
                     # warm and ran 550 us in the model against onnxruntime's 325).
                     cold = not chained and self._weights_flush(work) > 0 and _weight_bytes(r, work) >= COLD_REGION_BYTES
                     if cold:
-                        quick = dict(min_time=0.1, min_blocks=8, max_blocks=16, flush_bytes=self._weights_flush(work))
+                        quick = {"min_time": 0.1, "min_blocks": 8, "max_blocks": 16,
+                                 "flush_bytes": self._weights_flush(work)}
                         entry["weights"] = "cold"
                     t_orig, t_fused = self._cached_times(r, feeds, entry, lambda: time_interleaved(
                         [s_orig, s_fused], [feeds, fused_feeds], **quick), cold)
