@@ -62,8 +62,8 @@ WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this mu
 # ran 0.985x the speed of the compute-blocked plan of its --no-afusion run (0.93-0.95x with the wide inline library).
 PLAN_MARGIN = 1.05
 PLAN_RUNOFF_WITHIN = 1.08
-# A runoff meets up to RUNOFF_OPPONENTS less fused plans, RUNOFF_ROUNDS rounds each, every round after the first in
-# new sessions. With one opponent timed once, NASNet's AFUSION plan beat the elementwise plan by 6% and was emitted;
+# A runoff meets up to RUNOFF_OPPONENTS less fused plans, RUNOFF_ROUNDS rounds each, every round in new sessions and
+# each plan on the library it would be emitted with (_inline_choice). With one opponent timed once, NASNet's AFUSION plan beat the elementwise plan by 6% and was emitted;
 # compute-blocked, which had measured 1.05x in its own 0.4 s plan timing, was not in the runoff, and the retimed
 # benchmark ran the AFUSION model at 1.05x onnxruntime's speed and compute-blocked at 1.12x.
 RUNOFF_OPPONENTS = 2
@@ -1329,11 +1329,25 @@ class _Optimizer:
                 candidates.append((t_p / t_o, name, regs, s_plan, t_o, t_p))
         candidates.sort(key=lambda c: c[0])
 
-        def duel(a, b):  # the plan sessions first, then new ones: one session of a model can be a few % off
+        inline_choices: dict[int, dict] = {}  # id of a plan's regions -> its _inline_choice entry
+
+        def choose_library(regions):  # each plan on the library it would be emitted with
+            if id(regions) not in inline_choices:
+                entry, wide = self._inline_choice(regions, lib, built, compare)
+                inline_choices[id(regions)] = entry
+                if wide:
+                    session_lib[id(regions)] = wide[0]
+            return inline_choices[id(regions)]
+
+        def duel(a, b):
+            """Each round in new sessions (one session of a model can be a few % off), each plan on its library:
+            NASNet's compute-blocked plan gains 10-20% with small kernels inline, and without them it lost its
+            duel to the elementwise plan (1.01x)."""
+            choose_library(a[2])
+            choose_library(b[2])
             gains = []
-            for k in range(RUNOFF_ROUNDS):
-                s_a, s_b = (a[3], b[3]) if k == 0 else (session(a[2]), session(b[2]))
-                t_a, t_b = compare(s_a, s_b, min_time=0.5, max_blocks=100)
+            for _ in range(RUNOFF_ROUNDS):
+                t_a, t_b = compare(session(a[2]), session(b[2]), min_time=0.5, max_blocks=100)
                 gains.append(t_b / t_a)
             return gains
 
@@ -1371,9 +1385,9 @@ class _Optimizer:
                                       "it breaks a chain that onnxruntime keeps in its blocked layout")
                 decisions["dropped"].append({"op_type": kind, "gain": t_cur / t_trial})
                 current, s_cur = trial, s_trial
-        decisions["inline_flops"], wide = self._inline_choice(current, lib, built, compare)
-        if wide:  # the plan runs on the library with more kernels inline from here on, the final check included
-            session_lib[id(current)], s_cur = wide
+        decisions["inline_flops"] = choose_library(current)  # chosen in the runoff, unless kernels were dropped
+        if id(current) in session_lib:  # the plan runs on that library from here on, the final check included
+            s_cur = session(current)
         # The last word, timed longer, with a margin: two sessions of the same model differ by 1-3% run to run on a
         # shared machine, and a model that only measured faster by that much is not known to be faster. A plan
         # that fails it leaves the next plan that measured faster its turn (PLAN_FALLBACKS of them): the plans
@@ -1381,7 +1395,9 @@ class _Optimizer:
         # look 1.36x faster, pass over the 1.23x compute-blocked plan, fail here, and leave nothing emitted.
         others = [c for c in candidates[1:] if c[4] / c[5] >= self.opts.min_speedup * WHOLE_MODEL_MARGIN]
         attempts = [(plan_name, current)] + [(c[1], c[2]) for c in others[:PLAN_FALLBACKS]]
-        sessions = {plan_name: s_cur, **{c[1]: c[3] for c in others}}
+        # a fallback that chose its library in the runoff is timed on it
+        sessions = {plan_name: s_cur, **{c[1]: session(c[2]) if id(c[2]) in session_lib else c[3]
+                                         for c in others[:PLAN_FALLBACKS]}}
 
         def final_time(name, fresh):
             pair = [s_orig, sessions[name]]
@@ -1440,8 +1456,9 @@ class _Optimizer:
             entry["skipped"] = "no compute kernel is small enough for the threshold to matter"
             return entry, None
         wide = os.path.join(self.tmpdir, "candidates-inline.so")
-        link_library([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, wide,
-                     inline_flops=INLINE_FLOPS_WIDE)
+        if not os.path.exists(wide):  # every plan's kernels, linked once for all the plans that try it
+            link_library([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, wide,
+                         inline_flops=INLINE_FLOPS_WIDE)
         m = build_fused_model(self.emit_base, regions, None, None, {}, [])
         # Both sessions new: the plan's own session has run the earlier timings, and one session of a model can run
         # a few percent faster than another (Inception-v3's wide library once measured 1.10x against the old session
