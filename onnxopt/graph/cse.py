@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import onnx
 
-from .fold import NONDETERMINISTIC, _has_subgraph, names_used_by_subgraphs
+from .fold import (
+    NONDETERMINISTIC,
+    _has_subgraph,
+    names_used_by_subgraphs,
+    replace_nodes,
+)
 
 
 def _signature(node: onnx.NodeProto) -> tuple:
@@ -63,10 +68,5 @@ def eliminate_common_subexpressions(model: onnx.ModelProto) -> int:
                 if x in renames:
                     node.input[j] = renames[x]
         nodes = [n for i, n in enumerate(graph.node) if i not in drop]
-        gone = {o for i in drop for o in graph.node[i].output}
-        del graph.node[:]
-        graph.node.extend(nodes)
-        infos = [v for v in graph.value_info if v.name not in gone]
-        del graph.value_info[:]
-        graph.value_info.extend(infos)
+        replace_nodes(graph, nodes, {o for i in drop for o in graph.node[i].output})
         removed += len(drop)

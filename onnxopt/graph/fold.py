@@ -266,3 +266,13 @@ def remove_dead_nodes(model: onnx.ModelProto, protected: set[str] | None = None)
     inits = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]
     graph.initializer.extend(inits)
+
+
+def replace_nodes(graph: onnx.GraphProto, nodes: list, gone: set[str]) -> None:
+    """The graph's nodes become `nodes` (in that order); the value_info of the tensors in `gone`, which no node
+    produces any more, is dropped with them."""
+    del graph.node[:]
+    graph.node.extend(nodes)
+    infos = [v for v in graph.value_info if v.name not in gone]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .fold import names_used_by_subgraphs
+from .fold import names_used_by_subgraphs, replace_nodes
 
 CHAIN_OPS = ("Pad", "Slice", "AveragePool", "MaxPool")
 
@@ -311,12 +311,7 @@ def fold_subsampling_into_convs(model: onnx.ModelProto, shapes: dict[str, list[i
         if id(n) in after:
             nodes.append(after[id(n)])
     chain_nodes = [n for n in graph.node if id(n) in removed_nodes]
-    gone = {o for n in chain_nodes for o in n.output}
-    del graph.node[:]
-    graph.node.extend(nodes)
-    infos = [v for v in graph.value_info if v.name not in gone]
-    del graph.value_info[:]
-    graph.value_info.extend(infos)
+    replace_nodes(graph, nodes, {o for n in chain_nodes for o in n.output})
     # The chain's constants (pads, slice bounds) that nothing reads now
     used = {x for n in graph.node for x in n.input} | {o.name for o in graph.output} | names_used_by_subgraphs(graph)
     dropped = {x for n in chain_nodes for x in n.input[1:]} - used

@@ -22,7 +22,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from .fold import names_used_by_subgraphs
+from .fold import names_used_by_subgraphs, replace_nodes
 
 UNARY_OPS = {"Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus",
              "Softsign", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Erf",
@@ -86,11 +86,5 @@ def push_unary_through_concats(model: onnx.ModelProto) -> int:
         if id(n) in gone:
             continue
         nodes.extend(replace.get(id(n), [n]))
-    # The old Concat's output is gone, and so is its value_info
-    dropped = {c.output[0] for c in graph.node if id(c) in replace}
-    del graph.node[:]
-    graph.node.extend(nodes)
-    infos = [v for v in graph.value_info if v.name not in dropped]
-    del graph.value_info[:]
-    graph.value_info.extend(infos)
+    replace_nodes(graph, nodes, {c.output[0] for c in graph.node if id(c) in replace})  # the old Concats' outputs
     return rewritten
