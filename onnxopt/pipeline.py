@@ -43,10 +43,10 @@ from onnxopt.fusion.layout import (assign_blocked_layouts, blocked_inputs, block
 from onnxopt.fusion.region import Region
 from onnxopt.fusion.siblings import Siblings, apply_siblings, sibling_groups
 from onnxopt.graph.cse import eliminate_common_subexpressions
-from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
-from onnxopt.graph.unary_through_concat import push_unary_through_concats
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.load import check_output_path, commit_files, load_model, parse_input_shapes, save_model
+from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
+from onnxopt.graph.unary_through_concat import push_unary_through_concats
 from onnxopt.timing import make_session, time_interleaved
 from onnxopt.fusion import winograd
 from onnxopt.tune import search_tile
@@ -63,9 +63,10 @@ WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this mu
 PLAN_MARGIN = 1.05
 PLAN_RUNOFF_WITHIN = 1.08
 # A runoff meets up to RUNOFF_OPPONENTS less fused plans, RUNOFF_ROUNDS rounds each, every round in new sessions and
-# each plan on the library it would be emitted with (_inline_choice). With one opponent timed once, NASNet's AFUSION plan beat the elementwise plan by 6% and was emitted;
-# compute-blocked, which had measured 1.05x in its own 0.4 s plan timing, was not in the runoff, and the retimed
-# benchmark ran the AFUSION model at 1.05x onnxruntime's speed and compute-blocked at 1.12x.
+# each plan on the library it would be emitted with (_inline_choice). With one opponent timed once, NASNet's AFUSION
+# plan beat the elementwise plan by 6% and was emitted; compute-blocked, which had measured 1.05x in its own 0.4 s
+# plan timing, was not in the runoff, and the retimed benchmark ran the AFUSION model at 1.05x onnxruntime's speed
+# and compute-blocked at 1.12x.
 RUNOFF_OPPONENTS = 2
 RUNOFF_ROUNDS = 3
 PLAN_FALLBACKS = 1  # plans the final check tries after the chosen one fails it (1.5 s each)
@@ -368,7 +369,7 @@ class _Optimizer:
         self.afusion_chosen: list = []  # the AFUSION plan's pairs (fusion/afusion/plan.py), as in report["afusion"]
         self.siblings_chosen: list = []  # the sibling groups fused (fusion/siblings.py), as in report["horizontal"]
         self.plan_bases: dict[str, str] = {}  # plan name -> the plan it adds fusions to (_plan_runoff)
-        self.weights_flush: int | None = None  # bytes read before each Winograd timing run (weights_cold_flush)
+        self.weights_flush: int | None = None  # bytes flushed before each run of a cold timing (_weights_flush)
         self._siblings_first: list = []  # the first search's sibling groups (before the probe's were added)
         self._siblings_probed = False
         self._chain_probe: list = []  # chains of three probed in a plan of their own (_afusion_plan)
