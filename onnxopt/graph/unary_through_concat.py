@@ -47,7 +47,7 @@ def push_unary_through_concats(model: onnx.ModelProto) -> int:
         for x in set(n.input):
             readers.setdefault(x, []).append(n)
     produced = {o for n in graph.node for o in n.output}
-    taken = {o for n in graph.node for o in n.output}
+    taken = produced | set(constants) | graph_inputs | {t.name for t in graph.initializer}
     rewritten = 0
     replace: dict[int, list[onnx.NodeProto]] = {}  # id of a Concat -> the nodes that take its place
     gone: set[int] = set()
