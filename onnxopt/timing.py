@@ -38,8 +38,9 @@ def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None =
     """Per session: median, p10, p90 and mean seconds per run, from interleaved blocks. `feeds`: one dict for
     all sessions, or a list with one per session (a kernel that takes its inputs in another layout).
 
-    `flush_bytes` > 0 times single runs, each right after reading that many bytes of another buffer: the run
-    starts with its weights out of the caches, as one layer of a model whose weights do not fit in them does."""
+    `flush_bytes` > 0 times single runs, each right after writing one float in every 64-byte line of a buffer that
+    large: the run starts with its weights out of the caches, and the caches full of dirty lines, as one layer of a
+    model whose weights do not fit in them does."""
     per = list(feeds) if isinstance(feeds, (list, tuple)) else [feeds] * len(sessions)
     sessions = [_Bound(s, f) for s, f in zip(sessions, per)]
     feeds = None
