@@ -7,6 +7,7 @@ session alive at a time instead. Only ratios measured in one run are compared.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -67,9 +68,16 @@ def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None =
     return [_stats(xs, blocks=len(xs), runs_per_block=block) for xs in samples]
 
 
+@functools.lru_cache(maxsize=1)
+def _flush_buffer(flush_bytes: int) -> np.ndarray:
+    """One buffer per size for the process: a Winograd search and a kernel check each time dozens of regions, and
+    allocating and faulting in 64 MB for every one of them would cost more than the flushes."""
+    return np.ones(max(1, flush_bytes // 4), np.float32)
+
+
 def _time_flushed(sessions, min_time: float, max_rounds: int, min_rounds: int, flush_bytes: int) -> list[dict]:
     """Interleaved single runs, each after the caches are flushed (see time_interleaved)."""
-    lines = np.ones(max(1, flush_bytes // 4), np.float32)
+    lines = _flush_buffer(flush_bytes)
     samples = [[] for _ in sessions]
     start = time.perf_counter()
     rounds = 0
