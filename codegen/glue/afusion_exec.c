@@ -111,9 +111,12 @@ static void af_conv_rows(const af_conv *cv, int64_t L, int64_t n, int64_t i0, in
                    (d->extra_kind[e] == EX_CHANNEL ? vb * L : 0);
     for (int64_t i = i0; i < i1; i++) {
       const float *in_r = cv->x + n * cv->x_item + (i * d->sh - cv->x_row0) * cv->Wp * cv->ps;
-      /* near-equal tiles, as cb_run_task */
-      for (int64_t ti = 0, tiles = (cv->OW + MI - 1) / MI; ti < tiles; ti++) {
+      /* near-equal tiles, as cb_run_task, those of one size in one call */
+      for (int64_t ti = 0, tiles = (cv->OW + MI - 1) / MI, count; ti < tiles; ti += count) {
         int64_t p0 = ti * cv->OW / tiles, mi = (ti + 1) * cv->OW / tiles - p0;
+        for (count = 1; ti + count < tiles && (ti + count + 1) * cv->OW / tiles - (ti + count) * cv->OW / tiles == mi;)
+          count++;
+        t.m0 = count;
         t.a = in_r + p0 * t.a_ms;
         for (int v = 0; v < nv; v++)
           t.coff[v] = (vb + v) * dst->plane + (i - dst->row0) * dst->row + (dst->col0 + p0) * L;

@@ -332,7 +332,8 @@ static OrtStatus *ct_check_input(const onnxopt_ct_desc *d, const int64_t *xd, si
  * floats apart) or NCHW (pixels adjacent; a network's first convolution, with 3 channels, reads its image as it is).
  * A padded convolution reads a zero-padded copy in the input's own layout; an unpadded one reads the input in place.
  * Strides and dilations are just offsets: no stride phases here. A 1x1, stride 1, unpadded convolution walks the
- * whole plane as one run of pixels ("flat"), cut into rows of CB_FLAT_ROW pixels for the split over threads.
+ * whole plane as one run of pixels ("flat"), cut into rows of near-equal length, CB_FLAT_ROW pixels at most, for the
+ * split over threads (49 pixels: one row; 784: 9 rows of 88, not 8 of 96 and one of 16).
  *
  * A transposed convolution (ConvTranspose) runs on the same tiles, split into output phases. Output rows
  * oh = ph + q * sh receive only the taps r = t * sh + a with a = (ph + pt) mod sh, from input rows
@@ -392,6 +393,7 @@ typedef struct {
   cb_phase phase[CB_MAX_PHASES];
   int64_t rows; /* per item, all phases */
   int64_t rtasks, gtasks;
+  int weights_major;      /* tasks by group of vectors first (cb_split) */
   cb_window win;
   const float *in, *w;
   float *out[CT_MAX_OUT];
@@ -399,10 +401,16 @@ typedef struct {
   int64_t extra_count[CT_MAX_EXTRA];
 } cb_job;
 
+/* Whether the tile of `mi` pixels whose tap 0 of pixel 0 is input (ih0, iw0) reaches past the input. */
+static int cb_window_needed(const cb_window *w, int64_t ih0, int64_t iw0, int64_t mi) {
+  return ih0 < 0 || ih0 + (w->kh - 1) * w->dh >= w->H || iw0 < 0 || iw0 + (mi - 1) * w->sw + w->reach_w >= w->W;
+}
+
 static void cb_run_task(const cb_job *job, int64_t task) {
   const onnxopt_ct_desc *d = job->d;
   int64_t L = d->lanes, NI = d->ni, MI = d->mi;
-  int64_t rt = task / job->gtasks, gt = task % job->gtasks;
+  int64_t rt = job->weights_major ? task % job->rtasks : task / job->gtasks;
+  int64_t gt = job->weights_major ? task / job->rtasks : task % job->gtasks;
   int64_t all_rows = job->N * job->rows;
   int64_t r0 = rt * all_rows / job->rtasks, r1 = (rt + 1) * all_rows / job->rtasks;
   int64_t g0 = gt * job->groups_of_vectors / job->gtasks, g1 = (gt + 1) * job->groups_of_vectors / job->gtasks;
@@ -441,22 +449,30 @@ static void cb_run_task(const cb_job *job, int64_t task) {
       int64_t out_r = ph->out_base + r * ph->out_row;
       /* The row in tiles of near-equal size (7 pixels: 4 + 3, not 6 + 1): a short last tile loads the weight
          vectors for few broadcasts and runs far below the others' rate. */
+      /* Consecutive tiles of one size that read the input in place go to one call (the COUNT slot). */
       int64_t tiles = (len + MI - 1) / MI;
-      for (int64_t ti = 0; ti < tiles; ti++) {
+      for (int64_t ti = 0, count; ti < tiles; ti += count) {
         int64_t p0 = ti * len / tiles, mi = (ti + 1) * len / tiles - p0;
+        count = 1;
         t.a = in_r + p0 * ph->a_ms;
+        int in_place = 1;
         if (w->on) { /* a convolution: rows are output rows, pixels output columns */
           int64_t ih0 = r * w->sh - w->pt, iw0 = p0 * w->sw - w->pl;
           const float *x_item = job->in + n * job->item_in;
-          if (ih0 < 0 || ih0 + (w->kh - 1) * w->dh >= w->H || iw0 < 0 || iw0 + (mi - 1) * w->sw + w->reach_w >= w->W) {
+          if (cb_window_needed(w, ih0, iw0, mi)) {
             cb_fill_window(w, window, x_item, ih0, iw0);
             t.koff = w->koff;
             t.a = window;
+            in_place = 0;
           } else {
             t.koff = ph->aoff;
             t.a = x_item + (ih0 * w->W + iw0) * w->ps;
           }
         }
+          while (in_place && ti + count < tiles && (ti + count + 1) * len / tiles - (ti + count) * len / tiles == mi &&
+               !(w->on && cb_window_needed(w, r * w->sh - w->pt, (p0 + count * mi) * w->sw - w->pl, mi)))
+          count++;
+        t.m0 = count;
         for (int j = 0; j < nv; j++) t.coff[j] = (vb + j) * plane_out + out_r + p0 * ph->ldc;
         d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)&t);
       }
@@ -768,12 +784,35 @@ static int cb_window_pays(const onnxopt_ct_desc *d, cb_window *w, int64_t N, int
   return window_copy < CB_WINDOW_COPY_WEIGHT * (double)N * planes * Hp * Wp * ps;
 }
 
+/* When a convolution's weights outweigh its input and output (deep layers at 14x14 and 7x7: ResNet-50's last
+   stage holds 9.4 MB of 3x3 weights for 0.1 MB of output), tasks go by group of output vectors first. Split by rows
+   first, every task reads all the weights it multiplies, and the rows' tasks read the whole layer's weights from L3
+   once per row: 7 x 9.4 MB there. */
+#define CB_WMAJOR_TASKS 8
+
+static int cb_weights_major(const cb_job *job, int64_t NI, int64_t L) {
+  const char *force = getenv("ONNXOPT_WMAJOR");
+  if (force && *force) return atoi(force);
+  double weights = (double)job->groups_of_vectors * job->K_all * NI * L;
+  double acts = (double)job->N * (job->item_in + job->OCB * job->OH * job->OW * L);
+  return weights > acts;
+}
+
 /* Splits a blocked convolution's `rows` (all items) x `groups` (of channel vectors) into tasks of at least
    CT_TASK_MIN_FLOPS, CT_TARGET_TASKS at most, rows first; one task below CT_INLINE_FLOPS. Returns the task count. */
 static int64_t cb_split(cb_job *job, double flops, int64_t rows, int64_t groups) {
   int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
   if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;
   if (want < 1 || flops < CT_INLINE_FLOPS) want = 1;
+  if (job->weights_major && want > 1) {
+    /* Each group's weights are read by as few tasks as keep CB_WMAJOR_TASKS tasks in all, and the tasks that
+       share them are numbered together (cb_run_task), so they run close in time. */
+    job->gtasks = want < groups ? want : groups;
+    job->rtasks = (CB_WMAJOR_TASKS + job->gtasks - 1) / job->gtasks;
+    if (job->rtasks > rows) job->rtasks = rows;
+    if (job->rtasks < 1) job->rtasks = 1;
+    return job->rtasks * job->gtasks;
+  }
   job->rtasks = want < rows ? want : rows;
   job->gtasks = (want + job->rtasks - 1) / job->rtasks;
   if (job->gtasks > groups) job->gtasks = groups;
@@ -974,9 +1013,10 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
       } else {
         int flat = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !padded;
         p->pixels = OH * OW;
-        p->row_len = flat ? CB_FLAT_ROW : OW;
+        int64_t flat_rows = (p->pixels + CB_FLAT_ROW - 1) / CB_FLAT_ROW; /* of near-equal length */
+        p->row_len = flat ? (p->pixels + flat_rows - 1) / flat_rows : OW;
         p->rows = (p->pixels + p->row_len - 1) / p->row_len;
-        p->in_row = flat ? CB_FLAT_ROW * ps : d->sh * Wp * ps;
+        p->in_row = flat ? p->row_len * ps : d->sh * Wp * ps;
         p->a_ms = flat ? ps : d->sw * ps;
         p->out_base = 0;
         p->out_row = p->row_len * L;
@@ -1006,6 +1046,7 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
   }
   /* The tiles compute whole vectors of output channels: the work is OCB * L channels' worth, not oc's (UNet's
      16 -> 1 output head counted 0.4 MFLOP, ran inline on one thread, and took 0.37 ms). */
+  job->weights_major = cb_weights_major(job, d->ni, L);
   r->tasks = cb_split(job, 2.0 * (double)N * (double)OH * OW * (double)(job->OCB * L) * (double)job->K_all /
                                job->n_phases,
                       N * job->rows, job->groups_of_vectors);
