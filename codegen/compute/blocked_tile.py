@@ -20,7 +20,10 @@ The record is the same `ct_tile` as tile.py, with these meanings:
 A depthwise convolution's tile (microkernel/depthwise.py) is one channel vector (nv = 1) of up to
 `depthwise_mi` pixels: A is the input vector of the same channels, B the filters [taps][L], KOFF as above, and it
 reads the input in place whatever the padding: a border tile's variant takes the range of input positions that
-exist, LO <= p < HI (the A_KS and M0 slots, unused by the other tiles), and reads the rest as zeros.
+exist, LO <= p < HI (the A_KS and M0 slots, unused by the other tiles), and reads the rest as zeros. One call
+computes ROWS such tiles one above the other (VOFF[1], 0 or 1: one), the next one's input A_ROW floats further
+(VOFF[2]) and its outputs C_ROW floats further (VOFF[3]): rows whose kernel rows all lie inside the image, which
+share the tap table, the weights and K.
 
 Epilogue inputs: CHANNEL (bias, BatchNorm, SE scale) are vectors at base + VOFF[j]; POSITION (a residual) must be
 a blocked tensor of the output's shape, read like the output; SCALAR is broadcast.
@@ -59,6 +62,8 @@ from .tile import (
 
 SLOT_LO, SLOT_HI = SLOT_A_KS, SLOT_M0  # a depthwise border tile's input positions (see above)
 SLOT_COUNT = SLOT_M0  # a convolution tile's number of tiles in a row, one call (0 reads as 1; see above)
+# A depthwise tile has one vector (nv = 1), so the other vectors' VOFF slots hold its rows per call (see above).
+SLOT_DW_ROWS, SLOT_DW_A_ROW, SLOT_DW_C_ROW = SLOT_VOFF + 1, SLOT_VOFF + 2, SLOT_VOFF + 3
 
 
 def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, nv: int,
@@ -84,41 +89,56 @@ def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, m
     outs = [_slot(b, t, SLOT_OUT + k, PTR) for k in range(len(prog.outputs))]
     extras = [_slot(b, t, SLOT_EXTRA + e, PTR) for e in range(len(prog.inputs) - 1)]
 
-    if depthwise:  # one tile per call
+    if depthwise:
+        # ROWS tiles one above the other (at least one), A_ROW floats apart in the input and C_ROW in the outputs:
+        # the glue's rows whose kernel rows all lie inside the image (compute_exec.c, cb_depthwise_rows).
         kw, sw, dw, bounded = depthwise
         bounds = (_slot(b, t, SLOT_LO, I64), _slot(b, t, SLOT_HI, I64)) if bounded else None
-        acc = [[v] for v in emit_depthwise(b, lanes, mi, kw, sw, dw, a, bp, koff,
-                                           b.sdiv(k_count, ir.Constant(I64, kw)), bounds)]
         chan = channel_inputs(b, spec, extras, voff[:nv], masks)
-        _store_tile(b, spec, mi, nv, acc, extras, chan, ldc, coff, masks, outs, ir.Constant(I64, 0))
-        b.ret_void()
+        a_row, c_row = _slot(b, t, SLOT_DW_A_ROW, I64), _slot(b, t, SLOT_DW_C_ROW, I64)
+
+        def one_row(index):
+            a_r = b.gep(a, [b.mul(index, a_row)], source_etype=F32)
+            acc = [[v] for v in emit_depthwise(b, lanes, mi, kw, sw, dw, a_r, bp, koff,
+                                               b.sdiv(k_count, ir.Constant(I64, kw)), bounds)]
+            _store_tile(b, spec, mi, nv, acc, extras, chan, ldc, coff, masks, outs, b.mul(index, c_row))
+
+        _repeat(b, _slot(b, t, SLOT_DW_ROWS, I64), one_row, "rows")
         return fn
 
     # COUNT tiles of mi pixels side by side along the row (at least one): the record is read, the lane masks and
     # the per-channel epilogue inputs loaded once for all of them. One call per tile cost about as much as the K
     # loop of a 1x1 convolution with 16 to 32 input channels (MobileNetV2's expansions).
-    count = _slot(b, t, SLOT_COUNT, I64)
+    chan = channel_inputs(b, spec, extras, voff[:nv], masks)
+
+    def one_tile(index):
+        first = b.mul(index, ir.Constant(I64, mi))
+        a_tile = b.gep(a, [b.mul(first, a_ms)], source_etype=F32)
+        acc = emit_outer_product(b, spec.tile, mi, nv, a_tile, a_ms, None, bp, koff, k_count, voff, masks,
+                                 a_by_table=True, b_ks=spec.tile.ni * lanes)
+        _store_tile(b, spec, mi, nv, acc, extras, chan, ldc, coff, masks, outs, b.mul(first, ldc))
+
+    _repeat(b, _slot(b, t, SLOT_COUNT, I64), one_tile, "tiles")
+    return fn
+
+
+def _repeat(b: ir.IRBuilder, count, body, name: str) -> None:
+    """body(index) for index in [0, max(count, 1)), then return."""
     one = ir.Constant(I64, 1)
     count = b.select(b.icmp_signed("<", count, one), one, count)
-    chan = channel_inputs(b, spec, extras, voff[:nv], masks)
     entry = b.block
-    loop = fn.append_basic_block("tiles")
-    done = fn.append_basic_block("tiles.done")
+    loop = b.function.append_basic_block(name)
+    done = b.function.append_basic_block(name + ".done")
     b.branch(loop)
     b.position_at_end(loop)
-    index = b.phi(I64, name="tile")
+    index = b.phi(I64, name=name[:-1])
     index.add_incoming(ir.Constant(I64, 0), entry)
-    first = b.mul(index, ir.Constant(I64, mi))
-    a_tile = b.gep(a, [b.mul(first, a_ms)], source_etype=F32)
-    acc = emit_outer_product(b, spec.tile, mi, nv, a_tile, a_ms, None, bp, koff, k_count, voff, masks,
-                             a_by_table=True, b_ks=spec.tile.ni * lanes)
-    _store_tile(b, spec, mi, nv, acc, extras, chan, ldc, coff, masks, outs, b.mul(first, ldc))
+    body(index)
     following = b.add(index, one)
     index.add_incoming(following, b.block)
     b.cbranch(b.icmp_signed("<", following, count), loop, done)
     b.position_at_end(done)
     b.ret_void()
-    return fn
 
 
 def _store_tile(b: ir.IRBuilder, spec: TileSpec, mi: int, nv: int, acc, extras: list, chan: dict, ldc, coff: list,

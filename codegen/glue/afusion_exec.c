@@ -87,9 +87,8 @@ static void af_conv_rows(const af_conv *cv, int64_t L, int64_t n, int64_t i0, in
       for (int e = 0; e < d->n_extra; e++)
         t.extra[e] = cv->ex[e] + (d->extra_nstride[e] ? n * cv->ex_count[e] : 0) +
                      (d->extra_kind[e] == EX_CHANNEL ? g * L : 0);
-      for (int64_t i = i0; i < i1; i++)
-        cb_depthwise_row(d, &cv->dw, &t, cv->x + n * cv->x_item + g * plane_in, cv->w + g * cv->K * L, cv->aoff, i,
-                         cv->OW, g * dst->plane + (i - dst->row0) * dst->row + dst->col0 * L);
+      cb_depthwise_rows(d, &cv->dw, &t, cv->x + n * cv->x_item + g * plane_in, cv->w + g * cv->K * L, cv->aoff, i0,
+                        i1, cv->OW, g * dst->plane + (i0 - dst->row0) * dst->row + dst->col0 * L, dst->row);
     }
     return;
   }

@@ -516,6 +516,45 @@ static void cb_depthwise_row(const onnxopt_ct_desc *d, const cb_window *w, ct_ti
   }
 }
 
+/* Output rows [oh0, oh1) of one channel vector, as cb_depthwise_row, the first at coff0 and each out_row floats
+   below the one before. The rows whose kernel rows all lie inside the input share the tap table, the weights and
+   K: per column of tiles, one call computes all of them (the tile's ROWS slots, blocked_tile.py). */
+static void cb_depthwise_rows(const onnxopt_ct_desc *d, const cb_window *w, ct_tile *t, const float *in_plane,
+                              const float *wg, const int64_t *tab, int64_t oh0, int64_t oh1, int64_t OW,
+                              int64_t coff0, int64_t out_row) {
+  int64_t L = d->lanes, MI = d->mi, kw = d->kw;
+  /* Rows lo <= oh < hi read kernel rows 0..kh-1 all inside: oh * sh >= pt and oh * sh - pt + (kh - 1) * dh < H. */
+  int64_t lo = (w->pt + w->sh - 1) / w->sh, last = w->H - 1 + w->pt - (w->kh - 1) * w->dh;
+  int64_t hi = last < 0 ? 0 : last / w->sh + 1;
+  if (lo < oh0) lo = oh0;
+  if (hi > oh1) hi = oh1;
+  if (hi - lo < 2) lo = hi = oh1; /* no band worth a call of its own */
+  for (int64_t oh = oh0; oh < lo; oh++) cb_depthwise_row(d, w, t, in_plane, wg, tab, oh, OW, coff0 + (oh - oh0) * out_row);
+  if (hi > lo) {
+    t->k = w->kh * kw;
+    t->koff = tab;
+    t->b = wg;
+    const float *row_in = in_plane + ((lo * w->sh - w->pt) * w->W) * L;
+    t->voff[1] = hi - lo;
+    t->voff[2] = w->sh * w->W * L;
+    t->voff[3] = out_row;
+    int64_t tiles = (OW + MI - 1) / MI;
+    for (int64_t ti = 0; ti < tiles; ti++) {
+      int64_t p0 = ti * OW / tiles, mi = (ti + 1) * OW / tiles - p0;
+      int64_t iw0 = p0 * w->sw - w->pl;
+      int border = iw0 < 0 || iw0 + (mi - 1) * w->sw + w->reach_w >= w->W;
+      t->a = row_in + iw0 * L;
+      t->a_ks = -iw0;
+      t->m0 = w->W - iw0;
+      t->coff[0] = coff0 + (lo - oh0) * out_row + p0 * L;
+      d->tiles[(mi - 1) * 2 + border]((const int64_t *)t);
+    }
+    t->voff[1] = t->voff[2] = t->voff[3] = 0;
+  }
+  for (int64_t oh = hi > lo ? hi : oh1; oh < oh1; oh++)
+    cb_depthwise_row(d, w, t, in_plane, wg, tab, oh, OW, coff0 + (oh - oh0) * out_row);
+}
+
 static void cb_run_depthwise_task(const cb_job *job, int64_t task) {
   const onnxopt_ct_desc *d = job->d;
   const cb_window *w = &job->win; /* geometry only: H, W, strides, pads */
@@ -533,16 +572,17 @@ static void cb_run_depthwise_task(const cb_job *job, int64_t task) {
     int64_t left = job->OC - g * L;
     t.lanes[0] = left < L ? left : L;
     const float *wg = job->w + g * job->K * L;
-    for (int64_t rr = r0; rr < r1; rr++) {
+    for (int64_t rr = r0, next; rr < r1; rr = next) { /* the task's rows of one item at a time */
       int64_t n = rr / job->OH, oh = rr % job->OH;
+      next = (n + 1) * job->OH < r1 ? (n + 1) * job->OH : r1;
       for (int o = 0; o < d->sig.n_out; o++) t.out[o] = job->out[o] + n * item_out;
       for (int e = 0; e < d->n_extra; e++) {
         const float *base = job->extra[e] + (d->extra_nstride[e] ? n * job->extra_count[e] : 0);
         if (d->extra_kind[e] == EX_CHANNEL) base += g * L;
         t.extra[e] = base;
       }
-      cb_depthwise_row(d, w, &t, job->in + n * job->item_in + g * plane_in, wg, job->phase[0].aoff, oh, job->OW,
-                       g * plane_out + oh * job->OW * L);
+      cb_depthwise_rows(d, w, &t, job->in + n * job->item_in + g * plane_in, wg, job->phase[0].aoff, oh,
+                        oh + (next - rr), job->OW, g * plane_out + oh * job->OW * L, job->OW * L);
     }
   }
 }

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fusion"))
-from test_layout import Chain, check_answers, fused_nodes, needs_vectors, optimize_blocked  # noqa: E402
+from test_layout import (
+    Chain,
+    check_answers,
+    fused_nodes,
+    needs_vectors,
+    optimize_blocked,
+)
 
 
 @needs_vectors
