@@ -839,7 +839,8 @@ static int cb_weights_major(const cb_job *job, int64_t NI, int64_t L) {
 }
 
 /* Splits a blocked convolution's `rows` (all items) x `groups` (of channel vectors) into tasks of at least
-   CT_TASK_MIN_FLOPS, CT_TARGET_TASKS at most, rows first; one task below CT_INLINE_FLOPS. Returns the task count. */
+   CT_TASK_MIN_FLOPS, CT_TARGET_TASKS at most, rows first (groups first when job->weights_major); one task below
+   CT_INLINE_FLOPS. Returns the task count. */
 static int64_t cb_split(cb_job *job, double flops, int64_t rows, int64_t groups) {
   int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
   if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;
