@@ -276,9 +276,9 @@ def test_budgets_must_be_seconds(option, value, tmp_path):
 
 
 def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
-    """_plan_runoff: the fastest plan, when it fuses more than plans listed after it that measured within
-    PLAN_RUNOFF_WITHIN, or is built on another plan, duels them (its base first, then the fastest) and is kept
-    only if the median of its rounds wins by PLAN_MARGIN; the winner meets the next. The duels' timings are
+    """_plan_runoff: the fastest plan duels the plan it is built on, then plans that measured within
+    PLAN_RUNOFF_WITHIN and fuse more or less than it (the fastest first); in each duel the more fused plan is kept
+    only if the median of its rounds wins by PLAN_MARGIN, and the winner meets the next. The duels' timings are
     given, not measured, to pin the rule."""
     from types import SimpleNamespace
 
@@ -325,12 +325,19 @@ def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
     c = cands()
     duel, met = duels({("s_af", "s_cb"): lose, ("s_cb", "s_ew"): lose})
     assert _Optimizer._plan_runoff(opt, c, duel)["kept"] == "elementwise" and c[0][1] == "elementwise"
-    # far apart and not built on the other, or the fastest is already the least fused: no runoff
+    # far apart and not built on the other: no runoff
     far = [(0.70, "compute-blocked", [], "s_cb", 1.0, 0.70),
            (0.70 * PLAN_RUNOFF_WITHIN * 1.01, "elementwise", [], "s_ew", 1.0, 1)]
     assert _Optimizer._plan_runoff(opt, far, duels({})[0]) is None
-    least = [(0.70, "elementwise", [], "s_ew", 1.0, 0.70), (0.71, "afusion", [], "s_af", 1.0, 0.71)]
-    assert _Optimizer._plan_runoff(opt, least, duels({})[0]) is None
+    # the fastest fuses least: a more fused plan close behind meets it, and is kept only by the margin
+    least = [(0.70, "elementwise", [], "s_ew", 1.0, 0.70), (0.71, "compute-blocked", [], "s_cb", 1.0, 0.71)]
+    faster = [1.0 / g for g in win]  # elementwise's rounds against compute-blocked: compute-blocked wins
+    duel, met = duels({("s_ew", "s_cb"): faster})
+    run = _Optimizer._plan_runoff(opt, list(least), duel)
+    assert met == [("s_ew", "s_cb")] and run["kept"] == "compute-blocked"
+    assert run["duels"][0]["gain"] == pytest.approx(1.0 / PLAN_MARGIN / 1.01)
+    duel, met = duels({("s_ew", "s_cb"): [1.0 / g for g in lose]})  # compute-blocked 1.03x: short of the margin
+    assert _Optimizer._plan_runoff(opt, list(least), duel)["kept"] == "elementwise"
 
 
 def test_repeated_kernels_are_checked_once_and_still_verified(tmp_path):
