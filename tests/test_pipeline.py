@@ -277,9 +277,9 @@ def test_budgets_must_be_seconds(option, value, tmp_path):
 
 def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
     """_plan_runoff: the fastest plan duels the plan it is built on, then plans that measured within
-    PLAN_RUNOFF_WITHIN and fuse more or less than it (the fastest first); in each duel the more fused plan is kept
-    only if the median of its rounds wins by PLAN_MARGIN, and the winner meets the next. The duels' timings are
-    given, not measured, to pin the rule."""
+    PLAN_RUNOFF_WITHIN and fuse more or less than it (the fastest first; not a plan built on it); in each duel the
+    more fused plan is kept only if the median of its rounds wins by PLAN_MARGIN, and the winner meets the next.
+    The duels' timings are given, not measured, to pin the rule."""
     from types import SimpleNamespace
 
     from onnxopt.pipeline import (
@@ -338,6 +338,9 @@ def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
     assert run["duels"][0]["gain"] == pytest.approx(1.0 / PLAN_MARGIN / 1.01)
     duel, met = duels({("s_ew", "s_cb"): [1.0 / g for g in lose]})  # compute-blocked 1.03x: short of the margin
     assert _Optimizer._plan_runoff(opt, list(least), duel)["kept"] == "elementwise"
+    # but a plan built on the fastest (AFUSION on compute-blocked) that measured behind it is not met
+    base_first = [(0.70, "compute-blocked", [], "s_cb", 1.0, 0.70), (0.71, "afusion", [], "s_af", 1.0, 0.71)]
+    assert _Optimizer._plan_runoff(opt, base_first, duels({})[0]) is None
 
 
 def test_repeated_kernels_are_checked_once_and_still_verified(tmp_path):
