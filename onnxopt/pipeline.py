@@ -56,13 +56,14 @@ from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare, load_ch
 # Seconds for trying the fused model without one kernel type at a time (_whole_model_decision).
 DROP_TRIALS_S = 6.0
 WHOLE_MODEL_MARGIN = 1.02  # the fused model is emitted only if at least this much faster than --min-speedup asks
-# A plan that fuses more (AFUSION over horizontal over compute-blocked ...) is kept over the fastest less fused one
-# only if it wins their head-to-head timing by this much; they are timed head to head when within PLAN_RUNOFF_WITHIN.
+# A plan that fuses more (AFUSION over horizontal over compute-blocked ...) is kept over a less fused one only if it
+# wins their head-to-head timing by this much; they are timed head to head when within PLAN_RUNOFF_WITHIN, whichever
+# measured first (_plan_runoff).
 # 2% was too little on this noisy 2-core host: DenseNet-BC's AFUSION plan won its runoff by 2.7%, and timed longer it
 # ran 0.985x the speed of the compute-blocked plan of its --no-afusion run (0.93-0.95x with the wide inline library).
 PLAN_MARGIN = 1.05
 PLAN_RUNOFF_WITHIN = 1.08
-# A runoff meets up to RUNOFF_OPPONENTS less fused plans, RUNOFF_ROUNDS rounds each, every round in new sessions and
+# A runoff meets up to RUNOFF_OPPONENTS plans, RUNOFF_ROUNDS rounds each, every round in new sessions and
 # each plan on the library it would be emitted with (_inline_choice). With one opponent timed once, NASNet's AFUSION
 # plan beat the elementwise plan by 6% and was emitted; compute-blocked, which had measured 1.05x in its own 0.4 s
 # plan timing, was not in the runoff, and the retimed benchmark ran the AFUSION model at 1.05x onnxruntime's speed
