@@ -109,7 +109,7 @@ def compile_tile_set(req: TileSetRequest, target: Target) -> tuple[bytes, str]:
     module = new_module(target, req.prefix())
     req.define(module, target.features)
     ir_text = str(module)
-    return compile_object(ir_text, target), ir_text
+    return compile_object(ir_text, target, vectorize=False), ir_text  # vectors already
 
 
 def tile_set_object(req: TileSetRequest, target: Target) -> bytes:

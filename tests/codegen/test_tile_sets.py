@@ -133,3 +133,29 @@ def test_a_library_links_a_shared_set_once(tmp_path):
     assert built[0][0] == built[1][0]
     lib = str(tmp_path / "shared.so")
     link_library([b[1] for b in built], [b[0] for b in built], TARGET, lib)  # would fail on a duplicate symbol
+
+
+def test_tile_sets_compile_to_the_same_code_without_llvms_vectorizers():
+    """Tile sets are compiled with LLVM's loop and SLP vectorizers off (their IR is vectors already, and the
+    vectorizers cost a third of a depthwise set's compile time): the assembly must be what the full O3 pipeline
+    gives, for a blocked set with a vector-math epilogue and a depthwise set."""
+    from onnxopt.codegen.compile import new_module, optimize, target_machine
+    from onnxopt.codegen.compute.blocked_tile import (
+        define_blocked_tile_functions,
+        define_depthwise_tile_functions,
+    )
+    from onnxopt.codegen.compute.tile import TileSpec
+
+    from onnxopt.fusion.compute import ACC
+    from onnxopt.fusion.region import EwOp, EwProgram, Value
+
+    prog = EwProgram(inputs=[Value(ACC, "float32")], consts={}, ops=[EwOp("Sigmoid", (ACC,), "y", "float32")],
+                     outputs=[Value("y", "float32")])
+    spec = TileSpec(MK.tile, prog, (), packed_a=True)
+    for define in (lambda m: define_blocked_tile_functions(m, "b", spec, TARGET.features),
+                   lambda m: define_depthwise_tile_functions(m, "d", spec, TARGET.features, 14, 3, 2, 1)):
+        module = new_module(TARGET, "same")
+        define(module)
+        ir_text = str(module)
+        full, lean = (target_machine(TARGET).emit_assembly(optimize(ir_text, TARGET, v)) for v in (True, False))
+        assert lean == full
