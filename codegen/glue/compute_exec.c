@@ -487,22 +487,12 @@ static void cb_run_task(const cb_job *job, int64_t task) {
    bounded variant, told which input columns exist. No padded copy, no windows: for a depthwise convolution either
    would cost about as much as its arithmetic. The tap table is (r * dh * W + c * dw) * L, row r's taps from the
    pixel under tap (r, 0). */
-/* One output row `oh` of one channel vector of a depthwise convolution, all its pixels: `in_plane` is the vector's
-   input plane, `wg` its filters, `tab` the tap table; `t` carries the outputs, extras, ldc (L) and a_ms (sw * L).
-   Pixel p goes to coff_row + p * L. Also used by AFUSION (afusion_exec.c), which writes rows into a scratch band. */
-static void cb_depthwise_row(const onnxopt_ct_desc *d, const cb_window *w, ct_tile *t, const float *in_plane,
-                             const float *wg, const int64_t *tab, int64_t oh, int64_t OW, int64_t coff_row) {
-  int64_t L = d->lanes, MI = d->mi, kw = d->kw;
-  int64_t ih0 = oh * w->sh - w->pt;
-  int64_t kr0 = ih0 < 0 ? (-ih0 + w->dh - 1) / w->dh : 0;               /* first kernel row inside */
-  int64_t kr1 = w->H - ih0 > 0 ? (w->H - ih0 + w->dh - 1) / w->dh : 0; /* one past the last */
-  if (kr1 > w->kh) kr1 = w->kh;
-  t->k = kr1 > kr0 ? (kr1 - kr0) * kw : 0;
-  t->koff = tab;
-  t->b = wg + kr0 * kw * L;
-  /* The tile's pixel 0 under tap (kr0, 0); may lie left of the row when the tile starts in the padding, where
-     the bounded tile reads nothing. */
-  const float *row_in = in_plane + ((ih0 + kr0 * w->dh) * w->W) * L;
+/* The tiles of one output row of a depthwise convolution (or, with the ROWS slots set, of a band of rows): `row_in`
+   is the input under tap (first kernel row, 0) of the row's pixel 0, pixel p goes to coff_row + p * L. A tile's
+   pixel 0 may lie left of the row when the tile starts in the padding, where the bounded tile reads nothing. */
+static void cb_depthwise_tiles(const onnxopt_ct_desc *d, const cb_window *w, ct_tile *t, const float *row_in,
+                               int64_t OW, int64_t coff_row) {
+  int64_t L = d->lanes, MI = d->mi;
   int64_t tiles = (OW + MI - 1) / MI;
   for (int64_t ti = 0; ti < tiles; ti++) {
     int64_t p0 = ti * OW / tiles, mi = (ti + 1) * OW / tiles - p0;
@@ -516,39 +506,47 @@ static void cb_depthwise_row(const onnxopt_ct_desc *d, const cb_window *w, ct_ti
   }
 }
 
+/* One output row `oh` of one channel vector of a depthwise convolution, all its pixels: `in_plane` is the vector's
+   input plane, `wg` its filters, `tab` the tap table; `t` carries the outputs, extras, ldc (L) and a_ms (sw * L).
+   Pixel p goes to coff_row + p * L. Also used by AFUSION (afusion_exec.c), which writes rows into a scratch band. */
+static void cb_depthwise_row(const onnxopt_ct_desc *d, const cb_window *w, ct_tile *t, const float *in_plane,
+                             const float *wg, const int64_t *tab, int64_t oh, int64_t OW, int64_t coff_row) {
+  int64_t L = d->lanes, kw = d->kw;
+  int64_t ih0 = oh * w->sh - w->pt;
+  int64_t kr0 = ih0 < 0 ? (-ih0 + w->dh - 1) / w->dh : 0;               /* first kernel row inside */
+  int64_t kr1 = w->H - ih0 > 0 ? (w->H - ih0 + w->dh - 1) / w->dh : 0; /* one past the last */
+  if (kr1 > w->kh) kr1 = w->kh;
+  t->k = kr1 > kr0 ? (kr1 - kr0) * kw : 0;
+  t->koff = tab;
+  t->b = wg + kr0 * kw * L;
+  /* The tile's pixel 0 under tap (kr0, 0); may lie left of the row when the tile starts in the padding, where
+     the bounded tile reads nothing. */
+  cb_depthwise_tiles(d, w, t, in_plane + ((ih0 + kr0 * w->dh) * w->W) * L, OW, coff_row);
+}
+
 /* Output rows [oh0, oh1) of one channel vector, as cb_depthwise_row, the first at coff0 and each out_row floats
    below the one before. The rows whose kernel rows all lie inside the input share the tap table, the weights and
    K: per column of tiles, one call computes all of them (the tile's ROWS slots, blocked_tile.py). */
 static void cb_depthwise_rows(const onnxopt_ct_desc *d, const cb_window *w, ct_tile *t, const float *in_plane,
                               const float *wg, const int64_t *tab, int64_t oh0, int64_t oh1, int64_t OW,
                               int64_t coff0, int64_t out_row) {
-  int64_t L = d->lanes, MI = d->mi, kw = d->kw;
+  int64_t L = d->lanes, kw = d->kw;
   /* Rows lo <= oh < hi read kernel rows 0..kh-1 all inside: oh * sh >= pt and oh * sh - pt + (kh - 1) * dh < H. */
   int64_t lo = (w->pt + w->sh - 1) / w->sh, last = w->H - 1 + w->pt - (w->kh - 1) * w->dh;
   int64_t hi = last < 0 ? 0 : last / w->sh + 1;
   if (lo < oh0) lo = oh0;
   if (hi > oh1) hi = oh1;
   if (hi - lo < 2) lo = hi = oh1; /* no band worth a call of its own */
-  for (int64_t oh = oh0; oh < lo; oh++) cb_depthwise_row(d, w, t, in_plane, wg, tab, oh, OW, coff0 + (oh - oh0) * out_row);
+  for (int64_t oh = oh0; oh < lo; oh++)
+    cb_depthwise_row(d, w, t, in_plane, wg, tab, oh, OW, coff0 + (oh - oh0) * out_row);
   if (hi > lo) {
     t->k = w->kh * kw;
     t->koff = tab;
     t->b = wg;
-    const float *row_in = in_plane + ((lo * w->sh - w->pt) * w->W) * L;
     t->voff[1] = hi - lo;
     t->voff[2] = w->sh * w->W * L;
     t->voff[3] = out_row;
-    int64_t tiles = (OW + MI - 1) / MI;
-    for (int64_t ti = 0; ti < tiles; ti++) {
-      int64_t p0 = ti * OW / tiles, mi = (ti + 1) * OW / tiles - p0;
-      int64_t iw0 = p0 * w->sw - w->pl;
-      int border = iw0 < 0 || iw0 + (mi - 1) * w->sw + w->reach_w >= w->W;
-      t->a = row_in + iw0 * L;
-      t->a_ks = -iw0;
-      t->m0 = w->W - iw0;
-      t->coff[0] = coff0 + (lo - oh0) * out_row + p0 * L;
-      d->tiles[(mi - 1) * 2 + border]((const int64_t *)t);
-    }
+    cb_depthwise_tiles(d, w, t, in_plane + ((lo * w->sh - w->pt) * w->W) * L, OW, coff0 + (lo - oh0) * out_row);
     t->voff[1] = t->voff[2] = t->voff[3] = 0;
   }
   for (int64_t oh = hi > lo ? hi : oh1; oh < oh1; oh++)
