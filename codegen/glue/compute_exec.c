@@ -448,8 +448,8 @@ static void cb_run_task(const cb_job *job, int64_t task) {
       const float *in_r = job->in + n * job->item_in + r * ph->in_row;
       int64_t out_r = ph->out_base + r * ph->out_row;
       /* The row in tiles of near-equal size (7 pixels: 4 + 3, not 6 + 1): a short last tile loads the weight
-         vectors for few broadcasts and runs far below the others' rate. */
-      /* Consecutive tiles of one size that read the input in place go to one call (the COUNT slot). */
+         vectors for few broadcasts and runs far below the others' rate. Consecutive tiles of one size that read
+         the input in place go to one call (the COUNT slot, blocked_tile.py). */
       int64_t tiles = (len + MI - 1) / MI;
       for (int64_t ti = 0, count; ti < tiles; ti += count) {
         int64_t p0 = ti * len / tiles, mi = (ti + 1) * len / tiles - p0;
@@ -469,7 +469,7 @@ static void cb_run_task(const cb_job *job, int64_t task) {
             t.a = x_item + (ih0 * w->W + iw0) * w->ps;
           }
         }
-          while (in_place && ti + count < tiles && (ti + count + 1) * len / tiles - (ti + count) * len / tiles == mi &&
+        while (in_place && ti + count < tiles && (ti + count + 1) * len / tiles - (ti + count) * len / tiles == mi &&
                !(w->on && cb_window_needed(w, r * w->sh - w->pt, (p0 + count * mi) * w->sw - w->pl, mi)))
           count++;
         t.m0 = count;
