@@ -1505,21 +1505,20 @@ class _Optimizer:
         ordered by noise. The fastest meets up to RUNOFF_OPPONENTS plans in turn: the plan it is built on
         (self.plan_bases) first, however far behind, then the fastest of those that measured within
         PLAN_RUNOFF_WITHIN and fuse more or less than it in PLANS_BY_FUSION (AFUSION before horizontal before
-        compute-blocked ...), except a plan built on it (it measured behind: what it adds did not pay). Each duel is head to head (`duel(a, b)` -> t_b / t_a per round, each round in its own
-        sessions); the more fused of the two is kept only if the median of its rounds wins by PLAN_MARGIN, and the
-        winner meets the next. So a less fused plan that measured first does not win on its one timing either:
+        compute-blocked ...), except a plan built on it (it measured behind: what it adds did not pay). Each duel is
+        head to head (`duel(a, b)` -> t_b / t_a per round, each round in its own sessions); the more fused of the two
+        is kept only if the median of its rounds wins by PLAN_MARGIN, and the winner meets the next. So a less fused plan that measured first does not win on its one timing either:
         DenseNet-BC's compute plan measured 1.41x against compute-blocked's 1.35x and was emitted, and ran 1.14x
         against 1.32x. `candidates` (sorted, fastest first) is reordered in place: the winner first."""
 
         def rank(name):  # PLANS_BY_FUSION, not the order the plans were built in (compute-blocked before AFUSION)
             return PLANS_BY_FUSION.index(name) if name in PLANS_BY_FUSION else len(PLANS_BY_FUSION)
 
-        best = candidates[0]
-        def built_on(more, less):  # `more` adds fusions to `less` (AFUSION to compute-blocked)
-            return self.plan_bases.get(more[1]) == less[1]
+        def meets(a, b):  # fuse differently, and b does not only add fusions to a (AFUSION to compute-blocked)
+            return rank(a[1]) != rank(b[1]) and not (rank(b[1]) < rank(a[1]) and self.plan_bases.get(b[1]) == a[1])
 
-        opponents = [c for c in candidates[1:] if c[0] <= best[0] * PLAN_RUNOFF_WITHIN and (
-            rank(c[1]) > rank(best[1]) or (rank(c[1]) < rank(best[1]) and not built_on(c, best)))]
+        best = candidates[0]
+        opponents = [c for c in candidates[1:] if c[0] <= best[0] * PLAN_RUNOFF_WITHIN and meets(best, c)]
         # A plan built on another (AFUSION and horizontal on compute-blocked) meets that one first, however far
         # apart their plan timings were: their duel times exactly what the fusion adds.
         base = self.plan_bases.get(best[1])
@@ -1529,8 +1528,8 @@ class _Optimizer:
             return None
         champion, duels = best, []
         for other in opponents[:RUNOFF_OPPONENTS]:
-            if rank(other[1]) == rank(champion[1]) or (rank(other[1]) < rank(champion[1]) and built_on(other, champion)):
-                continue  # a plan that only adds fusions to the champion and measured behind it: the order stands
+            if not meets(champion, other):
+                continue  # the same rank, or only adds fusions to the champion and measured behind it
             gains = duel(champion, other)
             gain = statistics.median(gains)  # the champion's
             if rank(champion[1]) < rank(other[1]):  # the champion fuses more
