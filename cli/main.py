@@ -44,6 +44,8 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    "(elementwise, compute, pool, afusion, horizontal, copy)")
     p.add_argument("--no-afusion", action="store_true", help="no AFUSION kernels (two or three convolutions, or a "
                    "convolution and its pool, in one kernel); the same as --skip-fusion afusion")
+    p.add_argument("--no-sequences", action="store_true", help="one custom op per fused region: do not merge runs "
+                   "of them into sequence ops that run in one parallel section (profiles then show each kernel)")
     p.add_argument("--search-budget", type=float, default=60.0, metavar="SECONDS",
                    help="time limit of the backtracking search over fusion plans (default 60)")
     p.add_argument("--no-prune", action="store_true", help="keep every legal fusion candidate instead of pruning "
@@ -94,7 +96,8 @@ def cmd_optimize(argv) -> int:
                       skip_fusion=(a.skip_fusion or []) + (["afusion"] if a.no_afusion else []),
                       verify=not a.no_verify, measure=not a.no_measure, min_speedup=a.min_speedup, seed=a.seed, plan=a.plan,
                       cost_cache=False if a.no_cost_cache else a.cost_cache, tile_search=not a.no_tile_search,
-                      search_budget=a.search_budget, prune=not a.no_prune, tune_budget=a.tune_budget,
+                      search_budget=a.search_budget, prune=not a.no_prune, sequences=not a.no_sequences,
+                      tune_budget=a.tune_budget,
                       winograd=a.winograd,
                       progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None)
     if a.report:

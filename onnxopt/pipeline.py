@@ -30,7 +30,8 @@ from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
 from onnxopt.codegen.glue.library import INLINE_FLOPS, INLINE_FLOPS_WIDE, link_library
 from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
 from onnxopt.cost_cache import open_cost_cache
-from onnxopt.emit.model import DOMAIN, build_fused_model
+from onnxopt.emit.model import DOMAIN, build_fused_model, set_library_sha256
+from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
 from onnxopt.fusion import blocked_passthrough
 from onnxopt.fusion.blocked_copy import fuse_copies
@@ -130,6 +131,9 @@ class Options:
     # per convolution (onnxopt/tune/winograd_search.py, with measure and the tile search), "off" never, a tile
     # length m on every one whose kernel offers it (ablations, tests).
     winograd: str = "auto"
+    # Runs of fused ops with no onnxruntime op between them become one op that runs them in one parallel section
+    # (onnxopt/emit/sequence.py).
+    sequences: bool = True
 
 
 def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -334,6 +338,7 @@ def optimize(model, output: str | None = None, **kwargs) -> Result:
         search_budget=float(kwargs.pop("search_budget", 60.0)),
         tune_budget=float(kwargs.pop("tune_budget", 12.0)),
         prune=bool(kwargs.pop("prune", True)),
+        sequences=bool(kwargs.pop("sequences", True)),
         winograd=str(kwargs.pop("winograd", "auto")),
     )
     if opts.winograd not in WINOGRAD_MODES:
@@ -1573,16 +1578,22 @@ class _Optimizer:
         lib_path = sha = None
         out_dir = os.path.dirname(os.path.abspath(self.output)) if self.output else self.tmpdir
         lib_name = (os.path.basename(self.output) if self.output else "model.onnx") + ".so"
+        fused = build_fused_model(self.emit_base, accepted, lib_name if accepted else None, None,
+                                  self.opts.target.to_dict(), self.opts.target.required_cpu_flags)
         if accepted:
             used = []
             for op_type, (obj, desc, _) in built.items():
                 if any(r.op_type == op_type for r in accepted):
                     used.append((obj, desc))
+            descs = [d for _, d in used]
+            if self.opts.sequences:
+                fused, seqs = make_sequences(fused, {d.op_type: d for d in descs}, DOMAIN)
+                descs += seqs
+                self.report["sequences"] = [{"op_type": q.op_type, "steps": len(q.steps)} for q in seqs]
             lib_path = os.path.join(out_dir, f".{lib_name}.{os.getpid()}.tmp")
-            sha = link_library([d for _, d in used], [o for o, _ in used], self.opts.target, lib_path,
+            sha = link_library(descs, [o for o, _ in used], self.opts.target, lib_path,
                                inline_flops=self.inline_flops)
-        fused = build_fused_model(self.emit_base, accepted, lib_name if accepted else None, sha,
-                                  self.opts.target.to_dict(), self.opts.target.required_cpu_flags)
+            set_library_sha256(fused, sha)
         try:
             onnx.checker.check_model(fused, full_check=False)
         except Exception as e:  # noqa: BLE001

@@ -21,7 +21,7 @@ enum { EX_POSITION = 0, EX_CHANNEL = 1, EX_COLUMN = 2, EX_SCALAR = 3 };
    ops when spinning is off) and reading the input from the other core's cache cost more than the second core
    saves. The library's tables set it (library.py, INLINE_FLOPS); the optimizer times the chosen plan with a
    larger value too and keeps the faster (pipeline._inline_choice). */
-#define CT_INLINE_FLOPS onnxopt_inline_flops
+#define CT_INLINE_FLOPS seq_inline_flops()
 
 typedef struct { /* mirrors the slots of codegen/compute/tile.py */
   const float *a;

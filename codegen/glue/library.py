@@ -116,6 +116,21 @@ class SbKernelDesc:
 SB_MAX_PART = 8  # as ort_glue.c
 
 
+@dataclass
+class SeqKernelDesc:
+    """A run of the library's ops executed in one parallel section (sequence_exec.c, onnxopt/emit/sequence.py).
+    A step is (op type, input refs, output slots): a ref >= 0 is the sequence's input, -1 - s reads slot s. Every
+    tensor a step writes is a slot; `slot_output` is the sequence output it is, or -1, and then it lives in buffer
+    `slot_buffer[s]` of the sequence's own."""
+
+    op_type: str
+    in_types: list[int]
+    out_types: list[int]
+    steps: list[tuple[str, list[int], list[int]]]
+    slot_output: list[int]
+    slot_buffer: list[int]
+
+
 AF_MAX_SECOND = 4  # as ort_glue.c
 _KIND = {"conv": "KIND_CONV", "conv_transpose": "KIND_CONV", "matmul": "KIND_MATMUL"}
 
@@ -233,6 +248,14 @@ def library_source(kernels: list, target: Target, inline_flops: float = INLINE_F
     copies = [k for k in kernels if isinstance(k, CopyKernelDesc)]
     parts.extend(copy_source(i, k) for i, k in enumerate(copies))
     refs += [f"&y{i}_desc.sig" for i in range(len(copies))]
+    seqs = [k for k in kernels if isinstance(k, SeqKernelDesc)]
+    if seqs:
+        sig_of = dict(zip([k.op_type for k in ew + ct + af + sb + pools + copies], refs))
+        for i, k in enumerate(seqs):
+            parts.append(_sequence_source(i, k, sig_of))
+        refs += [f"&q{i}_desc.sig" for i in range(len(seqs))]
+    parts.append(f"void *onnxopt_seq_arenas[{max(1, len(seqs))}];\n")
+    parts.append(f"const int onnxopt_n_seqs = {len(seqs)};\n")
     # External linkage (hidden by -fvisibility=hidden): the runtime object, compiled once, reads these.
     parts.append(_c_array("onnxopt_sig *", "ONNXOPT_OPS", refs).replace("static const onnxopt_sig *",
                                                                          "const onnxopt_sig *const"))
@@ -245,8 +268,32 @@ def library_source(kernels: list, target: Target, inline_flops: float = INLINE_F
     return prelude + "".join(parts)
 
 
+def _sequence_source(i: int, k: SeqKernelDesc, sig_of: dict[str, str]) -> str:
+    """The tables and the descriptor `q{i}_desc` of a sequence; `sig_of` maps op types to their sigs' C names."""
+    parts = []
+    for s, (op_type, ins, outs) in enumerate(k.steps):
+        if op_type not in sig_of:
+            raise ValueError(f"sequence {k.op_type}: step {s} runs {op_type}, which is not in the library")
+        parts.append(_c_array("int", f"q{i}_in{s}", ins))
+        parts.append(_c_array("int", f"q{i}_out{s}", outs))
+    steps = ", ".join(f"{{{sig_of[op]}, {len(ins)}, {len(outs)}, q{i}_in{s}, q{i}_out{s}}}"
+                      for s, (op, ins, outs) in enumerate(k.steps))
+    parts.append(f"static const onnxopt_seq_step q{i}_steps[] = {{{steps}}};\n")
+    parts.append(_c_array("int", f"q{i}_in_types", k.in_types))
+    parts.append(_c_array("int", f"q{i}_out_types", k.out_types))
+    parts.append(_c_array("int", f"q{i}_slot_output", k.slot_output))
+    parts.append(_c_array("int", f"q{i}_slot_buffer", k.slot_buffer))
+    n_buffers = max(k.slot_buffer, default=-1) + 1
+    parts.append(f'static const onnxopt_seq_desc q{i}_desc = {{{{"{k.op_type}", KIND_SEQUENCE, {len(k.in_types)}, '
+                 f"{len(k.out_types)}, q{i}_in_types, q{i}_out_types}}, {len(k.steps)}, q{i}_steps, "
+                 f"{len(k.slot_output)}, q{i}_slot_output, q{i}_slot_buffer, {n_buffers}, {i}}};\n")
+    return "".join(parts)
+
+
 _TABLES = "/*@@LIBRARY@@*/"
 _RUNTIME_DECLS = """extern const onnxopt_sig *const ONNXOPT_OPS[];
+extern void *onnxopt_seq_arenas[];
+extern const int onnxopt_n_seqs;
 extern const int onnxopt_n_ops;
 extern const double onnxopt_inline_flops;
 int onnxopt_cpu_ok(void);
@@ -262,6 +309,7 @@ def _glue_parts() -> tuple[str, str]:
                                                              "afusion_chain_exec.c", "siblings_exec.c"))
     pools = files.joinpath("pool_exec.c").read_text() + files.joinpath("copy_exec.c").read_text()
     rest = rest.replace("/*@@COMPUTE@@*/", compute).replace("/*@@POOL@@*/", pools)
+    rest = rest.replace("/*@@SEQUENCE@@*/", files.joinpath("sequence_exec.c").read_text())
     return prelude, rest
 
 

@@ -107,7 +107,7 @@ typedef void (*generic_fn)(void **ins, void **outs, int64_t n, const int64_t *in
 
 /* What every fused op type declares to ORT; the first member of each kind's descriptor. */
 enum { KIND_ELEMENTWISE = 0, KIND_CONV = 1, KIND_MATMUL = 2, KIND_POOL = 3, KIND_AFUSION = 4, KIND_SIBLINGS = 5,
-       KIND_COPY = 6 };
+       KIND_COPY = 6, KIND_SEQUENCE = 7 };
 typedef struct {
   const char *name;
   int kind;
@@ -215,6 +215,26 @@ typedef struct {
   int64_t fh[CP_MAX_IN], fw[CP_MAX_IN]; /* per input: rows and columns repeated */
 } onnxopt_copy_desc;
 
+/* A run of ops executed in one parallel section (sequence_exec.c). One step: an op of the library, with where its
+   inputs come from and where its outputs go. */
+typedef struct {
+  const onnxopt_sig *op;
+  int n_in, n_out;
+  const int *in;  /* >= 0: the sequence's input; < 0: the tensor of slot -1 - in */
+  const int *out; /* the slot of each output */
+} onnxopt_seq_step;
+
+typedef struct {
+  onnxopt_sig sig;
+  int n_steps;
+  const onnxopt_seq_step *steps;
+  int n_slots;            /* one per tensor a step writes */
+  const int *slot_output; /* the sequence's output a slot is, or -1: kept in buffer slot_buffer[slot] */
+  const int *slot_buffer; /* slots whose lives do not overlap share a buffer (emit/sequence.py) */
+  int n_buffers;
+  int arena; /* its index in onnxopt_seq_arenas */
+} onnxopt_seq_desc;
+
 typedef struct {
   OnnxoptCustomOp base; /* first, so an OnnxoptCustomOp* is also an onnxopt_op* */
   const onnxopt_sig *desc;
@@ -223,7 +243,14 @@ typedef struct {
 /* ---- The per-library part is inserted here by the generator. ---- */
 /*@@LIBRARY@@*/
 
-static OrtApiTable g_api;
+static OrtApiTable g_api; /* what the executors call: onnxruntime's table with sequence_exec.c's stand-ins */
+static OrtApiTable g_ort;  /* onnxruntime's own entries */
+static void *g_ort_copy[API_KernelContext_ParallelFor + 1];
+
+/* The run of a sequence op (sequence_exec.c) whose driver this thread is, or NULL. */
+typedef struct seq_run seq_run;
+static _Thread_local seq_run *tl_seq;
+static double seq_inline_flops(void); /* CT_INLINE_FLOPS: lower inside a sequence, whose helpers are awake */
 
 /* ---- Elementwise execution: broadcast, coalesce, split into chunks of rows. ---- */
 
@@ -526,6 +553,8 @@ static OrtStatus *ew_compute(const onnxopt_ew_desc *d, OrtKernelContext *ctx) {
 
 /*@@POOL@@*/
 
+/*@@SEQUENCE@@*/
+
 /* ---- OrtCustomOp callbacks ---- */
 
 static const onnxopt_sig *desc_of(const OnnxoptCustomOp *op) { return ((const onnxopt_op *)op)->desc; }
@@ -555,6 +584,7 @@ static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx) {
   if (sig->kind == KIND_AFUSION) return af_compute((const onnxopt_af_desc *)kernel, ctx);
   if (sig->kind == KIND_SIBLINGS) return sb_compute((const onnxopt_sb_desc *)kernel, ctx);
   if (sig->kind == KIND_COPY) return cp_compute((const onnxopt_copy_desc *)kernel, ctx);
+  if (sig->kind == KIND_SEQUENCE) return seq_compute((const onnxopt_seq_desc *)kernel, ctx);
   return ct_compute((const onnxopt_ct_desc *)kernel, ctx);
 }
 static void op_destroy(void *kernel) { (void)kernel; }
@@ -563,8 +593,9 @@ static onnxopt_op *g_ops; /* onnxopt_n_ops of them, filled once and shared by ev
 
 __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOptions *options,
                                                                      const OnnxoptApiBase *base) {
-  g_api = base->GetApi(ONNXOPT_API_VERSION);
-  if (!g_api) return NULL; /* ORT older than 1.17: nothing registered, the function bodies run */
+  OrtApiTable ort = base->GetApi(ONNXOPT_API_VERSION);
+  if (!ort) return NULL; /* ORT older than 1.17: nothing registered, the function bodies run */
+  g_api = seq_api_table(ort);
   if (!onnxopt_cpu_ok()) return NULL; /* this CPU lacks an instruction the kernels use: same fallback */
   OrtCustomOpDomain *domain;
   CHECK(API(CreateCustomOpDomain)("onnxopt", &domain));

@@ -142,6 +142,15 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
     return out
 
 
+def set_library_sha256(model: onnx.ModelProto, sha256: str) -> None:
+    """Record the linked library's hash (it is linked after the model is built: the sequences come from the model)."""
+    for p in model.metadata_props:
+        if p.key == META_SHA256:
+            p.value = sha256
+            return
+    model.metadata_props.add(key=META_SHA256, value=sha256)
+
+
 def id_of(node: onnx.NodeProto) -> tuple:
     """Nodes are identified by their outputs (unique in a valid graph)."""
     return tuple(node.output)

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxopt
 from onnxopt.codegen.microkernel.registry import select
 from onnxopt.codegen.target import parse_target
+from onnxopt.emit.sequence import expand_sequences
 from onnxopt.fusion.compute import ComputeRule
 from onnxopt.fusion.layout import (assign_blocked_layouts, block_nodes, blocked_inputs, blocked_outputs,
                                    from_blocked, pack_blocked_weights, to_blocked, unblock_nodes)
@@ -98,7 +99,8 @@ def optimize_blocked(model, tmp_path, name="fused.onnx", **kw):
 
 
 def fused_nodes(model):
-    return [nd for nd in model.graph.node if nd.domain == "onnxopt"]
+    """The fused regions' nodes, each on its own (sequence ops, emit/sequence.py, expanded into theirs)."""
+    return [nd for nd in expand_sequences(model).graph.node if nd.domain == "onnxopt"]
 
 
 def function_of(model, op_type):
@@ -258,8 +260,9 @@ def test_blocked_tensor_passes_between_fused_convolutions_without_reorder(tmp_pa
     model = ch.model(["c"])
     res = optimize_blocked(model, tmp_path)
     nodes = fused_nodes(res.model)
-    assert len(nodes) == 3 and len(res.model.graph.node) == 3  # nothing between them
-    producer = {o: nd for nd in res.model.graph.node for o in nd.output}
+    graph = expand_sequences(res.model).graph
+    assert len(nodes) == 3 and len(graph.node) == 3  # nothing between them
+    producer = {o: nd for nd in graph.node for o in nd.output}
     assert producer["a"].domain == "onnxopt" and producer["b"].domain == "onnxopt"
     assert producer[producer["c"].input[0]].output[0] == "b"
     # The layout is in each op's signature and in its fallback: a and b end with the reorder to blocked.
@@ -270,8 +273,7 @@ def test_blocked_tensor_passes_between_fused_convolutions_without_reorder(tmp_pa
     assert len({nd.op_type for nd in nodes}) == 3
     check_answers(res, model, ch.feeds)
     # The blocked tensor itself: through the library it is [N, C/L, H, W, L] with zero padding.
-    m = onnx.ModelProto()
-    m.CopyFrom(res.model)
+    m = expand_sequences(res.model)  # b is inside a sequence there
     m.graph.output.append(vi("b", F32, None))
     m.graph.output[-1].type.tensor_type.shape.SetInParent()
     so = ort.SessionOptions()
@@ -297,7 +299,7 @@ def test_residual_blocks_and_depthwise_reader(tmp_path):
     ch.conv(g, "dw", 48, group=48, act="Relu")
     model = ch.model(["dw"])
     res = optimize_blocked(model, tmp_path)
-    assert len(res.model.graph.node) == len(fused_nodes(res.model)) == 7
+    assert len(expand_sequences(res.model).graph.node) == len(fused_nodes(res.model)) == 7
     check_answers(res, model, ch.feeds)
 
 

@@ -1,0 +1,344 @@
+/* ---- Sequences: consecutive fused ops run in one parallel section. ----
+ *
+ * Inserted into ort_glue.c after the other executors by library.py. With onnxruntime's spinning off (the setting
+ * the benchmarks use, and the one a shared server wants), every parallel loop a kernel opens wakes a sleeping pool
+ * thread, about 20 us on this machine, while the calling thread works alone. A model of ours opens 25 to 114 loops
+ * per inference. A sequence op (emit/sequence.py) stands for a run of our ops with no onnxruntime op between them:
+ * it opens one loop, whose first thread in (the driver) runs the ops' ordinary compute functions in order while the
+ * others (helpers) stay inside it, take the tasks of each parallel loop the ops open, and wait between loops by
+ * spinning, for a few microseconds at a time, the way an OpenMP barrier does.
+ *
+ * The ops' code is unchanged: it calls the OrtApi through g_api, and g_api is our copy of onnxruntime's table in
+ * which the context and tensor functions first check for the sequence's stand-ins (seq_api_table):
+ *   - the context is the run's `vctx` member: GetInput and GetOutput map the op's positions to the sequence's own
+ *     inputs and outputs, or to tensors that never leave the sequence, kept in buffers of the sequence's arena;
+ *   - such a tensor is a seq_value, which also serves as its own TensorTypeAndShapeInfo;
+ *   - ParallelFor publishes the loop to the helpers and takes part in it (seq_parallel_for).
+ * Anything else is onnxruntime's, and goes to onnxruntime's functions.
+ *
+ * Deadlock freedom does not depend on how many threads onnxruntime lends: the driver takes tasks of its own loops
+ * and waits only for tasks a running thread has claimed; a helper that arrives late (or never) is not waited for. */
+
+/* A tensor that lives only inside the sequence; also its own shape info. */
+typedef struct {
+  void *data;
+  size_t rank;
+  int64_t dims[MAX_RANK];
+} seq_value;
+
+/* One parallel loop of an op in the sequence. Never reused within a run: a helper still holding a finished loop can
+   only draw indices past its end from it. */
+typedef struct {
+  void (*fn)(void *, size_t);
+  void *usr;
+  size_t total;
+  atomic_size_t next;
+  atomic_size_t done;
+  char pad[24];
+} seq_job;
+
+/* What a run needs besides its stack: the buffers, the stand-in values and the loops. Kept between runs (one per
+   sequence op, in onnxopt_seq_arenas) so a warm run allocates nothing; a run that finds it taken by a concurrent run
+   of the same op makes its own. */
+typedef struct {
+  int n_buffers, n_slots, job_cap;
+  size_t *cap;
+  void **buf;
+  seq_value *vals;
+  void **slot_val; /* the OrtValue (onnxruntime's or a seq_value) each slot holds in this run */
+  seq_job *jobs;
+} seq_arena;
+
+struct seq_run {
+  int vctx; /* its address is the context the steps are given */
+  OrtKernelContext *ctx;
+  const onnxopt_seq_desc *d;
+  const onnxopt_seq_step *step; /* the one running */
+  seq_arena *a;
+  int n_jobs;
+  int serial; /* ONNXOPT_SEQUENCE_SECTION=0: each loop goes to onnxruntime's pool (for A/B timings) */
+  _Atomic(seq_job *) cur;
+  atomic_int entered, end;
+  OrtStatus *status;
+};
+
+int sched_yield(void); /* <sched.h> hides it under -std=c11 */
+
+static void seq_pause(unsigned *spins) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+  /* A driver in a long single-threaded stretch (a kernel too small to split): let an oversubscribed machine run
+     something else now and then instead of burning the helper's whole time slice. */
+  if (++*spins >= (1u << 14)) {
+    *spins = 0;
+    sched_yield();
+  }
+}
+
+static size_t seq_elem_bytes(int onnx_type) {
+  switch (onnx_type) {
+    case 2: case 3: case 9: return 1;   /* uint8, int8, bool */
+    case 4: case 5: case 10: case 16: return 2; /* uint16, int16, float16, bfloat16 */
+    case 7: case 11: case 13: return 8; /* int64, double, uint64 */
+    default: return 4;                  /* float, int32, uint32 */
+  }
+}
+
+static void seq_arena_free(seq_arena *a) {
+  if (!a) return;
+  for (int b = 0; b < a->n_buffers; b++) free(a->buf[b]);
+  free(a);
+}
+
+static seq_arena *seq_arena_new(const onnxopt_seq_desc *d) {
+  int job_cap = 4 * d->n_steps + 16; /* a step opens one to three loops; past the cap a loop runs on the driver */
+  size_t bytes = sizeof(seq_arena) + (size_t)d->n_buffers * (sizeof(size_t) + sizeof(void *)) +
+                 (size_t)d->n_slots * (sizeof(seq_value) + sizeof(void *)) + 64 + (size_t)job_cap * sizeof(seq_job);
+  char *p = (char *)calloc(1, bytes);
+  if (!p) return NULL;
+  seq_arena *a = (seq_arena *)p;
+  p += sizeof(seq_arena);
+  a->n_buffers = d->n_buffers;
+  a->n_slots = d->n_slots;
+  a->job_cap = job_cap;
+  a->cap = (size_t *)p;
+  p += (size_t)d->n_buffers * sizeof(size_t);
+  a->buf = (void **)p;
+  p += (size_t)d->n_buffers * sizeof(void *);
+  a->vals = (seq_value *)p;
+  p += (size_t)d->n_slots * sizeof(seq_value);
+  a->slot_val = (void **)p;
+  p += (size_t)d->n_slots * sizeof(void *);
+  a->jobs = (seq_job *)(((uintptr_t)p + 63) & ~(uintptr_t)63); /* a loop's counters on their own cache line */
+  return a;
+}
+
+/* dlclose: the arenas go with the library. */
+__attribute__((destructor)) static void seq_free_arenas(void) {
+  for (int i = 0; i < onnxopt_n_seqs; i++) {
+    seq_arena_free((seq_arena *)onnxopt_seq_arenas[i]);
+    onnxopt_seq_arenas[i] = NULL;
+  }
+}
+
+/* ---- The section ---- */
+
+static void seq_work(seq_job *j) {
+  for (;;) {
+    size_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+    if (i >= j->total) return;
+    j->fn(j->usr, i);
+    atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+  }
+}
+
+static void seq_help(seq_run *r) {
+  seq_job *last = NULL;
+  unsigned spins = 0;
+  for (;;) {
+    seq_job *j = atomic_load_explicit(&r->cur, memory_order_acquire);
+    if (j && j != last) {
+      seq_work(j);
+      last = j;
+      spins = 0;
+      continue;
+    }
+    if (atomic_load_explicit(&r->end, memory_order_acquire)) return;
+    seq_pause(&spins);
+  }
+}
+
+/* A step's ParallelFor. */
+static OrtStatus *seq_parallel_for(seq_run *r, void (*fn)(void *, size_t), size_t total, void *usr) {
+  if (r->serial) return ((KernelContext_ParallelFor_t)g_ort[API_KernelContext_ParallelFor])(r->ctx, fn, total, 0, usr);
+  if (total == 0) return NULL;
+  if (total == 1 || r->n_jobs >= r->a->job_cap) {
+    for (size_t i = 0; i < total; i++) fn(usr, i);
+    return NULL;
+  }
+  seq_job *j = &r->a->jobs[r->n_jobs++];
+  j->fn = fn;
+  j->usr = usr;
+  j->total = total;
+  atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+  atomic_store_explicit(&j->done, 0, memory_order_relaxed);
+  atomic_store_explicit(&r->cur, j, memory_order_release);
+  seq_work(j);
+  unsigned spins = 0;
+  while (atomic_load_explicit(&j->done, memory_order_acquire) < total) seq_pause(&spins);
+  return NULL;
+}
+
+static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx);
+
+/* CT_INLINE_FLOPS inside a section: splitting a kernel costs a few atomic operations there, not a wake-up, so only
+   tiny kernels stay on the driver. On NASNet-A's compute-blocked plan (time per inference, one interleaved timing)
+   the library's 1 MFLOP gave 6.90 ms, 256 KFLOP 6.73, 64 KFLOP 6.68 and 0 6.69. */
+#define SEQ_INLINE_FLOPS 65536.0
+
+static double seq_inline_flops(void) { return tl_seq && !tl_seq->serial ? SEQ_INLINE_FLOPS : onnxopt_inline_flops; }
+
+static void seq_drive(seq_run *r) {
+  seq_run *outer = tl_seq;
+  tl_seq = r;
+  for (int s = 0; s < r->d->n_steps && !r->status; s++) {
+    r->step = &r->d->steps[s];
+    r->status = op_compute((void *)r->step->op, (OrtKernelContext *)&r->vctx);
+  }
+  tl_seq = outer;
+}
+
+static void seq_section(void *usr, size_t index) {
+  (void)index;
+  seq_run *r = (seq_run *)usr;
+  if (atomic_fetch_add_explicit(&r->entered, 1, memory_order_acq_rel) == 0) {
+    seq_drive(r);
+    atomic_store_explicit(&r->end, 1, memory_order_release);
+  } else {
+    seq_help(r);
+  }
+}
+
+/* Loop indices the section asks for: more than any pool has threads; the ones past the threads return at once. */
+#define SEQ_SECTION_SPAN 64
+
+static OrtStatus *seq_compute(const onnxopt_seq_desc *d, OrtKernelContext *ctx) {
+  seq_arena *a = (seq_arena *)__atomic_exchange_n(&onnxopt_seq_arenas[d->arena], NULL, __ATOMIC_ACQ_REL);
+  if (!a) a = seq_arena_new(d);
+  if (!a) return fail(ORT_FAIL, "onnxopt: out of memory starting a sequence of kernels");
+  seq_run r;
+  memset(&r, 0, sizeof(r));
+  r.ctx = ctx;
+  r.d = d;
+  r.a = a;
+  const char *env = getenv("ONNXOPT_SEQUENCE_SECTION");
+  r.serial = env && env[0] == '0';
+  memset(a->slot_val, 0, (size_t)d->n_slots * sizeof(void *));
+  atomic_init(&r.cur, NULL);
+  atomic_init(&r.entered, 0);
+  atomic_init(&r.end, 0);
+  OrtStatus *st = NULL;
+  if (r.serial)
+    seq_drive(&r);
+  else
+    st = ((KernelContext_ParallelFor_t)g_ort[API_KernelContext_ParallelFor])(ctx, seq_section, SEQ_SECTION_SPAN, 0,
+                                                                             &r);
+  if (!st) st = r.status;
+  seq_arena *old = (seq_arena *)__atomic_exchange_n(&onnxopt_seq_arenas[d->arena], a, __ATOMIC_ACQ_REL);
+  seq_arena_free(old); /* a concurrent run's, put back first */
+  return st;
+}
+
+/* ---- The OrtApi as the steps see it ---- */
+
+static int seq_is_ctx(const void *ctx) { return tl_seq && ctx == (const void *)&tl_seq->vctx; }
+
+static int seq_is_value(const void *v) {
+  if (!tl_seq) return 0;
+  const seq_value *vals = tl_seq->a->vals;
+  return (const char *)v >= (const char *)vals && (const char *)v < (const char *)(vals + tl_seq->d->n_slots);
+}
+
+static OrtStatus *seq_GetInput(const OrtKernelContext *ctx, size_t index, const OrtValue **out) {
+  if (!seq_is_ctx(ctx)) return ((KernelContext_GetInput_t)g_ort[API_KernelContext_GetInput])(ctx, index, out);
+  seq_run *r = tl_seq;
+  if (index >= (size_t)r->step->n_in) return fail(ORT_INVALID_ARGUMENT, "onnxopt: sequence step input out of range");
+  int src = r->step->in[index];
+  if (src >= 0) return ((KernelContext_GetInput_t)g_ort[API_KernelContext_GetInput])(r->ctx, (size_t)src, out);
+  *out = r->a->slot_val[-1 - src];
+  if (!*out) return fail(ORT_RUNTIME_EXCEPTION, "onnxopt: a sequence step read a tensor no earlier step wrote");
+  return NULL;
+}
+
+static OrtStatus *seq_GetOutput(OrtKernelContext *ctx, size_t index, const int64_t *dims, size_t ndims,
+                                OrtValue **out) {
+  if (!seq_is_ctx(ctx))
+    return ((KernelContext_GetOutput_t)g_ort[API_KernelContext_GetOutput])(ctx, index, dims, ndims, out);
+  seq_run *r = tl_seq;
+  const onnxopt_seq_desc *d = r->d;
+  if (index >= (size_t)r->step->n_out) return fail(ORT_INVALID_ARGUMENT, "onnxopt: sequence step output out of range");
+  int slot = r->step->out[index];
+  seq_arena *a = r->a;
+  if (d->slot_output[slot] >= 0) {
+    CHECK(((KernelContext_GetOutput_t)g_ort[API_KernelContext_GetOutput])(r->ctx, (size_t)d->slot_output[slot], dims,
+                                                                          ndims, out));
+    a->slot_val[slot] = *out;
+    return NULL;
+  }
+  if (ndims > MAX_RANK) return fail(ORT_INVALID_ARGUMENT, "onnxopt: tensor rank above 12");
+  size_t bytes = seq_elem_bytes(r->step->op->out_types[index]);
+  for (size_t k = 0; k < ndims; k++) bytes *= (size_t)(dims[k] > 0 ? dims[k] : 0);
+  bytes = (bytes + 63) / 64 * 64;
+  int b = d->slot_buffer[slot];
+  if (a->cap[b] < bytes || !a->buf[b]) { /* the first run, or larger inputs than the last */
+    free(a->buf[b]);
+    a->buf[b] = aligned_alloc(64, bytes ? bytes : 64);
+    a->cap[b] = a->buf[b] ? bytes : 0;
+    if (!a->buf[b]) return fail(ORT_FAIL, "onnxopt: out of memory for a tensor inside a sequence of kernels");
+  }
+  seq_value *v = &a->vals[slot];
+  v->data = a->buf[b];
+  v->rank = ndims;
+  memcpy(v->dims, dims, ndims * sizeof(int64_t));
+  a->slot_val[slot] = v;
+  *out = v;
+  return NULL;
+}
+
+static OrtStatus *seq_GetTensorMutableData(OrtValue *value, void **out) {
+  if (!seq_is_value(value)) return ((GetTensorMutableData_t)g_ort[API_GetTensorMutableData])(value, out);
+  *out = ((seq_value *)value)->data;
+  return NULL;
+}
+
+static OrtStatus *seq_GetTensorTypeAndShape(const OrtValue *value, OrtTensorTypeAndShapeInfo **out) {
+  if (!seq_is_value(value)) return ((GetTensorTypeAndShape_t)g_ort[API_GetTensorTypeAndShape])(value, out);
+  *out = (OrtTensorTypeAndShapeInfo *)value;
+  return NULL;
+}
+
+static OrtStatus *seq_GetDimensionsCount(const OrtTensorTypeAndShapeInfo *info, size_t *out) {
+  if (!seq_is_value(info)) return ((GetDimensionsCount_t)g_ort[API_GetDimensionsCount])(info, out);
+  *out = ((const seq_value *)info)->rank;
+  return NULL;
+}
+
+static OrtStatus *seq_GetDimensions(const OrtTensorTypeAndShapeInfo *info, int64_t *dims, size_t n) {
+  if (!seq_is_value(info)) return ((GetDimensions_t)g_ort[API_GetDimensions])(info, dims, n);
+  const seq_value *v = (const seq_value *)info;
+  memcpy(dims, v->dims, (n < v->rank ? n : v->rank) * sizeof(int64_t));
+  return NULL;
+}
+
+static void seq_ReleaseTensorTypeAndShapeInfo(OrtTensorTypeAndShapeInfo *info) {
+  if (!seq_is_value(info)) ((ReleaseTensorTypeAndShapeInfo_t)g_ort[API_ReleaseTensorTypeAndShapeInfo])(info);
+}
+
+static OrtStatus *seq_ParallelFor(const OrtKernelContext *ctx, void (*fn)(void *, size_t), size_t total,
+                                  size_t num_batch, void *usr) {
+  if (!seq_is_ctx(ctx))
+    return ((KernelContext_ParallelFor_t)g_ort[API_KernelContext_ParallelFor])(ctx, fn, total, num_batch, usr);
+  return seq_parallel_for(tl_seq, fn, total, usr);
+}
+
+/* g_api for the steps: onnxruntime's table up to the last entry we use, with the context and tensor entries ours. */
+static OrtApiTable seq_api_table(OrtApiTable ort) {
+  static void *table[API_KernelContext_ParallelFor + 1];
+  if (!g_ort) {
+    memcpy(table, ort, sizeof(table));
+    memcpy(g_ort_copy, ort, sizeof(g_ort_copy));
+    table[API_KernelContext_GetInput] = (void *)seq_GetInput;
+    table[API_KernelContext_GetOutput] = (void *)seq_GetOutput;
+    table[API_GetTensorMutableData] = (void *)seq_GetTensorMutableData;
+    table[API_GetTensorTypeAndShape] = (void *)seq_GetTensorTypeAndShape;
+    table[API_GetDimensionsCount] = (void *)seq_GetDimensionsCount;
+    table[API_GetDimensions] = (void *)seq_GetDimensions;
+    table[API_ReleaseTensorTypeAndShapeInfo] = (void *)seq_ReleaseTensorTypeAndShapeInfo;
+    table[API_KernelContext_ParallelFor] = (void *)seq_ParallelFor;
+    g_ort = (OrtApiTable)g_ort_copy;
+  }
+  return (OrtApiTable)table;
+}
