@@ -369,6 +369,7 @@ class _Optimizer:
         self.cannot_run = missing_cpu_flags(opts.target.required_cpu_flags)
         self.costs = None  # the CostCache, opened on first use (_cost_cache)
         self.inline_flops = INLINE_FLOPS  # the emitted library's CT_INLINE_FLOPS (_inline_choice)
+        self.sequence_libraries: dict[tuple, str] = {}  # (library, sequence op types) -> linked path (_plan_session)
         self.tile_info: dict[int, dict] = {}  # id(region) -> its tile and tile search, for the report
         self.prebuilt: dict[str, tuple] = {}  # op type -> (object, desc) compiled by the tile search
         self.pair_predictions: dict[tuple, dict] = {}  # AFUSION pair -> the search's roofline prediction
@@ -1318,8 +1319,7 @@ class _Optimizer:
         session_lib: dict[int, str] = {}  # a plan's library other than candidates.so (_inline_choice), by id
 
         def session(regions):
-            m = build_fused_model(self.emit_base, regions, None, None, {}, [])
-            return make_session(m, self.opts.threads, library=session_lib.get(id(regions), lib))
+            return self._plan_session(regions, session_lib.get(id(regions), lib), built)
 
         def compare(a, b, min_time=0.4, max_blocks=30):
             ta, tb = time_interleaved([a, b], feeds, min_time=min_time, max_blocks=max_blocks, min_blocks=6)
@@ -1444,6 +1444,27 @@ class _Optimizer:
         self.report["whole_model"] = decisions
         return current
 
+    def _plan_session(self, regions: list[Region], library: str, built):
+        """A session of the model with these regions fused, on `library` (candidates.so, or its wide-inline twin),
+        run the way it would be emitted: with its sequence ops (emit/sequence.py), on a library linked with them.
+        Plans are timed with their sequences because the sections change which plan is faster (NASNet-A's
+        compute-blocked plan ran 1.21x faster in sequences, MobileNetV2's 1.08x). A library is linked once per set
+        of sequences (about a second on NASNet-A)."""
+        m = build_fused_model(self.emit_base, regions, None, None, {}, [])
+        if self.opts.sequences:
+            m, seqs = make_sequences(m, {op: b[1] for op, b in built.items()}, DOMAIN)
+            if seqs:
+                key = (library, tuple(sorted(q.op_type for q in seqs)))
+                if key not in self.sequence_libraries:  # the plan's kernels only: a quicker link
+                    path = os.path.join(self.tmpdir, f"sequences{len(self.sequence_libraries)}.so")
+                    wide = os.path.basename(library) == "candidates-inline.so"
+                    used = [built[op] for op in dict.fromkeys(r.op_type for r in regions) if op in built]
+                    link_library([b[1] for b in used] + seqs, [b[0] for b in used], self.opts.target, path,
+                                 inline_flops=INLINE_FLOPS_WIDE if wide else INLINE_FLOPS)
+                    self.sequence_libraries[key] = path
+                library = self.sequence_libraries[key]
+        return make_session(m, self.opts.threads, library=library)
+
     def _inline_choice(self, regions: list[Region], lib: str, built, compare) -> tuple[dict, tuple | None]:
         """Which compute kernels run on the calling thread (CT_INLINE_FLOPS, codegen/glue/compute_exec.c): the plan
         is timed head to head with a library whose kernels below INLINE_FLOPS_WIDE run there, and that library is
@@ -1466,12 +1487,11 @@ class _Optimizer:
         if not os.path.exists(wide):  # every plan's kernels, linked once for all the plans that try it
             link_library([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, wide,
                          inline_flops=INLINE_FLOPS_WIDE)
-        m = build_fused_model(self.emit_base, regions, None, None, {}, [])
         # Both sessions new: the plan's own session has run the earlier timings, and one session of a model can run
         # a few percent faster than another (Inception-v3's wide library once measured 1.10x against the old session
         # and 1.00x against a new one).
-        s_plan = make_session(m, self.opts.threads, library=lib)
-        s_wide = make_session(m, self.opts.threads, library=wide)
+        s_plan = self._plan_session(regions, lib, built)
+        s_wide = self._plan_session(regions, wide, built)
         t_plan, t_wide = compare(s_plan, s_wide, min_time=1.0, max_blocks=200)
         entry["gain"] = t_plan / t_wide
         if entry["gain"] < INLINE_MARGIN:

@@ -354,7 +354,8 @@ def link_library(kernels: list, objects: list, target: Target, output: str,
                 f.write(data)
             objs.append(p)
         tables_o = os.path.join(tmp, "tables.o")
-        _run([cc, *_CFLAGS, "-c", src, "-o", tables_o])
+        # Tables only (data and a CPU check): -O0 compiles them in a third of the time and changes nothing at run time.
+        _run([cc, *_CFLAGS, "-O0", "-c", src, "-o", tables_o])
         so = os.path.join(tmp, "lib.so")
         _run([cc, "-shared", "-Wl,-Bsymbolic", "-Wl,-z,noexecstack", "-o", so, runtime_object(cc, tmp), tables_o,
               *objs, "-lm"])
