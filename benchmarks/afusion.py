@@ -25,6 +25,7 @@ import onnx
 
 import onnxopt
 from onnxopt.annotate.graph import annotate
+from onnxopt.emit.sequence import expand_sequences
 from onnxopt.models import random_inputs
 from onnxopt.models.conv_shapes import OPTIFX_SUBGRAPHS, optifx_model
 from onnxopt.timing import make_session, time_interleaved
@@ -37,7 +38,7 @@ def _build(src: str, out: str, plan: str, band_rows: str | None):
         res = onnxopt.optimize(src, out, measure=False, plan=plan)
     finally:
         os.environ.pop("ONNXOPT_AFUSION_BAND_ROWS", None)
-    fused = any(n.op_type.startswith("afusion_") for n in res.model.graph.node)
+    fused = any(n.op_type.startswith("afusion_") for n in expand_sequences(res.model).graph.node)
     return res, fused
 
 
@@ -75,7 +76,8 @@ def main(argv=None) -> int:
                 labels.append(f"afusion rows={rows}")
             if a.search:
                 res = onnxopt.optimize(src, os.path.join(d, "search.onnx"), threads=a.threads, cost_cache=False)
-                kinds = sorted({n.op_type.split("_")[0] for n in res.model.graph.node if n.domain == "onnxopt"})
+                kinds = sorted({n.op_type.split("_")[0] for n in expand_sequences(res.model).graph.node
+                                if n.domain == "onnxopt"})
                 chosen = len(res.report.get("afusion", {}).get("pairs", []))
                 plan = (res.report.get("whole_model") or {}).get("plan") if kinds else "nothing"
                 sessions.append(make_session(res.output, a.threads, res.library if kinds else None))

@@ -30,6 +30,7 @@ import onnx
 
 import onnxopt
 from onnxopt.models import build_model, random_inputs
+from onnxopt.emit.sequence import expand_sequences
 from onnxopt.timing import make_session, time_interleaved
 
 NETWORKS = [
@@ -47,7 +48,7 @@ def _optimize(src: str, out: str, threads: int, **kw):
     t = time.perf_counter()
     res = onnxopt.optimize(src, out, threads=threads, cost_cache=False, **kw)
     wall = time.perf_counter() - t
-    groups = sum(1 for n in res.model.graph.node if n.op_type.startswith("afusion_"))
+    groups = sum(1 for n in expand_sequences(res.model).graph.node if n.op_type.startswith("afusion_"))
     return res, wall, groups
 
 
@@ -58,7 +59,8 @@ def _written(path: str):
     with open(path + ".report.json") as f:
         report = json.load(f)
     lib = path + ".so" if os.path.exists(path + ".so") else None
-    groups = sum(1 for n in onnx.load(path, load_external_data=False).graph.node if n.op_type.startswith("afusion_"))
+    groups = sum(1 for n in expand_sequences(onnx.load(path, load_external_data=False)).graph.node
+                 if n.op_type.startswith("afusion_"))
     return SimpleNamespace(report=report, library=lib), report["timings"]["total_s"], groups, path
 
 

@@ -34,7 +34,7 @@ from onnxopt.emit.model import DOMAIN, build_fused_model, set_library_sha256
 from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
 from onnxopt.fusion import blocked_passthrough
-from onnxopt.fusion.blocked_copy import fuse_copies
+from onnxopt.fusion.blocked_copy import fuse_copies, plain_concats
 from onnxopt.fusion.afusion.plan import afusion_pairs, apply_pairs, greedy_pairs
 from onnxopt.fusion.compute import ComputeRule, apply_tile, conv_macs_per_output
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
@@ -622,6 +622,12 @@ class _Optimizer:
             plan += fuse_copies(relayouts, rule.index, ew.shape_of, mk.lanes)
         if "pool" not in self.opts.skip_fusion:  # pools left out of the chains read and write NCHW
             plan += PoolRule(work).find_regions(claimed, [])
+        if "copy" not in self.opts.skip_fusion and self.opts.sequences:
+            # Concats left out of the chains (NCHW) as our copy kernel: no faster than onnxruntime's, but one of
+            # onnxruntime's between two of our kernels would end a sequence (fusion/blocked_copy.py).
+            concats = plain_concats(rule.index, ew.shape_of, ew.dtype_of, claimed)
+            claimed.update(rule.index.producer[r.outputs[0]] for r in concats)
+            plan += concats
         if "elementwise" not in self.opts.skip_fusion:
             plan += ElementwiseRule(work).find_regions([], exclude=claimed)
         return plan
@@ -1252,7 +1258,10 @@ class _Optimizer:
                     # A region of a blocked chain is judged with its chain in the whole-model timing; its own time
                     # is for the report (and AFUSION's measured savings): a shorter timing does. A copy kernel has
                     # its passthrough nodes to fall back on (fusion/blocked_copy.py), so it is judged alone.
-                    chained = (blocked_inputs(r) or blocked_outputs(r)) and r.copy is None
+                    # A copy is hardly faster than onnxruntime's Concat, but with sequences it keeps its neighbours
+                    # in one: only the whole model shows that.
+                    chained = ((blocked_inputs(r) or blocked_outputs(r)) and r.copy is None) or \
+                        (r.copy is not None and self.opts.sequences)
                     quick = dict(min_time=0.03, max_blocks=6, min_blocks=3) if chained \
                         else dict(min_time=0.1, max_blocks=15)
                     # Judged alone with large weights in a model whose weights do not fit in the caches: timed with

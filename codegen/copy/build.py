@@ -1,4 +1,4 @@
-"""One blocked copy region (fusion/blocked_copy.py) -> the glue's description; no object code."""
+"""One copy region (fusion/blocked_copy.py) -> the glue's description; no object code."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from .desc import CopyKernelDesc
 def build_copy(region: Region, target: Target) -> tuple[tuple, CopyKernelDesc, str]:
     """Returns (no objects, glue description, no IR), the shape build_many expects."""
     c = region.copy
-    if c.lanes != target.float32_lanes:
+    if c.lanes and c.lanes != target.float32_lanes:
         raise ValueError(f"a blocked copy of {c.lanes} lanes for a target of {target.float32_lanes}")
     desc = CopyKernelDesc(op_type=region.op_type, in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
-                          out_types=[ONNX_ENUM["float32"]], lanes=c.lanes, factors=list(c.factors))
+                          out_types=[ONNX_ENUM["float32"]], lanes=c.lanes, factors=list(c.factors), axis=c.axis)
     return (), desc, ""

@@ -13,8 +13,9 @@ class CopyKernelDesc:
     op_type: str
     in_types: list[int]
     out_types: list[int]
-    lanes: int
+    lanes: int  # 0: a plain Concat along `axis`
     factors: list[tuple[int, int]]  # per input: (rows, columns) each input pixel is repeated
+    axis: int = 1
 
 
 def copy_source(i: int, k: CopyKernelDesc) -> str:
@@ -28,4 +29,4 @@ def copy_source(i: int, k: CopyKernelDesc) -> str:
     return (f"static const int y{i}_in_types[] = {{{ins}}};\n"
             f"static const int y{i}_out_types[] = {{{outs}}};\n"
             f'static const onnxopt_copy_desc y{i}_desc = {{{{"{k.op_type}", KIND_COPY, {len(k.in_types)}, '
-            f"{len(k.out_types)}, y{i}_in_types, y{i}_out_types}}, {k.lanes}, {{{fh}}}, {{{fw}}}}};\n")
+            f"{len(k.out_types)}, y{i}_in_types, y{i}_out_types}}, {k.lanes}, {{{fh}}}, {{{fw}}}, {k.axis}}};\n")

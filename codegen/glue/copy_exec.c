@@ -1,4 +1,5 @@
-/* ---- Copies of blocked tensors: Concat along the channel blocks, each input optionally repeated (nearest). ----
+/* ---- Copies of blocked tensors: Concat along the channel blocks, each input optionally repeated (nearest); and
+ * plain Concats (lanes 0) of float tensors along any axis. ----
  *
  * Inserted into ort_glue.c by library.py (after the pools). Inputs k are [N, CB_k, H / fh_k, W / fw_k, L]; the
  * output is [N, sum CB_k, H, W, L]. An output row (n, block, oh) is input k's row oh / fh_k with every pixel (one
@@ -74,6 +75,64 @@ static void cp_run_span(void *usr, size_t task) {
   }
 }
 
+/* The split into tasks and the run, once the job's sizes are set. */
+static OrtStatus *cp_run(cp_job *j, OrtKernelContext *ctx) {
+  j->rows = j->N * j->CB * j->H;
+  if (j->rows == 0 || j->W == 0) return NULL;
+  int64_t total = j->rows * j->W * j->L;
+  j->tasks = total / CP_TASK_MIN_FLOATS;
+  if (j->tasks > CP_TARGET_TASKS) j->tasks = CP_TARGET_TASKS;
+  if (j->tasks > j->rows) j->tasks = j->rows;
+  if (j->tasks < 1) j->tasks = 1;
+  int repeats = 0;
+  for (int k = 0; k < j->n_in; k++) repeats |= j->d->fh[k] != 1 || j->d->fw[k] != 1;
+  void (*run)(void *, size_t) = repeats ? cp_run_task : cp_run_span;
+  if (total < CP_INLINE_FLOATS || j->tasks == 1) {
+    j->tasks = 1;
+    run(j, 0);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, run, (size_t)j->tasks, 0, j);
+}
+
+/* A plain Concat along d->axis: the blocked copy without repeats, with N the product of the dims before the axis,
+   a "block" one index along it, and a "row" (W, with H = L = 1) everything after it. */
+static OrtStatus *cp_plain(const onnxopt_copy_desc *d, OrtKernelContext *ctx, cp_job *j) {
+  int64_t od[MAX_RANK];
+  size_t orank = 0;
+  for (int k = 0; k < j->n_in; k++) {
+    const OrtValue *v;
+    int64_t dims[MAX_RANK];
+    size_t rank;
+    CHECK(ct_dims(ctx, (size_t)k, &v, dims, &rank));
+    if ((size_t)d->axis >= rank) return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Concat's input has no such axis");
+    if (k == 0) {
+      orank = rank;
+      memcpy(od, dims, rank * sizeof(int64_t));
+      od[d->axis] = 0;
+    } else {
+      int same = rank == orank;
+      for (size_t a = 0; same && a < rank; a++) same = (int)a == d->axis || dims[a] == od[a];
+      if (!same) return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Concat's inputs differ off the axis");
+    }
+    j->cb[k] = dims[d->axis];
+    j->first[k] = od[d->axis];
+    od[d->axis] += dims[d->axis];
+    CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&j->in[k]));
+  }
+  j->N = 1;
+  j->W = 1;
+  for (int a = 0; a < d->axis; a++) j->N *= od[a];
+  for (size_t a = (size_t)d->axis + 1; a < orank; a++) j->W *= od[a];
+  j->CB = od[d->axis];
+  j->H = 1;
+  j->L = 1;
+  OrtValue *ov;
+  CHECK(API(KernelContext_GetOutput)(ctx, 0, od, orank, &ov));
+  CHECK(API(GetTensorMutableData)(ov, (void **)&j->out));
+  return cp_run(j, ctx);
+}
+
 static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) {
   cp_job j;
   memset(&j, 0, sizeof(j));
@@ -81,6 +140,7 @@ static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) 
   j.n_in = d->sig.n_in;
   j.L = d->lanes;
   if (j.n_in < 1 || j.n_in > CP_MAX_IN) return fail(ORT_INVALID_ARGUMENT, "onnxopt: a copy op has 1 to 16 inputs");
+  if (d->lanes == 0) return cp_plain(d, ctx, &j);
   for (int k = 0; k < j.n_in; k++) {
     const OrtValue *v;
     int64_t dims[MAX_RANK];
@@ -105,20 +165,5 @@ static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) 
   OrtValue *ov;
   CHECK(API(KernelContext_GetOutput)(ctx, 0, od, 5, &ov));
   CHECK(API(GetTensorMutableData)(ov, (void **)&j.out));
-  j.rows = j.N * j.CB * j.H;
-  if (j.rows == 0 || j.W == 0) return NULL;
-  int64_t total = j.rows * j.W * j.L;
-  j.tasks = total / CP_TASK_MIN_FLOATS;
-  if (j.tasks > CP_TARGET_TASKS) j.tasks = CP_TARGET_TASKS;
-  if (j.tasks > j.rows) j.tasks = j.rows;
-  if (j.tasks < 1) j.tasks = 1;
-  int repeats = 0;
-  for (int k = 0; k < j.n_in; k++) repeats |= d->fh[k] != 1 || d->fw[k] != 1;
-  void (*run)(void *, size_t) = repeats ? cp_run_task : cp_run_span;
-  if (total < CP_INLINE_FLOATS || j.tasks == 1) {
-    j.tasks = 1;
-    run(&j, 0);
-    return NULL;
-  }
-  return API(KernelContext_ParallelFor)(ctx, run, (size_t)j.tasks, 0, &j);
+  return cp_run(&j, ctx);
 }

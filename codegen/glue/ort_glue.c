@@ -211,8 +211,9 @@ typedef struct {
 #define CP_MAX_IN 16
 typedef struct {
   onnxopt_sig sig;
-  int lanes;
+  int lanes;                            /* 0: a plain Concat of float tensors along `axis` */
   int64_t fh[CP_MAX_IN], fw[CP_MAX_IN]; /* per input: rows and columns repeated */
+  int axis;
 } onnxopt_copy_desc;
 
 /* A run of ops executed in one parallel section (sequence_exec.c). One step: an op of the library, with where its

@@ -13,6 +13,12 @@ onnxruntime's 0.3 ms on the original graph (its NCHWc Upsample and Concat).
 
 The kernel region replaces the passthrough regions of its nodes, which stay as its fallback: its function body is
 their rewritten nodes, and if the kernel is rejected (not faster than onnxruntime) the plan gets them back.
+
+The same kernel also copies plain Concats (lanes 0: any float32 tensors, along any axis; `plain_concats`). Those
+are as fast as onnxruntime's on their own; they matter because an onnxruntime op between two of our kernels ends a
+sequence (emit/sequence.py), and each sequence opens a parallel section of its own: DenseNet-BC's compute-blocked
+plan had 48 sequences, each ended by the Concat of a dense layer (12 channels, not a whole number of vectors, so the
+tensors are not blocked there).
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ MAX_INPUTS = 16  # CP_MAX_IN in codegen/glue/ort_glue.c
 
 @dataclass
 class CopyParams:
-    lanes: int
+    lanes: int  # of the blocked tensors; 0: a plain Concat along `axis`
     factors: list[tuple[int, int]]  # per op input: rows and columns each pixel is repeated
     body: list = field(default_factory=list)  # the function fallback: the passthrough forms, in graph order
     fallback: list = field(default_factory=list)  # the passthrough regions this kernel replaces
+    axis: int = 1  # a plain Concat's (>= 0)
 
     def key(self) -> list:
-        return [self.lanes, [list(f) for f in self.factors]]
+        return [self.lanes, [list(f) for f in self.factors]] + ([] if self.lanes else [self.axis])
 
 
 def _repeat_factors(r: Region, shape_of) -> tuple[int, int] | None:
@@ -83,3 +90,30 @@ def _region(parts: list[Region], inputs: list[str], factors, out: str, shape_of,
     region.copy = CopyParams(lanes=lanes, factors=[tuple(f) for f in factors],
                              body=[n for p in parts for n in p.relayout], fallback=list(parts))
     return region
+
+
+def plain_concats(index, shape_of, dtype_of, claimed: set[int]) -> list[Region]:
+    """Copy regions (lanes 0) for the float32 Concats no other region holds, whose input shapes are known."""
+    out = []
+    for i, node in enumerate(index.nodes):
+        if i in claimed or node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+            continue
+        if not node.input or len(node.input) > MAX_INPUTS or not all(node.input) or not node.output[0]:
+            continue
+        shapes = [shape_of(x) for x in node.input]
+        y = shape_of(node.output[0])
+        if y is None or any(s is None or len(s) != len(y) for s in shapes):
+            continue
+        if any(dtype_of(x) != "float32" for x in [*node.input, node.output[0]]) or not y:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+        if axis is None or not -len(y) <= axis < len(y):
+            continue
+        axis %= len(y)
+        if any(not all(isinstance(d, int) for d in s) for s in shapes):
+            continue  # symbolic dims: the glue checks sizes at run time, but the region's shape must be known
+        program = EwProgram(inputs=[Value(x, "float32") for x in node.input], consts={}, ops=[], outputs=[])
+        region = Region("Copy", [node], list(node.input), [node.output[0]], program, list(y))
+        region.copy = CopyParams(lanes=0, factors=[(1, 1)] * len(node.input), body=[node], axis=axis)
+        out.append(region)
+    return out

@@ -45,8 +45,10 @@ def from_blocked(a: np.ndarray, channels: int) -> np.ndarray:
 
 # ---- what a region reads and writes blocked ----
 def blocked_inputs(region: Region) -> set[str]:
-    if region.relayout is not None or region.copy is not None:
+    if region.relayout is not None or (region.copy is not None and region.copy.lanes):
         return set(region.inputs)
+    if region.copy is not None:  # a plain Concat (fusion/blocked_copy.py)
+        return set()
     c = region.compute
     if c is not None and c.op == "afusion":  # what its parts read blocked, less the intermediates it keeps inside
         return set().union(*(blocked_inputs(p) for p in c.parts)) - {o for p in c.parts for o in p.outputs}
@@ -65,7 +67,7 @@ def blocked_inputs(region: Region) -> set[str]:
 
 def blocked_outputs(region: Region) -> set[str]:
     if region.copy is not None:
-        return set(region.outputs)
+        return set(region.outputs) if region.copy.lanes else set()
     if region.relayout is not None:
         return set() if region.kind == "relayout-exit" else set(region.outputs)
     c = region.compute
