@@ -1262,7 +1262,9 @@ class _Optimizer:
                     # in one: only the whole model shows that.
                     chained = ((blocked_inputs(r) or blocked_outputs(r)) and r.copy is None) or \
                         (r.copy is not None and self.opts.sequences)
-                    quick = dict(min_time=0.03, max_blocks=6, min_blocks=3) if chained \
+                    # Blocks of 4 ms, not 10: a chain's kernel is timed three blocks a side, and NASNet-A's 200
+                    # checks took 14 s with 10 ms blocks.
+                    quick = dict(min_time=0.012, max_blocks=6, min_blocks=3, block_s=0.004) if chained \
                         else dict(min_time=0.1, max_blocks=15)
                     # Judged alone with large weights in a model whose weights do not fit in the caches: timed with
                     # them out of the caches, as in the model (ResNet-50's classifier, 8 MB: ours measured faster

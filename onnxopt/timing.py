@@ -35,9 +35,10 @@ def make_session(model, threads: int | None = None, library: str | None = None, 
 
 
 def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None = None, max_blocks: int = 40,
-                     min_blocks: int = 5, flush_bytes: int = 0) -> list[dict]:
+                     min_blocks: int = 5, flush_bytes: int = 0, block_s: float = 0.01) -> list[dict]:
     """Per session: median, p10, p90 and mean seconds per run, from interleaved blocks. `feeds`: one dict for
-    all sessions, or a list with one per session (a kernel that takes its inputs in another layout).
+    all sessions, or a list with one per session (a kernel that takes its inputs in another layout). A block is
+    `block` runs, else as many as take about `block_s` seconds.
 
     `flush_bytes` > 0 times single runs, each right after writing one float in every 64-byte line of a buffer that
     large: the run starts with its weights out of the caches, and the caches full of dirty lines, as one layer of a
@@ -53,7 +54,7 @@ def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None =
         t = time.perf_counter()
         sessions[0].run(None, feeds)
         one = max(time.perf_counter() - t, 1e-6)
-        block = int(min(50, max(1, 0.01 / one)))  # ~10 ms blocks
+        block = int(min(50, max(1, block_s / one)))  # ~10 ms blocks by default
     samples = [[] for _ in sessions]
     start = time.perf_counter()
     blocks = 0

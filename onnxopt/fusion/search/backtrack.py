@@ -320,10 +320,11 @@ class _Search:
                 frontier.extend(e for e in succ[d] if e in plan and e not in seen)
             return False
 
+        positive: list[tuple[int, float, int]] = []  # (candidate, gain, mask) of those that gain: bounding only
+
         def optimistic(mask: int, plan: frozenset[int]) -> float:
             """The most gain still possible: every compatible candidate of positive gain (overlaps ignored)."""
-            return math.fsum(self.gains[ci] for ci in comp
-                             if ci not in plan and self.gains[ci] > 0 and not masks[ci] & mask)
+            return math.fsum(g for ci, g, m in positive if not m & mask and ci not in plan)
 
         empty: frozenset[int] = frozenset()
         heap = [(other, (), empty, 0)]
@@ -333,6 +334,7 @@ class _Search:
             if self.bound:  # bounding needs every gain; the first expansion would cost them all anyway
                 for ci in comp:
                     self.gain(ci)
+                positive.extend((ci, self.gains[ci], masks[ci]) for ci in comp if self.gains[ci] > 0)
             while heap:
                 if self.expansions >= self.max_expansions:
                     self.stopped_by_expansions = True
@@ -343,10 +345,12 @@ class _Search:
                 cost, _, plan, mask = heapq.heappop(heap)
                 self.expansions += 1
                 for ci in comp:
-                    if ci in plan or masks[ci] & mask or makes_cycle(plan, ci):
+                    if ci in plan or masks[ci] & mask:
                         continue
                     new = plan | {ci}
-                    if new in visited:
+                    # A plan reached before passed the cycle walk then: skip it first, the walk is the costly test
+                    # (NASNet-A's measured search: 2.2 million walks, 5 of its 15 s).
+                    if new in visited or makes_cycle(plan, ci):
                         continue
                     visited.add(new)
                     new_cost = cost - self.gain(ci)
