@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxopt.runtime as rt
 import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
@@ -17,7 +18,6 @@ from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.target import host_target
 
 import onnxopt
-import onnxopt.runtime as rt
 from onnxopt.emit.sequence import expand_sequences
 from onnxopt.fusion.blocked_copy import CopyParams, plain_concats
 from onnxopt.fusion.elementwise import ElementwiseRule
