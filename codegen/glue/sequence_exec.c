@@ -59,23 +59,62 @@ struct seq_run {
   int serial; /* ONNXOPT_SEQUENCE_SECTION=0: each loop goes to onnxruntime's pool (for A/B timings) */
   _Atomic(seq_job *) cur;
   atomic_int entered, end;
+  atomic_uint gen;     /* bumped at every loop published and at the end: what a sleeping helper waits on */
+  atomic_int sleepers; /* helpers asleep on gen (seq_help) */
   OrtStatus *status;
 };
 
 int sched_yield(void); /* <sched.h> hides it under -std=c11 */
 
-static void seq_pause(unsigned *spins) {
+/* Waits between kernels and for a loop's last tasks are a few microseconds, so a waiting thread spins with pause
+   for SEQ_SPINS rounds (about 10-30 us). Past that a helper sleeps until the driver publishes the next loop
+   (seq_help), and the driver, which only ever waits for tasks a running thread holds, yields at every round. Both
+   matter when the two threads share one CPU (the other core taken by another process): spinning on, the waiter
+   holds the CPU the thread it waits for needs until its time slice runs out. Pinned to one CPU with two threads,
+   NASNet-A ran 0.74x the speed of separate sections with spinning alone, 0.79x with yields. */
+#define SEQ_SPINS 512
+
+static void seq_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
   __asm__ __volatile__("yield");
 #endif
-  /* A driver in a long single-threaded stretch (a kernel too small to split): let an oversubscribed machine run
-     something else now and then instead of burning the helper's whole time slice. */
-  if (++*spins >= (1u << 14)) {
-    *spins = 0;
-    sched_yield();
+}
+
+static void seq_pause(unsigned *spins) {
+  if (*spins < SEQ_SPINS) {
+    ++*spins;
+    seq_cpu_relax();
+    return;
   }
+  sched_yield();
+}
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+long syscall(long number, ...); /* <unistd.h> hides it under -std=c11 */
+
+static void seq_sleep(atomic_uint *word, unsigned seen) {
+  syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+}
+
+static void seq_wake(atomic_uint *word) { syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE_PRIVATE, 1 << 30, NULL, NULL, 0); }
+#else
+static void seq_sleep(atomic_uint *word, unsigned seen) {
+  (void)word;
+  (void)seen;
+  sched_yield();
+}
+
+static void seq_wake(atomic_uint *word) { (void)word; }
+#endif
+
+/* The driver: a new loop, or the end. */
+static void seq_signal(seq_run *r) {
+  atomic_fetch_add_explicit(&r->gen, 1, memory_order_seq_cst);
+  if (atomic_load_explicit(&r->sleepers, memory_order_seq_cst)) seq_wake(&r->gen);
 }
 
 static size_t seq_elem_bytes(int onnx_type) {
@@ -139,6 +178,7 @@ static void seq_help(seq_run *r) {
   seq_job *last = NULL;
   unsigned spins = 0;
   for (;;) {
+    unsigned gen = atomic_load_explicit(&r->gen, memory_order_seq_cst); /* before looking: a later loop bumps it */
     seq_job *j = atomic_load_explicit(&r->cur, memory_order_acquire);
     if (j && j != last) {
       seq_work(j);
@@ -147,7 +187,17 @@ static void seq_help(seq_run *r) {
       continue;
     }
     if (atomic_load_explicit(&r->end, memory_order_acquire)) return;
-    seq_pause(&spins);
+    if (spins < SEQ_SPINS) {
+      spins++;
+      seq_cpu_relax();
+      continue;
+    }
+    /* Sleep until the next loop or the end. The driver bumps gen, then looks for sleepers; a helper counts itself,
+       then looks at gen: one of the two sees the other. */
+    atomic_fetch_add_explicit(&r->sleepers, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&r->gen, memory_order_seq_cst) == gen) seq_sleep(&r->gen, gen);
+    atomic_fetch_sub_explicit(&r->sleepers, 1, memory_order_seq_cst);
+    spins = 0;
   }
 }
 
@@ -166,6 +216,7 @@ static OrtStatus *seq_parallel_for(seq_run *r, void (*fn)(void *, size_t), size_
   atomic_store_explicit(&j->next, 0, memory_order_relaxed);
   atomic_store_explicit(&j->done, 0, memory_order_relaxed);
   atomic_store_explicit(&r->cur, j, memory_order_release);
+  seq_signal(r);
   seq_work(j);
   unsigned spins = 0;
   while (atomic_load_explicit(&j->done, memory_order_acquire) < total) seq_pause(&spins);
@@ -197,6 +248,7 @@ static void seq_section(void *usr, size_t index) {
   if (atomic_fetch_add_explicit(&r->entered, 1, memory_order_acq_rel) == 0) {
     seq_drive(r);
     atomic_store_explicit(&r->end, 1, memory_order_release);
+    seq_signal(r);
   } else {
     seq_help(r);
   }
@@ -220,6 +272,8 @@ static OrtStatus *seq_compute(const onnxopt_seq_desc *d, OrtKernelContext *ctx) 
   atomic_init(&r.cur, NULL);
   atomic_init(&r.entered, 0);
   atomic_init(&r.end, 0);
+  atomic_init(&r.gen, 0);
+  atomic_init(&r.sleepers, 0);
   OrtStatus *st = NULL;
   if (r.serial)
     seq_drive(&r);

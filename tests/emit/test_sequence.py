@@ -233,3 +233,34 @@ def test_sequences_off_leaves_one_op_per_region(tmp_path):
     fused = onnx.load(out)
     assert not any(n.op_type.startswith("Sequence_") for n in fused.graph.node)
     assert "sequences" not in res.report and res.report["verification"]["ok"]
+
+
+def test_two_threads_on_one_cpu_give_the_same_answer(built, tmp_path):
+    """Pinned to one CPU, the driver and the helper take turns: the helper must sleep (or yield) instead of
+    holding the CPU, and nothing may wait for a thread that cannot run. Run in a child process (the affinity is
+    per process)."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity on this platform")
+    src, out, _ = built
+    feeds = _feeds()
+    np.save(tmp_path / "x.npy", feeds["x"])
+    np.save(tmp_path / "want.npy", _want(src, feeds)[0])
+    code = f"""
+import os, numpy as np, onnxruntime as ort
+os.sched_setaffinity(0, {{sorted(os.sched_getaffinity(0))[0]}})
+so = ort.SessionOptions()
+so.intra_op_num_threads = 2
+so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+so.register_custom_ops_library({os.path.abspath(out + ".so")!r})
+s = ort.InferenceSession({out!r}, so, providers=["CPUExecutionProvider"])
+x = np.load({str(tmp_path / "x.npy")!r})
+want = np.load({str(tmp_path / "want.npy")!r})
+for _ in range(20):
+    np.testing.assert_allclose(s.run(None, {{"x": x}})[0], want, rtol=1e-4, atol=1e-5)
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
