@@ -37,16 +37,34 @@ typedef struct {
   char pad[24];
 } seq_job;
 
+/* Loops come from a chain of blocks kept in the arena: a block is added when a run opens more loops than the chain
+   holds, so a warm run allocates none. */
+typedef struct seq_jobs {
+  struct seq_jobs *next;
+  int cap;
+  char pad[64 - sizeof(void *) - sizeof(int)]; /* the loops start on a cache line */
+  seq_job job[];
+} seq_jobs;
+
+static seq_jobs *seq_jobs_new(int cap) {
+  seq_jobs *b = (seq_jobs *)aligned_alloc(64, sizeof(seq_jobs) + (size_t)cap * sizeof(seq_job));
+  if (b) {
+    b->next = NULL;
+    b->cap = cap;
+  }
+  return b;
+}
+
 /* What a run needs besides its stack: the buffers, the stand-in values and the loops. Kept between runs (one per
    sequence op, in onnxopt_seq_arenas) so a warm run allocates nothing; a run that finds it taken by a concurrent run
    of the same op makes its own. */
 typedef struct {
-  int n_buffers, n_slots, job_cap;
+  int n_buffers, n_slots;
   size_t *cap;
   void **buf;
   seq_value *vals;
   void **slot_val; /* the OrtValue (onnxruntime's or a seq_value) each slot holds in this run */
-  seq_job *jobs;
+  seq_jobs *jobs;
 } seq_arena;
 
 struct seq_run {
@@ -55,7 +73,8 @@ struct seq_run {
   const onnxopt_seq_desc *d;
   const onnxopt_seq_step *step; /* the one running */
   seq_arena *a;
-  int n_jobs;
+  seq_jobs *block; /* where the run's next loop goes */
+  int in_block;
   int serial; /* ONNXOPT_SEQUENCE_SECTION=0: each loop goes to onnxruntime's pool (for A/B timings) */
   _Atomic(seq_job *) cur;
   atomic_int entered, end;
@@ -150,7 +169,8 @@ static size_t seq_elem_bytes(int onnx_type) {
   switch (onnx_type) {
     case 2: case 3: case 9: return 1;   /* uint8, int8, bool */
     case 4: case 5: case 10: case 16: return 2; /* uint16, int16, float16, bfloat16 */
-    case 7: case 11: case 13: return 8; /* int64, double, uint64 */
+    case 7: case 11: case 13: case 14: return 8; /* int64, double, uint64, complex64 */
+    case 15: return 16;                 /* complex128 */
     default: return 4;                  /* float, int32, uint32 */
   }
 }
@@ -158,20 +178,22 @@ static size_t seq_elem_bytes(int onnx_type) {
 static void seq_arena_free(seq_arena *a) {
   if (!a) return;
   for (int b = 0; b < a->n_buffers; b++) free(a->buf[b]);
+  for (seq_jobs *j = a->jobs, *next; j; j = next) {
+    next = j->next;
+    free(j);
+  }
   free(a);
 }
 
 static seq_arena *seq_arena_new(const onnxopt_seq_desc *d) {
-  int job_cap = 4 * d->n_steps + 16; /* a step opens one to three loops; past the cap a loop runs on the driver */
   size_t bytes = sizeof(seq_arena) + (size_t)d->n_buffers * (sizeof(size_t) + sizeof(void *)) +
-                 (size_t)d->n_slots * (sizeof(seq_value) + sizeof(void *)) + 64 + (size_t)job_cap * sizeof(seq_job);
+                 (size_t)d->n_slots * (sizeof(seq_value) + sizeof(void *));
   char *p = (char *)calloc(1, bytes);
   if (!p) return NULL;
   seq_arena *a = (seq_arena *)p;
   p += sizeof(seq_arena);
   a->n_buffers = d->n_buffers;
   a->n_slots = d->n_slots;
-  a->job_cap = job_cap;
   a->cap = (size_t *)p;
   p += (size_t)d->n_buffers * sizeof(size_t);
   a->buf = (void **)p;
@@ -179,8 +201,11 @@ static seq_arena *seq_arena_new(const onnxopt_seq_desc *d) {
   a->vals = (seq_value *)p;
   p += (size_t)d->n_slots * sizeof(seq_value);
   a->slot_val = (void **)p;
-  p += (size_t)d->n_slots * sizeof(void *);
-  a->jobs = (seq_job *)(((uintptr_t)p + 63) & ~(uintptr_t)63); /* a loop's counters on their own cache line */
+  a->jobs = seq_jobs_new(16); /* doubled block by block as the first run needs: every multi-step test grows it */
+  if (!a->jobs) {
+    free(a);
+    return NULL;
+  }
   return a;
 }
 
@@ -235,11 +260,17 @@ static void seq_help(seq_run *r) {
 static OrtStatus *seq_parallel_for(seq_run *r, void (*fn)(void *, size_t), size_t total, void *usr) {
   if (r->serial) return ((KernelContext_ParallelFor_t)g_ort[API_KernelContext_ParallelFor])(r->ctx, fn, total, 0, usr);
   if (total == 0) return NULL;
-  if (total == 1 || r->n_jobs >= r->a->job_cap) {
-    for (size_t i = 0; i < total; i++) fn(usr, i);
+  if (total == 1) {
+    fn(usr, 0);
     return NULL;
   }
-  seq_job *j = &r->a->jobs[r->n_jobs++];
+  if (r->in_block == r->block->cap) { /* the chain's next block, made the first time a run needs it */
+    if (!r->block->next) r->block->next = seq_jobs_new(2 * r->block->cap);
+    if (!r->block->next) return fail(ORT_FAIL, "onnxopt: out of memory in a sequence of kernels");
+    r->block = r->block->next;
+    r->in_block = 0;
+  }
+  seq_job *j = &r->block->job[r->in_block++];
   j->fn = fn;
   j->usr = usr;
   j->total = total;
@@ -296,6 +327,7 @@ static OrtStatus *seq_compute(const onnxopt_seq_desc *d, OrtKernelContext *ctx) 
   r.ctx = ctx;
   r.d = d;
   r.a = a;
+  r.block = a->jobs;
   const char *env = getenv("ONNXOPT_SEQUENCE_SECTION");
   r.serial = env && env[0] == '0';
   memset(a->slot_val, 0, (size_t)d->n_slots * sizeof(void *));
