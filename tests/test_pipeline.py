@@ -385,7 +385,7 @@ def test_final_check_falls_back_to_the_next_plan():
     )
 
     opt = SimpleNamespace(opts=SimpleNamespace(min_speedup=1.0))
-    attempts = [("elementwise", ["r1"]), ("compute-blocked", ["r2", "r3"])]
+    attempts = [("elementwise", ["r1"], 1.0), ("compute-blocked", ["r2", "r3"], 1.0)]  # plan timings: no contradiction
     clear = WHOLE_MODEL_MARGIN * CONFIRM_BELOW * 1.01  # passes with room to spare: no second timing
     close = WHOLE_MODEL_MARGIN * 1.01  # passes within the noise
     near = WHOLE_MODEL_MARGIN * 0.99  # fails within the noise
@@ -421,8 +421,21 @@ def test_final_check_falls_back_to_the_next_plan():
     assert passed == 0 and finals[0]["speedup"] == pytest.approx(1.15) and len(asked) == 3
     # a plan left empty by its drop trials is not timed
     final_time, asked = timed(**{"compute-blocked": 1.3})
-    assert _Optimizer._final_check(opt, [("elementwise", []), attempts[1]], final_time)[0] == 1
+    assert _Optimizer._final_check(opt, [("elementwise", [], 1.0), attempts[1]], final_time)[0] == 1
     assert asked == [("compute-blocked", False)]
+    # a clear failure that contradicts the plan's own timing (a burst of load) is timed twice more; one that agrees
+    # with it is not
+    contradicted = [("elementwise", ["r1"], 1.17), attempts[1]]
+    final_time, asked = timed(elementwise=(0.9, 1.15, 1.16), **{"compute-blocked": clear})
+    passed, finals = _Optimizer._final_check(opt, contradicted, final_time)
+    assert passed == 0 and finals[0]["retimed"] == [pytest.approx(0.9), pytest.approx(1.15), pytest.approx(1.16)]
+    assert finals[0]["speedup"] == pytest.approx(1.15) and len(asked) == 3
+    final_time, asked = timed(elementwise=(far, far, 1.2), **{"compute-blocked": clear})
+    passed, finals = _Optimizer._final_check(opt, contradicted, final_time)
+    assert passed == 1 and finals[0]["speedup"] == pytest.approx(far)
+    final_time, asked = timed(elementwise=far, **{"compute-blocked": clear})
+    passed, finals = _Optimizer._final_check(opt, [("elementwise", ["r1"], far), attempts[1]], final_time)
+    assert passed == 1 and "retimed" not in finals[0] and len(asked) == 2
 
 
 def test_final_check_confirms_in_fresh_sessions(tmp_path, monkeypatch):
