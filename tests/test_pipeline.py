@@ -1,6 +1,7 @@
 """optimize() end to end: real models, real kernels, real onnxruntime; and nothing lost on failure."""
 
 import os
+import time
 
 import numpy as np
 import onnx
@@ -452,3 +453,69 @@ def test_final_check_confirms_in_fresh_sessions(tmp_path, monkeypatch):
     assert checks and all(len(c["retimed"]) == 3 and min(c["retimed"]) > 0 for c in checks)
     assert all(c["speedup"] == pytest.approx(sorted(c["retimed"])[1]) for c in checks)
 
+
+
+def test_drop_trials_need_a_second_look_in_new_sessions():
+    """_drop_trials: a kernel type leaves the plan only when the model without it measured faster twice, the second
+    time in new sessions of both models (the trial's made first), so a stale session of the plan cannot make a drop
+    look good. Sessions are stand-ins that name their regions and creation order; the timings are given, not
+    measured, to pin the rule (the real sessions run in the whole-model tests)."""
+    from types import SimpleNamespace
+
+    from onnxopt.pipeline import _drop_trials
+
+    regions = [SimpleNamespace(op_type=k) for k in ("Copy", "Conv", "Conv", "Pool")]
+    made = []
+
+    def session(regs):
+        made.append(frozenset(r.op_type for r in regs))
+        return (made[-1], len(made))  # the types the model keeps, and when the session was made
+
+    def run(times):  # times: {dropped type: [(plan s, trial s) of each look]}
+        made.clear()
+        looks = {k: iter(v) for k, v in times.items()}
+
+        def compare(a, b):
+            assert a[0] > b[0]  # the plan against the plan less one type
+            return next(looks[next(iter(a[0] - b[0]))])
+
+        decisions, why = {"dropped": []}, {}
+        kept, s = _drop_trials(regions, session(regions), ["Copy", "Pool", "Conv"], session, compare, decisions, why)
+        return kept, s, decisions, why
+
+    # Copy: faster without it once, not on the second look -> kept; Pool: twice -> dropped; Conv: slower -> kept
+    kept, s, decisions, why = run({"Copy": [(1.3, 1.0), (1.0, 1.1)], "Pool": [(1.0, 0.9), (1.0, 0.95)],
+                                   "Conv": [(0.9, 1.0)]})
+    assert [r.op_type for r in kept] == ["Copy", "Conv", "Conv"]
+    assert decisions["dropped"] == [{"op_type": "Pool", "gain": pytest.approx(2.0 / 1.85)}]
+    assert [t["gains"] for t in decisions["trials"]] == [[pytest.approx(1.3), pytest.approx(1.0 / 1.1)],
+                                                         [pytest.approx(1.0 / 0.9), pytest.approx(1.0 / 0.95)],
+                                                         [pytest.approx(0.9)]]
+    assert set(why) == {id(regions[3])} and "faster without this kernel (1.08x)" in why[id(regions[3])]
+    # each second look made the trial's session, then the plan's; the plan goes on with the trial's second session
+    everything, no_copy, no_pool = frozenset({"Copy", "Conv", "Pool"}), frozenset({"Conv", "Pool"}), \
+        frozenset({"Copy", "Conv"})
+    assert made[:7] == [everything, no_copy, no_copy, everything, no_pool, no_pool, everything]
+    assert s == (no_pool, 6)
+    # a first look within 1% is not a loss: no second look, nothing dropped
+    kept, _, decisions, _ = run({"Copy": [(1.0, 0.995)], "Pool": [(1.0, 1.0)], "Conv": [(1.0, 1.2)]})
+    assert kept == regions and decisions["dropped"] == [] and all(len(t["gains"]) == 1 for t in decisions["trials"])
+
+
+def test_drop_trials_stop_at_their_budget(monkeypatch):
+    """Past DROP_TRIALS_S the remaining kernel types are left in the plan and listed as untried."""
+    from types import SimpleNamespace
+
+    from onnxopt import pipeline
+
+    monkeypatch.setattr(pipeline, "DROP_TRIALS_S", 0.05)
+    regions = [SimpleNamespace(op_type=k) for k in ("A", "B")]
+
+    def compare(a, b):  # each look takes 0.1 s and finds the model faster without the type
+        time.sleep(0.1)
+        return 1.0, 0.5
+
+    decisions = {"dropped": []}
+    kept, _ = pipeline._drop_trials(regions, None, ["A", "B"], lambda regs: None, compare, decisions, {})
+    # the first trial runs (the budget is checked before each), the rest wait
+    assert decisions["untried"] == ["B"] and [r.op_type for r in kept] == ["B"]
