@@ -64,6 +64,24 @@ def _written(path: str):
     return SimpleNamespace(report=report, library=lib), report["timings"]["total_s"], groups, path
 
 
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(steal, all) clock ticks of the machine so far, from /proc/stat (None where there is none): the share of its
+    CPU time the hypervisor gave to other guests. On this 2-core host it comes in bursts (0-5% over 10 s), and one
+    burst during a timing moves a network's speedup by 20%, so each row says how much there was."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (ticks[7], sum(ticks[:8])) if len(ticks) >= 8 else None
+
+
+def _steal_share(before, after) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def _emitted(report: dict) -> str:
     """The plan whose kernels the written model has, with their count, or why it has none."""
     w = report.get("whole_model") or {}
@@ -113,6 +131,7 @@ def main(argv=None) -> int:
                 with open(path + ".report.json", "w") as f:  # what was fused, refused, and where the time went
                     json.dump(outs[label][0].report, f, indent=1, default=str)
             rounds = []
+            ticks = _cpu_ticks()
             for _ in range(max(1, a.sessions)):
                 # Fresh sessions each round, and only these three alive: the idle sessions' spinning threads of a
                 # longer interleave slowed the timed one (UNet's onnxruntime time 3.6 -> 6.4 ms with nine).
@@ -124,21 +143,25 @@ def main(argv=None) -> int:
                 rounds.append([t["median"] for t in time_interleaved(
                     sessions, random_inputs(model), min_time=a.min_time / max(1, a.sessions), max_blocks=1_000_000)])
                 del sessions
+            steal = _steal_share(ticks, _cpu_ticks())
             ort_t, ours, no_af = (float(np.median([r[k] for r in rounds])) for k in range(3))
             res, wall, groups, _ = outs["default"]
             off = res.report["offline"]
+            stolen = "-" if steal is None else f"{100 * steal:.1f}%"
             rows.append((name, ort_t, ours, no_af, _emitted(res.report), _emitted(outs["no-afusion"][0].report), groups,
-                         wall, off))
+                         wall, off, stolen))
             print(f"{name}: onnxruntime {ort_t * 1e3:.2f} ms, onnxopt {ours * 1e3:.2f} ms ({ort_t / ours:.3f}x), "
-                  f"--no-afusion {no_af * 1e3:.2f} ms ({ort_t / no_af:.3f}x); offline {wall:.0f} s", flush=True)
+                  f"--no-afusion {no_af * 1e3:.2f} ms ({ort_t / no_af:.3f}x); offline {wall:.0f} s; "
+                  f"steal {stolen}", flush=True)
     print()
-    print(f"| network | onnxruntime ms | onnxopt ms | speedup | --no-afusion ms | speedup | AFUSION vs without | "
-          f"emitted plan (without) | AFUSION nodes | offline s (search / codegen / measurement) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, ort_t, ours, no_af, plan, plan_no, groups, wall, off in rows:
+    print("| network | onnxruntime ms | onnxopt ms | speedup | --no-afusion ms | speedup | AFUSION vs without | "
+          "emitted plan (without) | AFUSION nodes | offline s (search / codegen / measurement) | steal |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, ort_t, ours, no_af, plan, plan_no, groups, wall, off, stolen in rows:
         print(f"| {name} | {ort_t * 1e3:.2f} | {ours * 1e3:.2f} | {ort_t / ours:.3f}x | {no_af * 1e3:.2f} | "
               f"{ort_t / no_af:.3f}x | {no_af / ours:.3f}x | {plan} ({plan_no}) | {groups} | "
-              f"{wall:.0f} ({off['search_s']:.1f} / {off['codegen_s']:.1f} / {off['measurement_s']:.1f}) |")
+              f"{wall:.0f} ({off['search_s']:.1f} / {off['codegen_s']:.1f} / {off['measurement_s']:.1f}) | "
+              f"{stolen} |")
     if rows:
         geo = math.exp(sum(math.log(r[1] / r[2]) for r in rows) / len(rows))
         geo_no = math.exp(sum(math.log(r[1] / r[3]) for r in rows) / len(rows))
