@@ -1337,6 +1337,7 @@ class _Optimizer:
             return ta["median"], tb["median"]
 
         # Pick the faster plan first (see _run), then refine it kernel type by kernel type.
+        t_phase = time.perf_counter()  # where the whole-model decision's seconds go, for the report
         live = {id(r) for r in accepted}
         candidates = []
         for name, plan in self.plans:
@@ -1369,7 +1370,9 @@ class _Optimizer:
                 gains.append(t_b / t_a)
             return gains
 
+        phases = {"plans_s": time.perf_counter() - t_phase}
         runoff = self._plan_runoff(candidates, duel)
+        phases["runoff_s"] = time.perf_counter() - t_phase - sum(phases.values())
         _, plan_name, current, s_cur, t_orig, t_cur = candidates[0]
         entries = self.report["regions"]
         why = {}  # why each region left the plan, applied once the plan is final
@@ -1389,7 +1392,9 @@ class _Optimizer:
         kinds = sorted({r.op_type for r in current} - chained,
                        key=lambda k: (alone.get(k, 1.0), sum(r.op_type == k for r in current)))
         current, s_cur = _drop_trials(current, s_cur, kinds, session, compare, decisions, why)
+        phases["drop_trials_s"] = time.perf_counter() - t_phase - sum(phases.values())
         decisions["inline_flops"] = choose_library(current)  # chosen in the runoff, unless kernels were dropped
+        phases["inline_choice_s"] = time.perf_counter() - t_phase - sum(phases.values())
         if id(current) in session_lib:  # the plan runs on that library from here on, the final check included
             s_cur = session(current)
         # The last word, timed longer, with a margin: two sessions of the same model differ by 1-3% run to run on a
@@ -1414,6 +1419,7 @@ class _Optimizer:
             return ta["median"], tb["median"]
 
         passed, finals = self._final_check(attempts, final_time)
+        phases["final_checks_s"] = time.perf_counter() - t_phase - sum(phases.values())
         if finals and finals[0]["plan"] == plan_name:
             decisions["final_candidate_s"] = finals[0]["fused_s"]  # what the plan measured, emitted or not
         if finals:  # the last one timed is the plan that passed, if one did
@@ -1440,6 +1446,7 @@ class _Optimizer:
         self.report["regions"] = [e for e in entries if any(e["op_type"] == r.op_type and e["nodes"] == r.node_names
                                                             for r in current)]
         decisions["final_original_s"], decisions["final_fused_s"] = t_orig, (t_cur if current else t_orig)
+        decisions["seconds"] = phases
         self.report["whole_model"] = decisions
         return current
 

@@ -451,6 +451,11 @@ def test_final_check_confirms_in_fresh_sessions(tmp_path, monkeypatch):
                            threads=1, tile_search=False, cost_cache=False)
     checks = res.report["whole_model"]["final_checks"]
     assert checks and all(len(c["retimed"]) == 3 and min(c["retimed"]) > 0 for c in checks)
+    # where the decision's seconds went: each phase timed, within the report's model-check time
+    phases = res.report["whole_model"]["seconds"]
+    assert set(phases) == {"plans_s", "runoff_s", "drop_trials_s", "inline_choice_s", "final_checks_s"}
+    assert min(phases.values()) >= 0 and phases["final_checks_s"] > 0
+    assert sum(phases.values()) <= res.report["timings"]["model_check_s"]
     assert all(c["speedup"] == pytest.approx(sorted(c["retimed"])[1]) for c in checks)
 
 
