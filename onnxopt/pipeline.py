@@ -1803,9 +1803,10 @@ def _drop_trials(current: list, s_cur, kinds: list, session, compare, decisions:
         # DenseNet-BC's plain Concats (one op type) were dropped on two timings of 1.21x and 1.30x against the
         # plan's session, made before the other plans' sessions, in the benchmark's sixth optimization of one
         # process; the model then ran 1.26x onnxruntime's speed, against 1.50x with them. In a new process the
-        # same trial measured 0.86-0.91x.
+        # same trial measured 0.86-0.91x. The plan's new session is made from a copy of its regions, so that it runs
+        # on the library the trial runs on, not on one the runoff chose for the plan (_inline_choice, by list id).
         s_trial = session(trial)
-        t_cur2, t_trial2 = compare(session(current), s_trial)
+        t_cur2, t_trial2 = compare(session(list(current)), s_trial)
         decisions["trials"][-1]["gains"].append(t_cur2 / t_trial2)
         if not t_trial2 < t_cur2 * 0.99:
             continue

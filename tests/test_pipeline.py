@@ -470,14 +470,16 @@ def test_drop_trials_need_a_second_look_in_new_sessions():
     from onnxopt.pipeline import _drop_trials
 
     regions = [SimpleNamespace(op_type=k) for k in ("Copy", "Conv", "Conv", "Pool")]
-    made = []
+    made, lists = [], []
 
     def session(regs):
         made.append(frozenset(r.op_type for r in regs))
+        lists.append(regs)
         return (made[-1], len(made))  # the types the model keeps, and when the session was made
 
     def run(times):  # times: {dropped type: [(plan s, trial s) of each look]}
         made.clear()
+        lists.clear()
         looks = {k: iter(v) for k, v in times.items()}
 
         def compare(a, b):
@@ -502,6 +504,9 @@ def test_drop_trials_need_a_second_look_in_new_sessions():
         frozenset({"Copy", "Conv"})
     assert made[:7] == [everything, no_copy, no_copy, everything, no_pool, no_pool, everything]
     assert s == (no_pool, 6)
+    # the plan's second-look sessions come from copies of its regions: a library the runoff chose for the plan's
+    # list (by its id) must not time it against a trial on another library
+    assert lists[3] == regions and lists[3] is not regions and lists[6] is not regions
     # a first look within 1% is not a loss: no second look, nothing dropped
     kept, _, decisions, _ = run({"Copy": [(1.0, 0.995)], "Pool": [(1.0, 1.0)], "Conv": [(1.0, 1.2)]})
     assert kept == regions and decisions["dropped"] == [] and all(len(t["gains"]) == 1 for t in decisions["trials"])
