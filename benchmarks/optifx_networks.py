@@ -12,7 +12,9 @@ measured up to 4% apart, so a model's time is the median over the rounds (one ro
 spinning threads slow the timed one). Printed: a markdown table with the medians, the ratios, the
 plan each run emitted (with its kernel count; "nothing" when no plan was faster than onnxruntime in the graph,
 with the best plan's ratio), how many AFUSION groups the emitted model has, and the first run's offline time split as
-OptiFX's Table 7 (search / codegen / measurement). Each run's report is kept next to its model (`--out`).
+OptiFX's Table 7 (search / codegen / measurement), and the share of CPU time the hypervisor stole during the
+network's timing (`steal`, from /proc/stat; "-" where there is none). Each run's report is kept next to its model
+(`--out`).
 """
 
 from __future__ import annotations
