@@ -85,6 +85,10 @@ INLINE_MARGIN = 1.05
 # A region judged alone whose constants are at least this big (one core's L2 here) is timed with cold weights in a
 # model whose weights exceed the last-level cache (_check_regions).
 COLD_REGION_BYTES = 1 << 20
+# A kernel judged alone whose first blocks measure it this many times slower or faster than --min-speedup asks is
+# not timed further (time_interleaved's settled_outside): the verdict stands, and its time is close enough for the
+# report and the measured search.
+SETTLED_BEYOND = 2.0
 INLINE_REACH = 4  # report FLOPs per glue-counted FLOP at most (Winograd F(4x4, 3x3)); see _inline_choice
 # The plans from the most fused to the least, for the runoffs: a plan is kept over a less fused one that measured
 # within PLAN_RUNOFF_WITHIN only by winning their head-to-head timing by PLAN_MARGIN.
@@ -370,6 +374,8 @@ class _Optimizer:
         self.costs = None  # the CostCache, opened on first use (_cost_cache)
         self.inline_flops = INLINE_FLOPS  # the emitted library's CT_INLINE_FLOPS (_inline_choice)
         self.sequence_libraries: dict[tuple, str] = {}  # (library, sequence op types) -> linked path (_plan_session)
+        self.plan_models: dict[tuple, tuple] = {}  # (library, region ids) -> (model file, library, ops, regions)
+        self.plan_sessions_made = 0  # sessions made from those files (_plan_session), for the report
         self.tile_info: dict[int, dict] = {}  # id(region) -> its tile and tile search, for the report
         self.prebuilt: dict[str, tuple] = {}  # op type -> (object, desc) compiled by the tile search
         self.pair_predictions: dict[tuple, dict] = {}  # AFUSION pair -> the search's roofline prediction
@@ -1206,7 +1212,7 @@ class _Optimizer:
                 fused_feeds = {x: to_blocked(v, lanes) if x in blocked_inputs(r) else v for x, v in feeds.items()}
                 try:
                     s_orig = make_session(orig, self.opts.threads)
-                    s_fused = make_session(fused, self.opts.threads, library=lib)
+                    s_fused = make_session(fused, self.opts.threads, library=lib, ops=custom_ops(fused))
                     want = s_orig.run(None, feeds)
                     got = s_fused.run(None, fused_feeds)
                     b_out = blocked_outputs(r)
@@ -1264,8 +1270,12 @@ class _Optimizer:
                         (r.copy is not None and self.opts.sequences)
                     # Blocks of 4 ms, not 10: a chain's kernel is timed three blocks a side, and NASNet-A's 200
                     # checks took 14 s with 10 ms blocks.
+                    # A kernel judged alone stops timing once it is far from the bar either way (SETTLED_BEYOND):
+                    # NASNet-A's NCHW kernels measured 0.1-0.2x, 0.1 s each.
+                    bar = self.opts.min_speedup
                     quick = dict(min_time=0.012, max_blocks=6, min_blocks=3, block_s=0.004) if chained \
-                        else dict(min_time=0.1, max_blocks=15)
+                        else dict(min_time=0.1, max_blocks=15,
+                                  settled_outside=(bar / SETTLED_BEYOND, bar * SETTLED_BEYOND))
                     # Judged alone with large weights in a model whose weights do not fit in the caches: timed with
                     # them out of the caches, as in the model (ResNet-50's classifier, 8 MB: ours measured faster
                     # warm and ran 550 us in the model against onnxruntime's 325).
@@ -1352,7 +1362,8 @@ class _Optimizer:
 
         def choose_library(regions):  # each plan on the library it would be emitted with
             if id(regions) not in inline_choices:
-                entry, wide = self._inline_choice(regions, lib, built, compare)
+                # the fastest plan's time: the smallest model time known, so the largest bound on the gain
+                entry, wide = self._inline_choice(regions, lib, built, compare, min(c[5] for c in candidates))
                 inline_choices[id(regions)] = entry
                 if wide:
                     session_lib[id(regions)] = wide[0]
@@ -1447,6 +1458,7 @@ class _Optimizer:
                                                             for r in current)]
         decisions["final_original_s"], decisions["final_fused_s"] = t_orig, (t_cur if current else t_orig)
         decisions["seconds"] = phases
+        decisions["plan_models"] = {"built": len(self.plan_models), "sessions": self.plan_sessions_made}
         self.report["whole_model"] = decisions
         return current
 
@@ -1455,31 +1467,51 @@ class _Optimizer:
         run the way it would be emitted: with its sequence ops (emit/sequence.py), on a library linked with them.
         Plans are timed with their sequences because the sections change which plan is faster (NASNet-A's
         compute-blocked plan ran 1.21x faster in sequences, MobileNetV2's 1.08x). A library is linked once per set
-        of sequences, with the plan's kernels only (about 0.1 s on NASNet-A; 0.28 s with every kernel built)."""
-        m = build_fused_model(self.emit_base, regions, None, None, {}, [])
-        if self.opts.sequences:
-            m, seqs = make_sequences(m, {op: b[1] for op, b in built.items()}, DOMAIN)
-            if seqs:
-                key = (library, tuple(sorted(q.op_type for q in seqs)))
-                if key not in self.sequence_libraries:  # the plan's kernels only: a quicker link
-                    path = os.path.join(self.tmpdir, f"sequences{len(self.sequence_libraries)}.so")
-                    wide = os.path.basename(library) == "candidates-inline.so"
-                    used = [built[op] for op in dict.fromkeys(r.op_type for r in regions) if op in built]
-                    link_library([b[1] for b in used] + seqs, [b[0] for b in used], self.opts.target, path,
-                                 inline_flops=INLINE_FLOPS_WIDE if wide else INLINE_FLOPS)
-                    self.sequence_libraries[key] = path
-                library = self.sequence_libraries[key]
-        return make_session(m, self.opts.threads, library=library)
+        of sequences, with the plan's kernels only (about 0.1 s on NASNet-A; 0.28 s with every kernel built).
 
-    def _inline_choice(self, regions: list[Region], lib: str, built, compare) -> tuple[dict, tuple | None]:
+        The model is built and written once per plan and library, and every later session of it (a runoff round, a
+        retimed final check) is made from that file: building and serializing Inception-v3 took 0.4 s a session,
+        and its whole-model decision made 24 of them (13.6 s of a 72 s run without tuning)."""
+        key = (library, tuple(id(r) for r in regions))
+        if key not in self.plan_models:
+            m = build_fused_model(self.emit_base, regions, None, None, {}, [])
+            if self.opts.sequences:
+                m, seqs = make_sequences(m, {op: b[1] for op, b in built.items()}, DOMAIN)
+                if seqs:
+                    library = self._sequence_library(regions, library, seqs, built)
+            path = os.path.join(self.tmpdir, f"plan{len(self.plan_models)}.onnx")
+            with open(path, "wb") as f:
+                f.write(m.SerializeToString())
+            # the regions are kept with their file, so that their ids stay theirs while it is in use
+            self.plan_models[key] = (path, library, custom_ops(m), list(regions))
+        path, library, ops, _ = self.plan_models[key]
+        self.plan_sessions_made += 1
+        return make_session(path, self.opts.threads, library=library, ops=ops)
+
+    def _sequence_library(self, regions: list[Region], library: str, seqs: list, built) -> str:
+        """The library a plan with these sequence ops runs on: its kernels only, linked once per set of sequences
+        (a quicker link than every kernel built)."""
+        key = (library, tuple(sorted(q.op_type for q in seqs)))
+        if key not in self.sequence_libraries:
+            path = os.path.join(self.tmpdir, f"sequences{len(self.sequence_libraries)}.so")
+            wide = os.path.basename(library) == "candidates-inline.so"
+            used = [built[op] for op in dict.fromkeys(r.op_type for r in regions) if op in built]
+            link_library([b[1] for b in used] + seqs, [b[0] for b in used], self.opts.target, path,
+                         inline_flops=INLINE_FLOPS_WIDE if wide else INLINE_FLOPS)
+            self.sequence_libraries[key] = path
+        return self.sequence_libraries[key]
+
+    def _inline_choice(self, regions: list[Region], lib: str, built, compare,
+                       model_s: float | None = None) -> tuple[dict, tuple | None]:
         """Which compute kernels run on the calling thread (CT_INLINE_FLOPS, codegen/glue/compute_exec.c): the plan
         is timed head to head with a library whose kernels below INLINE_FLOPS_WIDE run there, and that library is
         kept only if it wins by INLINE_MARGIN. Small kernels (NASNet's 16-channel 1x1 convolutions, 1-4 MFLOP) ran
         faster on one thread than on two, because onnxruntime's pool threads sleep between ops and the input is in
         the calling core's cache; MobileNetV2's ran slower, and DenseNet-BC's emitted AFUSION plan measured 1.41x
         onnxruntime's speed with the wide library against 1.30x in one interleaved timing, 1.26x against 1.30x in
-        the next (hence INLINE_MARGIN). Returns the report entry, and (that library's path, the plan's session on
-        it) when it is kept, else None."""
+        the next (hence INLINE_MARGIN). `model_s`: the seconds of a run of the fused model, if known (the fastest
+        plan timing), which bounds what the wide library can gain. Returns the report entry, and (that library's
+        path, the plan's session on it) when it is kept, else None."""
         entry = {"tried": INLINE_FLOPS_WIDE, "kept": INLINE_FLOPS}
         # Kernels far above both thresholds run on the pool either way: then the two libraries are the same program
         # and timing them would only cost offline time (ResNet-50's smallest convolution is 103 MFLOP). The glue
@@ -1488,6 +1520,14 @@ class _Optimizer:
                  and (r.measured or {}).get("flops", 0.0) < INLINE_FLOPS_WIDE * INLINE_REACH]
         if not small:
             entry["skipped"] = "no compute kernel is small enough for the threshold to matter"
+            return entry, None
+        # The wide library changes how the small kernels run, nothing else: even if they took no time at all, the
+        # plan could not gain more than model_s / (model_s - their time alone). Below INLINE_MARGIN the timing
+        # cannot keep it (Inception-v3: 29 small kernels, 2.1 ms of a 56 ms model, a 1.04x bound; 11 s of its
+        # 72 s run without tuning went to these timings).
+        bound = inline_gain_bound(small, model_s)
+        if bound < INLINE_MARGIN:
+            entry["skipped"] = f"the small kernels take too little of the model: at most {bound:.3f}x to gain"
             return entry, None
         wide = os.path.join(self.tmpdir, "candidates-inline.so")
         if not os.path.exists(wide):  # every plan's kernels, linked once for all the plans that try it
@@ -1779,6 +1819,20 @@ def _machine():
         return load_machine(quick=True)
     except Exception:  # noqa: BLE001 - predictions are optional in the report
         return None
+
+
+def custom_ops(model: onnx.ModelProto) -> set[str]:
+    """The op types of our library that the model's graph runs (make_session registers only those)."""
+    return {n.op_type for n in model.graph.node if n.domain == DOMAIN}
+
+
+def inline_gain_bound(small: list[Region], model_s: float | None) -> float:
+    """The most a library that runs these kernels on the calling thread can speed up a model whose run takes
+    `model_s` (inf when unknown): as if they took no time at all, by the seconds each measured alone."""
+    small_s = sum((r.measured or {}).get("measured_fused_s", 0.0) for r in small)
+    if model_s is None or small_s >= model_s:
+        return float("inf")
+    return model_s / (model_s - small_s)
 
 
 def _drop_trials(current: list, s_cur, kinds: list, session, compare, decisions: dict, why: dict):

@@ -13,8 +13,17 @@ import time
 import numpy as np
 
 
+# The session config entry that names the ops a session needs from our library (codegen/glue/ort_glue.c), and the
+# longest value onnxruntime accepts: a longer list is not set, and the library registers every op.
+REGISTER_OPS_ENTRY = "onnxopt.register_ops"
+REGISTER_OPS_MAX = 8192
+
+
 def make_session(model, threads: int | None = None, library: str | None = None, optimization: str = "all",
-                 spinning: bool = False):
+                 spinning: bool = False, ops=None):
+    """An onnxruntime session with our settings. `ops`: the op types of `library` that the model uses; only those
+    are registered (each costs onnxruntime about 30 us a session, and a one-kernel check on a library of hundreds
+    of kernels took 8 ms to create instead of 1). None registers them all."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -29,20 +38,36 @@ def make_session(model, threads: int | None = None, library: str | None = None, 
         "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     }[optimization]
     if library:
+        if ops is not None:
+            asked = "," + ",".join(sorted(set(ops))) + ","
+            if len(asked) <= REGISTER_OPS_MAX:
+                so.add_session_config_entry(REGISTER_OPS_ENTRY, asked)
         so.register_custom_ops_library(library)
     data = model.SerializeToString() if hasattr(model, "SerializeToString") else model
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
+# A side whose one run takes at least this long is not warmed again before each block: the run after a switch of
+# sessions was within 1-2% of the next on Inception-v3 (70 and 48 ms) and ResNet-50 (51 ms), and the two models'
+# ratio within 1% either way, while the warm runs doubled their timings (half of Inception-v3's whole-model check).
+# Shorter runs need it: MobileNetV2's original ran 2.1% slower on its first run after a switch (6.4 ms).
+WARM_RUN_BELOW_S = 0.02
+
+
 def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None = None, max_blocks: int = 40,
-                     min_blocks: int = 5, flush_bytes: int = 0, block_s: float = 0.01) -> list[dict]:
+                     min_blocks: int = 5, flush_bytes: int = 0, block_s: float = 0.01,
+                     settled_outside: tuple[float, float] | None = None) -> list[dict]:
     """Per session: median, p10, p90 and mean seconds per run, from interleaved blocks. `feeds`: one dict for
     all sessions, or a list with one per session (a kernel that takes its inputs in another layout). A block is
-    `block` runs, else as many as take about `block_s` seconds.
+    `block` runs, else as many as take about `block_s` seconds. Each side is warmed with one run right before its
+    block, unless one of its runs takes WARM_RUN_BELOW_S or more.
 
     `flush_bytes` > 0 times single runs, each right after writing one float in every 64-byte line of a buffer that
     large: the run starts with its weights out of the caches, and the caches full of dirty lines, as one layer of a
-    model whose weights do not fit in them does."""
+    model whose weights do not fit in them does.
+
+    `settled_outside` (lo, hi): two sessions' timing stops after min_blocks once the first side's median over the
+    second's is below lo or above hi, a verdict longer timing would not change (a kernel check's 0.2x kernel)."""
     per = list(feeds) if isinstance(feeds, (list, tuple)) else [feeds] * len(sessions)
     sessions = [_Bound(s, f) for s, f in zip(sessions, per)]
     feeds = None
@@ -50,22 +75,30 @@ def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None =
         s.run(None, feeds)
     if flush_bytes > 0:
         return _time_flushed(sessions, min_time, max_blocks, min_blocks, flush_bytes)
-    if block is None:
+    one = []  # seconds of one warm run of each side
+    for s in sessions:
         t = time.perf_counter()
-        sessions[0].run(None, feeds)
-        one = max(time.perf_counter() - t, 1e-6)
-        block = int(min(50, max(1, block_s / one)))  # ~10 ms blocks by default
+        s.run(None, feeds)
+        one.append(max(time.perf_counter() - t, 1e-6))
+    if block is None:
+        block = int(min(50, max(1, block_s / one[0])))  # ~10 ms blocks by default
+    warm = [t < WARM_RUN_BELOW_S for t in one]
     samples = [[] for _ in sessions]
     start = time.perf_counter()
     blocks = 0
     while blocks < max_blocks and (blocks < min_blocks or time.perf_counter() - start < min_time):
         for k, s in enumerate(sessions):
-            s.run(None, feeds)  # warm this side right before timing it
+            if warm[k]:
+                s.run(None, feeds)  # warm this side right before timing it
             t0 = time.perf_counter()
             for _ in range(block):
                 s.run(None, feeds)
             samples[k].append((time.perf_counter() - t0) / block)
         blocks += 1
+        if settled_outside and blocks >= min_blocks and len(samples) == 2:
+            ratio = float(np.median(samples[0]) / np.median(samples[1]))
+            if not settled_outside[0] <= ratio <= settled_outside[1]:
+                break
     return [_stats(xs, blocks=len(xs), runs_per_block=block) for xs in samples]
 
 

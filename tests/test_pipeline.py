@@ -457,6 +457,9 @@ def test_final_check_confirms_in_fresh_sessions(tmp_path, monkeypatch):
     assert min(phases.values()) >= 0 and phases["final_checks_s"] > 0
     assert sum(phases.values()) <= res.report["timings"]["model_check_s"]
     assert all(c["speedup"] == pytest.approx(sorted(c["retimed"])[1]) for c in checks)
+    # each plan's model was built once: the retimes made new sessions from its file
+    made = res.report["whole_model"]["plan_models"]
+    assert 1 <= made["built"] < made["sessions"]
 
 
 
@@ -529,3 +532,26 @@ def test_drop_trials_stop_at_their_budget(monkeypatch):
     kept, _ = pipeline._drop_trials(regions, None, ["A", "B"], lambda regs: None, compare, decisions, {})
     # the first trial runs (the budget is checked before each), the rest wait
     assert decisions["untried"] == ["B"] and [r.op_type for r in kept] == ["B"]
+
+
+def test_inline_choice_is_not_timed_when_the_small_kernels_cannot_pay():
+    """_inline_choice skips its timing when the small kernels, measured alone, take too little of the model for the
+    wide library to win by INLINE_MARGIN even if they took no time (Inception-v3: 2.1 ms of 56 ms)."""
+    from types import SimpleNamespace
+
+    from onnxopt.pipeline import INLINE_MARGIN, _Optimizer, inline_gain_bound
+
+    def kernel(flops, seconds):
+        return SimpleNamespace(compute=object(), measured={"flops": flops, "measured_fused_s": seconds})
+
+    small = [kernel(2e6, 0.001), kernel(3e6, 0.0011)]
+    assert inline_gain_bound(small, 0.056) == pytest.approx(0.056 / (0.056 - 0.0021))
+    assert inline_gain_bound(small, None) == float("inf")
+    assert inline_gain_bound(small, 0.002) == float("inf")  # alone they took longer than the model: no bound
+
+    def compare(a, b, **kw):
+        raise AssertionError("timed although the bound says it cannot pay")
+
+    entry, wide = _Optimizer._inline_choice(None, small + [kernel(5e9, 0.05)], "lib.so", {}, compare, 0.056)
+    assert wide is None and entry["skipped"].startswith("the small kernels take too little")
+    assert inline_gain_bound(small, 0.02) > INLINE_MARGIN  # NASNet-like: the timing decides

@@ -48,6 +48,9 @@ enum {
   API_KernelContext_GetInput = 90,
   API_KernelContext_GetOutput = 91,
   API_ReleaseTensorTypeAndShapeInfo = 99,
+  API_ReleaseStatus = 93,
+  API_HasSessionConfigEntry = 237,
+  API_GetSessionConfigEntry = 238,
   API_KernelContext_ParallelFor = 274,
 };
 enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2, ORT_RUNTIME_EXCEPTION = 6 };
@@ -64,6 +67,10 @@ typedef OrtStatus *(*KernelContext_GetInput_t)(const OrtKernelContext *ctx, size
 typedef OrtStatus *(*KernelContext_GetOutput_t)(OrtKernelContext *ctx, size_t index, const int64_t *dims,
                                                 size_t ndims, OrtValue **out);
 typedef void (*ReleaseTensorTypeAndShapeInfo_t)(OrtTensorTypeAndShapeInfo *info);
+typedef void (*ReleaseStatus_t)(OrtStatus *status);
+typedef OrtStatus *(*HasSessionConfigEntry_t)(const OrtSessionOptions *options, const char *key, int *out);
+typedef OrtStatus *(*GetSessionConfigEntry_t)(const OrtSessionOptions *options, const char *key, char *value,
+                                              size_t *size);
 typedef OrtStatus *(*KernelContext_ParallelFor_t)(const OrtKernelContext *ctx, void (*fn)(void *, size_t),
                                                   size_t total, size_t num_batch, void *usr_data);
 
@@ -592,6 +599,36 @@ static void op_destroy(void *kernel) { (void)kernel; }
 
 static onnxopt_op *g_ops; /* onnxopt_n_ops of them, filled once and shared by every session that registers us */
 
+/* The ops a session asks for, as ",name,name," in the session config entry REGISTER_OPS_ENTRY, or NULL: then all.
+ * Registering an op costs onnxruntime about 30 us a session (its schema and kernel entries), and the pipeline makes
+ * hundreds of one-kernel sessions on a library of hundreds of kernels (NASNet-A's checks: 8 ms a session).
+ * onnxruntime caps a config value at 8192 characters; a longer list is not set, and every op is registered. */
+#define REGISTER_OPS_ENTRY "onnxopt.register_ops"
+#define REGISTER_OPS_MAX 8192
+static char *ops_asked(const OrtSessionOptions *options) {
+  int has = 0;
+  OrtStatus *st = API(HasSessionConfigEntry)(options, REGISTER_OPS_ENTRY, &has);
+  if (st) API(ReleaseStatus)(st);
+  if (st || !has) return NULL;
+  size_t size = REGISTER_OPS_MAX + 1;
+  char *list = (char *)malloc(size);
+  if (!list) return NULL;
+  st = API(GetSessionConfigEntry)(options, REGISTER_OPS_ENTRY, list, &size);
+  if (st) { /* unreadable: register everything, as without the entry */
+    API(ReleaseStatus)(st);
+    free(list);
+    return NULL;
+  }
+  return list;
+}
+
+static int op_asked(const char *list, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = strstr(list, name); p; p = strstr(p + 1, name))
+    if (p > list && p[-1] == ',' && p[n] == ',') return 1;
+  return 0;
+}
+
 __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOptions *options,
                                                                      const OnnxoptApiBase *base) {
   OrtApiTable ort = base->GetApi(ONNXOPT_API_VERSION);
@@ -628,6 +665,15 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
     }
     g_ops = ops;
   }
-  for (int i = 0; i < onnxopt_n_ops; i++) CHECK(API(CustomOpDomain_Add)(domain, &g_ops[i].base));
+  char *asked = ops_asked(options);
+  for (int i = 0; i < onnxopt_n_ops; i++) {
+    if (asked && !op_asked(asked, g_ops[i].desc->name)) continue;
+    OrtStatus *st = API(CustomOpDomain_Add)(domain, &g_ops[i].base);
+    if (st) {
+      free(asked);
+      return st;
+    }
+  }
+  free(asked);
   return API(AddCustomOpDomain)(options, domain);
 }

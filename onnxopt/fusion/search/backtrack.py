@@ -23,9 +23,11 @@ Two sound speedups keep DenseNet- and NASNet-sized candidate sets to seconds:
   of overlapping intervals only. Costs are additive and constraints never cross groups, so the best plan is the
   union of each group's best plan; each group is searched on its own, with `theta_ex` applied to the whole
   model's cost (the paper's Cost(G) is the model's).
-* **Bounding** (`bound=True`). A plan is not queued when even adding every remaining compatible candidate of
-  positive gain could not beat the best. Such a plan's descendants are just as hopeless, so this never changes
-  which plans become best; it only saves expansions.
+* **Bounding** (`bound=True`). A plan is not queued when even the most it could still gain could not beat the
+  best: each node it leaves free counted at the largest gain per node among the compatible candidates of positive
+  gain that hold it (disjoint candidates gain the sum of their nodes' shares, so no descendant gains more). Such a
+  plan's descendants are just as hopeless, so this never changes which plans become best; it only saves
+  expansions.
 """
 
 from __future__ import annotations
@@ -238,6 +240,22 @@ def _sccs(nodes: Sequence[int], succ: Mapping[int, Sequence[int]]) -> list[list[
     return result
 
 
+def most_gain_left(positive: Sequence[tuple[int, Sequence[int], float]], mask: int) -> float:
+    """An upper bound on what a plan covering the nodes of `mask` can still gain, from `positive`: (mask, nodes,
+    gain per node) of each candidate of positive gain. Each free node counts at most the largest gain per node of a
+    compatible candidate holding it. Disjoint candidates gain the sum of their nodes' shares, so no plan below can
+    gain more; summing whole gains instead counted every overlap (NASNet-A's measured search: 284 thousand
+    expansions, 5.9 s, against 65 thousand, 2.7 s). A candidate already in the plan is not compatible: its nodes
+    are in `mask`."""
+    most: dict[int, float] = {}
+    for m, nodes, share in positive:
+        if not m & mask:
+            for n in nodes:
+                if share > most.get(n, 0.0):
+                    most[n] = share
+    return math.fsum(most.values())
+
+
 class _Search:
     """The state one search shares across components: the kernel cache, the gains, the best plan of each component,
     the counters and the clock."""
@@ -320,21 +338,20 @@ class _Search:
                 frontier.extend(e for e in succ[d] if e in plan and e not in seen)
             return False
 
-        positive: list[tuple[int, float, int]] = []  # (candidate, gain, mask) of those that gain: bounding only
-
-        def optimistic(mask: int, plan: frozenset[int]) -> float:
-            """The most gain still possible: every compatible candidate of positive gain (overlaps ignored)."""
-            return math.fsum(g for ci, g, m in positive if not m & mask and ci not in plan)
+        # (mask, nodes, gain per node) of the candidates that gain: bounding only
+        positive: list[tuple[int, tuple[int, ...], float]] = []
 
         empty: frozenset[int] = frozenset()
         heap = [(other, (), empty, 0)]
         visited = {empty}
         best = other
+        model_best = self.global_best()  # the history's value, recomputed only when this component's best changes
         try:
             if self.bound:  # bounding needs every gain; the first expansion would cost them all anyway
                 for ci in comp:
                     self.gain(ci)
-                positive.extend((ci, self.gains[ci], masks[ci]) for ci in comp if self.gains[ci] > 0)
+                positive.extend((masks[ci], cands[ci].node_ids, self.gains[ci] / len(cands[ci].node_ids))
+                                for ci in comp if self.gains[ci] > 0)
             while heap:
                 if self.expansions >= self.max_expansions:
                     self.stopped_by_expansions = True
@@ -359,12 +376,13 @@ class _Search:
                         best = new_cost
                         self.best_gain[number] = other - new_cost
                         self.best_plans[number] = tuple(sorted(new))
+                        model_best = self.global_best()
                     elif not new_cost < self.theta_ex * best:
                         continue
-                    if self.bound and new_cost - optimistic(new_mask, new) >= best:
+                    if self.bound and new_cost - most_gain_left(positive, new_mask) >= best:
                         continue  # nothing below it can beat the best
                     heapq.heappush(heap, (new_cost, tuple(sorted(cands[x].id for x in new)), new, new_mask))
-                self.history.append(self.global_best())
+                self.history.append(model_best)
         except _OutOfTime:
             pass
         self.visited += len(visited)

@@ -280,3 +280,20 @@ def test_network_sized_searches_finish(name):
         assert not result.stopped_by_budget and not result.stopped_by_expansions
         assert result.seconds < 5.0
         assert result.best_cost < result.baseline_cost and valid_plan(r.graph, result.plan)
+
+
+def test_the_bound_counts_overlapping_candidates_once():
+    """most_gain_left: A (nodes 0, 1) and B (nodes 1, 2) gain 4 each but overlap, C (node 3) gains 1. No plan gains
+    more than 5 (A + C or B + C); each node at its best share bounds it by 7, where adding whole gains said 9."""
+    from onnxopt.fusion.search.backtrack import most_gain_left
+
+    def cand(nodes, gain):
+        return FusionGraph.mask(nodes), tuple(nodes), gain / len(nodes)
+
+    positive = [cand([0, 1], 4.0), cand([1, 2], 4.0), cand([3], 1.0)]
+    assert most_gain_left(positive, 0) == pytest.approx(7.0)
+    # with node 0 in the plan, A is out: B and C, disjoint, are exactly the bound
+    assert most_gain_left(positive, FusionGraph.mask([0])) == pytest.approx(5.0)
+    assert most_gain_left(positive, FusionGraph.mask([0, 2, 3])) == 0.0
+    # the larger share wins a shared node: a 6-gain pair over the 4-gain pairs on node 1
+    assert most_gain_left(positive + [cand([1, 4], 6.0)], FusionGraph.mask([3])) == pytest.approx(2 + 3 + 2 + 3)

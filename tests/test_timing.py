@@ -1,0 +1,56 @@
+"""The interleaved timing loop (onnxopt/timing.py): blocks alternate between the sides, and a side is warmed before
+each of its blocks only when its runs are short (WARM_RUN_BELOW_S)."""
+
+import time
+
+import pytest
+
+from onnxopt.timing import WARM_RUN_BELOW_S, time_interleaved
+
+
+class SleepingRunner:
+    """Stands in for an inference session whose run takes a known time: the timing loop is what is tested."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.runs = seconds, 0
+
+    def run(self, names, feeds):
+        self.runs += 1
+        time.sleep(self.seconds)
+
+
+def test_long_runs_are_not_warmed_before_each_block():
+    short, long = SleepingRunner(0.001), SleepingRunner(WARM_RUN_BELOW_S * 1.5)
+    stats = time_interleaved([short, long], {}, min_time=0.0, block=2, max_blocks=4, min_blocks=4)
+    assert [s["blocks"] for s in stats] == [4, 4]
+    # the first run and the one that measures how long a run takes, then per block: the short side a warm run
+    # and its block, the long side its block only
+    assert short.runs == 2 + 4 * (1 + 2)
+    assert long.runs == 2 + 4 * 2
+
+
+def test_the_medians_are_the_runs_seconds():
+    short, long = SleepingRunner(0.002), SleepingRunner(0.03)
+    stats = time_interleaved([short, long], {}, min_time=0.0, block=1, max_blocks=5, min_blocks=5)
+    assert stats[0]["median"] == pytest.approx(0.002, abs=0.002)
+    assert stats[1]["median"] == pytest.approx(0.03, abs=0.01)
+    assert stats[1]["median"] > stats[0]["median"]
+
+
+def test_the_block_holds_about_block_s_of_the_first_side():
+    fast = SleepingRunner(0.001)
+    stats = time_interleaved([fast, SleepingRunner(0.001)], {}, min_time=0.0, max_blocks=2, min_blocks=2,
+                             block_s=0.005)
+    assert 1 <= stats[0]["runs_per_block"] <= 5
+
+
+def test_a_settled_ratio_stops_the_timing_early():
+    """settled_outside: once the first side's median over the second's is outside the band after min_blocks, no
+    more blocks; inside it, the timing runs to min_time."""
+    slow, fast = SleepingRunner(0.004), SleepingRunner(0.0004)
+    stats = time_interleaved([slow, fast], {}, min_time=10.0, block=1, max_blocks=20, min_blocks=3,
+                             settled_outside=(0.5, 2.0))
+    assert [s["blocks"] for s in stats] == [3, 3]
+    even = time_interleaved([SleepingRunner(0.001), SleepingRunner(0.001)], {}, min_time=10.0, block=1,
+                            max_blocks=8, min_blocks=3, settled_outside=(0.5, 2.0))
+    assert [s["blocks"] for s in even] == [8, 8]
