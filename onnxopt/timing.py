@@ -56,11 +56,13 @@ WARM_RUN_BELOW_S = 0.02
 
 def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None = None, max_blocks: int = 40,
                      min_blocks: int = 5, flush_bytes: int = 0, block_s: float = 0.01,
-                     settled_outside: tuple[float, float] | None = None) -> list[dict]:
+                     settled_outside: tuple[float, float] | None = None,
+                     warm_below_s: float = WARM_RUN_BELOW_S) -> list[dict]:
     """Per session: median, p10, p90 and mean seconds per run, from interleaved blocks. `feeds`: one dict for
     all sessions, or a list with one per session (a kernel that takes its inputs in another layout). A block is
     `block` runs, else as many as take about `block_s` seconds. Each side is warmed with one run right before its
-    block, unless one of its runs takes WARM_RUN_BELOW_S or more.
+    block, unless one of its runs takes `warm_below_s` or more (the benchmarks, where time is cheaper than doubt,
+    warm every block).
 
     `flush_bytes` > 0 times single runs, each right after writing one float in every 64-byte line of a buffer that
     large: the run starts with its weights out of the caches, and the caches full of dirty lines, as one layer of a
@@ -82,7 +84,7 @@ def time_interleaved(sessions, feeds, min_time: float = 0.3, block: int | None =
         one.append(max(time.perf_counter() - t, 1e-6))
     if block is None:
         block = int(min(50, max(1, block_s / one[0])))  # ~10 ms blocks by default
-    warm = [t < WARM_RUN_BELOW_S for t in one]
+    warm = [t < warm_below_s for t in one]
     samples = [[] for _ in sessions]
     start = time.perf_counter()
     blocks = 0
