@@ -89,6 +89,8 @@ COLD_REGION_BYTES = 1 << 20
 # not timed further (time_interleaved's settled_outside): the verdict stands, and its time is close enough for the
 # report and the measured search.
 SETTLED_BEYOND = 2.0
+# The plan models kept on disk for new sessions (_plan_session), in bytes: each holds the model's weights.
+PLAN_FILES_BYTES = 2 << 30
 INLINE_REACH = 4  # report FLOPs per glue-counted FLOP at most (Winograd F(4x4, 3x3)); see _inline_choice
 # The plans from the most fused to the least, for the runoffs: a plan is kept over a less fused one that measured
 # within PLAN_RUNOFF_WITHIN only by winning their head-to-head timing by PLAN_MARGIN.
@@ -376,6 +378,7 @@ class _Optimizer:
         self.sequence_libraries: dict[tuple, str] = {}  # (library, sequence op types) -> linked path (_plan_session)
         self.plan_models: dict[tuple, tuple] = {}  # (library, region ids) -> (model file, library, ops, regions)
         self.plan_sessions_made = 0  # sessions made from those files (_plan_session), for the report
+        self.plan_files_written = 0
         self.tile_info: dict[int, dict] = {}  # id(region) -> its tile and tile search, for the report
         self.prebuilt: dict[str, tuple] = {}  # op type -> (object, desc) compiled by the tile search
         self.pair_predictions: dict[tuple, dict] = {}  # AFUSION pair -> the search's roofline prediction
@@ -1458,7 +1461,7 @@ class _Optimizer:
                                                             for r in current)]
         decisions["final_original_s"], decisions["final_fused_s"] = t_orig, (t_cur if current else t_orig)
         decisions["seconds"] = phases
-        decisions["plan_models"] = {"built": len(self.plan_models), "sessions": self.plan_sessions_made}
+        decisions["plan_models"] = {"built": self.plan_files_written, "sessions": self.plan_sessions_made}
         self.report["whole_model"] = decisions
         return current
 
@@ -1479,11 +1482,13 @@ class _Optimizer:
                 m, seqs = make_sequences(m, {op: b[1] for op, b in built.items()}, DOMAIN)
                 if seqs:
                     library = self._sequence_library(regions, library, seqs, built)
-            path = os.path.join(self.tmpdir, f"plan{len(self.plan_models)}.onnx")
+            path = os.path.join(self.tmpdir, f"plan{self.plan_files_written}.onnx")
+            self.plan_files_written += 1
             with open(path, "wb") as f:
                 f.write(m.SerializeToString())
             # the regions are kept with their file, so that their ids stay theirs while it is in use
             self.plan_models[key] = (path, library, custom_ops(m), list(regions))
+            evict_plan_files(self.plan_models, PLAN_FILES_BYTES)
         path, library, ops, _ = self.plan_models[key]
         self.plan_sessions_made += 1
         return make_session(path, self.opts.threads, library=library, ops=ops)
@@ -1821,6 +1826,17 @@ def _machine():
         return None
 
 
+def evict_plan_files(plan_models: dict, budget: int) -> None:
+    """Every plan file holds the model's weights: past `budget` bytes the oldest entries of `plan_models` (key ->
+    (path, ...), in the order made) leave it and their files are deleted (a plan asked for again is built again),
+    so a large model's plans do not fill the disk. The newest stays, whatever its size."""
+    sizes = {k: os.path.getsize(v[0]) for k, v in plan_models.items()}
+    while sum(sizes.values()) > budget and len(sizes) > 1:
+        oldest = next(iter(sizes))
+        os.remove(plan_models.pop(oldest)[0])
+        del sizes[oldest]
+
+
 def custom_ops(model: onnx.ModelProto) -> set[str]:
     """The op types of our library that the model's graph runs (make_session registers only those)."""
     return {n.op_type for n in model.graph.node if n.domain == DOMAIN}
@@ -1829,8 +1845,11 @@ def custom_ops(model: onnx.ModelProto) -> set[str]:
 def inline_gain_bound(small: list[Region], model_s: float | None) -> float:
     """The most a library that runs these kernels on the calling thread can speed up a model whose run takes
     `model_s` (inf when unknown): as if they took no time at all, by the seconds each measured alone."""
-    small_s = sum((r.measured or {}).get("measured_fused_s", 0.0) for r in small)
-    if model_s is None or small_s >= model_s:
+    times = [(r.measured or {}).get("measured_fused_s") for r in small]
+    if model_s is None or None in times:  # a kernel not timed alone: no bound
+        return float("inf")
+    small_s = sum(times)
+    if small_s >= model_s:
         return float("inf")
     return model_s / (model_s - small_s)
 

@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 
-
 # The session config entry that names the ops a session needs from our library (codegen/glue/ort_glue.c), and the
 # longest value onnxruntime accepts: a longer list is not set, and the library registers every op.
 REGISTER_OPS_ENTRY = "onnxopt.register_ops"

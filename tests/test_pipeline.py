@@ -548,6 +548,8 @@ def test_inline_choice_is_not_timed_when_the_small_kernels_cannot_pay():
     assert inline_gain_bound(small, 0.056) == pytest.approx(0.056 / (0.056 - 0.0021))
     assert inline_gain_bound(small, None) == float("inf")
     assert inline_gain_bound(small, 0.002) == float("inf")  # alone they took longer than the model: no bound
+    untimed = SimpleNamespace(compute=object(), measured={"flops": 1e6})
+    assert inline_gain_bound(small + [untimed], 0.056) == float("inf")  # a kernel not timed alone: no bound
 
     def compare(a, b, **kw):
         raise AssertionError("timed although the bound says it cannot pay")
@@ -555,3 +557,20 @@ def test_inline_choice_is_not_timed_when_the_small_kernels_cannot_pay():
     entry, wide = _Optimizer._inline_choice(None, small + [kernel(5e9, 0.05)], "lib.so", {}, compare, 0.056)
     assert wide is None and entry["skipped"].startswith("the small kernels take too little")
     assert inline_gain_bound(small, 0.02) > INLINE_MARGIN  # NASNet-like: the timing decides
+
+
+def test_plan_files_past_their_budget_are_deleted_oldest_first(tmp_path):
+    """evict_plan_files: the plan models kept for new sessions hold the weights each; past the budget the oldest go,
+    files and entries, and the newest stays even alone over it."""
+    from onnxopt.pipeline import evict_plan_files
+
+    entries = {}
+    for i, size in enumerate((400, 300, 200)):
+        path = tmp_path / f"plan{i}.onnx"
+        path.write_bytes(b"x" * size)
+        entries[("lib", i)] = (str(path), "lib", set(), [])
+    evict_plan_files(entries, 600)
+    assert list(entries) == [("lib", 1), ("lib", 2)]
+    assert not (tmp_path / "plan0.onnx").exists() and (tmp_path / "plan1.onnx").exists()
+    evict_plan_files(entries, 100)
+    assert list(entries) == [("lib", 2)] and (tmp_path / "plan2.onnx").exists()
