@@ -228,7 +228,7 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
     linked into one library, checked against onnxruntime running the original ops (as the pipeline's kernel check),
     then timed in one interleaved run. The fastest replaces `baseline` (a key) only when
     it wins by `margin` twice: in that run and in a second one of the two alone (a win of a few percent can be
-    noise). `flush_bytes` > 0: every timed run starts with the caches flushed (timing.time_interleaved). Raises
+    noise), or, when the second contradicts the first, in the median of those two and a third (confirm_win). `flush_bytes` > 0: every timed run starts with the caches flushed (timing.time_interleaved). Raises
     CannotRun."""
     from onnxopt.pipeline import _region_models, kernel_error_bound
 
@@ -301,12 +301,33 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
                     chosen = best
                 elif secs[best] * margin < base:
                     at = {t: i for i, (_, t) in enumerate(timed)}
-                    again = _time_sessions([sessions[at[baseline]], sessions[at[best]]], min_time, flush_bytes)
-                    timed[at[best]][0]["confirm_gain"] = again[0]["median"] / again[1]["median"]
-                    if again[1]["median"] * margin < again[0]["median"]:
+
+                    def retime():  # the baseline and the best alone, interleaved: the best's gain
+                        again = _time_sessions([sessions[at[baseline]], sessions[at[best]]], min_time, flush_bytes)
+                        return again[0]["median"] / again[1]["median"]
+
+                    won, gains = confirm_win(base / secs[best], retime, margin)
+                    timed[at[best]][0]["confirm_gain"] = gains[1]
+                    if len(gains) > 2:
+                        timed[at[best]][0]["tiebreak_gain"] = gains[2]
+                    if won:
                         chosen = best
             del sessions
     return CandidateTiming(chosen, timed, variants, objs, descs, build_s, t_measure)
+
+
+def confirm_win(first_gain: float, retime, margin: float) -> tuple[bool, list[float]]:
+    """Whether a candidate that won its first timing by `first_gain` (> margin) wins: `retime()` times it against
+    the baseline again and returns its gain, which must also pass `margin`. When it does not, a third timing breaks
+    the tie and the median of the three decides. A second timing alone that contradicts the first is as likely the
+    noisy one: UNet-16's full-resolution 16-channel convolution ran 1.75x faster as F(4x4, 3x3) Winograd, 1.03x in
+    its confirmation under a burst of the host's steal (18%), and stayed direct at 582 us instead of 366 us in the
+    emitted model. Returns (won, the gains measured)."""
+    gains = [first_gain, retime()]
+    if gains[1] > margin:
+        return True, gains
+    gains.append(retime())
+    return sorted(gains)[1] > margin, gains
 
 
 def _fused_feeds(region, feeds):
@@ -370,6 +391,8 @@ def _main(argv=None) -> int:
                 rel = f"  {base / s:5.2f}x the default" if s and base else ""
                 if "confirm_gain" in c:
                     rel += f" (timed again: {c['confirm_gain']:.2f}x)"
+                if "tiebreak_gain" in c:
+                    rel += f" (and a third time: {c['tiebreak_gain']:.2f}x)"
                 label = f"{str(c['tile'][:3])} {c.get('vectors', 'pixels')}"
                 print(f"   {label:20s} {s * 1e6:10.1f} us{rel}" if s else f"   {label} {c}")
     return 0

@@ -227,3 +227,19 @@ def test_a_cached_non_default_tile_goes_through_the_pipeline(kind, tmp_path):
             assert e["op_type"] == retiled and "faster" in e["reason"], e
     assert len(rep["regions"]) + len(rep["rejected"]) >= 1
     assert rep["verification"]["ok"]
+
+
+def test_a_contradicted_confirmation_is_broken_by_a_third_timing():
+    """confirm_win: a candidate that won its first timing must win the confirmation too; when the confirmation
+    contradicts it, a third timing is taken and the median of the three decides (the gains are given, the rule is
+    tested; the timings themselves run in the searches above)."""
+    from onnxopt.tune.tile_search import confirm_win
+
+    def retimes(*gains):
+        it = iter(gains)
+        return lambda: next(it)
+
+    assert confirm_win(1.75, retimes(1.4), 1.03) == (True, [1.75, 1.4])  # confirmed: no third timing
+    assert confirm_win(1.75, retimes(1.029, 1.6), 1.03) == (True, [1.75, 1.029, 1.6])  # the burst outvoted
+    assert confirm_win(1.75, retimes(1.0, 1.01), 1.03) == (False, [1.75, 1.0, 1.01])  # the first was the lucky one
+    assert confirm_win(1.04, retimes(0.98, 1.031), 1.03) == (True, [1.04, 0.98, 1.031])
