@@ -161,3 +161,45 @@ class _Bound:
 
     def run(self, names, _feeds):
         return self.session.run(names, self.feeds)
+
+
+def time_pair_in_new_process(a: tuple, b: tuple, feeds_path: str, threads: int | None, min_time: float = 0.4,
+                             max_blocks: int = 30, min_blocks: int = 6) -> tuple[float, float]:
+    """Median seconds per run of two models timed interleaved in a new Python process, as a user's process runs
+    them: each of `a`, `b` is (model path, library path or None, op types to register or None); `feeds_path` an
+    .npz of the inputs. A long optimizing process can run one model slower than a new one does: DenseNet-BC's
+    model without its plain Concats measured 1.23-1.30x faster than with them in the fifth and sixth optimization of
+    a benchmark process (in new sessions too), and 0.84-0.91x in new processes."""
+    import json
+    import subprocess
+    import sys
+
+    spec = {"a": list(a), "b": list(b), "feeds": feeds_path, "threads": threads, "min_time": min_time,
+            "max_blocks": max_blocks, "min_blocks": min_blocks}
+    for side in ("a", "b"):
+        if spec[side][2] is not None:
+            spec[side][2] = sorted(spec[side][2])
+    done = subprocess.run([sys.executable, "-m", "onnxopt.timing", json.dumps(spec)], capture_output=True, check=False,
+                          text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"timing in a new process failed: {done.stderr.strip().splitlines()[-1:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return out["a"], out["b"]
+
+
+def _pair_main(spec_json: str) -> None:
+    import json
+
+    spec = json.loads(spec_json)
+    with np.load(spec["feeds"]) as f:
+        feeds = {k: f[k] for k in f.files}
+    sessions = [make_session(p, spec["threads"], library=lib, ops=ops) for p, lib, ops in (spec["a"], spec["b"])]
+    ta, tb = time_interleaved(sessions, feeds, min_time=spec["min_time"], max_blocks=spec["max_blocks"],
+                              min_blocks=spec["min_blocks"])
+    print(json.dumps({"a": ta["median"], "b": tb["median"]}))
+
+
+if __name__ == "__main__":
+    import sys
+
+    _pair_main(sys.argv[1])

@@ -515,6 +515,54 @@ def test_drop_trials_need_a_second_look_in_new_sessions():
     assert kept == regions and decisions["dropped"] == [] and all(len(t["gains"]) == 1 for t in decisions["trials"])
 
 
+def test_drop_trials_take_their_second_look_where_asked():
+    """_drop_trials with `second_look` (the pipeline's: a new process): the second look is that function's, given
+    a copy of the plan's regions and the trial's, and the trial's first session goes on with the plan."""
+    from types import SimpleNamespace
+
+    from onnxopt.pipeline import _drop_trials
+
+    regions = [SimpleNamespace(op_type=k) for k in ("Copy", "Conv")]
+    looks = []
+
+    def second_look(plan_regions, trial_regions):
+        looks.append((plan_regions, trial_regions))
+        return {"Copy": (1.0, 1.1), "Conv": (1.0, 0.9)}[next(r.op_type for r in plan_regions
+                                                             if r not in trial_regions)]
+
+    def session(regs):
+        return frozenset(r.op_type for r in regs)
+
+    decisions = {"dropped": []}
+    kept, s = _drop_trials(regions, session(regions), ["Copy", "Conv"], session, lambda a, b: (1.2, 1.0),
+                           decisions, {}, second_look)
+    # Copy: the first look wanted it gone, the second did not; Conv: both did
+    assert [r.op_type for r in kept] == ["Copy"] and s == frozenset({"Copy"})
+    assert [t["gains"] for t in decisions["trials"]] == [[pytest.approx(1.2), pytest.approx(1 / 1.1)],
+                                                         [pytest.approx(1.2), pytest.approx(1 / 0.9)]]
+    assert looks[0][0] == regions and looks[0][0] is not regions
+
+
+def test_second_looks_run_in_a_new_process(tmp_path, monkeypatch):
+    """A real run whose first looks all say "faster without" (the pipeline's `compare` is wrapped to say so): every
+    second look then times the plan's and the trial's model files, with their libraries, in a new process, and the
+    report holds both gains of each trial and no fallback to this process."""
+    import onnxopt.pipeline as pipeline
+
+    real = pipeline._drop_trials
+
+    def first_looks_say_drop(current, s_cur, kinds, session, compare, decisions, why, second_look=None):
+        assert second_look is not None
+        return real(current, s_cur, kinds, session, lambda a, b: (1.1, 1.0), decisions, why, second_look)
+
+    monkeypatch.setattr(pipeline, "_drop_trials", first_looks_say_drop)
+    res = onnxopt.optimize(build_model("mobilenetv3", image_size=32), str(tmp_path / "o.onnx"), min_speedup=0.01,
+                           threads=1, tile_search=False, cost_cache=False)
+    w = res.report["whole_model"]
+    assert w.get("trials") and all(len(t["gains"]) == 2 and t["gains"][1] > 0 for t in w["trials"])
+    assert "second_look_errors" not in w
+
+
 def test_drop_trials_stop_at_their_budget(monkeypatch):
     """Past DROP_TRIALS_S the remaining kernel types are left in the plan and listed as untried."""
     from types import SimpleNamespace

@@ -54,3 +54,46 @@ def test_a_settled_ratio_stops_the_timing_early():
     even = time_interleaved([SleepingRunner(0.001), SleepingRunner(0.001)], {}, min_time=10.0, block=1,
                             max_blocks=8, min_blocks=3, settled_outside=(0.5, 2.0))
     assert [s["blocks"] for s in even] == [8, 8]
+
+
+def _matmul_chain(path, count: int):
+    """A model of `count` 256x256 matrix products: more of them, more time."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((256, 256), 1e-3, np.float32), "w")
+    nodes, x = [], "x"
+    for i in range(count):
+        nodes.append(helper.make_node("MatMul", [x, "w"], [f"y{i}"]))
+        x = f"y{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [256, 256])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return str(path)
+
+
+def test_a_pair_is_timed_in_a_new_process(tmp_path):
+    """time_pair_in_new_process: both models load and run in a child Python (real onnxruntime sessions), and the
+    medians come back; the model with eight times the work takes longer."""
+    import numpy as np
+
+    from onnxopt.timing import time_pair_in_new_process
+
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, x=np.ones((256, 256), np.float32))
+    one, eight = _matmul_chain(tmp_path / "one.onnx", 1), _matmul_chain(tmp_path / "eight.onnx", 8)
+    t_one, t_eight = time_pair_in_new_process((one, None, None), (eight, None, None), str(feeds), 1, min_time=0.1)
+    assert 0 < t_one < t_eight
+
+
+def test_a_pair_that_cannot_load_says_why(tmp_path):
+    import numpy as np
+
+    from onnxopt.timing import time_pair_in_new_process
+
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, x=np.ones((256, 256), np.float32))
+    one = _matmul_chain(tmp_path / "one.onnx", 1)
+    with pytest.raises(RuntimeError, match="timing in a new process failed"):
+        time_pair_in_new_process((one, None, None), (str(tmp_path / "missing.onnx"), None, None), str(feeds), 1)
