@@ -1409,11 +1409,11 @@ class _Optimizer:
 
         def look_in_new_process(plan_regions, trial_regions):
             """The second look of a drop trial, in a new process (timing.time_pair_in_new_process)."""
-            if not os.path.exists(feeds_path):
-                np.savez(feeds_path, **feeds)
             files = [self._plan_file(regs, session_lib.get(id(regs), lib), built)
                      for regs in (plan_regions, trial_regions)]
             try:
+                if not os.path.exists(feeds_path):
+                    np.savez(feeds_path, **feeds)
                 return time_pair_in_new_process(files[0], files[1], feeds_path, self.opts.threads)
             except Exception as e:  # noqa: BLE001 - no new process here: new sessions in this one
                 decisions.setdefault("second_look_errors", []).append(str(e)[:300])
