@@ -228,8 +228,8 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
     linked into one library, checked against onnxruntime running the original ops (as the pipeline's kernel check),
     then timed in one interleaved run. The fastest replaces `baseline` (a key) only when
     it wins by `margin` twice: in that run and in a second one of the two alone (a win of a few percent can be
-    noise), or, when the second contradicts the first, in the median of those two and a third (confirm_win). `flush_bytes` > 0: every timed run starts with the caches flushed (timing.time_interleaved). Raises
-    CannotRun."""
+    noise), or, when the second contradicts the first, in the median of those two and a third (confirm_win).
+    `flush_bytes` > 0: every timed run starts with the caches flushed (timing.time_interleaved). Raises CannotRun."""
     from onnxopt.pipeline import _region_models, kernel_error_bound
 
     jobs = [lambda v=v: build_compute(v, target) for _, _, v in variants]
