@@ -1684,7 +1684,9 @@ class _Optimizer:
             if self.opts.sequences:
                 fused, seqs = make_sequences(fused, {d.op_type: d for d in descs}, DOMAIN)
                 descs += seqs
-                self.report["sequences"] = [{"op_type": q.op_type, "steps": len(q.steps)} for q in seqs]
+                self.report["sequences"] = [{"op_type": q.op_type, "steps": len(q.steps),
+                                             "concat_inputs_in_place": sum(v is not None for v in q.slot_view)}
+                                            for q in seqs]
             lib_path = os.path.join(out_dir, f".{lib_name}.{os.getpid()}.tmp")
             sha = link_library(descs, [o for o, _ in used], self.opts.target, lib_path,
                                inline_flops=self.inline_flops)

@@ -27,7 +27,7 @@ typedef struct {
 /* One pixel vector written `times` times: a fixed-size copy for the usual lane counts, which the compiler inlines. */
 static void cp_repeat_row(float *dst, const float *src, int64_t w, int64_t times, int64_t L) {
   if (times == 1) {
-    memcpy(dst, src, (size_t)(w * L) * sizeof(float));
+    if (dst != src) memcpy(dst, src, (size_t)(w * L) * sizeof(float)); /* equal: written in place (a view) */
     return;
   }
   if (L == 16) {
@@ -70,7 +70,7 @@ static void cp_run_span(void *usr, size_t task) {
     int64_t piece_end = (j->first[k] + j->cb[k]) * plane; /* end of input k's part of item n */
     int64_t len = piece_end - off < o1 - o0 ? piece_end - off : o1 - o0;
     const float *src = j->in[k] + n * j->cb[k] * plane + (off - j->first[k] * plane);
-    memcpy(j->out + o0, src, (size_t)len * sizeof(float));
+    if (src != j->out + o0) memcpy(j->out + o0, src, (size_t)len * sizeof(float)); /* else written in place */
     o0 += len;
   }
 }

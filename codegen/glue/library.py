@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 from onnxopt.errors import ToolchainError
@@ -121,7 +121,8 @@ class SeqKernelDesc:
     """A run of the library's ops executed in one parallel section (sequence_exec.c, onnxopt/emit/sequence.py).
     A step is (op type, input refs, output slots): a ref >= 0 is the sequence's input, -1 - s reads slot s. Every
     tensor a step writes is a slot; `slot_output` is the sequence output it is, or -1, and then it lives in buffer
-    `slot_buffer[s]` of the sequence's own."""
+    `slot_buffer[s]` of the sequence's own, unless `slot_view[s]` places it inside a Concat's output
+    (emit/sequence.py, SlotView)."""
 
     op_type: str
     in_types: list[int]
@@ -129,6 +130,7 @@ class SeqKernelDesc:
     steps: list[tuple[str, list[int], list[int]]]
     slot_output: list[int]
     slot_buffer: list[int]
+    slot_view: list = field(default_factory=list)  # per slot: a SlotView or None (none when empty)
 
 
 AF_MAX_SECOND = 4  # as ort_glue.c
@@ -284,9 +286,15 @@ def _sequence_source(i: int, k: SeqKernelDesc, sig_of: dict[str, str]) -> str:
     parts.append(_c_array("int", f"q{i}_slot_output", k.slot_output))
     parts.append(_c_array("int", f"q{i}_slot_buffer", k.slot_buffer))
     n_buffers = max(k.slot_buffer, default=-1) + 1
+    views = [k.slot_view[s] if s < len(k.slot_view) else None for s in range(len(k.slot_output))]
+    parts.append(_c_array("int", f"q{i}_view_whole", [v.whole if v else -1 for v in views]))
+    parts.append(_c_array("int", f"q{i}_view_axis", [v.axis if v else 0 for v in views]))
+    for name in ("offset", "units", "total"):
+        parts.append(_c_array("int64_t", f"q{i}_view_{name}", [getattr(v, name) if v else 0 for v in views]))
     parts.append(f'static const onnxopt_seq_desc q{i}_desc = {{{{"{k.op_type}", KIND_SEQUENCE, {len(k.in_types)}, '
                  f"{len(k.out_types)}, q{i}_in_types, q{i}_out_types}}, {len(k.steps)}, q{i}_steps, "
-                 f"{len(k.slot_output)}, q{i}_slot_output, q{i}_slot_buffer, {n_buffers}, {i}}};\n")
+                 f"{len(k.slot_output)}, q{i}_slot_output, q{i}_slot_buffer, {n_buffers}, {i}, "
+                 f"q{i}_view_whole, q{i}_view_axis, q{i}_view_offset, q{i}_view_units, q{i}_view_total}};\n")
     return "".join(parts)
 
 

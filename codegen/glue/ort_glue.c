@@ -241,6 +241,10 @@ typedef struct {
   const int *slot_buffer; /* slots whose lives do not overlap share a buffer (emit/sequence.py) */
   int n_buffers;
   int arena; /* its index in onnxopt_seq_arenas */
+  /* Per slot: the Concat output slot it is written inside (a view), or -1; along which axis, at which offset, how
+     many positions, of the whole's how many (emit/sequence.py, SlotView). */
+  const int *view_whole, *view_axis;
+  const int64_t *view_offset, *view_units, *view_total;
 } onnxopt_seq_desc;
 
 typedef struct {

@@ -76,6 +76,7 @@ struct seq_run {
   seq_jobs *block; /* where the run's next loop goes */
   int in_block;
   int serial; /* ONNXOPT_SEQUENCE_SECTION=0: each loop goes to onnxruntime's pool (for A/B timings) */
+  int views;  /* ONNXOPT_SEQUENCE_VIEWS=0: no Concat inputs written in place (for A/B timings) */
   _Atomic(seq_job *) cur;
   atomic_int entered, end;
   atomic_uint gen;     /* bumped at every loop published and at the end: what a sleeping helper waits on */
@@ -330,6 +331,8 @@ static OrtStatus *seq_compute(const onnxopt_seq_desc *d, OrtKernelContext *ctx) 
   r.block = a->jobs;
   const char *env = getenv("ONNXOPT_SEQUENCE_SECTION");
   r.serial = env && env[0] == '0';
+  const char *views = getenv("ONNXOPT_SEQUENCE_VIEWS");
+  r.views = !(views && views[0] == '0');
   memset(a->slot_val, 0, (size_t)d->n_slots * sizeof(void *));
   atomic_init(&r.cur, NULL);
   atomic_init(&r.entered, 0);
@@ -370,23 +373,93 @@ static OrtStatus *seq_GetInput(const OrtKernelContext *ctx, size_t index, const 
   return NULL;
 }
 
-static OrtStatus *seq_GetOutput(OrtKernelContext *ctx, size_t index, const int64_t *dims, size_t ndims,
-                                OrtValue **out) {
-  if (!seq_is_ctx(ctx))
-    return ((KernelContext_GetOutput_t)g_ort[API_KernelContext_GetOutput])(ctx, index, dims, ndims, out);
-  seq_run *r = tl_seq;
+static OrtStatus *seq_GetTensorMutableData(OrtValue *value, void **out);
+static OrtStatus *seq_GetTensorTypeAndShape(const OrtValue *value, OrtTensorTypeAndShapeInfo **out);
+static OrtStatus *seq_GetDimensionsCount(const OrtTensorTypeAndShapeInfo *info, size_t *out);
+static OrtStatus *seq_GetDimensions(const OrtTensorTypeAndShapeInfo *info, int64_t *dims, size_t n);
+static void seq_ReleaseTensorTypeAndShapeInfo(OrtTensorTypeAndShapeInfo *info);
+
+/* Whether tensor `v` (onnxruntime's or a seq_value) has exactly `dims`. */
+static OrtStatus *seq_has_dims(const OrtValue *v, const int64_t *dims, size_t ndims, int *same) {
+  OrtTensorTypeAndShapeInfo *info;
+  size_t rank = 0;
+  int64_t have[MAX_RANK];
+  CHECK(seq_GetTensorTypeAndShape(v, &info));
+  OrtStatus *st = seq_GetDimensionsCount(info, &rank);
+  if (!st && rank == ndims) st = seq_GetDimensions(info, have, rank);
+  seq_ReleaseTensorTypeAndShapeInfo(info);
+  *same = !st && rank == ndims && !memcmp(have, dims, ndims * sizeof(int64_t));
+  return st;
+}
+
+static OrtStatus *seq_slot_value(seq_run *r, int slot, size_t elem, const int64_t *dims, size_t ndims, OrtValue **out,
+                                 int depth);
+
+/* A view: slot written inside its Concat's output slot (emit/sequence.py), when this run's dims are the ones the
+   plan placed it for and its part of the output is contiguous (dims before the axis all 1). Sets *made to 0 where
+   the slot gets a buffer of its own instead (the copy then copies it). */
+static OrtStatus *seq_view(seq_run *r, int slot, size_t elem, const int64_t *dims, size_t ndims, OrtValue **out,
+                           int depth, int *made) {
   const onnxopt_seq_desc *d = r->d;
-  if (index >= (size_t)r->step->n_out) return fail(ORT_INVALID_ARGUMENT, "onnxopt: sequence step output out of range");
-  int slot = r->step->out[index];
+  int whole = d->view_whole[slot], axis = d->view_axis[slot];
+  *made = 0;
+  if (depth > 16 || (size_t)axis >= ndims || dims[axis] != d->view_units[slot]) return NULL;
+  for (int k = 0; k < axis; k++)
+    if (dims[k] != 1) return NULL;
+  int64_t wd[MAX_RANK];
+  memcpy(wd, dims, ndims * sizeof(int64_t));
+  wd[axis] = d->view_total[slot];
+  OrtValue *wv = (OrtValue *)r->a->slot_val[whole];
+  if (wv) { /* made by an earlier view: the same dims, or no view */
+    int same;
+    CHECK(seq_has_dims(wv, wd, ndims, &same));
+    if (!same) return NULL;
+  } else {
+    CHECK(seq_slot_value(r, whole, elem, wd, ndims, &wv, depth + 1));
+  }
+  char *base;
+  CHECK(seq_GetTensorMutableData(wv, (void **)&base));
+  size_t inner = elem;
+  for (size_t k = (size_t)axis + 1; k < ndims; k++) inner *= (size_t)dims[k];
+  seq_value *v = &r->a->vals[slot];
+  v->data = base + (size_t)d->view_offset[slot] * inner;
+  v->rank = ndims;
+  memcpy(v->dims, dims, ndims * sizeof(int64_t));
+  r->a->slot_val[slot] = v;
+  *out = (OrtValue *)v;
+  *made = 1;
+  return NULL;
+}
+
+/* The tensor of `slot` with `dims` (elements of `elem` bytes), made at its first request in the run: a sequence
+   output (onnxruntime's), a view inside a Concat's output, or a buffer of the sequence's own. A Concat's output that
+   views made first is returned as it is when asked for again with the same dims. */
+static OrtStatus *seq_slot_value(seq_run *r, int slot, size_t elem, const int64_t *dims, size_t ndims, OrtValue **out,
+                                 int depth) {
+  const onnxopt_seq_desc *d = r->d;
   seq_arena *a = r->a;
+  if (ndims > MAX_RANK) return fail(ORT_INVALID_ARGUMENT, "onnxopt: tensor rank above 12");
+  if (a->slot_val[slot]) { /* a Concat's output, made by the views of its inputs */
+    int same;
+    CHECK(seq_has_dims((const OrtValue *)a->slot_val[slot], dims, ndims, &same));
+    if (!same)
+      return fail(ORT_RUNTIME_EXCEPTION, "onnxopt: a Concat's output inside a sequence changed size between its "
+                                         "inputs and itself; set ONNXOPT_SEQUENCE_VIEWS=0 and report this model");
+    *out = (OrtValue *)a->slot_val[slot];
+    return NULL;
+  }
+  if (r->views && d->view_whole[slot] >= 0) {
+    int made;
+    CHECK(seq_view(r, slot, elem, dims, ndims, out, depth, &made));
+    if (made) return NULL;
+  }
   if (d->slot_output[slot] >= 0) {
     CHECK(((KernelContext_GetOutput_t)g_ort[API_KernelContext_GetOutput])(r->ctx, (size_t)d->slot_output[slot], dims,
                                                                           ndims, out));
     a->slot_val[slot] = *out;
     return NULL;
   }
-  if (ndims > MAX_RANK) return fail(ORT_INVALID_ARGUMENT, "onnxopt: tensor rank above 12");
-  size_t bytes = seq_elem_bytes(r->step->op->out_types[index]);
+  size_t bytes = elem;
   for (size_t k = 0; k < ndims; k++) bytes *= (size_t)(dims[k] > 0 ? dims[k] : 0);
   bytes = (bytes + 63) / 64 * 64;
   int b = d->slot_buffer[slot];
@@ -401,8 +474,17 @@ static OrtStatus *seq_GetOutput(OrtKernelContext *ctx, size_t index, const int64
   v->rank = ndims;
   memcpy(v->dims, dims, ndims * sizeof(int64_t));
   a->slot_val[slot] = v;
-  *out = v;
+  *out = (OrtValue *)v;
   return NULL;
+}
+
+static OrtStatus *seq_GetOutput(OrtKernelContext *ctx, size_t index, const int64_t *dims, size_t ndims,
+                                OrtValue **out) {
+  if (!seq_is_ctx(ctx))
+    return ((KernelContext_GetOutput_t)g_ort[API_KernelContext_GetOutput])(ctx, index, dims, ndims, out);
+  seq_run *r = tl_seq;
+  if (index >= (size_t)r->step->n_out) return fail(ORT_INVALID_ARGUMENT, "onnxopt: sequence step output out of range");
+  return seq_slot_value(r, r->step->out[index], seq_elem_bytes(r->step->op->out_types[index]), dims, ndims, out, 0);
 }
 
 static OrtStatus *seq_GetTensorMutableData(OrtValue *value, void **out) {
