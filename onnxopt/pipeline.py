@@ -30,7 +30,7 @@ from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
 from onnxopt.codegen.glue.library import INLINE_FLOPS, INLINE_FLOPS_WIDE, link_library
 from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
 from onnxopt.cost_cache import open_cost_cache
-from onnxopt.emit.model import DOMAIN, build_fused_model, set_library_sha256
+from onnxopt.emit.model import DOMAIN, build_fused_model, fallback_key, set_library_sha256
 from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
 from onnxopt.fusion import blocked_passthrough
@@ -542,6 +542,8 @@ class _Optimizer:
         self.plans = plans
         regions = list({id(r): r for _, plan in plans for r in plan}.values())
         for r in regions:
+            if r.relayout is None:  # a relayout is emitted as its nodes: no function
+                r.fallback_key = fallback_key(r, work)
             r.compute_op_type(self.opts.target.name + "|" + self.opts.target.cpu + "|" + self.opts.target.llvm_features
                               + f"|rank{len(r.shape)}")
         self.report["timings"]["search_s"] = time.perf_counter() - t

@@ -395,6 +395,10 @@ static OrtStatus *seq_has_dims(const OrtValue *v, const int64_t *dims, size_t nd
 static OrtStatus *seq_slot_value(seq_run *r, int slot, size_t elem, const int64_t *dims, size_t ndims, OrtValue **out,
                                  int depth);
 
+/* Concats nested in Concats (a DenseNet block: each layer's Concat is an input of the next one's) make their
+   outputs one inside the other, whole first; past this depth a Concat's output gets a buffer and is copied. */
+#define SEQ_VIEW_DEPTH 64
+
 /* A view: slot written inside its Concat's output slot (emit/sequence.py), when this run's dims are the ones the
    plan placed it for and its part of the output is contiguous (dims before the axis all 1). Sets *made to 0 where
    the slot gets a buffer of its own instead (the copy then copies it). */
@@ -403,7 +407,7 @@ static OrtStatus *seq_view(seq_run *r, int slot, size_t elem, const int64_t *dim
   const onnxopt_seq_desc *d = r->d;
   int whole = d->view_whole[slot], axis = d->view_axis[slot];
   *made = 0;
-  if (depth > 16 || (size_t)axis >= ndims || dims[axis] != d->view_units[slot]) return NULL;
+  if (depth > SEQ_VIEW_DEPTH || (size_t)axis >= ndims || dims[axis] != d->view_units[slot]) return NULL;
   for (int k = 0; k < axis; k++)
     if (dims[k] != 1) return NULL;
   int64_t wd[MAX_RANK];

@@ -8,10 +8,11 @@ the function body (a function cannot see the graph's initializers).
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxopt import __version__
 from onnxopt.graph.order import stable_order
@@ -28,12 +29,11 @@ META_CPU_FLAGS = "onnxopt.cpu_flags"
 META_VERSION = "onnxopt.version"
 
 
-def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
-    inits = {t.name: t for t in model.graph.initializer}
-    body = []
+def _body_and_constants(region: Region, inits: dict) -> tuple[list, list[str]]:
+    """The function body's nodes and the graph initializers it embeds as Constant nodes."""
     # An AFUSION region's epilogues are its parts' (fusion/afusion/siso.py): their constants too.
     programs = [region.program] + [p.program for p in (region.compute.parts if region.compute is not None else [])]
-    used_consts = list(dict.fromkeys(c for prog in programs for c in prog.consts if c in inits))
+    used_consts = list(dict.fromkeys(c for prog in programs if prog is not None for c in prog.consts if c in inits))
     # Compute regions carry their own body: the original ops, rewritten to read the packed weights.
     # A pool or a copy on blocked tensors: its rewrite for the 5-D form.
     nodes = region.compute.body if region.compute is not None else \
@@ -42,6 +42,27 @@ def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
     if region.compute is None:  # the body reads other constants itself (a BatchNormalization, a Resize's scales)
         used_consts += [x for x in dict.fromkeys(x for n in nodes for x in n.input)
                         if x in inits and x not in region.inputs and x not in used_consts]
+    return nodes, used_consts
+
+
+def fallback_key(region: Region, model: onnx.ModelProto) -> str:
+    """A digest of the constants the region's function embeds (their types, dims and data, in order), for its op
+    type: two regions whose kernels are the same can still need different functions. DenseNet-BC's BatchNormalizations
+    with uniform parameters folded to one kernel for 50 layers of 24 to 456 channels, and all 50 nodes called the
+    first one's function, whose 24-channel parameters then failed onnxruntime's shape inference for the next."""
+    inits = {t.name: t for t in model.graph.initializer}
+    h = hashlib.sha256()
+    for name in _body_and_constants(region, inits)[1]:
+        t = inits[name]
+        h.update(repr((t.data_type, list(t.dims))).encode())
+        h.update(numpy_helper.to_array(t).tobytes())  # not the name: the same data under two names is one function
+    return h.hexdigest()[:16]
+
+
+def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
+    inits = {t.name: t for t in model.graph.initializer}
+    body = []
+    nodes, used_consts = _body_and_constants(region, inits)
     for name in used_consts:
         body.append(helper.make_node("Constant", [], [name], value=inits[name]))
     for n in nodes:
@@ -120,10 +141,14 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
             if t.name not in have:
                 have.add(t.name)
                 g.initializer.append(t)
-    funcs = {}
+    funcs, keys = {}, {}
     for r in regions:
         if r.relayout is None:
             funcs.setdefault(r.op_type, _function_for(r, model))
+            key = fallback_key(r, model)
+            if keys.setdefault(r.op_type, key) != key:
+                raise RuntimeError(f"two regions of op type {r.op_type} embed different constants in their function "
+                                   "fallbacks; this is a bug in the op type's key (Region.fallback_key)")
     out.functions.extend(funcs.values())
     if funcs and not any(o.domain == DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(DOMAIN, 1))

@@ -206,7 +206,12 @@ def _i64(name, values):
 
 
 def block_nodes(src: str, dst: str, c: int, h: int, w: int, lanes: int, opset: int) -> list[onnx.NodeProto]:
-    """[N, C, H, W] -> [N, C/L, H, W, L] (zero channels added): Pad, Reshape, Transpose."""
+    """[N, C, H, W] -> [N, C/L, H, W, L] (zero channels added): Pad, Transpose, Reshape, Transpose.
+
+    Only C is fixed (Reshape's 0 keeps N, H and W): these nodes go into function fallbacks, which every node of the
+    op type calls, and one convolution kernel serves every image size (DenseNet-BC's 32x32, 16x16 and 8x8 blocks
+    share op types). `h` and `w` are not used; they stay for the callers' symmetry with the data they have."""
+    del h, w
     cb = -(-c // lanes)
     nodes = []
     cur = src
@@ -217,19 +222,22 @@ def block_nodes(src: str, dst: str, c: int, h: int, w: int, lanes: int, opset: i
         else:
             nodes.append(helper.make_node("Pad", [cur], [f"{dst}__padded"], pads=pads))
         cur = f"{dst}__padded"
-    nodes += [_i64(f"{dst}__shape5", [0, cb, lanes, h, w]),
-              helper.make_node("Reshape", [cur, f"{dst}__shape5"], [f"{dst}__split"]),
-              helper.make_node("Transpose", [f"{dst}__split"], [dst], perm=[0, 1, 3, 4, 2])]
+    nodes += [helper.make_node("Transpose", [cur], [f"{dst}__nhwc"], perm=[0, 2, 3, 1]),
+              _i64(f"{dst}__shape5", [0, 0, 0, cb, lanes]),
+              helper.make_node("Reshape", [f"{dst}__nhwc", f"{dst}__shape5"], [f"{dst}__split"]),
+              helper.make_node("Transpose", [f"{dst}__split"], [dst], perm=[0, 3, 1, 2, 4])]
     return nodes
 
 
 def unblock_nodes(src: str, dst: str, c: int, h: int, w: int, lanes: int, opset: int) -> list[onnx.NodeProto]:
-    """[N, C/L, H, W, L] -> [N, C, H, W]: Transpose, Reshape, Slice."""
+    """[N, C/L, H, W, L] -> [N, C, H, W]: Transpose, Reshape, Transpose, Slice; as block_nodes, only C is fixed."""
+    del h, w
     cb = -(-c // lanes)
     full = dst if cb * lanes == c else f"{dst}__full"
-    nodes = [helper.make_node("Transpose", [src], [f"{dst}__t"], perm=[0, 1, 4, 2, 3]),
-             _i64(f"{dst}__shape4", [0, cb * lanes, h, w]),
-             helper.make_node("Reshape", [f"{dst}__t", f"{dst}__shape4"], [full])]
+    nodes = [helper.make_node("Transpose", [src], [f"{dst}__t"], perm=[0, 2, 3, 1, 4]),
+             _i64(f"{dst}__shape4", [0, 0, 0, cb * lanes]),
+             helper.make_node("Reshape", [f"{dst}__t", f"{dst}__shape4"], [f"{dst}__nhwc"]),
+             helper.make_node("Transpose", [f"{dst}__nhwc"], [full], perm=[0, 3, 1, 2])]
     if full != dst:
         if opset >= 10:
             nodes += [_i64(f"{dst}__starts", [0]), _i64(f"{dst}__ends", [c]), _i64(f"{dst}__axes", [1]),

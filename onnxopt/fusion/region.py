@@ -107,6 +107,9 @@ class Region:
     # new constant tensors an elementwise region reads (a BatchNormalization's scale and shift, fusion/batchnorm.py):
     # written into fused.onnx with it; its function fallback reads the original parameters instead
     initializers: list = field(default_factory=list)
+    # the constants its function fallback embeds (emit/model.py, fallback_key): part of the op type, since one op
+    # type has one function
+    fallback_key: str = ""
 
     def compute_op_type(self, target_name: str) -> str:
         self.op_type_key = target_name
@@ -114,6 +117,8 @@ class Region:
             self.op_type = "relayout_" + hashlib.sha256("|".join(self.outputs).encode()).hexdigest()[:16]
             return self.op_type
         text = self.kind + "|" + target_name + "|" + self.program.signature()
+        if self.fallback_key:
+            text += "|fallback" + self.fallback_key
         if self.compute is not None:
             c = self.compute
             text += "|" + json.dumps([c.op, c.extra_kinds, c.extra_nstride,

@@ -378,3 +378,40 @@ def test_toposort_ignores_empty_and_external_inputs():
     nodes = [helper.make_node("Clip", ["a", "", "hi"], ["y"], name="clip"),
              helper.make_node("Relu", ["x"], ["a"], name="relu")]
     assert _names(stable_toposort(nodes)) == ["relu", "clip"]
+
+
+def test_kernels_alike_with_different_fallback_constants_get_op_types_of_their_own(tmp_path):
+    """DenseNet-style BatchNormalization -> Relu on 8 and on 16 channels, with the untrained parameters (all ones and
+    zeros): the folded kernels are alike, but each function fallback embeds its own layer's parameters, so one op
+    type for both would give the 16-channel node the 8-channel function (onnxruntime then fails to load the model
+    without the library). Each gets its own op type, and the model runs with and without the library."""
+    import onnxopt
+
+    rng = np.random.default_rng(3)
+
+    def bn(name, x, y, c):
+        inits = [const(f"{name}_{p}", v) for p, v in
+                 (("g", np.ones(c)), ("b", np.zeros(c)), ("m", np.zeros(c)), ("v", np.ones(c)))]
+        return [helper.make_node("BatchNormalization", [x] + [t.name for t in inits], [y + "_bn"], name=name),
+                helper.make_node("Relu", [y + "_bn"], [y])], inits
+
+    n1, i1 = bn("bn1", "x", "r1", 8)
+    w1 = const("w1", rng.standard_normal((8, 8, 3, 3)) * 0.2)
+    conv1 = helper.make_node("Conv", ["r1", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1])
+    cat = helper.make_node("Concat", ["x", "c1"], ["cat"], axis=1)
+    n2, i2 = bn("bn2", "cat", "r2", 16)
+    w2 = const("w2", rng.standard_normal((8, 16, 1, 1)) * 0.2)
+    conv2 = helper.make_node("Conv", ["r2", "w2"], ["y"], name="conv2")
+    model = make_model(n1 + [conv1, cat] + n2 + [conv2], [vi("x", F32, [1, 8, 10, 10])], [vi("y", F32, [1, 8, 10, 10])],
+                       i1 + i2 + [w1, w2])
+    src, out = str(tmp_path / "m.onnx"), str(tmp_path / "f.onnx")
+    onnx.save(model, src)
+    res = onnxopt.optimize(src, out, measure=False, sequences=False)
+    fused = onnx.load(out)
+    bns = {r["nodes"][0]: r["op_type"] for r in res.report["regions"] if r["nodes"][0] in ("bn1", "bn2")}
+    assert len(bns) == 2 and bns["bn1"] != bns["bn2"], bns
+    x = {"x": rng.standard_normal((1, 8, 10, 10)).astype(np.float32)}
+    want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, x)[0]
+    plain = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, x)[0]  # the functions
+    np.testing.assert_allclose(plain, want, rtol=1e-5, atol=1e-5)
+    assert len({f.name for f in fused.functions}) == len(fused.functions)

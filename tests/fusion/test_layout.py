@@ -131,19 +131,21 @@ def test_to_blocked_round_trip_and_zero_padding(batch, c, h, w, lanes):
 
 @pytest.mark.parametrize("opset", [9, 13, 17])
 @pytest.mark.parametrize("c", [16, 24, 5])
-def test_onnx_reorders_match_numpy(opset, c):
-    """The fallback's Pad/Reshape/Transpose/Slice nodes compute the same as to_blocked/from_blocked."""
-    h, w = 3, 5
-    nodes = block_nodes("x", "xb", c, h, w, 16, opset) + unblock_nodes("xb", "y", c, h, w, 16, opset)
-    m = make_model(nodes, [vi("x", F32, [2, c, h, w])], [vi("xb", F32, None), vi("y", F32, [2, c, h, w])],
+def test_onnx_reorders_match_numpy_at_any_batch_and_image_size(opset, c):
+    """The fallback's Pad/Reshape/Transpose/Slice nodes compute the same as to_blocked/from_blocked, for other batch
+    and image sizes than the ones they were made with: one function serves every node of an op type, and a kernel
+    every image size (DenseNet-BC's blocks)."""
+    nodes = block_nodes("x", "xb", c, 3, 5, 16, opset) + unblock_nodes("xb", "y", c, 3, 5, 16, opset)
+    m = make_model(nodes, [vi("x", F32, ["N", c, "H", "W"])], [vi("xb", F32, None), vi("y", F32, ["N", c, "H", "W"])],
                    opset=opset, ir_version=7 if opset < 13 else 8)
     for o in m.graph.output:  # the checker wants shapes on outputs
         if not o.type.tensor_type.HasField("shape"):
             o.type.tensor_type.shape.SetInParent()
-    x = np.random.default_rng(0).standard_normal((2, c, h, w)).astype(np.float32)
-    xb, y = reference(m, {"x": x})
-    assert np.array_equal(xb, to_blocked(x, 16))
-    assert np.array_equal(y, x)
+    for n, h, w in ((2, 3, 5), (1, 7, 4)):
+        x = np.random.default_rng(n).standard_normal((n, c, h, w)).astype(np.float32)
+        xb, y = reference(m, {"x": x})
+        assert np.array_equal(xb, to_blocked(x, 16))
+        assert np.array_equal(y, x)
 
 
 def test_packed_blocked_weights_layout():
@@ -267,9 +269,9 @@ def test_blocked_tensor_passes_between_fused_convolutions_without_reorder(tmp_pa
     assert producer[producer["c"].input[0]].output[0] == "b"
     # The layout is in each op's signature and in its fallback: a and b end with the reorder to blocked.
     body_a = function_of(res.model, producer["a"].op_type).node
-    assert body_a[-1].op_type == "Transpose" and list(body_a[-1].attribute[0].ints) == [0, 1, 3, 4, 2]
+    assert body_a[-1].op_type == "Transpose" and list(body_a[-1].attribute[0].ints) == [0, 3, 1, 2, 4]
     body_c = function_of(res.model, producer["c"].op_type).node
-    assert body_c[0].op_type == "Transpose" and list(body_c[0].attribute[0].ints) == [0, 1, 4, 2, 3]
+    assert body_c[0].op_type == "Transpose" and list(body_c[0].attribute[0].ints) == [0, 2, 3, 1, 4]
     assert len({nd.op_type for nd in nodes}) == 3
     check_answers(res, model, ch.feeds)
     # The blocked tensor itself: through the library it is [N, C/L, H, W, L] with zero padding.
