@@ -51,8 +51,11 @@ def fallback_key(region: Region, model: onnx.ModelProto) -> str:
     with uniform parameters folded to one kernel for 50 layers of 24 to 456 channels, and all 50 nodes called the
     first one's function, whose 24-channel parameters then failed onnxruntime's shape inference for the next."""
     inits = {t.name: t for t in model.graph.initializer}
+    names = _body_and_constants(region, inits)[1]
+    if not names:
+        return ""  # nothing embedded: the op type stays what the kernel alone makes it
     h = hashlib.sha256()
-    for name in _body_and_constants(region, inits)[1]:
+    for name in names:
         t = inits[name]
         h.update(repr((t.data_type, list(t.dims))).encode())
         h.update(numpy_helper.to_array(t).tobytes())  # not the name: the same data under two names is one function
