@@ -48,7 +48,7 @@ def _body_and_constants(region: Region, inits: dict) -> tuple[list, list[str]]:
 def fallback_key(region: Region, model: onnx.ModelProto) -> str:
     """A digest of the constants the region's function embeds (their types, dims and data, in order), for its op
     type: two regions whose kernels are the same can still need different functions. DenseNet-BC's BatchNormalizations
-    with uniform parameters folded to one kernel for 50 layers of 24 to 456 channels, and all 50 nodes called the
+    with uniform parameters folded to one kernel for 50 layers of different widths, and all 50 nodes called the
     first one's function, whose 24-channel parameters then failed onnxruntime's shape inference for the next."""
     inits = {t.name: t for t in model.graph.initializer}
     names = _body_and_constants(region, inits)[1]
