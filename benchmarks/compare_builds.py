@@ -5,8 +5,8 @@
 BEFORE_DIR and AFTER_DIR are `optifx_networks.py --out` directories (each holds `<network>.onnx`, the original, and
 `<network>_default.onnx` with its library). Per network the original through onnxruntime and the two default builds
 run interleaved in one process (`onnxopt.timing.time_interleaved`, blocks of each in turn until --min-time), so a
-change's effect is a ratio taken at one moment: on this shared host the same build measured 4.70 ms and 5.51 ms
-(MobileNetV2) in two retimes an hour apart. Prints each network's medians, speedups and after / before, then the
+change's effect is a ratio taken at one moment: on this shared host the same MobileNetV2 build measured 5.51 ms and
+4.90 ms in two retimes half an hour apart. Prints each network's medians, speedups and after / before, then the
 geomean speedup of each build over onnxruntime.
 """
 
