@@ -234,7 +234,7 @@ def exit_form(node: onnx.NodeProto, blocked_form: list[onnx.NodeProto], shape_of
     from .layout import unblock_nodes
 
     out = node.output[0]
-    _, c, h, w = shape_of(out)
+    c = shape_of(out)[1]
     tmp = f"{out}__blocked_pool"
     nodes = []
     for m in blocked_form:
@@ -244,7 +244,7 @@ def exit_form(node: onnx.NodeProto, blocked_form: list[onnx.NodeProto], shape_of
             if o == out:
                 c_.output[i] = tmp
         nodes.append(c_)
-    return nodes + unblock_nodes(tmp, out, c, h, w, lanes, opset)
+    return nodes + unblock_nodes(tmp, out, c, lanes, opset)
 
 
 _checked: dict[str, bool] = {}

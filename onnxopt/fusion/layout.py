@@ -205,13 +205,12 @@ def _i64(name, values):
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(values, np.int64), name))
 
 
-def block_nodes(src: str, dst: str, c: int, h: int, w: int, lanes: int, opset: int) -> list[onnx.NodeProto]:
+def block_nodes(src: str, dst: str, c: int, lanes: int, opset: int) -> list[onnx.NodeProto]:
     """[N, C, H, W] -> [N, C/L, H, W, L] (zero channels added): Pad, Transpose, Reshape, Transpose.
 
     Only C is fixed (Reshape's 0 keeps N, H and W): these nodes go into function fallbacks, which every node of the
     op type calls, and one convolution kernel serves every image size (DenseNet-BC's 32x32, 16x16 and 8x8 blocks
-    share op types). `h` and `w` are not used; they stay for the callers' symmetry with the data they have."""
-    del h, w
+    share op types)."""
     cb = -(-c // lanes)
     nodes = []
     cur = src
@@ -229,9 +228,8 @@ def block_nodes(src: str, dst: str, c: int, h: int, w: int, lanes: int, opset: i
     return nodes
 
 
-def unblock_nodes(src: str, dst: str, c: int, h: int, w: int, lanes: int, opset: int) -> list[onnx.NodeProto]:
+def unblock_nodes(src: str, dst: str, c: int, lanes: int, opset: int) -> list[onnx.NodeProto]:
     """[N, C/L, H, W, L] -> [N, C, H, W]: Transpose, Reshape, Transpose, Slice; as block_nodes, only C is fixed."""
-    del h, w
     cb = -(-c // lanes)
     full = dst if cb * lanes == c else f"{dst}__full"
     nodes = [helper.make_node("Transpose", [src], [f"{dst}__t"], perm=[0, 2, 3, 1, 4]),
@@ -323,14 +321,14 @@ def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni
     to_unblock = ([r.inputs[0]] if in_blocked and not unblocked else []) + \
         ([x for x, k in extras if k == POSITION] if out_blocked else [])
     for x in dict.fromkeys(to_unblock):
-        _, ch, h, w_ = shape_of(x)
+        ch = shape_of(x)[1]
         renames[x] = f"{x}__nchw"
-        prologue += unblock_nodes(x, renames[x], ch, h, w_, lanes, opset)
+        prologue += unblock_nodes(x, renames[x], ch, lanes, opset)
     if out_blocked:
         for o in r.outputs:
-            _, ch, h, w_ = shape_of(o)
+            ch = shape_of(o)[1]
             renames[o] = f"{o}__nchw"
-            epilogue += block_nodes(renames[o], o, ch, h, w_, lanes, opset)
+            epilogue += block_nodes(renames[o], o, ch, lanes, opset)
     new_body = []
     for n in body:
         m = onnx.NodeProto()

@@ -135,7 +135,7 @@ def test_onnx_reorders_match_numpy_at_any_batch_and_image_size(opset, c):
     """The fallback's Pad/Reshape/Transpose/Slice nodes compute the same as to_blocked/from_blocked, for other batch
     and image sizes than the ones they were made with: one function serves every node of an op type, and a kernel
     every image size (DenseNet-BC's blocks)."""
-    nodes = block_nodes("x", "xb", c, 3, 5, 16, opset) + unblock_nodes("xb", "y", c, 3, 5, 16, opset)
+    nodes = block_nodes("x", "xb", c, 16, opset) + unblock_nodes("xb", "y", c, 16, opset)
     m = make_model(nodes, [vi("x", F32, ["N", c, "H", "W"])], [vi("xb", F32, None), vi("y", F32, ["N", c, "H", "W"])],
                    opset=opset, ir_version=7 if opset < 13 else 8)
     for o in m.graph.output:  # the checker wants shapes on outputs
