@@ -43,6 +43,7 @@ from onnxopt.fusion.layout import (assign_blocked_layouts, blocked_inputs, block
                                    is_depthwise, to_blocked, with_channel_vectors)
 from onnxopt.fusion.region import Region
 from onnxopt.fusion.siblings import Siblings, apply_siblings, sibling_groups
+from onnxopt.graph.classifier_conv import classifiers_as_convs
 from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.load import check_output_path, commit_files, load_model, parse_input_shapes, save_model
@@ -450,11 +451,14 @@ class _Optimizer:
         # Duplicate nodes (NASNet's repeated Relus of one tensor) become one: less work, and fewer readers to keep a
         # fused convolution's outputs under the glue's limit (graph/cse.py).
         self.report["merged_nodes"] = eliminate_common_subexpressions(work)
-        # Two exact rewrites that leave less for onnxruntime to run and more for the kernels to fuse
-        # (graph/subsample_conv.py, graph/unary_through_concat.py); the Relus they copy merge with existing ones.
+        # Exact rewrites that leave less for onnxruntime to run and more for the kernels to fuse
+        # (graph/subsample_conv.py, graph/unary_through_concat.py, graph/classifier_conv.py); the Relus they copy
+        # merge with existing ones.
         inferred = _infer(work)
-        rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, _static_shapes(inferred)),
-                    "unary_through_concats": push_unary_through_concats(work)}
+        static = _static_shapes(inferred)
+        rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
+                    "unary_through_concats": push_unary_through_concats(work),
+                    "classifiers_as_convs": classifiers_as_convs(work, static)}
         self.report["rewrites"] = rewrites
         if rewrites["unary_through_concats"]:
             self.report["merged_nodes"] += eliminate_common_subexpressions(work)
@@ -621,11 +625,15 @@ class _Optimizer:
         relayouts = [r for r in blocked if r.relayout is not None]
         claimed.update(rule.index.producer[r.outputs[0]] for r in relayouts)
         if "pool" not in self.opts.skip_fusion:
-            # A MaxPool or AveragePool inside a chain runs as our blocked pool kernel (pool_exec.c), its
-            # passthrough form the fallback: onnxruntime's 3-D pool on the 5-D form is a slow generic loop.
+            # A pool inside a chain runs as our blocked pool kernel (pool_exec.c), its passthrough form the
+            # fallback: onnxruntime's 3-D pool on the 5-D form is a slow generic loop. So does a global pool that
+            # ends a chain (a classifier's): onnxruntime's ReduceMean and the reorder after it would end the
+            # sequence before the classifier.
             pools = PoolRule(work)
-            relayouts = [(r.kind == "relayout" and pools.blocked_region(r.nodes[0], r.relayout, mk.lanes)) or r
-                         for r in relayouts]
+            relayouts = [(r.kind == "relayout" and pools.blocked_region(r.nodes[0], r.relayout, mk.lanes))
+                         or (r.kind == "relayout-exit" and pools.blocked_region(
+                             r.nodes[0], r.relayout, mk.lanes, exit_channels=int(ew.shape_of(r.outputs[0])[1])))
+                         or r for r in relayouts]
         plan += relayouts
         if "copy" not in self.opts.skip_fusion:
             # Concats and nearest Resizes in the chains as our copy kernel (fusion/blocked_copy.py); the plan keeps

@@ -210,7 +210,8 @@ typedef struct {
   int n_extra;                  /* epilogue inputs: op inputs 1.. */
   const int *extra_kind;        /* POSITION, CHANNEL, COLUMN (unused), SCALAR */
   const int64_t *extra_nstride; /* 1: has the batch dim, 0: shared by the batch */
-  int blocked;                  /* lanes of a blocked input and output [N, C / L, H, W, L] (windowed only), or 0 */
+  int blocked;                  /* lanes of a blocked input [N, C / L, H, W, L], or 0 */
+  int64_t exit_channels;        /* a blocked global pool that writes NCHW [N, C, 1, 1]: C; 0 writes it blocked */
 } onnxopt_pool_desc;
 
 /* A Concat of blocked tensors along their channel blocks, each input first repeated by integer factors along the

@@ -65,6 +65,8 @@ typedef struct {
   seq_value *vals;
   void **slot_val; /* the OrtValue (onnxruntime's or a seq_value) each slot holds in this run */
   seq_jobs *jobs;
+  double *step_s; /* ONNXOPT_SEQUENCE_PROFILE: seconds per step summed over `runs` runs (NULL when off) */
+  long runs;
 } seq_arena;
 
 struct seq_run {
@@ -77,6 +79,7 @@ struct seq_run {
   int in_block;
   int serial; /* ONNXOPT_SEQUENCE_SECTION=0: each loop goes to onnxruntime's pool (for A/B timings) */
   int views;  /* ONNXOPT_SEQUENCE_VIEWS=0: no Concat inputs written in place (for A/B timings) */
+  int profile; /* ONNXOPT_SEQUENCE_PROFILE=FILE: the driver times each step (seq_profile_write) */
   _Atomic(seq_job *) cur;
   atomic_int entered, end;
   atomic_uint gen;     /* bumped at every loop published and at the end: what a sleeping helper waits on */
@@ -178,6 +181,7 @@ static size_t seq_elem_bytes(int onnx_type) {
 
 static void seq_arena_free(seq_arena *a) {
   if (!a) return;
+  free(a->step_s);
   for (int b = 0; b < a->n_buffers; b++) free(a->buf[b]);
   for (seq_jobs *j = a->jobs, *next; j; j = next) {
     next = j->next;
@@ -210,8 +214,46 @@ static seq_arena *seq_arena_new(const onnxopt_seq_desc *d) {
   return a;
 }
 
+/* ---- ONNXOPT_SEQUENCE_PROFILE=FILE: where a sequence's time goes ----
+ * onnxruntime's profiler sees a sequence as one node. With the variable set, the driver reads the clock around each
+ * step: a step's ParallelFor returns when all its tasks are done, so that is the step's latency as the run sees it,
+ * waits for the slowest thread included. When the library is unloaded (session end or process exit), one line per
+ * step is appended to FILE: sequence op type, step index, step op type, runs, mean microseconds (tab-separated;
+ * benchmarks/sequence_profile.py reads it). Runs of one op made concurrently keep their own arenas, and the times
+ * of an arena dropped then are lost: profile one run at a time. The clock costs about 50 ns a step. */
+#include <stdio.h>
+#include <time.h>
+
+static double seq_now(void) {
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC); /* C11; -std=c11 hides clock_gettime */
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void seq_profile_write(void) {
+  const char *path = getenv("ONNXOPT_SEQUENCE_PROFILE");
+  if (!path || !path[0]) return;
+  FILE *f = NULL;
+  for (int i = 0; i < onnxopt_n_seqs; i++) {
+    const seq_arena *a = (const seq_arena *)onnxopt_seq_arenas[i];
+    if (!a || !a->step_s || a->runs <= 0) continue;
+    const onnxopt_seq_desc *d = NULL;
+    for (int k = 0; k < onnxopt_n_ops && !d; k++) {
+      const onnxopt_sig *sig = ONNXOPT_OPS[k];
+      if (sig->kind == KIND_SEQUENCE && ((const onnxopt_seq_desc *)sig)->arena == i) d = (const onnxopt_seq_desc *)sig;
+    }
+    if (!d) continue;
+    if (!f && !(f = fopen(path, "a"))) return;
+    for (int s = 0; s < d->n_steps; s++)
+      fprintf(f, "%s\t%d\t%s\t%ld\t%.3f\n", d->sig.name, s, d->steps[s].op->name, a->runs,
+              1e6 * a->step_s[s] / (double)a->runs);
+  }
+  if (f) fclose(f);
+}
+
 /* dlclose: the arenas go with the library. */
 __attribute__((destructor)) static void seq_free_arenas(void) {
+  seq_profile_write();
   for (int i = 0; i < onnxopt_n_seqs; i++) {
     seq_arena_free((seq_arena *)onnxopt_seq_arenas[i]);
     onnxopt_seq_arenas[i] = NULL;
@@ -297,10 +339,17 @@ static double seq_inline_flops(void) { return tl_seq && !tl_seq->serial ? SEQ_IN
 static void seq_drive(seq_run *r) {
   seq_run *outer = tl_seq;
   tl_seq = r;
+  double t = r->profile ? seq_now() : 0.0;
   for (int s = 0; s < r->d->n_steps && !r->status; s++) {
     r->step = &r->d->steps[s];
     r->status = op_compute((void *)r->step->op, (OrtKernelContext *)&r->vctx);
+    if (r->profile) {
+      double now = seq_now();
+      r->a->step_s[s] += now - t;
+      t = now;
+    }
   }
+  if (r->profile && !r->status) r->a->runs++;
   tl_seq = outer;
 }
 
@@ -333,6 +382,9 @@ static OrtStatus *seq_compute(const onnxopt_seq_desc *d, OrtKernelContext *ctx) 
   r.serial = env && env[0] == '0';
   const char *views = getenv("ONNXOPT_SEQUENCE_VIEWS");
   r.views = !(views && views[0] == '0');
+  const char *profile = getenv("ONNXOPT_SEQUENCE_PROFILE");
+  if (profile && profile[0] && !a->step_s) a->step_s = (double *)calloc((size_t)d->n_steps, sizeof(double));
+  r.profile = profile && profile[0] && a->step_s;
   memset(a->slot_val, 0, (size_t)d->n_slots * sizeof(void *));
   atomic_init(&r.cur, NULL);
   atomic_init(&r.entered, 0);

@@ -38,6 +38,6 @@ def build_pool(region: Region, target: Target) -> tuple[bytes, PoolKernelDesc, s
         pads=tuple(a.get("pads", (0, 0, 0, 0))), auto_pad=int(a.get("auto_pad", 0)),
         ceil_mode=int(a.get("ceil_mode", 0)), count_include_pad=int(a.get("count_include_pad", 0)),
         rank=int(a["rank"]), extra_kinds=list(p.extra_kinds), extra_nstride=list(p.extra_nstride),
-        blocked=int(a.get("blocked", 0)),
+        blocked=int(a.get("blocked", 0)), exit_channels=int(a.get("exit_channels", 0)),
     )
     return obj, desc, ir_text

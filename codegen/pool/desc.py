@@ -26,7 +26,8 @@ class PoolKernelDesc:
     rank: int = 4  # of the input
     extra_kinds: list[int] = field(default_factory=list)
     extra_nstride: list[int] = field(default_factory=list)
-    blocked: int = 0  # lanes of a blocked input and output [N, C / L, H, W, L] (pool_exec.c's blocked path), or 0
+    blocked: int = 0  # lanes of a blocked input [N, C / L, H, W, L] (pool_exec.c's blocked path), or 0
+    exit_channels: int = 0  # a blocked global pool writing NCHW [N, C, 1, 1]: C (0: its output is blocked too)
 
 
 _POOL_OP = {"max": "POOL_MAX", "avg": "POOL_AVG", "gmax": "POOL_GMAX", "gavg": "POOL_GAVG"}
@@ -47,7 +48,8 @@ def pool_source(i: int, k: PoolKernelDesc) -> str:
                  f"{k.rows or 'NULL'}, {k.glob or 'NULL'}, {k.kernel[0]}, {k.kernel[1]}, "
                  f"{k.strides[0]}, {k.strides[1]}, {k.dilations[0]}, {k.dilations[1]}, "
                  f"{{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ceil_mode}, {k.count_include_pad}, "
-                 f"{k.rank}, {len(k.extra_kinds or [])}, p{i}_extra_kind, p{i}_extra_nstride, {int(k.blocked)}}};\n")
+                 f"{k.rank}, {len(k.extra_kinds or [])}, p{i}_extra_kind, p{i}_extra_nstride, {int(k.blocked)}, "
+                 f"{int(k.exit_channels)}}};\n")
     return "".join(parts)
 
 

@@ -73,8 +73,8 @@ def blocked_outputs(region: Region) -> set[str]:
     c = region.compute
     if c is not None and c.op == "siblings":
         return set().union(*(blocked_outputs(p) for p in c.parts))
-    if region.pool is not None and region.pool.attrs.get("blocked"):
-        return set(region.outputs)
+    if region.pool is not None and region.pool.attrs.get("blocked"):  # NCHW when it ends the chain
+        return set() if region.pool.attrs.get("exit_channels") else set(region.outputs)
     return set(region.outputs) if c is not None and c.attrs.get("out_blocked") else set()
 
 

@@ -153,17 +153,24 @@ class PoolRule:
         return region
 
 
-    def blocked_region(self, node, rewritten: list, lanes: int) -> Region | None:
-        """A MaxPool or AveragePool that a blocked chain runs through, as a kernel of ours on the blocked tensors
-        (pool_exec.c's blocked path: each lane a channel); `rewritten` is the node's passthrough form, which becomes
-        the fallback. None when the pool is not one our kernel computes (then the passthrough stays)."""
-        if node.op_type not in ("MaxPool", "AveragePool") or self.admits(node) is not None:
+    def blocked_region(self, node, rewritten: list, lanes: int, exit_channels: int = 0) -> Region | None:
+        """A pool that a blocked chain runs through, as a kernel of ours on the blocked tensors (pool_exec.c's
+        blocked path: each lane a channel); `rewritten` is the node's passthrough form, which becomes the fallback.
+        A global pool may also end the chain (`exit_channels` = C, `rewritten` its exit form): it reads the blocked
+        tensor and writes NCHW [N, C, 1, 1] for the classifier after it. None when the pool is not one our kernel
+        computes (then the passthrough stays)."""
+        if node.op_type not in POOL_OPS or self.admits(node) is not None:
+            return None
+        glob = node.op_type.startswith("Global")
+        if exit_channels and not glob:
             return None
         out_shape = self.ew.shape_of(node.output[0])
-        if out_shape is None:
+        if out_shape is None or (glob and len(out_shape) != 4):  # the blocked form is 2-D: [N, C / L, H, W, L]
             return None
         region = self._build(node, [self.index.nodes.index(node)], [], [], [node.output[0]], out_shape)
         region.pool.attrs["blocked"] = int(lanes)
+        if exit_channels:
+            region.pool.attrs["exit_channels"] = int(exit_channels)
         region.pool.body = list(rewritten)
         return region
 

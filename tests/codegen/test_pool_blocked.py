@@ -82,3 +82,27 @@ def test_inception_average_pool_branch_is_ours(tmp_path):
     producer = {o: nd for nd in expand_sequences(res.model).graph.node for o in nd.output}
     assert producer["p"].domain == "onnxopt" and producer["p"].op_type.startswith("AveragePool")
     check_answers(res, model, ch.feeds)
+
+
+@needs_vectors
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(op=st.sampled_from(["GlobalAveragePool", "GlobalMaxPool"]), c=st.integers(1, 40), h=st.integers(1, 9),
+       w=st.integers(1, 9), batch=st.sampled_from([1, 2]), exits=st.booleans())
+def test_blocked_global_pool_matches_onnxruntime(tmp_path_factory, op, c, h, w, batch, exits):
+    """A global pool in a blocked chain: our kernel, writing blocked for a 1x1 convolution after it, or NCHW without
+    the padding channels where it ends the chain (a Flatten after it), whatever C is against the lanes."""
+    ch = Chain(3, h, w, batch=batch, seed=c + 7 * h + w)
+    a = ch.conv("x", "a", c, k=3)
+    ch.nodes.append(helper.make_node(op, [a], ["p"], name="pool"))
+    ch.c["p"] = c
+    if exits:
+        ch.nodes.append(helper.make_node("Flatten", ["p"], ["out"], name="flatten", axis=1))
+    else:
+        ch.conv("p", "out", 5, k=1, p=0)
+    model = ch.model(["out"])
+    res = optimize_blocked(model, tmp_path_factory.mktemp("bgpool"))
+    entry = next(r for r in res.report["regions"] if r["nodes"] == ["pool"])
+    assert entry["layout"] == ("blocked->nchw" if exits else "blocked->blocked")
+    producer = {o: nd for nd in expand_sequences(res.model).graph.node for o in nd.output}
+    assert producer["p"].domain == "onnxopt"
+    check_answers(res, model, ch.feeds)

@@ -264,3 +264,50 @@ print("ok")
 
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_sequence_profile_times_every_step(built, tmp_path):
+    """ONNXOPT_SEQUENCE_PROFILE=FILE: when the library is unloaded (here, at the child's exit), one line per step of
+    each sequence that ran: its op type, the step's index and op type (the sequence function's nodes, in order),
+    the runs, and a mean time that is positive and no more than the child's whole run took. Results are unchanged
+    by the clock. benchmarks/sequence_profile.py reads the file into a table."""
+    import subprocess
+    import sys
+
+    src, out, _ = built
+    feeds = _feeds()
+    np.save(tmp_path / "x.npy", feeds["x"])
+    np.save(tmp_path / "want.npy", _want(src, feeds)[0])
+    prof = tmp_path / "profile.tsv"
+    code = f"""
+import os, time, numpy as np, onnxruntime as ort
+so = ort.SessionOptions()
+so.intra_op_num_threads = 2
+so.register_custom_ops_library({os.path.abspath(out + ".so")!r})
+s = ort.InferenceSession({out!r}, so, providers=["CPUExecutionProvider"])
+x = np.load({str(tmp_path / "x.npy")!r})
+want = np.load({str(tmp_path / "want.npy")!r})
+t0 = time.perf_counter()
+for _ in range(7):
+    np.testing.assert_allclose(s.run(None, {{"x": x}})[0], want, rtol=1e-4, atol=1e-5)
+print(time.perf_counter() - t0)
+"""
+    env = dict(os.environ, ONNXOPT_SEQUENCE_PROFILE=str(prof))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    total_us = float(r.stdout.strip().splitlines()[-1]) * 1e6
+    fused = onnx.load(out, load_external_data=False)
+    steps = {f.name: [nd.op_type for nd in f.node] for f in fused.functions if f.name.startswith("Sequence_")}
+    ran = [nd.op_type for nd in fused.graph.node if nd.domain == D and nd.op_type in steps]
+    rows = [line.split("\t") for line in prof.read_text().splitlines()]
+    assert [(q, int(i), op) for q, i, op, _, _ in rows] == [(q, i, op) for q in dict.fromkeys(ran)
+                                                             for i, op in enumerate(steps[q])]
+    assert all(int(runs) == 7 for *_, runs, _ in rows)
+    assert all(0 < float(us) for *_, us in rows) and sum(float(us) for *_, us in rows) * 7 <= total_us
+    # Without the variable nothing is written.
+    prof.unlink()
+    env.pop("ONNXOPT_SEQUENCE_PROFILE")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                       env=env)
+    assert r.returncode == 0 and not prof.exists()
