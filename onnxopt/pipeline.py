@@ -35,6 +35,7 @@ from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
 from onnxopt.fusion import blocked_passthrough
 from onnxopt.fusion.blocked_copy import fuse_copies, plain_concats
+from onnxopt.fusion.blocked_elementwise import blocked_elementwise
 from onnxopt.fusion.afusion.plan import afusion_pairs, apply_pairs, greedy_pairs
 from onnxopt.fusion.compute import ComputeRule, apply_tile, conv_macs_per_output
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
@@ -481,7 +482,7 @@ class _Optimizer:
                 a = r.compute.attrs if r.compute is not None else None
                 layout = (a.get("in_blocked", 0), a.get("out_blocked", 0), a.get("channel_vectors", 0)) \
                     if a is not None else (r.pool.attrs.get("blocked", 0),) if r.pool is not None else \
-                    (r.copy.lanes,) if r.copy is not None else ()
+                    (r.copy.lanes,) if r.copy is not None else (r.blocked_lanes,)
                 key = (r.kind, tuple(n.output[0] for n in r.nodes), layout)
                 out.append(seen.setdefault(key, r))
             return out
@@ -639,6 +640,10 @@ class _Optimizer:
             # Concats and nearest Resizes in the chains as our copy kernel (fusion/blocked_copy.py); the plan keeps
             # their passthrough regions too, which stand in for a copy kernel that is rejected.
             plan += fuse_copies(relayouts, rule.index, ew.shape_of, mk.lanes)
+        if "elementwise" not in self.opts.skip_fusion:
+            # Relus and Adds the chains run through as our elementwise kernels on the blocked tensors
+            # (fusion/blocked_elementwise.py); their passthrough regions stay in the plan as the fallback.
+            plan += blocked_elementwise(relayouts, work, mk.lanes)
         if "pool" not in self.opts.skip_fusion:  # pools left out of the chains read and write NCHW
             plan += PoolRule(work).find_regions(claimed, [])
         if "copy" not in self.opts.skip_fusion and self.opts.sequences:
@@ -1221,7 +1226,7 @@ class _Optimizer:
                 # that the padding channels are exact zeros (the next blocked kernel relies on it).
                 lanes = r.compute.attrs.get("block", 0) if r.compute is not None else \
                     r.pool.attrs.get("blocked", 0) if r.pool is not None else \
-                    r.copy.lanes if r.copy is not None else 0
+                    r.copy.lanes if r.copy is not None else r.blocked_lanes
                 fused_feeds = {x: to_blocked(v, lanes) if x in blocked_inputs(r) else v for x, v in feeds.items()}
                 try:
                     s_orig = make_session(orig, self.opts.threads)
@@ -1829,8 +1834,9 @@ def offline_split(timings: dict) -> dict:
 def passthroughs_kept(accepted: list[Region], regions: list[Region]) -> list[Region]:
     """The passthrough regions of blocked chains that join the accepted kernels. They have no kernel to check and
     stay while both their ends do (_consistent_layouts), except those an accepted copy kernel replaces
-    (fusion/blocked_copy.py): they come back only when it was rejected."""
-    copied = {id(f) for r in accepted if r.copy is not None for f in r.copy.fallback}
+    (fusion/blocked_copy.py) or an accepted elementwise kernel on blocked tensors (fusion/blocked_elementwise.py):
+    they come back only when it was rejected."""
+    copied = {id(f) for r in accepted for f in (r.copy.fallback if r.copy is not None else r.replaces)}
     return [r for r in regions if r.relayout is not None and id(r) not in copied]
 
 

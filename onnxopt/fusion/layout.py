@@ -45,7 +45,7 @@ def from_blocked(a: np.ndarray, channels: int) -> np.ndarray:
 
 # ---- what a region reads and writes blocked ----
 def blocked_inputs(region: Region) -> set[str]:
-    if region.relayout is not None or (region.copy is not None and region.copy.lanes):
+    if region.relayout is not None or (region.copy is not None and region.copy.lanes) or region.blocked_lanes:
         return set(region.inputs)
     if region.copy is not None:  # a plain Concat (fusion/blocked_copy.py)
         return set()
@@ -66,6 +66,8 @@ def blocked_inputs(region: Region) -> set[str]:
 
 
 def blocked_outputs(region: Region) -> set[str]:
+    if region.blocked_lanes:
+        return set(region.outputs)
     if region.copy is not None:
         return set(region.outputs) if region.copy.lanes else set()
     if region.relayout is not None:

@@ -110,6 +110,10 @@ class Region:
     # the constants its function fallback embeds (emit/model.py, fallback_key): part of the op type, since one op
     # type has one function
     fallback_key: str = ""
+    # an elementwise region on blocked tensors (fusion/blocked_elementwise.py): their lanes, and the passthrough
+    # regions it replaces, which come back if its kernel is rejected
+    blocked_lanes: int = 0
+    replaces: list = field(default_factory=list)
 
     def compute_op_type(self, target_name: str) -> str:
         self.op_type_key = target_name
