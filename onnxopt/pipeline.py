@@ -34,7 +34,7 @@ from onnxopt.emit.model import DOMAIN, build_fused_model, fallback_key, set_libr
 from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
 from onnxopt.fusion import blocked_passthrough
-from onnxopt.fusion.blocked_copy import fuse_copies, plain_concats
+from onnxopt.fusion.blocked_copy import fuse_copies, plain_concats, plain_slices
 from onnxopt.fusion.blocked_elementwise import blocked_elementwise
 from onnxopt.fusion.afusion.plan import afusion_pairs, apply_pairs, greedy_pairs
 from onnxopt.fusion.compute import ComputeRule, apply_tile, conv_macs_per_output
@@ -652,6 +652,10 @@ class _Optimizer:
             concats = plain_concats(rule.index, ew.shape_of, ew.dtype_of, claimed)
             claimed.update(rule.index.producer[r.outputs[0]] for r in concats)
             plan += concats
+            # And Slices, for the same reason (NASNet-A's crops after its factorized reductions).
+            slices = plain_slices(rule.index, ew.shape_of, ew.dtype_of, const_of, claimed, ew.opset)
+            claimed.update(rule.index.producer[r.outputs[0]] for r in slices)
+            plan += slices
         if "elementwise" not in self.opts.skip_fusion:
             plan += ElementwiseRule(work).find_regions([], exclude=claimed)
         return plan

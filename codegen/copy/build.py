@@ -15,5 +15,6 @@ def build_copy(region: Region, target: Target) -> tuple[tuple, CopyKernelDesc, s
     if c.lanes and c.lanes != target.float32_lanes:
         raise ValueError(f"a blocked copy of {c.lanes} lanes for a target of {target.float32_lanes}")
     desc = CopyKernelDesc(op_type=region.op_type, in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
-                          out_types=[ONNX_ENUM["float32"]], lanes=c.lanes, factors=list(c.factors), axis=c.axis)
+                          out_types=[ONNX_ENUM["float32"]], lanes=c.lanes, factors=list(c.factors), axis=c.axis,
+                          slice=c.slice)
     return (), desc, ""

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from onnxopt.fusion.blocked_copy import MAX_INPUTS  # CP_MAX_IN in ort_glue.c
 
+MAX_RANK = 12  # MAX_RANK in ort_glue.c
+
 
 @dataclass
 class CopyKernelDesc:
@@ -16,6 +18,8 @@ class CopyKernelDesc:
     lanes: int  # 0: a plain Concat along `axis`
     factors: list[tuple[int, int]]  # per input: (rows, columns) each input pixel is repeated
     axis: int = 1
+    # a Slice (lanes 0, one input): the input's dims and the box's start and end per axis
+    slice: tuple[list[int], list[int], list[int]] | None = None
 
 
 def copy_source(i: int, k: CopyKernelDesc) -> str:
@@ -26,7 +30,15 @@ def copy_source(i: int, k: CopyKernelDesc) -> str:
     outs = ", ".join(str(t) for t in k.out_types)
     fh = ", ".join(str(int(f[0])) for f in k.factors)
     fw = ", ".join(str(int(f[1])) for f in k.factors)
+    dims, start, end = k.slice or ([], [], [])
+    if len(dims) > MAX_RANK:
+        raise ValueError(f"a Slice of rank {len(dims)}: the glue takes at most {MAX_RANK}")
+
+    def arr(v):
+        return "{" + (", ".join(str(int(x)) for x in v) or "0") + "}"
+
     return (f"static const int y{i}_in_types[] = {{{ins}}};\n"
             f"static const int y{i}_out_types[] = {{{outs}}};\n"
             f'static const onnxopt_copy_desc y{i}_desc = {{{{"{k.op_type}", KIND_COPY, {len(k.in_types)}, '
-            f"{len(k.out_types)}, y{i}_in_types, y{i}_out_types}}, {k.lanes}, {{{fh}}}, {{{fw}}}, {k.axis}}};\n")
+            f"{len(k.out_types)}, y{i}_in_types, y{i}_out_types}}, {k.lanes}, {{{fh}}}, {{{fw}}}, {k.axis}, "
+            f"{len(dims)}, {arr(dims)}, {arr(start)}, {arr(end)}}};\n")

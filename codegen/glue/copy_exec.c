@@ -133,7 +133,74 @@ static OrtStatus *cp_plain(const onnxopt_copy_desc *d, OrtKernelContext *ctx, cp
   return cp_run(j, ctx);
 }
 
+/* A Slice with unit steps (fusion/blocked_copy.py, plain_slices): the box [start, end) of a tensor with the
+   planned dims, copied as runs along the last axis, the runs split over the threads. Its point is less the copy
+   than where it runs: an onnxruntime Slice between two of our kernels ends a sequence (NASNet-A's crops after its
+   factorized reductions' convolutions). */
+typedef struct {
+  const onnxopt_copy_desc *d;
+  const float *in;
+  float *out;
+  int64_t runs, run, tasks;
+  int64_t in_stride[MAX_RANK], out_dims[MAX_RANK];
+} cp_slice_job;
+
+static void cp_slice_task(void *usr, size_t task) {
+  const cp_slice_job *j = (const cp_slice_job *)usr;
+  const onnxopt_copy_desc *d = j->d;
+  int r = d->slice_rank;
+  int64_t r0 = (int64_t)task * j->runs / j->tasks, r1 = ((int64_t)task + 1) * j->runs / j->tasks;
+  for (int64_t q = r0; q < r1; q++) { /* run q: the output index of every axis but the last, row-major */
+    int64_t rest = q, off = d->slice_start[r - 1];
+    for (int a = r - 2; a >= 0; a--) {
+      off += (rest % j->out_dims[a] + d->slice_start[a]) * j->in_stride[a];
+      rest /= j->out_dims[a];
+    }
+    float *dst = j->out + q * j->run;
+    if (dst != j->in + off) memcpy(dst, j->in + off, (size_t)j->run * sizeof(float));
+  }
+}
+
+static OrtStatus *cp_slice(const onnxopt_copy_desc *d, OrtKernelContext *ctx) {
+  const OrtValue *v;
+  int64_t dims[MAX_RANK];
+  size_t rank;
+  CHECK(ct_dims(ctx, 0, &v, dims, &rank));
+  int same = (int)rank == d->slice_rank;
+  for (size_t a = 0; same && a < rank; a++) same = dims[a] == d->slice_dims[a];
+  if (!same)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Slice's input has other dims than the ones it was built for; "
+                                      "re-run onnxopt with --input-shape for them, or with --skip-fusion copy");
+  cp_slice_job j;
+  memset(&j, 0, sizeof(j));
+  j.d = d;
+  int64_t s = 1, total = 1;
+  for (int a = d->slice_rank - 1; a >= 0; a--) {
+    j.in_stride[a] = s;
+    s *= dims[a];
+    j.out_dims[a] = d->slice_end[a] - d->slice_start[a];
+    total *= j.out_dims[a];
+  }
+  OrtValue *ov;
+  CHECK(API(KernelContext_GetOutput)(ctx, 0, j.out_dims, rank, &ov));
+  CHECK(API(GetTensorMutableData)(ov, (void **)&j.out));
+  if (total == 0) return NULL;
+  CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&j.in));
+  j.run = j.out_dims[d->slice_rank - 1];
+  j.runs = total / j.run;
+  j.tasks = total / CP_TASK_MIN_FLOATS;
+  if (j.tasks > CP_TARGET_TASKS) j.tasks = CP_TARGET_TASKS;
+  if (j.tasks > j.runs) j.tasks = j.runs;
+  if (total < CP_INLINE_FLOATS || j.tasks < 2) {
+    j.tasks = 1;
+    cp_slice_task(&j, 0);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, cp_slice_task, (size_t)j.tasks, 0, &j);
+}
+
 static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) {
+  if (d->slice_rank) return cp_slice(d, ctx);
   cp_job j;
   memset(&j, 0, sizeof(j));
   j.d = d;

@@ -222,6 +222,10 @@ typedef struct {
   int lanes;                            /* 0: a plain Concat of float tensors along `axis` */
   int64_t fh[CP_MAX_IN], fw[CP_MAX_IN]; /* per input: rows and columns repeated */
   int axis;
+  /* A Slice (lanes 0, one input): the input's planned dims and the box [start, end) per axis, all of rank
+     slice_rank (0: not a slice). */
+  int slice_rank;
+  int64_t slice_dims[MAX_RANK], slice_start[MAX_RANK], slice_end[MAX_RANK];
 } onnxopt_copy_desc;
 
 /* A run of ops executed in one parallel section (sequence_exec.c). One step: an op of the library, with where its

@@ -127,7 +127,7 @@ def _concat_views(step_nodes: list, descs: dict, slot_of: dict, slot_output: lis
     views: dict[int, SlotView] = {}
     for n in step_nodes:
         d = descs[n.op_type]
-        if not isinstance(d, CopyKernelDesc) or len(n.output) != 1:
+        if not isinstance(d, CopyKernelDesc) or len(n.output) != 1 or d.slice:  # a Slice's copy is no Concat
             continue
         axis = 1 if d.lanes else d.axis
         dims = [shapes.get(x) for x in n.input]

@@ -37,9 +37,12 @@ class CopyParams:
     body: list = field(default_factory=list)  # the function fallback: the passthrough forms, in graph order
     fallback: list = field(default_factory=list)  # the passthrough regions this kernel replaces
     axis: int = 1  # a plain Concat's (>= 0)
+    # a Slice (plain_slices): the input's dims, and the box's start and end per axis
+    slice: tuple[list[int], list[int], list[int]] | None = None
 
     def key(self) -> list:
-        return [self.lanes, [list(f) for f in self.factors]] + ([] if self.lanes else [self.axis])
+        return [self.lanes, [list(f) for f in self.factors]] + ([] if self.lanes else [self.axis]) + \
+            ([[list(v) for v in self.slice]] if self.slice else [])
 
 
 def _repeat_factors(r: Region, shape_of) -> tuple[int, int] | None:
@@ -115,5 +118,58 @@ def plain_concats(index, shape_of, dtype_of, claimed: set[int]) -> list[Region]:
         program = EwProgram(inputs=[Value(x, "float32") for x in node.input], consts={}, ops=[], outputs=[])
         region = Region("Copy", [node], list(node.input), [node.output[0]], program, list(y))
         region.copy = CopyParams(lanes=0, factors=[(1, 1)] * len(node.input), body=[node], axis=axis)
+        out.append(region)
+    return out
+
+
+def _slice_box(node, dims: list[int], const_of, opset: int) -> tuple[list[int], list[int]] | None:
+    """The box [start, end) per axis that a Slice with unit steps takes of a tensor of `dims` (ONNX's rules:
+    negative indices count from the end, then clamped to the axis), or None when its arguments are not constants
+    or a step is not 1."""
+    if opset < 10:
+        attrs = {a.name: list(a.ints) for a in node.attribute}
+        starts, ends, axes, steps = attrs.get("starts"), attrs.get("ends"), attrs.get("axes"), None
+    else:
+        args = [const_of(x) if x else None for x in list(node.input[1:]) + [""] * (5 - len(node.input))]
+        if any(x and a is None for x, a in zip(list(node.input[1:]), args)):
+            return None
+        starts, ends, axes, steps = (None if a is None else [int(v) for v in a.reshape(-1)] for a in args[:4])
+    if starts is None or ends is None or len(starts) != len(ends):
+        return None
+    rank = len(dims)
+    axes = list(range(len(starts))) if axes is None else [a + rank if a < 0 else a for a in axes]
+    if len(axes) != len(starts) or len(set(axes)) != len(axes) or not all(0 <= a < rank for a in axes):
+        return None
+    if steps is not None and (len(steps) != len(starts) or any(st != 1 for st in steps)):
+        return None
+    start, end = [0] * rank, list(dims)
+    for a, b, e in zip(axes, starts, ends):
+        b = b + dims[a] if b < 0 else b
+        e = e + dims[a] if e < 0 else e
+        start[a] = min(max(b, 0), dims[a])
+        end[a] = max(min(max(e, 0), dims[a]), start[a])
+    return start, end
+
+
+def plain_slices(index, shape_of, dtype_of, const_of, claimed: set[int], opset: int) -> list[Region]:
+    """Copy regions for the float32 Slices with unit steps and constant arguments that no other region holds, whose
+    input shape is known: the same box copied by our kernel, so that the Slice does not end a sequence."""
+    out = []
+    for i, node in enumerate(index.nodes):
+        if i in claimed or node.op_type != "Slice" or node.domain not in ("", "ai.onnx"):
+            continue
+        if not node.input or not node.input[0] or not node.output or not node.output[0]:
+            continue
+        x, y = shape_of(node.input[0]), shape_of(node.output[0])
+        if x is None or y is None or not x or not all(isinstance(d, int) for d in x):
+            continue
+        if dtype_of(node.input[0]) != "float32" or dtype_of(node.output[0]) != "float32":
+            continue
+        box = _slice_box(node, list(x), const_of, opset)
+        if box is None or [e - b for b, e in zip(*box)] != list(y):
+            continue  # not one we take, or onnx's inferred shape disagrees with ours: leave it to onnxruntime
+        program = EwProgram(inputs=[Value(node.input[0], "float32")], consts={}, ops=[], outputs=[])
+        region = Region("Copy", [node], [node.input[0]], [node.output[0]], program, list(y))
+        region.copy = CopyParams(lanes=0, factors=[(1, 1)], body=[node], slice=(list(x), *box))
         out.append(region)
     return out

@@ -15,7 +15,7 @@ from onnxopt.fusion.region import Region
 from onnxopt.pipeline import passthroughs_kept
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_layout import Chain, check_answers, needs_vectors, optimize_blocked  # noqa: E402
+from test_layout import Chain, check_answers, needs_vectors, optimize_blocked
 
 n = helper.make_node
 
