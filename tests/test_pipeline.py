@@ -56,7 +56,8 @@ def test_nasnet_graph_rewrites_leave_no_pad_or_cell_relu_and_the_same_answer(tmp
     onnx.save(build_model("nasnet_a", image_size=32), src)
     out = str(tmp_path / "fused.onnx")
     res = onnxopt.optimize(src, out, measure=False)
-    assert res.report["rewrites"] == {"subsampling_into_convs": 3 * 3, "unary_through_concats": 3 * 3}
+    assert res.report["rewrites"] == {"subsampling_into_convs": 3 * 3, "unary_through_concats": 3 * 3,
+                                      "classifiers_as_convs": 1}
     assert res.report["verification"]["ok"]
     fused = onnx.load(out)
     plain = [m.op_type for m in fused.graph.node if m.domain == ""]
@@ -622,3 +623,33 @@ def test_plan_files_past_their_budget_are_deleted_oldest_first(tmp_path):
     assert not (tmp_path / "plan0.onnx").exists() and (tmp_path / "plan1.onnx").exists()
     evict_plan_files(entries, 100)
     assert list(entries) == [("lib", 2)] and (tmp_path / "plan2.onnx").exists()
+
+
+def test_drop_trials_want_more_to_drop_a_kernel_between_two_of_ours():
+    """A kernel type whose regions read one of our kernels' outputs and feed another (its drop would end a
+    sequence) leaves only when both looks measure the model SPLIT_DROP_MARGIN faster without it; one at the edge
+    of our kernels needs DROP_MARGIN."""
+    from types import SimpleNamespace
+
+    from onnxopt.pipeline import DROP_MARGIN, SPLIT_DROP_MARGIN, _between_ours, _drop_trials
+
+    def reg(kind, ins, outs):
+        return SimpleNamespace(op_type=kind, inputs=ins, outputs=outs)
+
+    # conv -> bn -> conv2 (bn between ours), conv2 -> head (the head ends the plan)
+    regions = [reg("Conv", ["x"], ["a"]), reg("Bn", ["a"], ["b"]), reg("Conv2", ["b"], ["c"]),
+               reg("Head", ["c"], ["y"])]
+    assert _between_ours("Bn", regions) and _between_ours("Conv2", regions)
+    assert not _between_ours("Head", regions) and not _between_ours("Conv", regions)
+    gain = (1 + SPLIT_DROP_MARGIN) / 2  # above DROP_MARGIN, below SPLIT_DROP_MARGIN
+    assert DROP_MARGIN < gain < SPLIT_DROP_MARGIN
+
+    def session(regs):
+        return frozenset(r.op_type for r in regs)
+
+    decisions = {"dropped": []}
+    kept, _ = _drop_trials(regions, session(regions), ["Bn", "Head"], session, lambda a, b: (gain, 1.0),
+                           decisions, {}, lambda p, t: (gain, 1.0))
+    assert [r.op_type for r in kept] == ["Conv", "Bn", "Conv2"]
+    assert [d["op_type"] for d in decisions["dropped"]] == ["Head"]
+    assert decisions["trials"][0] == {"op_type": "Bn", "gains": [pytest.approx(gain)], "margin": SPLIT_DROP_MARGIN}

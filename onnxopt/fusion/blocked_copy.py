@@ -19,6 +19,10 @@ are as fast as onnxruntime's on their own; they matter because an onnxruntime op
 sequence (emit/sequence.py), and each sequence opens a parallel section of its own: DenseNet-BC's compute-blocked
 plan had 48 sequences, each ended by the Concat of a dense layer (12 channels, not a whole number of vectors, so the
 tensors are not blocked there).
+
+And Slices with unit steps and constant arguments (`plain_slices`), for the same reason: the box of a tensor of the
+planned dims, copied as runs along its last axis. NASNet-A's factorized reductions leave a crop after a convolution
+(graph/subsample_conv.py), and those three Slices were the last onnxruntime nodes between its sequences.
 """
 
 from __future__ import annotations
