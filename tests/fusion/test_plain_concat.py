@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxopt.runtime as rt
-import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-from onnx_builders import const, make_model
+from onnx_builders import assert_fused_answers, const, library_op_session, make_model
 from onnxopt.codegen.copy.build import build_copy
 from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.target import host_target
@@ -38,14 +36,7 @@ def _concat_session(tmp_path, n_in, axis):
     obj, desc, _ = build_copy(region, host_target())
     lib = str(tmp_path / "concat.so")
     link_library([desc], [obj], host_target(), lib)
-    node = helper.make_node(region.op_type, names, ["y"], domain="onnxopt")
-    model = helper.make_model(helper.make_graph([node], "g", [vi(x, F, None) for x in names], [vi("y", F, None)]),
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("onnxopt", 1)])
-    model.ir_version = 8
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.register_custom_ops_library(lib)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return library_op_session(lib, region.op_type, names, ["y"])
 
 
 @settings(max_examples=25, deadline=None)
@@ -123,11 +114,7 @@ def test_dense_block_concats_are_ours_and_keep_one_sequence(tmp_path, batch):
     assert [n.op_type.startswith("Sequence_") for n in fused.graph.node] == [True]
     assert all(n.op_type.startswith("Copy_") for n in expand_sequences(fused).graph.node if n.name.startswith("cat"))
     feeds = {"x": np.random.default_rng(1).standard_normal((batch, 8, 12, 12)).astype(np.float32)}
-    want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    got = rt.InferenceSession(out).run(None, feeds)[0]
-    got_fn = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(got_fn, want, rtol=1e-4, atol=1e-4)
+    assert_fused_answers(src, out, feeds)
 
 
 def test_without_sequences_concats_stay_onnxruntimes(tmp_path):
