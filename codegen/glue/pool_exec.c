@@ -26,6 +26,15 @@ enum { PX_POSITION = 0, PX_CHANNEL = 1, PX_COLUMN = 2, PX_SCALAR = 3 }; /* epilo
 #define POOL_INLINE_WORK 393216.0    /* below this, one thread is faster than waking the pool */
 #define POOL_BAND_BYTES 16384        /* input rows of a band, read once per strip of output columns */
 
+/* Tasks for `work` taps over `units` independent units: one below POOL_INLINE_WORK, else one per
+   POOL_TASK_MIN_WORK, at most POOL_TARGET_TASKS and at most one per unit. */
+static int64_t pool_task_count(double work, int64_t units) {
+  int64_t tasks = work < POOL_INLINE_WORK ? 1 : (int64_t)(work / POOL_TASK_MIN_WORK);
+  if (tasks > POOL_TARGET_TASKS) tasks = POOL_TARGET_TASKS;
+  if (tasks > units) tasks = units;
+  return tasks < 1 ? 1 : tasks;
+}
+
 typedef struct { /* mirrors the slots of codegen/pool/kernels.py */
   const float *src;   /* windowed: the plane; global: the call's first channel */
   int64_t stride;     /* windowed: floats between input rows (W); global: H * W */
@@ -266,9 +275,8 @@ static void pool_blocked_task(void *usr, size_t index) {
    and the reorder after it took 72-149 us of MobileNetV2, ResNet-50, Inception-v3 and SqueezeNet, and ended their
    sequences. */
 static inline __attribute__((always_inline)) void pool_blocked_global_l(const pool_blocked_job *j, int64_t unit,
-                                                                        const int L) {
+                                                                        const int L, const int is_max) {
   const onnxopt_pool_desc *d = j->d;
-  int is_max = d->op == POOL_GMAX;
   int64_t hw = j->H * j->W;
   const float *x = j->x + unit * hw * L;
   float acc[4][16];
@@ -312,10 +320,14 @@ static inline __attribute__((always_inline)) void pool_blocked_global_l(const po
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) static void pool_blocked_globals(
     const pool_blocked_job *j, int64_t u0, int64_t u1) {
+  /* L and the op as constants: each of the four loops below is its own vector loop */
+  int is_max = j->d->op == POOL_GMAX;
   if (j->d->blocked == 16) {
-    for (int64_t u = u0; u < u1; u++) pool_blocked_global_l(j, u, 16);
+    for (int64_t u = u0; u < u1; u++)
+      is_max ? pool_blocked_global_l(j, u, 16, 1) : pool_blocked_global_l(j, u, 16, 0);
   } else {
-    for (int64_t u = u0; u < u1; u++) pool_blocked_global_l(j, u, 8);
+    for (int64_t u = u0; u < u1; u++)
+      is_max ? pool_blocked_global_l(j, u, 8, 1) : pool_blocked_global_l(j, u, 8, 0);
   }
 }
 
@@ -349,10 +361,7 @@ static OrtStatus *pool_blocked_global_compute(const onnxopt_pool_desc *d, OrtKer
   if (j.rows == 0) return NULL;
   CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&j.x));
   double work = (double)j.rows * (double)(j.H * j.W) * (double)L;
-  j.tasks = work < POOL_INLINE_WORK ? 1 : (int64_t)(work / POOL_TASK_MIN_WORK);
-  if (j.tasks > POOL_TARGET_TASKS) j.tasks = POOL_TARGET_TASKS;
-  if (j.tasks > j.rows) j.tasks = j.rows;
-  if (j.tasks < 1) j.tasks = 1;
+  j.tasks = pool_task_count(work, j.rows);
   if (j.tasks == 1) {
     pool_blocked_globals(&j, 0, j.rows);
     return NULL;
@@ -397,10 +406,7 @@ static OrtStatus *pool_blocked_compute(const onnxopt_pool_desc *d, OrtKernelCont
     j.inv_h = inv, j.inv_w = inv + j.OH;
   }
   double work = (double)j.rows * (double)j.OW * (double)(d->kh * d->kw) * (double)L;
-  j.tasks = work < POOL_INLINE_WORK ? 1 : (int64_t)(work / POOL_TASK_MIN_WORK);
-  if (j.tasks > POOL_TARGET_TASKS) j.tasks = POOL_TARGET_TASKS;
-  if (j.tasks > j.rows) j.tasks = j.rows;
-  if (j.tasks < 1) j.tasks = 1;
+  j.tasks = pool_task_count(work, j.rows);
   OrtStatus *st = NULL;
   if (j.tasks == 1)
     pool_blocked_rows(&j, 0, j.rows);
@@ -496,10 +502,7 @@ static OrtStatus *pool_compute(const onnxopt_pool_desc *d, OrtKernelContext *ctx
     j.bands = (j.OH + j.band_rows - 1) / j.band_rows;
     j.units = planes * j.bands;
   }
-  j.tasks = work < POOL_INLINE_WORK ? 1 : (int64_t)(work / POOL_TASK_MIN_WORK);
-  if (j.tasks > POOL_TARGET_TASKS) j.tasks = POOL_TARGET_TASKS;
-  if (j.tasks > j.units) j.tasks = j.units;
-  if (j.tasks < 1) j.tasks = 1;
+  j.tasks = pool_task_count(work, j.units);
   if (global) {
     if (j.tasks == 1) {
       pool_global_units(&j, 0, j.units);
