@@ -5,18 +5,21 @@
     onnxopt machine                                the machine model
     onnxopt bench original.onnx fused.onnx         both through onnxruntime, interleaved
 
-Exit codes: 0 ok, 1 verification failed, 2 bad usage or unreadable input. User mistakes print one line, no
-traceback (`--verbose` shows it).
+Exit codes: 0 ok, 1 verification failed, 2 bad usage or unreadable input, 3 an internal error (a bug: please report
+it), 130 interrupted (Ctrl-C, SIGTERM). Errors print one line, no traceback (`--verbose` shows it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import tempfile
 
 from onnxopt import __version__
-from onnxopt.errors import OnnxoptError
+from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.pipeline import WINOGRAD_MODES
 
 SUBCOMMANDS = ("inspect", "machine", "bench", "optimize")
@@ -53,12 +56,17 @@ def _optimize_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="intra-op threads for measuring (default: all cores)")
     p.add_argument("--min-speedup", type=float, default=1.0,
                    help="emit a kernel only if it is at least this much faster than onnxruntime on its region; the "
-                   "whole fused model must be 2%% faster than this too")
+                   "whole fused model must be 2%% faster than this too (0: keep every correct kernel, untimed as a "
+                   "whole)")
     p.add_argument("--plan", help="build only this whole-graph plan instead of timing them all: compute, "
                    "compute-dense, compute-blocked (tensors between fused convolutions in the blocked layout), afusion "
                    "(the blocked plan with convolution pairs fused into one kernel each), pool or elementwise")
     p.add_argument("--no-measure", action="store_true", help="do not time kernels (emit every correct kernel)")
     p.add_argument("--no-verify", action="store_true", help="skip the whole-model check (kernels are still checked)")
+    p.add_argument("--verify-fallback", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the written model without its kernel library (its function bodies, as a host "
+                   "without the library or with another CPU does) and compare; a model whose fallback does not load "
+                   "or differs is never written (default on)")
     p.add_argument("--cost-cache", metavar="PATH", help="the measured-cost cache, an SQLite file shared across runs "
                    "(default $ONNXOPT_CACHE_DIR/costs.sqlite, else $XDG_CACHE_HOME/onnxopt/costs.sqlite, else "
                    "~/.cache/onnxopt/costs.sqlite)")
@@ -91,6 +99,8 @@ def cmd_optimize(argv) -> int:
 
     a = _optimize_parser().parse_args(argv)
     console = Console(stderr=True, quiet=a.quiet)
+    if a.report:
+        check_report_path(a.report, [a.output, a.output + ".so", a.output + ".data"])
     result = optimize(a.input, a.output, input_shape=a.input_shape, target=a.target, check_input=a.check_input,
                       rtol=a.rtol, atol=a.atol, scale_tol=a.scale_tol, threads=a.threads,
                       skip_fusion=(a.skip_fusion or []) + (["afusion"] if a.no_afusion else []),
@@ -98,13 +108,39 @@ def cmd_optimize(argv) -> int:
                       cost_cache=False if a.no_cost_cache else a.cost_cache, tile_search=not a.no_tile_search,
                       search_budget=a.search_budget, prune=not a.no_prune, sequences=not a.no_sequences,
                       tune_budget=a.tune_budget,
-                      winograd=a.winograd,
+                      winograd=a.winograd, verify_fallback=a.verify_fallback,
+                      also_writes=[a.report] if a.report else None,
                       progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None)
     if a.report:
-        with open(a.report, "w") as f:
-            json.dump(result.report, f, indent=1, default=str)
+        write_json_atomic(a.report, result.report)
     render_optimize_report(result.report, console, verbose=a.verbose)
     return 0
+
+
+def check_report_path(path: str, outputs: list[str]) -> None:
+    """A report path that cannot be written is an error before the run, not after it."""
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        raise UsageError(f"--report {path} is a folder; give a file name such as {os.path.join(path, 'report.json')}")
+    if not os.path.isdir(os.path.dirname(full)):
+        raise UsageError(f"--report {path}: the folder {os.path.dirname(full)} does not exist")
+    if not os.access(os.path.dirname(full), os.W_OK):
+        raise UsageError(f"--report {path}: the folder {os.path.dirname(full)} is not writable")
+    if any(os.path.abspath(o) == full for o in outputs):
+        raise UsageError(f"--report {path} is one of the outputs; give the report a name of its own")
+
+
+def write_json_atomic(path: str, data) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def cmd_inspect(argv) -> int:
@@ -220,12 +256,28 @@ def _bench_kernels(a) -> int:
     return 0
 
 
+def _interrupt_on_signals() -> dict:
+    """SIGTERM and SIGHUP end the run like Ctrl-C: the cleanup code runs (temporary folders and half-written files
+    are removed) instead of the process vanishing with them on disk. Returns the handlers to put back."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    before = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            before[sig] = signal.signal(sig, stop)
+        except (ValueError, OSError):  # not the main thread, or no such signal here
+            pass
+    return before
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd, rest = ("optimize", argv)
     if argv and argv[0] in SUBCOMMANDS:
         cmd, rest = argv[0], argv[1:]
     handler = {"optimize": cmd_optimize, "inspect": cmd_inspect, "machine": cmd_machine, "bench": cmd_bench}[cmd]
+    handlers = _interrupt_on_signals()
     try:
         return handler(rest)
     except OnnxoptError as e:
@@ -236,6 +288,20 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("onnxopt: interrupted; nothing was written", file=sys.stderr)
         return 130
+    except MemoryError:
+        print("onnxopt: error: out of memory; nothing was written. Fix symbolic dims smaller with --input-shape, or "
+              "run on a machine with more memory", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a bug of ours: one line and a distinct code, the traceback on request
+        if "--verbose" in argv:
+            raise
+        first = (str(e).splitlines() or [""])[0][:300]
+        print(f"onnxopt: internal error: {type(e).__name__}: {first}; nothing was written. Please report it "
+              "(--verbose shows the traceback)", file=sys.stderr)
+        return 3
+    finally:
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
 
 
 if __name__ == "__main__":

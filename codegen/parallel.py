@@ -7,17 +7,21 @@ forked worker processes: a fork inherits the regions, the target and the sets co
 them, and only the object code and the glue's description come back.
 
 Forking is safe here because a worker only runs Python and llvmlite, never the onnxruntime sessions or the SQLite
-connection the parent may hold. Where fork is unavailable (not Linux or macOS), with one core, or for one kernel,
-everything is built in this process, in order.
+connection the parent may hold. Where fork is unavailable (not Linux or macOS) everything is built in this process,
+in order.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import traceback
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable
+
+from onnxopt.errors import ToolchainError
 
 # The jobs of the batch being built, read by the forked workers (set before the pool forks them).
 _JOBS: list[Callable[[], tuple]] = []
@@ -35,6 +39,10 @@ class BuildError(Exception):
     """A kernel that failed to build in a worker: the message is the worker's exception."""
 
 
+class WorkerError(ToolchainError):
+    """A build worker died or hung: the whole run ends (exit 2) with this message."""
+
+
 def build_workers() -> int:
     """How many processes build kernels: ONNXOPT_BUILD_WORKERS, else the cores this process may use."""
     env = os.environ.get("ONNXOPT_BUILD_WORKERS")
@@ -49,11 +57,38 @@ def build_workers() -> int:
         return os.cpu_count() or 1
 
 
+def build_timeout() -> float:
+    """Seconds one kernel may take to build (ONNXOPT_BUILD_TIMEOUT, default 600): a build that runs longer is taken
+    for a hung compiler, and the run ends with an error instead of waiting forever."""
+    env = os.environ.get("ONNXOPT_BUILD_TIMEOUT")
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            value = float("nan")
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"ONNXOPT_BUILD_TIMEOUT={env!r}: give a positive number of seconds")
+        return value
+    return 600.0
+
+
+def _worker_start():
+    # The parent's signal handlers (the CLI's cleanup on SIGTERM) are not the worker's: it just dies.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def build_many(jobs: list[Callable[[], tuple]], workers: int | None = None) -> list[tuple | BuildError]:
     """Run each job (a no-argument callable returning (object code, description, ...)) and return, in order,
-    (object code, description) or the BuildError it raised."""
-    workers = min(build_workers() if workers is None else workers, len(jobs))
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    (object code, description) or the BuildError it raised.
+
+    Jobs run in forked worker processes even on one core: LLVM reports some errors by exiting the process or
+    leaves it hung, and a worker's death or a build past `build_timeout()` then ends the run with a WorkerError
+    instead of killing or hanging this process."""
+    workers = max(1, min(build_workers() if workers is None else workers, len(jobs)))
+    if not jobs:
+        return []
+    if "fork" not in multiprocessing.get_all_start_methods():
         out = []
         for job in jobs:
             try:
@@ -63,10 +98,35 @@ def build_many(jobs: list[Callable[[], tuple]], workers: int | None = None) -> l
         return out
     global _JOBS
     _JOBS = list(jobs)
+    timeout = build_timeout()
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start)
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            # Largest-first scheduling is unknown here; chunks of one keep both cores busy to the end.
-            results = list(pool.map(_run, range(len(jobs)), chunksize=1))
+        # Largest-first scheduling is unknown here; one job a task keeps both cores busy to the end.
+        futures = [pool.submit(_run, i) for i in range(len(jobs))]
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            if not done:
+                raise WorkerError(f"a kernel took more than {timeout:.0f} s to build, so the compiler is taken to "
+                                  "hang; nothing was written. Try another --target or --skip-fusion, or raise "
+                                  "ONNXOPT_BUILD_TIMEOUT")
+        results = [f.result() for f in futures]
+    except BrokenProcessPool:
+        raise WorkerError("a kernel build worker died (LLVM stops the process on some errors, such as a CPU or "
+                          "feature it does not know); nothing was written. Check --target, or try --skip-fusion "
+                          "with the kind being built") from None
     finally:
         _JOBS = []
+        _stop(pool)
     return [tuple(v) if status == "ok" else BuildError(v) for status, v in results]
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Shut the pool down without waiting for a hung worker: kill what is still running."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(timeout=5)

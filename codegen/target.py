@@ -7,7 +7,10 @@ for an explicit target and records the CPU features it needs; the runtime checks
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from onnxopt.errors import UsageError
@@ -95,12 +98,47 @@ def _llvm():
     return llvm
 
 
+# Run everything as if this host were an older x86-64 level: ONNXOPT_HOST_LEVEL=x86-64-v3 on an AVX-512 machine
+# makes "native" an AVX2 target and hides AVX-512 from every CPU check, so one machine proves what an AVX2 host sees.
+HOST_LEVEL_ENV = "ONNXOPT_HOST_LEVEL"
+
+
+def host_level() -> str | None:
+    """The x86-64 level the host is capped at (ONNXOPT_HOST_LEVEL), or None."""
+    level = os.environ.get(HOST_LEVEL_ENV, "").strip()
+    if not level:
+        return None
+    if level not in _LEVELS:
+        raise UsageError(f"{HOST_LEVEL_ENV}={level}: give one of {', '.join(_LEVELS)}, or unset it")
+    return level
+
+
+def _vector_feature(f: str) -> bool:
+    """An LLVM feature that widens or adds vector instructions (what a host level caps)."""
+    return f in LLVM_TO_CPUINFO or f.startswith(("avx", "amx", "sse4", "vpclmul", "vaes", "gfni"))
+
+
+def _vector_flag(flag: str) -> bool:
+    """The same for /proc/cpuinfo flags."""
+    return flag in LLVM_TO_CPUINFO.values() or flag.startswith(("avx", "amx", "sse4", "vpclmul", "vaes", "gfni"))
+
+
 @functools.lru_cache(maxsize=None)
-def host_target() -> Target:
+def _host_target(level: str | None) -> Target:
     llvm = _llvm()
     feats = llvm.get_host_cpu_features()
-    enabled = tuple(sorted(k for k, v in feats.items() if v))
-    return Target("native", llvm.get_process_triple(), llvm.get_host_cpu_name(), enabled)
+    enabled = sorted(k for k, v in feats.items() if v)
+    cpu = llvm.get_host_cpu_name()
+    if level is not None:
+        allowed = set(_LEVELS[level])
+        enabled = [f for f in enabled if not _vector_feature(f) or f in allowed]
+        cpu = level  # a CPU name implies its own features; the level's name implies only the level's
+    return Target("native", llvm.get_process_triple(), cpu, tuple(enabled))
+
+
+def host_target() -> Target:
+    """The host as a compile target ("native"), capped at ONNXOPT_HOST_LEVEL when that is set."""
+    return _host_target(host_level())
 
 
 def parse_target(spec: str | None) -> Target:
@@ -117,26 +155,67 @@ def parse_target(spec: str | None) -> Target:
         cpu = parts[0][4:]
         base = list(_LEVELS.get(cpu, []))
         for p in parts[1:]:
-            if not p.startswith("+"):
+            if not p.startswith("+") or len(p) < 2:
                 raise UsageError(f"--target {spec}: features are written '+name', got '{p}'")
             base.append(p[1:])
-        return Target(spec, triple, cpu, tuple(sorted(set(base))))
+        target = Target(spec, triple, cpu, tuple(sorted(set(base))))
+        _check_llvm_knows(target)
+        return target
     raise UsageError(
         f"unknown --target '{spec}': use 'native', one of {', '.join(_LEVELS)}, or 'cpu=NAME,+feature,...'"
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _llvm_complaints(triple: str, cpu: str, features: str) -> str:
+    """What LLVM says when it compiles a tiny function for this CPU and these features, in a child process: it
+    stops the whole process on some of them (a CPU name it does not know)."""
+    code = ("import llvmlite.binding as b\n"
+            "try:\n    b.initialize()\nexcept Exception:\n    pass\n"
+            "b.initialize_native_target(); b.initialize_native_asmprinter()\n"
+            f"m = b.parse_assembly('target triple = \"{triple}\"\\ndefine i32 @f(i32 %x) {{\\n  ret i32 %x\\n}}\\n')\n"
+            f"tm = b.Target.from_triple({triple!r}).create_target_machine(cpu={cpu!r}, features={features!r})\n"
+            "tm.emit_object(m)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "LLVM did not finish compiling a tiny function for it"
+    said = (r.stderr or "").strip().splitlines()
+    if r.returncode != 0:
+        return said[-1] if said else f"LLVM exited with status {r.returncode}"
+    return next((line for line in said if "not a recognized" in line), "")
+
+
+def _check_llvm_knows(target: Target) -> None:
+    complaint = _llvm_complaints(target.triple, target.cpu, target.llvm_features)
+    if complaint:
+        raise UsageError(f"--target {target.name}: LLVM does not accept it ({complaint.strip()}); give a CPU name "
+                         "LLVM knows (such as skylake-avx512, znver3, x86-64-v3) and features it knows")
+
+
 def host_cpu_flags() -> set[str]:
-    """The CPU flags of the machine we are running on (Linux /proc/cpuinfo)."""
+    """The CPU flags of the machine we are running on (Linux /proc/cpuinfo), less those above ONNXOPT_HOST_LEVEL."""
+    flags = None
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    flags = set(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
-    # Not Linux: ask LLVM instead, translated to cpuinfo spelling.
-    return {LLVM_TO_CPUINFO[f] for f in host_target().features if f in LLVM_TO_CPUINFO}
+    if flags is None:  # not Linux: ask LLVM instead, translated to cpuinfo spelling
+        flags = {LLVM_TO_CPUINFO[f] for f in host_target().features if f in LLVM_TO_CPUINFO}
+    return cap_cpu_flags(flags)
+
+
+def cap_cpu_flags(flags: set[str]) -> set[str]:
+    """`flags` without the vector extensions above ONNXOPT_HOST_LEVEL (all of them when it is not set)."""
+    level = host_level()
+    if level is None:
+        return set(flags)
+    allowed = {LLVM_TO_CPUINFO[f] for f in _LEVELS[level] if f in LLVM_TO_CPUINFO}
+    return {f for f in flags if not _vector_flag(f) or f in allowed}
 
 
 def missing_cpu_flags(required: list[str]) -> list[str]:

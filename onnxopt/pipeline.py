@@ -8,6 +8,7 @@ Nothing reaches the output path unless every check passed.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import statistics
@@ -47,14 +48,18 @@ from onnxopt.fusion.siblings import Siblings, apply_siblings, sibling_groups
 from onnxopt.graph.classifier_conv import classifiers_as_convs
 from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
-from onnxopt.graph.load import check_output_path, commit_files, load_model, parse_input_shapes, save_model
+from onnxopt.graph.large import check_model, inference_session, is_large, light_copy, save_with_external_data
+from onnxopt.graph.quantized import quantized_nodes
+from onnxopt.graph.load import (check_no_overwrite, check_output_path, commit_files, load_model, parse_input_shapes,
+                                save_model)
 from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
 from onnxopt.graph.unary_through_concat import push_unary_through_concats
 from onnxopt.timing import make_session, time_interleaved, time_pair_in_new_process
 from onnxopt.fusion import winograd
 from onnxopt.tune import search_tile
 from onnxopt.tune.tile_search import kernel_tolerance
-from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare, load_check_inputs, make_inputs, random_array
+from onnxopt.verify import (KERNEL_ATOL, KERNEL_RTOL, Tolerance, check_given_inputs, compare, load_check_inputs,
+                            make_inputs, random_array)
 
 # Seconds for trying the fused model without one kernel type at a time (_whole_model_decision).
 DROP_TRIALS_S = 6.0
@@ -149,6 +154,10 @@ class Options:
     # Runs of fused ops with no onnxruntime op between them become one op that runs them in one parallel section
     # (onnxopt/emit/sequence.py).
     sequences: bool = True
+    # Run the written model without the library too (its function bodies, as a host without it does) and compare.
+    verify_fallback: bool = True
+    input_files: tuple = ()  # files read besides the model (--check-input): never written over
+    also_writes: tuple = ()  # files the caller writes besides the outputs (the CLI's --report)
 
 
 def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -197,13 +206,22 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     the kernels check that assumption at run time (see ort_glue.c). The result is for analysis only: the emitted
     model never carries inferred value_info (a wrong guess there would mislead onnxruntime's planner)."""
     try:
-        model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        if is_large(model):  # inferred on a light copy (graph/large.py), its value_info copied back
+            inferred = onnx.shape_inference.infer_shapes(light_copy(model), check_type=False, strict_mode=False,
+                                                         data_prop=True)
+            full = onnx.ModelProto()
+            full.CopyFrom(model)
+            del full.graph.value_info[:]
+            full.graph.value_info.extend(inferred.graph.value_info)
+            model = full
+        else:
+            model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are an optimization aid; without them nothing is fused
         pass
     symbolic_inputs = any(d.HasField("dim_param") or not d.HasField("dim_value")
                           for vi in model.graph.input for d in vi.type.tensor_type.shape.dim)
     # With static inputs, dims onnx could not infer are data-dependent: the symbolic pass would only be guessing.
-    if symbolic_inputs and _has_unknown_shapes(model) and model.ByteSize() < (1 << 31):
+    if symbolic_inputs and _has_unknown_shapes(model) and not is_large(model):
         inferred = _symbolic_shapes(model)
         if inferred is not None:
             model = inferred
@@ -339,7 +357,9 @@ def optimize(model, output: str | None = None, **kwargs) -> Result:
         input_shapes=parse_input_shapes(kwargs.pop("input_shape", None)),
         target=parse_target(kwargs.pop("target", None)),
         tolerance=Tolerance.parse(kwargs.pop("rtol", None), kwargs.pop("atol", None), kwargs.pop("scale_tol", None)),
-        check_inputs=load_check_inputs(kwargs.pop("check_input", None)),
+        check_inputs=load_check_inputs(check_input_specs := kwargs.pop("check_input", None)),
+        input_files=tuple(os.path.abspath(x.partition(":")[2]) for x in check_input_specs or ()),
+        also_writes=tuple(os.path.abspath(x) for x in kwargs.pop("also_writes", None) or ()),
         skip_fusion=tuple(kwargs.pop("skip_fusion", None) or ()),
         threads=kwargs.pop("threads", None),
         verify=kwargs.pop("verify", True),
@@ -355,13 +375,11 @@ def optimize(model, output: str | None = None, **kwargs) -> Result:
         prune=bool(kwargs.pop("prune", True)),
         sequences=bool(kwargs.pop("sequences", True)),
         winograd=str(kwargs.pop("winograd", "auto")),
+        verify_fallback=bool(kwargs.pop("verify_fallback", True)),
     )
+    _check_numbers(opts)
     if opts.winograd not in WINOGRAD_MODES:
         raise UsageError(f"--winograd {opts.winograd}: one of {', '.join(WINOGRAD_MODES)}")
-    if opts.search_budget <= 0:
-        raise UsageError(f"--search-budget {opts.search_budget}: give a positive number of seconds")
-    if opts.tune_budget < 0:
-        raise UsageError(f"--tune-budget {opts.tune_budget}: give a number of seconds, 0 or more")
     if kwargs:
         raise UsageError(f"unknown option(s) {', '.join(kwargs)} for onnxopt.optimize")
     if opts.plan is not None and opts.plan not in PLANS:
@@ -370,6 +388,18 @@ def optimize(model, output: str | None = None, **kwargs) -> Result:
         if k not in FUSION_KINDS:
             raise UsageError(f"--skip-fusion {k}: known fusion kinds are {', '.join(FUSION_KINDS)}")
     return _Optimizer(model, output, opts).run()
+
+
+def _check_numbers(opts: Options) -> None:
+    """Numeric options: finite, in range (NaN compares false with everything, so it passes naive checks)."""
+    if opts.threads is not None and (isinstance(opts.threads, bool) or not isinstance(opts.threads, int)
+                                     or not 1 <= opts.threads <= 4096):
+        raise UsageError(f"--threads {opts.threads}: give a whole number of threads, 1 or more")
+    for flag, value, low in (("--search-budget", opts.search_budget, 0.0), ("--tune-budget", opts.tune_budget, 0.0),
+                             ("--min-speedup", opts.min_speedup, 0.0)):
+        if not math.isfinite(value) or value < low or (flag == "--search-budget" and value == 0):
+            need = "more than 0" if flag == "--search-budget" else "0 or more"
+            raise UsageError(f"{flag} {value}: give a finite number, {need}")
 
 
 class _Optimizer:
@@ -405,6 +435,7 @@ class _Optimizer:
         self._afusion_base: list[Region] = []  # the plan the AFUSION groups are made from
         self._timed: dict[int, float] = {}  # id(region) -> its kernel's measured seconds (_check_regions)
         self._timed_by_key: dict[tuple, float] = {}  # (op type, input shapes) -> its measured seconds
+        self.quantized: set[str] = set()  # nodes of quantized patterns, left to onnxruntime (graph/quantized.py)
 
     def say(self, msg: str):
         if self.opts.progress:
@@ -416,12 +447,19 @@ class _Optimizer:
         if self.output is not None:
             check_output_path(src_path, self.output)
         loaded = load_model(self.source, self.opts.input_shapes)
+        if self.output is not None:
+            # Everything this run reads (the model, its external data, the check inputs) against everything it may
+            # write or replace: the model, its .data, its .so (an old one is deleted), the report.
+            out = os.path.abspath(self.output)
+            check_no_overwrite(loaded.files + list(self.opts.input_files),
+                               [out, out + ".data", out + ".so", *self.opts.also_writes])
         original = loaded.model
         self.report["input"] = {"path": src_path, "size_bytes": loaded.size_bytes,
                                 "external_data": loaded.used_external_data, "ir_version": original.ir_version,
                                 "opsets": {o.domain or "ai.onnx": o.version for o in original.opset_import}}
         self.report["before"] = _op_counts(original)
         self._check_loadable(original, src_path)
+        check_given_inputs(original, self.opts.check_inputs)
 
         if self.opts.verify or self.opts.measure:
             self._choose_bindings(original)
@@ -439,8 +477,10 @@ class _Optimizer:
         so.log_severity_level = 4
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
-            ort.InferenceSession(path if path else model.SerializeToString(), so,
-                                 providers=["CPUExecutionProvider"])
+            if path:
+                ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            else:
+                inference_session(model, so, ["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001
             msg = str(e).splitlines()[0][:300]
             raise InputError(f"onnxruntime cannot load this model ({msg}); onnxopt optimizes models that "
@@ -453,7 +493,8 @@ class _Optimizer:
         try:
             folded = fold_constants(work)
         except Exception as e:  # noqa: BLE001 - folding is best effort; an unfoldable graph is still optimized
-            folded, work = 0, onnx.ModelProto.FromString(original.SerializeToString())
+            folded, work = 0, onnx.ModelProto()
+            work.CopyFrom(original)
             self.report["rejected"].append({"nodes": [], "reason": f"constant folding skipped: {e}"})
         self.report["folded_nodes"] = folded
         # Duplicate nodes (NASNet's repeated Relus of one tensor) become one: less work, and fewer readers to keep a
@@ -464,14 +505,20 @@ class _Optimizer:
         # merge with existing ones.
         inferred = _infer(work)
         static = _static_shapes(inferred)
-        rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
-                    "unary_through_concats": push_unary_through_concats(work),
-                    "classifiers_as_convs": classifiers_as_convs(work, static)}
+        # A quantized model keeps the structure onnxruntime's int8 fusions match (graph/quantized.py): no rewrites,
+        # and no region that touches it.
+        self.quantized = quantized_nodes(work.graph)
+        if self.quantized:
+            rewrites = {"skipped": "the model is quantized"}
+        else:
+            rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
+                        "unary_through_concats": push_unary_through_concats(work),
+                        "classifiers_as_convs": classifiers_as_convs(work, static)}
         self.report["rewrites"] = rewrites
-        if rewrites["unary_through_concats"]:
+        if rewrites.get("unary_through_concats"):
             self.report["merged_nodes"] += eliminate_common_subexpressions(work)
         self.emit_base = work  # the folded graph as it is: what fused.onnx is built from
-        work = _infer(work) if any(rewrites.values()) else inferred
+        work = _infer(work) if any(isinstance(v, int) and v for v in rewrites.values()) else inferred
         _complete_output_types(self.emit_base, work)
         self.report["timings"]["load_fold_infer_s"] = time.perf_counter() - t
 
@@ -547,6 +594,8 @@ class _Optimizer:
                 kept.append((name, plan))
                 keys.add(key)
         plans = kept
+        if self.quantized:
+            plans = [(name, self._without_quantized(plan)) for name, plan in plans]
         if self.opts.plan is not None:
             plans = [p for p in plans if p[0] == self.opts.plan]
         elif not self.opts.measure or self.cannot_run:
@@ -584,7 +633,8 @@ class _Optimizer:
         self.report["timings"]["kernel_check_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        if accepted and self.opts.measure and not self.cannot_run:
+        # min_speedup 0 keeps every correct kernel, whatever the whole model's timing says
+        if accepted and self.opts.measure and not self.cannot_run and self.opts.min_speedup > 0:
             accepted = self._whole_model_decision(original, work, accepted, built, src_path)
 
         self.report["timings"]["model_check_s"] = time.perf_counter() - t
@@ -1531,8 +1581,11 @@ class _Optimizer:
                     library = self._sequence_library(regions, library, seqs, built)
             path = os.path.join(self.tmpdir, f"plan{self.plan_files_written}.onnx")
             self.plan_files_written += 1
-            with open(path, "wb") as f:
-                f.write(m.SerializeToString())
+            if is_large(m):
+                save_with_external_data(m, path)
+            else:
+                with open(path, "wb") as f:
+                    f.write(m.SerializeToString())
             # the regions are kept with their file, so that their ids stay theirs while it is in use
             self.plan_models[key] = (path, library, custom_ops(m), list(regions))
             evict_plan_files(self.plan_models, PLAN_FILES_BYTES)
@@ -1699,8 +1752,13 @@ class _Optimizer:
         lib_path = sha = None
         out_dir = os.path.dirname(os.path.abspath(self.output)) if self.output else self.tmpdir
         lib_name = (os.path.basename(self.output) if self.output else "model.onnx") + ".so"
-        fused = build_fused_model(self.emit_base, accepted, lib_name if accepted else None, None,
-                                  self.opts.target.to_dict(), self.opts.target.required_cpu_flags)
+        if accepted:
+            fused = build_fused_model(self.emit_base, accepted, lib_name, None, self.opts.target.to_dict(),
+                                      self.opts.target.required_cpu_flags)
+        else:  # nothing wins: the user gets their model back as it was, and the report says why
+            fused = onnx.ModelProto()
+            fused.CopyFrom(original)
+            self.report["unchanged"] = self._why_unchanged()
         if accepted:
             used = []
             for op_type, (obj, desc, _) in built.items():
@@ -1718,7 +1776,7 @@ class _Optimizer:
                                inline_flops=self.inline_flops)
             set_library_sha256(fused, sha)
         try:
-            onnx.checker.check_model(fused, full_check=False)
+            check_model(fused)
         except Exception as e:  # noqa: BLE001
             self._cleanup([lib_path])
             raise OnnxoptError(f"internal error: the fused model fails the ONNX checker ({e}); please report it") \
@@ -1760,6 +1818,32 @@ class _Optimizer:
         self.report["offline"] = offline_split(self.report["timings"])
         return Result(fused, self.report, self.output, lib_result)
 
+    def _without_quantized(self, plan: list[Region]) -> list[Region]:
+        """The plan less the regions that would take a node of a quantized pattern from onnxruntime."""
+        out = []
+        for r in plan:
+            if any((n.output[0] if n.output else n.name) in self.quantized for n in r.nodes):
+                if not r.rejected:
+                    self._reject(r, "part of a quantized pattern that onnxruntime runs as an int8 kernel "
+                                    "(QDQ node unit or integer MatMul rescaling)")
+            else:
+                out.append(r)
+        return out
+
+    def _why_unchanged(self) -> str:
+        """One sentence for a model written unchanged: why no fused region was kept."""
+        whole = self.report.get("whole_model") or {}
+        finals = whole.get("final_checks") or []
+        if finals:
+            return (f"no fused plan was faster than onnxruntime on the whole model (the best measured "
+                    f"{max(f['speedup'] for f in finals):.2f}x; a plan must be {self.opts.min_speedup * 1.02:.2f}x)")
+        if self.report.get("regions") or self.report.get("rejected"):
+            reasons = [r["reason"] for r in self.report.get("rejected", []) if r.get("nodes")]
+            if reasons:
+                common = max(set(reasons), key=reasons.count)
+                return f"every candidate region was rejected; the most common reason: {common}"
+        return "nothing in this model is a region onnxopt fuses (see the supported ops in the README)"
+
     def _cleanup(self, paths):
         for p in paths:
             if p and os.path.exists(p):
@@ -1767,13 +1851,18 @@ class _Optimizer:
 
     def _check_result_loads(self, fused, lib_path):
         """Even without verification, the written model must at least open in onnxruntime."""
-        try:
-            make_session(fused, 1, library=None if self.cannot_run else lib_path)
-        except Exception as e:  # noqa: BLE001
-            self._cleanup([lib_path])
-            raise VerificationError(f"the optimized model does not load in onnxruntime "
-                                    f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
-                                    "--skip-fusion elementwise avoids it") from None
+        libraries = [None if self.cannot_run else lib_path]
+        if self.opts.verify_fallback and libraries[0] is not None:
+            libraries.append(None)
+        for lib in libraries:
+            try:
+                make_session(fused, 1, library=lib)
+            except Exception as e:  # noqa: BLE001
+                self._cleanup([lib_path])
+                without = "" if lib else " without its kernel library"
+                raise VerificationError(f"the optimized model does not load in onnxruntime{without} "
+                                        f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
+                                        "--skip-fusion elementwise avoids it") from None
 
     def _verify_model(self, original, fused, lib_path, src_path):
         feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
@@ -1793,7 +1882,8 @@ class _Optimizer:
             self._cleanup([lib_path])
             raise VerificationError(f"the optimized model fails to run: {str(e).splitlines()[0][:300]}") from None
         diffs = compare(names, want, got, self.opts.tolerance)
-        self.report["verification"] = {"outputs": [d.__dict__ for d in diffs], "ok": all(d.ok for d in diffs)}
+        self.report["verification"] = {"outputs": [d.__dict__ for d in diffs], "ok": all(d.ok for d in diffs),
+                                       "library": lib is not None}
         bad = [d for d in diffs if not d.ok]
         if bad:
             self._cleanup([lib_path])
@@ -1802,6 +1892,30 @@ class _Optimizer:
                 f"verification failed: output {d.name} differs (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
                 "nothing was written. Loosen with --rtol/--atol if this is expected, or skip a fusion with "
                 "--skip-fusion")
+        if self.opts.verify_fallback:
+            self._verify_fallback(fused, lib_path, names, feeds, want, diffs if lib is None else None)
+
+    def _verify_fallback(self, fused, lib_path, names, feeds, want, diffs=None):
+        """The model as a host without the library runs it (a plain onnxruntime, another CPU): the function bodies
+        must load and give the original's answers, or nothing is written. `diffs`: already compared that way."""
+        if diffs is None:
+            try:
+                got = make_session(fused, self.opts.threads).run(names, feeds)
+            except Exception as e:  # noqa: BLE001
+                self._cleanup([lib_path])
+                raise VerificationError(f"the optimized model does not run without its kernel library "
+                                        f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
+                                        "--skip-fusion with the kind named there avoids it") from None
+            diffs = compare(names, want, got, self.opts.tolerance)
+        self.report["fallback_verification"] = {"outputs": [d.__dict__ for d in diffs],
+                                                "ok": all(d.ok for d in diffs)}
+        bad = [d for d in diffs if not d.ok]
+        if bad:
+            self._cleanup([lib_path])
+            d = bad[0]
+            raise VerificationError(
+                f"verification failed without the kernel library: output {d.name} of the function bodies differs "
+                f"(max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); nothing was written. Please report it")
 
 
 FUSABLE = ("SISO", "SIMO", "MISO")  # the AFUSION patterns that have kernels

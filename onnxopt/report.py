@@ -76,11 +76,24 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
         for reason, n in reasons.most_common(None if verbose else 10):
             rj.add_row(reason, str(n))
         console.print(rj)
+    if report.get("kernels_not_run"):
+        console.print(f"[yellow]cross-compiled[/yellow]: {report['kernels_not_run']}. No kernel of the library ran "
+                      "here; only the function bodies (the original ops) were checked")
     v = report.get("verification")
+    if report.get("unchanged"):
+        v = None  # the written model is the original: nothing of ours to vouch for
     if v and "outputs" in v:
         worst = max((o["max_abs"] for o in v["outputs"]), default=0.0)
-        console.print(f"[green]verified[/green]: {len(v['outputs'])} outputs match the original "
+        how = "with the kernel library" if v.get("library") else "through the function bodies, without the library"
+        console.print(f"[green]verified[/green] {how}: {len(v['outputs'])} outputs match the original "
                       f"(max abs diff {worst:.3g})" if v["ok"] else "[red]verification failed[/red]")
+    fb = report.get("fallback_verification")
+    if fb and "outputs" in fb and v and v.get("library"):
+        worst = max((o["max_abs"] for o in fb["outputs"]), default=0.0)
+        console.print(f"[green]verified without the library[/green] (as a host without it runs the model): "
+                      f"max abs diff {worst:.3g}" if fb["ok"] else "[red]the fallback differs[/red]")
+    if report.get("unchanged"):
+        console.print(f"[yellow]written unchanged[/yellow]: {report['unchanged']}")
 
 
 def _render_afusion(report: dict, console: Console) -> None:

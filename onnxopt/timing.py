@@ -42,8 +42,11 @@ def make_session(model, threads: int | None = None, library: str | None = None, 
             if len(asked) <= REGISTER_OPS_MAX:
                 so.add_session_config_entry(REGISTER_OPS_ENTRY, asked)
         so.register_custom_ops_library(library)
-    data = model.SerializeToString() if hasattr(model, "SerializeToString") else model
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    if hasattr(model, "SerializeToString"):  # a ModelProto of any size (graph/large.py)
+        from onnxopt.graph.large import inference_session
+
+        return inference_session(model, so, ["CPUExecutionProvider"])
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
 # A side whose one run takes at least this long is not warmed again before each block: the run after a switch of

@@ -10,6 +10,7 @@ ResNet-50's logits reach 1600, and one near 3 differs by 4e-3 when only the summ
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +47,8 @@ class Tolerance:
                     x = float(num)
                 except ValueError:
                     raise UsageError(f"{flag} {v}: give a number, or dtype:number such as float32:1e-4") from None
+                if not math.isfinite(x) or x < 0:
+                    raise UsageError(f"{flag} {v}: give a finite number, 0 or more")
                 if sep:
                     table[dt] = x
                 else:
@@ -93,6 +96,30 @@ def make_inputs(model: onnx.ModelProto, bindings: dict[str, int] | None = None, 
     return feeds
 
 
+def check_given_inputs(model: onnx.ModelProto, given: dict[str, np.ndarray]) -> None:
+    """--check-input arrays must name real inputs and fit their dtype, rank and fixed dims."""
+    inits = {t.name for t in model.graph.initializer}
+    inputs = {vi.name: vi for vi in model.graph.input if vi.name not in inits}
+    for name, arr in given.items():
+        if name not in inputs:
+            raise UsageError(f"--check-input names '{name}', but the model's inputs are: {', '.join(inputs)}")
+        tt = inputs[name].type.tensor_type
+        if not inputs[name].type.HasField("tensor_type"):
+            continue
+        want = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        if arr.dtype != want:
+            raise UsageError(f"--check-input {name}: the file holds {arr.dtype}, the input is {want}; save it as "
+                             f"{want} (np.save(path, a.astype('{want}')))")
+        if tt.HasField("shape"):
+            dims = list(tt.shape.dim)
+            if len(dims) != arr.ndim:
+                raise UsageError(f"--check-input {name}: the array has rank {arr.ndim} {list(arr.shape)}, the input "
+                                 f"has rank {len(dims)}")
+            for i, (d, n) in enumerate(zip(dims, arr.shape)):
+                if d.HasField("dim_value") and d.dim_value != n:
+                    raise UsageError(f"--check-input {name}: dim {i} is {n}, the model fixes it at {d.dim_value}")
+
+
 @dataclass
 class OutputDiff:
     name: str
@@ -137,7 +164,9 @@ def load_check_inputs(specs: list[str] | None) -> dict[str, np.ndarray]:
         if not sep:
             raise UsageError(f"--check-input {spec}: write it as name:file.npy")
         try:
-            out[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
+            out[name] = np.asarray(np.load(path, allow_pickle=False))
+        except (OSError, ValueError, EOFError) as e:
             raise UsageError(f"--check-input {spec}: cannot read {path} as .npy ({e})") from None
+        if not isinstance(out[name], np.ndarray) or out[name].dtype.kind not in "biuf":
+            raise UsageError(f"--check-input {spec}: {path} must hold one numeric or boolean array (.npy)")
     return out

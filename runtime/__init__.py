@@ -4,12 +4,15 @@
     sess = rt.InferenceSession("fused.onnx")          # an onnxruntime.InferenceSession
     sess.run(None, feeds)
 
-The library is never loaded implicitly: its sha256 must match the one recorded in the model, and this CPU must have
-every instruction the kernels were compiled for. Otherwise a warning says why, the library stays out, and
+The library is never loaded implicitly: the model's metadata must name it as a bare file name in the model's own
+folder, its sha256 must match the one recorded in the model, and this CPU must have every instruction the kernels
+were compiled for. Otherwise a warning says why, the library stays out, and
 onnxruntime runs the model-local function bodies (the original subgraphs), which give the same answers.
 
 Serving needs only onnxruntime: any host can do what this module does with
-`SessionOptions.register_custom_ops_library(path)`.
+`SessionOptions.register_custom_ops_library(path)`. Registering a library that way trusts it completely: onnxruntime
+runs its code in the serving process, with no check of its hash or of the CPU. Register only libraries you built or
+whose sha256 matches the model's `onnxopt.library_sha256`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ def check_library(model_path: str, model: onnx.ModelProto | None = None, library
     name = meta.get(META_LIBRARY)
     if not name:
         return LibraryCheck(None, False, "the model has no onnxopt kernel library")
+    if library is None and not is_bare_file_name(name):
+        # A model file must never make us open a library outside its own folder (../x.so, /tmp/x.so).
+        return LibraryCheck(None, False, f"the model names its kernel library {name!r}, which is not a file in the "
+                                         "model's own folder; onnxopt loads only a bare file name next to the model")
     path = library or os.path.join(os.path.dirname(os.path.abspath(model_path)), name)
     if not os.path.exists(path):
         return LibraryCheck(path, False, f"kernel library {path} not found (keep it next to the model)")
@@ -64,6 +71,12 @@ def check_library(model_path: str, model: onnx.ModelProto | None = None, library
         return LibraryCheck(path, False, f"this CPU lacks {', '.join(missing)}, which the kernels in {path} need; "
                                          "re-run onnxopt with --target for this machine")
     return LibraryCheck(path, True, "ok")
+
+
+def is_bare_file_name(name: str) -> bool:
+    """A plain file name: no folder part, not '.' or '..', no NUL, not absolute on any platform."""
+    return bool(name) and name not in (".", "..") and "\0" not in name and "/" not in name and "\\" not in name \
+        and os.path.basename(name) == name and not os.path.isabs(name) and (os.name != "nt" or ":" not in name)
 
 
 def session_options(model_path: str, sess_options=None, library: str | None = None, warn: bool = True):

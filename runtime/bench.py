@@ -13,34 +13,65 @@ import os
 
 import onnx
 
-from onnxopt.errors import InputError
+from onnxopt.errors import InputError, UsageError
 from onnxopt.timing import make_session, time_in_turns, time_interleaved
-from onnxopt.verify import compare, load_check_inputs, make_inputs, Tolerance
+from onnxopt.verify import Tolerance, check_given_inputs, compare, load_check_inputs, make_inputs
 
 from . import check_library
 
 
 def _load_side(path: str, threads: int | None, spinning: bool = False):
-    if not os.path.exists(path):
-        raise InputError(f"{path}: no such file")
-    model = onnx.load(path, load_external_data=False)
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file; give the path of an .onnx model")
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf raises several types
+        raise InputError(f"{path}: not a readable ONNX model ({str(e)[:200]})") from None
     chk = check_library(path, model=model)
     lib = chk.path if chk.usable else None
-    sess = make_session(path, threads, library=lib, spinning=spinning)
+    try:
+        sess = make_session(path, threads, library=lib, spinning=spinning)
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0][:300]})") from None
     return model, sess, lib
+
+
+def _check_same_inputs(sess_a, sess_b, path_a: str, path_b: str) -> None:
+    """Both sides are fed the same arrays: their inputs must agree in names, types and fixed dims."""
+    a = {i.name: i for i in sess_a.get_inputs()}
+    b = {i.name: i for i in sess_b.get_inputs()}
+    if set(a) != set(b):
+        raise UsageError(f"{path_a} and {path_b} have different inputs ({', '.join(a)} against {', '.join(b)}); "
+                         "bench compares a model with its optimized form")
+    for name in a:
+        if a[name].type != b[name].type or len(a[name].shape) != len(b[name].shape) or any(
+                isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(a[name].shape, b[name].shape)):
+            raise UsageError(f"input {name} is {a[name].type} {a[name].shape} in {path_a} but {b[name].type} "
+                             f"{b[name].shape} in {path_b}; bench compares a model with its optimized form")
 
 
 def bench(path_a: str, path_b: str, threads: int | None = None, min_time: float = 2.0, inputs=None,
           bindings: dict | None = None, seed: int = 0, spinning: bool = False) -> dict:
     """`spinning`: onnxruntime's intra-op spinning on (its default) instead of off; the sessions are then timed one
     at a time (timing.time_in_turns), since an idle session's spinning threads would take the cores."""
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise UsageError(f"--threads {threads}: give a whole number of threads, 1 or more")
+    if not math.isfinite(min_time) or min_time <= 0:
+        raise UsageError(f"--min-time {min_time}: give a finite number of seconds, more than 0")
     threads = threads or os.cpu_count()
     model_a, sess_a, lib_a = _load_side(path_a, threads, spinning)
     _, sess_b, lib_b = _load_side(path_b, threads, spinning)
+    _check_same_inputs(sess_a, sess_b, path_a, path_b)
     given = load_check_inputs(inputs) if inputs else None
+    if given:
+        check_given_inputs(model_a, given)
     feeds = make_inputs(model_a, bindings, seed, given)
     names = [o.name for o in sess_a.get_outputs()]
-    diffs = compare(names, sess_a.run(names, feeds), sess_b.run(names, feeds), Tolerance())
+    try:
+        diffs = compare(names, sess_a.run(names, feeds), sess_b.run(names, feeds), Tolerance())
+    except Exception as e:  # noqa: BLE001 - onnxruntime's errors on inputs it cannot take
+        raise InputError(f"the models do not run on these inputs ({str(e).splitlines()[0][:300]}); give real ones "
+                         "with --input name:file.npy") from None
     if spinning:
         del sess_a, sess_b
         ta, tb = time_in_turns([lambda: make_session(path_a, threads, library=lib_a, spinning=True),

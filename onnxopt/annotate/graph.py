@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Iterable
 import onnx
 from onnx import numpy_helper
 
+from onnxopt.graph.large import add_messages, model_bytes, tensor_bytes
+
 from .cost import NodeCost, fused_bytes, node_cost, node_display_name, subgraph_intensity
 from .shapes import TensorInfo, tensor_info
 
@@ -242,10 +244,10 @@ def _infer(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
     work.CopyFrom(model)
     if not _needs_inference(work):
         return work
-    stripped = work.ByteSize() > _STRIP_ABOVE
+    stripped = model_bytes(work) > _STRIP_ABOVE
     if stripped:  # keep dims and types, drop the data: inference needs no big weights
         for t in work.graph.initializer:
-            if t.ByteSize() > _STRIP_TENSOR_ABOVE:
+            if tensor_bytes(t) > _STRIP_TENSOR_ABOVE:
                 data_type, dims = t.data_type, list(t.dims)
                 name = t.name
                 t.Clear()
@@ -264,7 +266,7 @@ def _infer(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
     if stripped:
         # Put back the original initializers (the inferred copy holds only their dims).
         del inferred.graph.initializer[:]
-        inferred.graph.initializer.extend(model.graph.initializer)
+        add_messages(inferred.graph.initializer, model.graph.initializer)
     return inferred
 
 

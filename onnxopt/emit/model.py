@@ -46,19 +46,35 @@ def _body_and_constants(region: Region, inits: dict) -> tuple[list, list[str]]:
 
 
 def fallback_key(region: Region, model: onnx.ModelProto) -> str:
-    """A digest of the constants the region's function embeds (their types, dims and data, in order), for its op
-    type: two regions whose kernels are the same can still need different functions. DenseNet-BC's BatchNormalizations
-    with uniform parameters folded to one kernel for 50 layers of different widths, and all 50 nodes called the
-    first one's function, whose 24-channel parameters then failed onnxruntime's shape inference for the next."""
-    inits = {t.name: t for t in model.graph.initializer}
-    names = _body_and_constants(region, inits)[1]
-    if not names:
-        return ""  # nothing embedded: the op type stays what the kernel alone makes it
+    """A digest of the region's whole function body, for its op type: one op type has one function, so two regions
+    whose kernels are the same but whose bodies differ (per-node constants, shapes embedded in a copy's body, other
+    attributes) must get two op types. DenseNet-BC's uniform BatchNormalizations shared one kernel over 50 widths, and
+    YOLOv8's Resize -> Concat copies of two sizes shared one; the first body then failed onnxruntime's shape inference
+    for the others, and the model did not load without the library.
+
+    Tensor names are replaced by their positions (inputs, outputs, then the body's own tensors in order of first
+    use), and node names are dropped, so the same computation on other tensors is one function."""
+    f = _function_for(region, model)
+    names: dict[str, str] = {}
+    for i, x in enumerate(f.input):
+        names[x] = f"i{i}"
+    for i, x in enumerate(f.output):
+        names.setdefault(x, f"o{i}")
     h = hashlib.sha256()
-    for name in names:
-        t = inits[name]
-        h.update(repr((t.data_type, list(t.dims))).encode())
-        h.update(numpy_helper.to_array(t).tobytes())  # not the name: the same data under two names is one function
+    for n in f.node:
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        c.name = ""
+        for a in c.attribute:  # a Constant's tensor carries the name of the tensor it defines
+            if a.HasField("t"):
+                a.t.name = ""
+            for t in a.tensors:
+                t.name = ""
+        for field in (c.input, c.output):
+            for k, x in enumerate(field):
+                if x:
+                    field[k] = names.setdefault(x, f"t{len(names)}")
+        h.update(c.SerializeToString(deterministic=True))
     return h.hexdigest()[:16]
 
 
@@ -143,7 +159,7 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
         for t in (r.compute.initializers if r.compute is not None else r.initializers):
             if t.name not in have:
                 have.add(t.name)
-                g.initializer.append(t)
+                g.initializer.add().CopyFrom(t)  # append serializes, which fails past 2 GB
     funcs, keys = {}, {}
     for r in regions:
         if r.relayout is None:

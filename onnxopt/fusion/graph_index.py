@@ -35,10 +35,14 @@ class GraphIndex:
             out.update(self.consumers.get(o, ()))
         return out
 
-    def escapes_and_returns(self, group: set[int]) -> bool:
-        """True if some path goes from the group to a node outside it and back into the group."""
-        hi = max(group)
-        frontier = [s for g in group for s in self.successors(g) if s not in group and s < hi]
+    def escapes_and_returns(self, group: set[int], outside: set[int] | None = None, hi: int | None = None) -> bool:
+        """True if some path goes from the group to a node outside it and back into the group. `outside`: the
+        group's successors outside it and `hi` its last node, when the caller keeps them (growing a group one node
+        at a time, recomputing them is quadratic)."""
+        hi = max(group) if hi is None else hi
+        if outside is None:
+            outside = {s for g in group for s in self.successors(g) if s not in group}
+        frontier = [s for s in outside if s < hi]
         seen = set(frontier)
         while frontier:
             n = frontier.pop()

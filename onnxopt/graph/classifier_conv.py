@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .fold import replace_nodes
+from .large import add_messages
 
 GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
 
@@ -126,5 +127,5 @@ def classifiers_as_convs(model: onnx.ModelProto, shapes: dict[str, list[int]]) -
     replace_nodes(graph, new_nodes, gone)
     keep = [t for t in graph.initializer if t.name not in gone_inits]
     del graph.initializer[:]
-    graph.initializer.extend(keep)
+    add_messages(graph.initializer, keep)
     return count

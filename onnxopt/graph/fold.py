@@ -15,6 +15,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .large import add_messages, inference_session
+from .quantized import QUANTIZATION_OPS
+
 NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                     "Bernoulli", "Dropout"}
 GROWTH_LIMIT_BYTES = 1 << 20
@@ -131,7 +134,8 @@ def fold_constants(model: onnx.ModelProto, max_rounds: int = 8) -> int:
         folded: dict[str, np.ndarray] = {}
         to_eval = []
         for n in graph.node:
-            if n.domain not in ("", "ai.onnx") or _has_subgraph(n) or n.op_type in NONDETERMINISTIC:
+            if n.domain not in ("", "ai.onnx") or _has_subgraph(n) or n.op_type in NONDETERMINISTIC \
+                    or n.op_type in QUANTIZATION_OPS:  # int8 weights stay int8 for onnxruntime's QDQ kernels
                 continue
             if any(o in if_conditions for o in n.output):
                 continue
@@ -167,7 +171,7 @@ def fold_constants(model: onnx.ModelProto, max_rounds: int = 8) -> int:
         for name, value in folded.items():
             new_inits.append(numpy_helper.from_array(np.asarray(value), name))
             consts[name] = value
-        graph.initializer.extend(new_inits)
+        add_messages(graph.initializer, new_inits)
         new_inits = []
     remove_dead_nodes(model, protected)
     return before - len(graph.node)
@@ -188,7 +192,7 @@ def _evaluate(model, nodes, consts, opset, ort) -> dict[str, np.ndarray]:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4
     try:
-        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = inference_session(m, so, ["CPUExecutionProvider"])
         result = dict(zip(outputs, sess.run(outputs, {})))
     except Exception:  # noqa: BLE001 - find the nodes ORT cannot evaluate: one by one, the rest still fold
         if len(nodes) == 1:
@@ -236,7 +240,7 @@ def _evaluate_one(model, n, known, computed, init_by_name, ort, so) -> dict:
     m = helper.make_model(g, opset_imports=list(model.opset_import))
     m.ir_version = min(model.ir_version if model.ir_version >= 7 else 7, 10)
     try:
-        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = inference_session(m, so, ["CPUExecutionProvider"])
         return dict(zip(outs, sess.run(outs, {})))
     except Exception:  # noqa: BLE001 - this node stays a node
         return {}
@@ -265,7 +269,7 @@ def remove_dead_nodes(model: onnx.ModelProto, protected: set[str] | None = None)
     used = live | {i.name for i in graph.input}
     inits = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]
-    graph.initializer.extend(inits)
+    add_messages(graph.initializer, inits)
 
 
 def replace_nodes(graph: onnx.GraphProto, nodes: list, gone: set[str]) -> None:

@@ -19,9 +19,11 @@ from onnx import external_data_helper
 
 from onnxopt.errors import InputError, UsageError
 
+from .large import model_bytes, save_with_external_data
 from .ort_compat import max_ir_version
 
 TWO_GB = 2**31
+MAX_INPUT_ELEMENTS = 2**32  # one input of 16 GiB of float32: larger is a typo, not a serving shape
 
 
 @dataclass
@@ -30,6 +32,38 @@ class LoadedModel:
     path: str | None
     used_external_data: bool
     size_bytes: int
+    files: list = None  # the model file and every external-data file it references: never written over
+
+
+def external_data_files(model: onnx.ModelProto, folder: str) -> list[str]:
+    """The files a model's external tensors live in, as absolute paths (before the data is loaded)."""
+    files = []
+    for t in external_data_helper._get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}
+            if info.get("location"):
+                files.append(os.path.abspath(os.path.join(folder, info["location"])))
+    return list(dict.fromkeys(files))
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)  # hard links
+    except OSError:
+        return False
+
+
+def check_no_overwrite(inputs: list[str], outputs: list[str], what: str = "onnxopt") -> None:
+    """Refuse (exit 2) when a file this run would write, or delete, is one it reads: the model, its external data,
+    a check input. Copying model.onnx to orig.onnx and writing model.onnx from it would otherwise replace
+    model.onnx.data, which orig.onnx still reads."""
+    for out in outputs:
+        for src in inputs:
+            if src and _same_file(out, src):
+                raise UsageError(f"{what} would write over {src}, which the input reads; onnxopt never writes "
+                                 f"over its inputs. Choose another output name")
 
 
 def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
@@ -57,7 +91,8 @@ def load_model(source, input_shapes: dict[str, list[int]] | None = None) -> Load
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
-        path, ext, size = None, _uses_external_data(model), model.ByteSize()
+        path, ext, size = None, _uses_external_data(model), model_bytes(model)
+        files = []
     else:
         path = os.fspath(source)
         if not os.path.exists(path):
@@ -67,6 +102,7 @@ def load_model(source, input_shapes: dict[str, list[int]] | None = None) -> Load
         except Exception as e:  # noqa: BLE001 - protobuf raises several types
             raise InputError(f"{path}: not a readable ONNX model ({e}); check the file is a complete .onnx") from None
         ext = _uses_external_data(model)
+        files = [os.path.abspath(path)] + external_data_files(model, os.path.dirname(os.path.abspath(path)))
         if ext:
             try:
                 external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
@@ -78,7 +114,7 @@ def load_model(source, input_shapes: dict[str, list[int]] | None = None) -> Load
         raise InputError(f"{path or 'model'}: the graph has no nodes")
     if input_shapes:
         fix_input_shapes(model, input_shapes)
-    return LoadedModel(model, path, ext, size)
+    return LoadedModel(model, path, ext, size, files)
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> None:
@@ -90,6 +126,17 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> No
         if tt.HasField("shape") and len(tt.shape.dim) != len(dims):
             raise UsageError(f"--input-shape {name}: the model's input has rank {len(tt.shape.dim)}, "
                              f"you gave {len(dims)} dims")
+        if tt.HasField("shape"):
+            for i, (d, n) in enumerate(zip(tt.shape.dim, dims)):
+                if d.HasField("dim_value") and d.dim_value != n:
+                    raise UsageError(f"--input-shape {name}: dim {i} is fixed at {d.dim_value} in the model, you "
+                                     f"gave {n}; only symbolic dims can be set")
+        elements = 1
+        for n in dims:
+            elements *= n
+        if elements > MAX_INPUT_ELEMENTS:
+            raise UsageError(f"--input-shape {name}: {'x'.join(map(str, dims))} is {elements:,} elements, more than "
+                             f"{MAX_INPUT_ELEMENTS:,}; give the shape you will serve")
         tt.shape.Clear()
         for d in dims:
             tt.shape.dim.add().dim_value = d
@@ -120,6 +167,8 @@ def check_output_path(input_path: str | None, output_path: str) -> None:
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
         raise UsageError(f"-o {output_path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"-o {output_path}: the folder {parent} is not writable; choose another output folder")
 
 
 def save_model(model: onnx.ModelProto, output_path: str, external: bool, commit: bool = True) -> list[str]:
@@ -131,7 +180,7 @@ def save_model(model: onnx.ModelProto, output_path: str, external: bool, commit:
     out = os.path.abspath(output_path)
     folder = os.path.dirname(out)
     base = os.path.basename(out)
-    external = external or model.ByteSize() >= TWO_GB
+    external = external or model_bytes(model) >= TWO_GB
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
     os.close(fd)
     make_readable(tmp)
@@ -141,13 +190,9 @@ def save_model(model: onnx.ModelProto, output_path: str, external: bool, commit:
         if external:
             data_name = base + ".data"
             tmp_data = os.path.join(folder, f".{data_name}.tmp")
-            m = onnx.ModelProto()
-            m.CopyFrom(model)
-            external_data_helper.convert_model_to_external_data(m, all_tensors_to_one_file=True,
-                                                                location=data_name, size_threshold=1024)
-            # onnx writes the data file under its final name: write into a scratch folder, then move.
+            # The data file is named in the model by its final name: write into a scratch folder, then move.
             scratch = tempfile.mkdtemp(prefix=".onnxopt-", dir=folder)
-            onnx.save_model(m, os.path.join(scratch, base), save_as_external_data=False)
+            save_with_external_data(model, os.path.join(scratch, base))
             os.replace(os.path.join(scratch, base), tmp)
             if os.path.exists(os.path.join(scratch, data_name)):
                 os.replace(os.path.join(scratch, data_name), tmp_data)

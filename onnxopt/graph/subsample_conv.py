@@ -35,6 +35,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .fold import names_used_by_subgraphs, replace_nodes
+from .large import add_messages
 
 CHAIN_OPS = ("Pad", "Slice", "AveragePool", "MaxPool")
 
@@ -317,5 +318,5 @@ def fold_subsampling_into_convs(model: onnx.ModelProto, shapes: dict[str, list[i
     dropped = {x for n in chain_nodes for x in n.input[1:]} - used
     left = [t for t in graph.initializer if t.name not in dropped]
     del graph.initializer[:]
-    graph.initializer.extend(left)
+    add_messages(graph.initializer, left)
     return removed

@@ -83,9 +83,10 @@ def cpu_name() -> str:
 def cpu_flags() -> set[str]:
     info = _cpuinfo()
     flags = info.get("flags") or info.get("Features") or ""
+    from onnxopt.codegen.target import cap_cpu_flags, host_cpu_flags
+
     if flags:
-        return set(flags.split())
-    from onnxopt.codegen.target import host_cpu_flags
+        return cap_cpu_flags(set(flags.split()))
 
     return host_cpu_flags()
 

@@ -174,9 +174,10 @@ def test_epilogues(tmp_path):
         feeds = _feeds(rng, shape, **others)
         got = run_fused(f, lib, feeds, 2, [regions[0].op_type], tmp_path)
         assert_pool_close(reference(m, feeds), got, exact=exact, msg=ops)
-        # Without the library, onnxruntime runs the function body: the original nodes.
+        # Without the library, onnxruntime runs the function body: the original nodes. Exact only for maxima: how
+        # onnxruntime rounds an average inlined from a function depends on its version and the host's ISA.
         fallback = ort.InferenceSession(f.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-        assert_pool_close(reference(m, feeds), fallback, exact=True, msg=ops + " (function body)")
+        assert_pool_close(reference(m, feeds), fallback, exact=exact, msg=ops + " (function body)")
 
 
 # ---- narrower targets: AVX2 (8 lanes) and baseline x86-64 (4 lanes) ----

@@ -18,7 +18,7 @@ from onnxopt.codegen.microkernel.register_tile import (BLOCK_FLOATS, candidate_t
 from onnxopt.codegen.microkernel.registry import select
 from onnxopt.codegen.target import parse_target
 from onnxopt.cost_cache import CostCache
-from onnxopt.emit.model import build_fused_model
+from onnxopt.emit.model import build_fused_model, fallback_key
 from onnxopt.fusion.compute import ComputeRule, retile
 from onnxopt.models.conv_shapes import ConvShape, MatMulShape, conv_model, matmul_model
 from onnxopt.pipeline import _infer, _region_feeds, _region_models
@@ -61,6 +61,7 @@ def _compute_region(model):
     regions = ComputeRule(work, mi).find_regions(set(), [])
     assert len(regions) == 1
     r = regions[0]
+    r.fallback_key = fallback_key(r, work)  # as the pipeline names it: the function body is part of the op type
     r.compute_op_type(TARGET.name + "|" + TARGET.cpu + "|" + TARGET.llvm_features + f"|rank{len(r.shape)}")
     return work, r
 
