@@ -35,7 +35,7 @@ def _upsample_concat_model(sizes=(10, 20)) -> onnx.ModelProto:
                   helper.make_node("Conv", [f"c{i}", f"wc{i}"], [f"y{i}"], pads=[1, 1, 1, 1])]
         outs.append(vi(f"y{i}", TensorProto.FLOAT, [1, 8, 2 * h, 2 * h]))
     return helper.make_model(helper.make_graph(nodes, "g", ins, outs, inits),
-                             opset_imports=[helper.make_opsetid("", 17)])
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=8)  # the oldest ORT admitted reads 8
 
 
 def _feeds(model, seed=1):

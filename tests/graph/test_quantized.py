@@ -36,7 +36,7 @@ def _cnn(path):
              helper.make_node("Gemm", ["f", "wg"], ["y"], transB=1)]
     g = helper.make_graph(nodes, "cnn", [vi("x", TensorProto.FLOAT, [1, 8, 16, 16])],
                           [vi("y", TensorProto.FLOAT, [1, 10])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
 
 class _Reader(quantization.CalibrationDataReader):
@@ -69,6 +69,10 @@ def _quant_counts(model):
 @pytest.mark.parametrize("name", ["qdq", "dyn"])
 def test_quantized_structure_passes_through(quantized, name, tmp_path):
     src = quantized / f"{name}.onnx"
+    try:
+        ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - older onnxruntimes lack ConvInteger for int8 weights
+        pytest.skip(f"this onnxruntime cannot run its own quantizer's {name} model: {str(e)[:120]}")
     original = onnx.load(src)
     out = tmp_path / "f.onnx"
     res = onnxopt.optimize(str(src), str(out), measure=False)
