@@ -22,7 +22,7 @@ from onnxopt import __version__
 from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.pipeline import WINOGRAD_MODES
 
-SUBCOMMANDS = ("inspect", "machine", "bench", "optimize")
+SUBCOMMANDS = ("inspect", "machine", "bench", "optimize", "batch")
 
 
 def _optimize_parser() -> argparse.ArgumentParser:
@@ -56,8 +56,7 @@ def _optimize_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="intra-op threads for measuring (default: all cores)")
     p.add_argument("--min-speedup", type=float, default=1.0,
                    help="emit a kernel only if it is at least this much faster than onnxruntime on its region; the "
-                   "whole fused model must be 2%% faster than this too (0: keep every correct kernel, untimed as a "
-                   "whole)")
+                   "whole fused model must be 2%% faster than this too (0: keep every correct kernel)")
     p.add_argument("--plan", help="build only this whole-graph plan instead of timing them all: compute, "
                    "compute-dense, compute-blocked (tensors between fused convolutions in the blocked layout), afusion "
                    "(the blocked plan with convolution pairs fused into one kernel each), pool or elementwise")
@@ -131,11 +130,14 @@ def check_report_path(path: str, outputs: list[str]) -> None:
 
 
 def write_json_atomic(path: str, data) -> None:
+    from onnxopt.graph.load import make_readable
+
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                dir=os.path.dirname(os.path.abspath(path)))
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, default=str)
+        make_readable(tmp)  # mkstemp makes it 0600; a report gets what open() would give
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -256,6 +258,56 @@ def _bench_kernels(a) -> int:
     return 0
 
 
+def cmd_batch(argv) -> int:
+    from onnxopt.batch import run_batch
+    from onnxopt.batch.options import OneLineParser, add_pass_through, pick
+
+    p = OneLineParser(prog="onnxopt batch", description="Optimize many models, each in its own process, into one "
+                       "folder that mirrors the sources' folders; resumable; writes OUT_DIR/report.json and a "
+                       "self-contained OUT_DIR/report.html. Exit 0 if every model was optimized, left unchanged or "
+                       "skipped (done before), 1 if any failed, crashed, timed out or ran out of memory.")
+    p.add_argument("sources", nargs="*", metavar="SRC", help=".onnx files, folders (searched recursively) or list "
+                   "files (@list.txt or .txt: one path per line, # comments, paths relative to the list file, "
+                   "optional --input-shape/--timeout/--memory-limit after the path)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="the output folder (created if missing)")
+    p.add_argument("--jobs", type=int, default=1, help="models optimized at once (default 1: timings are only "
+                   "trustworthy with one)")
+    p.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
+                   help="wall time per model; past it the model's processes are killed (default 1800)")
+    p.add_argument("--memory-limit", type=float, metavar="GB", help="address-space limit (RLIMIT_AS) of each "
+                   "model's process (default: none)")
+    p.add_argument("--retry-failed", action="store_true", help="also run again the models that failed, crashed, "
+                   "timed out or ran out of memory in an earlier run (finished ones are always skipped)")
+    p.add_argument("--no-bench", action="store_true", help="do not measure the speedup of each optimized model")
+    p.add_argument("--bench-time", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds of timing per side in `onnxopt bench` (default 2)")
+    p.add_argument("--ray", metavar="auto|ADDRESS", help="run the models as tasks of a Ray cluster (needs "
+                   "onnxopt[ray]; OUT_DIR must be on a file system every node shares)")
+    add_pass_through(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary table")
+    p.add_argument("--verbose", action="store_true", help="a traceback with an error of the batch itself")
+    a = p.parse_args(argv)
+    try:
+        result = run_batch(a.sources, a.output, jobs=a.jobs, timeout=a.timeout, memory_limit_gb=a.memory_limit,
+                           retry_failed=a.retry_failed, bench=not a.no_bench, bench_time=a.bench_time, ray=a.ray,
+                           quiet=a.quiet, **pick(vars(a)))
+    except KeyboardInterrupt:
+        print(f"onnxopt: interrupted; the models finished so far are recorded in {a.output}/batch-state.json "
+              "(run the same command again to go on)", file=sys.stderr)
+        return 130
+    return result.exit_code
+
+
+def _quiet_onnxruntime() -> None:
+    """onnxruntime logs its errors to stderr as well as raising them; we report each in one line of our own."""
+    try:
+        import onnxruntime as ort
+
+        ort.set_default_logger_severity(4)
+    except Exception:  # noqa: BLE001 - an onnxruntime without it, or none: the CLI says so where it needs one
+        pass
+
+
 def _interrupt_on_signals() -> dict:
     """SIGTERM and SIGHUP end the run like Ctrl-C: the cleanup code runs (temporary folders and half-written files
     are removed) instead of the process vanishing with them on disk. Returns the handlers to put back."""
@@ -276,14 +328,17 @@ def main(argv=None) -> int:
     cmd, rest = ("optimize", argv)
     if argv and argv[0] in SUBCOMMANDS:
         cmd, rest = argv[0], argv[1:]
-    handler = {"optimize": cmd_optimize, "inspect": cmd_inspect, "machine": cmd_machine, "bench": cmd_bench}[cmd]
+    handler = {"optimize": cmd_optimize, "inspect": cmd_inspect, "machine": cmd_machine, "bench": cmd_bench,
+               "batch": cmd_batch}[cmd]
     handlers = _interrupt_on_signals()
+    if "--verbose" not in argv:
+        _quiet_onnxruntime()
     try:
         return handler(rest)
     except OnnxoptError as e:
         if "--verbose" in argv:
             raise
-        print(f"onnxopt: error: {e}", file=sys.stderr)
+        print(f"onnxopt: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever it quotes
         return e.exit_code
     except KeyboardInterrupt:
         print("onnxopt: interrupted; nothing was written", file=sys.stderr)

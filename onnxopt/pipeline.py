@@ -58,8 +58,8 @@ from onnxopt.timing import make_session, time_interleaved, time_pair_in_new_proc
 from onnxopt.fusion import winograd
 from onnxopt.tune import search_tile
 from onnxopt.tune.tile_search import kernel_tolerance
-from onnxopt.verify import (KERNEL_ATOL, KERNEL_RTOL, Tolerance, check_given_inputs, compare, load_check_inputs,
-                            make_inputs, random_array)
+from onnxopt.verify import (KERNEL_ATOL, KERNEL_RTOL, MAX_RANDOM_ELEMENTS, Tolerance, check_given_inputs, compare,
+                            load_check_inputs, make_inputs, random_array)
 
 # Seconds for trying the fused model without one kernel type at a time (_whole_model_decision).
 DROP_TRIALS_S = 6.0
@@ -245,6 +245,15 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
         if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
             out[v.name] = [d.dim_value for d in t.shape.dim]
     return out
+
+
+def _check_tensor_sizes(static: dict[str, list[int]]) -> None:
+    """A tensor whose fixed shape is past what the checks can hold in memory (an input declared 2^31 high, pads of
+    2^40) makes a model that cannot run; the fusion stages' loops over its rows would not end either."""
+    for name, dims in static.items():
+        if any(d < 0 for d in dims) or math.prod(dims) > MAX_RANDOM_ELEMENTS:
+            raise InputError(f"tensor {name} has the shape {dims}, which no run of this model can hold; fix the "
+                             "model's shapes (or its symbolic dims with --input-shape)")
 
 
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -436,6 +445,7 @@ class _Optimizer:
         self._timed: dict[int, float] = {}  # id(region) -> its kernel's measured seconds (_check_regions)
         self._timed_by_key: dict[tuple, float] = {}  # (op type, input shapes) -> its measured seconds
         self.quantized: set[str] = set()  # nodes of quantized patterns, left to onnxruntime (graph/quantized.py)
+        self.original_checks = True  # the input passes the ONNX checker, so the output must too (run)
 
     def say(self, msg: str):
         if self.opts.progress:
@@ -459,6 +469,14 @@ class _Optimizer:
                                 "opsets": {o.domain or "ai.onnx": o.version for o in original.opset_import}}
         self.report["before"] = _op_counts(original)
         self._check_loadable(original, src_path)
+        # The ONNX checker vouches for what we write only where it accepts what we were given: onnxruntime runs
+        # models it rejects (nodes out of order, outputs without shapes, old IR versions).
+        try:
+            check_model(original)
+            self.original_checks = True
+        except Exception as e:  # noqa: BLE001
+            self.original_checks = False
+            self.report["input"]["checker"] = " ".join(str(e).split())[:300]
         check_given_inputs(original, self.opts.check_inputs)
 
         if self.opts.verify or self.opts.measure:
@@ -505,6 +523,7 @@ class _Optimizer:
         # merge with existing ones.
         inferred = _infer(work)
         static = _static_shapes(inferred)
+        _check_tensor_sizes(static)
         # A quantized model keeps the structure onnxruntime's int8 fusions match (graph/quantized.py): no rewrites,
         # and no region that touches it.
         self.quantized = quantized_nodes(work.graph)
@@ -633,8 +652,7 @@ class _Optimizer:
         self.report["timings"]["kernel_check_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        # min_speedup 0 keeps every correct kernel, whatever the whole model's timing says
-        if accepted and self.opts.measure and not self.cannot_run and self.opts.min_speedup > 0:
+        if accepted and self.opts.measure and not self.cannot_run:
             accepted = self._whole_model_decision(original, work, accepted, built, src_path)
 
         self.report["timings"]["model_check_s"] = time.perf_counter() - t
@@ -1496,7 +1514,9 @@ class _Optimizer:
                 s_trial = session(trial_regions)
                 return compare(session(plan_regions), s_trial)
 
-        current, s_cur = _drop_trials(current, s_cur, kinds, session, compare, decisions, why, look_in_new_process)
+        if self.opts.min_speedup > 0:  # 0 keeps every correct kernel: nothing is dropped for its timing
+            current, s_cur = _drop_trials(current, s_cur, kinds, session, compare, decisions, why,
+                                          look_in_new_process)
         phases["drop_trials_s"] = time.perf_counter() - t_phase - sum(phases.values())
         decisions["inline_flops"] = choose_library(current)  # chosen in the runoff, unless kernels were dropped
         phases["inline_choice_s"] = time.perf_counter() - t_phase - sum(phases.values())
@@ -1776,18 +1796,22 @@ class _Optimizer:
                                inline_flops=self.inline_flops)
             set_library_sha256(fused, sha)
         try:
-            check_model(fused)
+            if self.original_checks:
+                check_model(fused)
         except Exception as e:  # noqa: BLE001
             self._cleanup([lib_path])
-            raise OnnxoptError(f"internal error: the fused model fails the ONNX checker ({e}); please report it") \
-                from None
+            raise OnnxoptError(f"internal error: the fused model fails the ONNX checker ({' '.join(str(e).split())}); "
+                               "please report it") from None
         self.report["timings"]["emit_s"] = time.perf_counter() - t
-        if not self.opts.verify:
-            self._check_result_loads(fused, lib_path)
-
         t = time.perf_counter()
-        if self.opts.verify:
-            self._verify_model(original, fused, lib_path, src_path)
+        try:
+            if self.opts.verify:
+                self._verify_model(original, fused, lib_path, src_path)
+            else:
+                self._check_result_loads(fused, lib_path)
+        except BaseException:
+            self._cleanup([lib_path])  # the library linked for the model that is not written
+            raise
         self.report["timings"]["verify_s"] = time.perf_counter() - t
 
         self.report["after"] = _op_counts(fused)

@@ -26,7 +26,7 @@ def make_session(model, threads: int | None = None, library: str | None = None, 
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # its errors come back as exceptions, which we report in one line of our own
     if threads:
         so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from onnxopt.errors import UsageError
+from onnxopt.errors import InputError, UsageError
 
 DEFAULT_RTOL = {"float32": 1e-3, "float64": 1e-7, "float16": 1e-2}
 DEFAULT_ATOL = {"float32": 1e-4, "float64": 1e-9, "float16": 1e-3}
@@ -67,7 +67,19 @@ def _shape(vi: onnx.ValueInfoProto, bindings: dict[str, int]) -> list[int]:
     return dims
 
 
+# Random data for a check is made in memory: past this many elements (4 GiB of float32) a shape is a mistake.
+MAX_RANDOM_ELEMENTS = 1 << 30
+
+
 def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    shape = [int(d) for d in shape]
+    if any(d < 0 for d in shape):
+        raise InputError(f"a tensor of shape {shape} has a negative dim: the model's shapes are invalid (an input "
+                         "declared with -1, or a convolution whose window does not fit); fix the model, or give its "
+                         "inputs' shapes with --input-shape")
+    if math.prod(shape) > MAX_RANDOM_ELEMENTS:
+        raise InputError(f"a tensor of shape {shape} is too large to check ({math.prod(shape):,} elements): give "
+                         "the inputs' real shapes with --input-shape, or real inputs with --check-input")
     dt = np.dtype(dtype)
     if dt.kind == "f":
         return np.asarray(rng.standard_normal(shape) * 2.0, dtype=dt)

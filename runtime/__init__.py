@@ -35,6 +35,7 @@ class LibraryCheck:
     path: str | None
     usable: bool
     reason: str
+    named: bool = True  # the model names a kernel library (False: a plain model, nothing to warn about)
 
 
 def _metadata(model) -> dict[str, str]:
@@ -52,7 +53,7 @@ def check_library(model_path: str, model: onnx.ModelProto | None = None, library
     meta = _metadata(model if model is not None else model_path)
     name = meta.get(META_LIBRARY)
     if not name:
-        return LibraryCheck(None, False, "the model has no onnxopt kernel library")
+        return LibraryCheck(None, False, "the model has no onnxopt kernel library", named=False)
     if library is None and not is_bare_file_name(name):
         # A model file must never make us open a library outside its own folder (../x.so, /tmp/x.so).
         return LibraryCheck(None, False, f"the model names its kernel library {name!r}, which is not a file in the "
@@ -87,7 +88,7 @@ def session_options(model_path: str, sess_options=None, library: str | None = No
     chk = check_library(model_path, library=library)
     if chk.usable:
         so.register_custom_ops_library(chk.path)
-    elif chk.path is not None and warn:
+    elif chk.named and warn:
         warnings.warn(f"onnxopt: not using the kernel library: {chk.reason}; running the function bodies instead",
                       LibraryNotUsedWarning, stacklevel=3)
     return so

@@ -170,7 +170,7 @@ class ComputeRule:
         xs = self.ew.shape_of(node.input[0])
         if xs is None or len(xs) != 4 or not isinstance(xs[1], int):
             return "input is not [N, C, H, W] with a known C"
-        return None
+        return conv_geometry_reason(node, w.shape, xs[1], self.ew.shape_of(node.output[0]))
 
     # ---- growth ----
     def find_regions(self, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
@@ -450,6 +450,28 @@ class ComputeRule:
         body = [helper.make_node("Gemm", gemm_in, [head_out], name=node.name, transA=trans_a)]
         # The epilogue adds C itself; the Gemm node's inputs are only A and B.
         return [node.input[0], b_name], body, c_name, c_kind
+
+
+def conv_geometry_reason(node, w_shape, in_channels: int, out_shape) -> str | None:
+    """What makes a convolution's attributes or weights inconsistent (onnxruntime loads such a model and fails only
+    when it runs it): a group that does not divide the channels, kernel_shape unlike the weights, strides or
+    dilations below 1, negative pads, an output with no positions. None when they are consistent."""
+    groups = int(_attr(node, "group", 1))
+    if groups < 1:
+        return f"group {groups} is not a positive number"
+    oc, icg = (w_shape[0], w_shape[1]) if node.op_type == "Conv" else (w_shape[1] * groups, w_shape[0] // groups)
+    if w_shape[0] % groups or in_channels != icg * groups or oc % groups:
+        return f"group {groups} does not fit {in_channels} input channels and weights {list(w_shape)}"
+    ks = _attr(node, "kernel_shape", None)
+    if ks is not None and list(ks) != list(w_shape[2:]):
+        return f"kernel_shape {list(ks)} differs from the weights' {list(w_shape[2:])}"
+    if any(s < 1 for s in _attr(node, "strides", [1, 1])) or any(d < 1 for d in _attr(node, "dilations", [1, 1])):
+        return "strides and dilations must be 1 or more"
+    if any(p < 0 for p in _attr(node, "pads", [0, 0, 0, 0])) or any(p < 0 for p in _attr(node, "output_padding", [])):
+        return "negative pads"
+    if out_shape is not None and any(isinstance(d, int) and d <= 0 for d in out_shape):
+        return f"the output shape {list(out_shape)} has no positions"
+    return None
 
 
 class _Reject(Exception):

@@ -19,10 +19,15 @@ from onnx import external_data_helper
 
 from onnxopt.errors import InputError, UsageError
 
-from .large import model_bytes, save_with_external_data
+from .large import model_bytes, save_with_external_data, tensor_bytes
 from .ort_compat import max_ir_version
 
 TWO_GB = 2**31
+# Types whose elements are whole bytes (4-bit types pack two an element: their sizes are not checked).
+_WHOLE_BYTE_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                     onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16,
+                     onnx.TensorProto.UINT16, onnx.TensorProto.INT32, onnx.TensorProto.UINT32,
+                     onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL}
 MAX_INPUT_ELEMENTS = 2**32  # one input of 16 GiB of float32: larger is a typo, not a serving shape
 
 
@@ -109,12 +114,25 @@ def load_model(source, input_shapes: dict[str, list[int]] | None = None) -> Load
             except Exception as e:  # noqa: BLE001 - onnx raises OSError, ValueError or its ValidationError
                 raise InputError(f"{path}: its external data could not be read ({e}); keep the .data file "
                                  "next to the model") from None
+            _check_data_sizes(model, path)
         size = os.path.getsize(path)
     if not model.graph.node:
         raise InputError(f"{path or 'model'}: the graph has no nodes")
     if input_shapes:
         fix_input_shapes(model, input_shapes)
     return LoadedModel(model, path, ext, size, files)
+
+
+def _check_data_sizes(model: onnx.ModelProto, path: str) -> None:
+    """Every initializer read from external data holds as many bytes as its dims and type say (a wrong length or
+    offset in the model reads a short or empty tensor)."""
+    for t in model.graph.initializer:
+        if t.HasField("raw_data") and t.data_type not in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+            want = tensor_bytes(t)
+            have = len(t.raw_data)
+            if have != want and t.data_type in _WHOLE_BYTE_TYPES:
+                raise InputError(f"{path}: initializer {t.name} has {have} bytes of data where its dims "
+                                 f"{list(t.dims)} need {want}; its external data (offset, length) is wrong")
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> None:

@@ -1,0 +1,81 @@
+"""OUT_DIR/batch-state.json: what each model's last run ended as, so that a rerun picks up where one stopped.
+
+A model is known by its absolute path, and its record counts only while the file's sha256 and the optimize options
+are the same as then (an edited model, or other options, is optimized again). The file is rewritten after every model,
+through a temporary file and os.replace, so an interrupted batch leaves the state of every model it finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+
+from .worker import FINISHED
+
+VERSION = 1
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # read once: mkstemp's files are private (0600), ours get the usual mode
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def options_key(optimize_args: list[str]) -> str:
+    return hashlib.sha256(json.dumps(optimize_args).encode()).hexdigest()[:16]
+
+
+class BatchState:
+    def __init__(self, path: str):
+        self.path = path
+        self.models: dict[str, dict] = {}
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            if isinstance(data, dict) and data.get("version") == VERSION and isinstance(data.get("models"), dict):
+                self.models = data["models"]
+        except (OSError, ValueError):
+            pass  # none yet, or unreadable: every model is run
+
+    def previous(self, source: str, sha256: str, options: str) -> dict | None:
+        """The last record of this model if it is still valid for this file and these options."""
+        entry = self.models.get(source)
+        if not entry or entry.get("sha256") != sha256 or entry.get("options") != options:
+            return None
+        return entry.get("record")
+
+    def is_finished(self, record: dict | None) -> bool:
+        """Finished (optimized or unchanged) and its model still on disk."""
+        return bool(record) and record.get("status") in FINISHED and bool(record.get("output")) \
+            and os.path.isfile(record["output"])
+
+    def put(self, source: str, sha256: str, options: str, record: dict) -> None:
+        self.models[source] = {"sha256": sha256, "options": options, "record": record}
+        self.save()
+
+    def save(self) -> None:
+        write_atomic(self.path, {"version": VERSION, "models": self.models})
+
+
+def write_atomic(path: str, data) -> None:
+    """`data` as JSON (a str as it is) to `path`, which is whole or untouched whatever happens."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            if isinstance(data, str):
+                f.write(data)
+            else:
+                json.dump(data, f, indent=1, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
