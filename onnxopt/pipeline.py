@@ -251,7 +251,7 @@ def _check_tensor_sizes(static: dict[str, list[int]]) -> None:
     """A tensor whose fixed shape is past what the checks can hold in memory (an input declared 2^31 high, pads of
     2^40) makes a model that cannot run; the fusion stages' loops over its rows would not end either."""
     for name, dims in static.items():
-        if any(d < 0 for d in dims) or math.prod(dims) > MAX_RANDOM_ELEMENTS:
+        if all(d >= 0 for d in dims) and math.prod(dims) > MAX_RANDOM_ELEMENTS:  # -1: a dynamic dim
             raise InputError(f"tensor {name} has the shape {dims}, which no run of this model can hold; fix the "
                              "model's shapes (or its symbolic dims with --input-shape)")
 

@@ -60,7 +60,7 @@ class Tolerance:
 def _shape(vi: onnx.ValueInfoProto, bindings: dict[str, int]) -> list[int]:
     dims = []
     for d in vi.type.tensor_type.shape.dim:
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:  # exporters write -1 for a dynamic dim
             dims.append(d.dim_value)
         else:
             dims.append(int(bindings.get(d.dim_param, 1)))
@@ -128,7 +128,7 @@ def check_given_inputs(model: onnx.ModelProto, given: dict[str, np.ndarray]) -> 
                 raise UsageError(f"--check-input {name}: the array has rank {arr.ndim} {list(arr.shape)}, the input "
                                  f"has rank {len(dims)}")
             for i, (d, n) in enumerate(zip(dims, arr.shape)):
-                if d.HasField("dim_value") and d.dim_value != n:
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != n:  # -1: dynamic (Paddle)
                     raise UsageError(f"--check-input {name}: dim {i} is {n}, the model fixes it at {d.dim_value}")
 
 

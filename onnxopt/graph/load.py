@@ -146,7 +146,7 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> No
                              f"you gave {len(dims)} dims")
         if tt.HasField("shape"):
             for i, (d, n) in enumerate(zip(tt.shape.dim, dims)):
-                if d.HasField("dim_value") and d.dim_value != n:
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != n:  # -1: dynamic (Paddle)
                     raise UsageError(f"--input-shape {name}: dim {i} is fixed at {d.dim_value} in the model, you "
                                      f"gave {n}; only symbolic dims can be set")
         elements = 1
