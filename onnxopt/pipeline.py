@@ -1908,14 +1908,8 @@ class _Optimizer:
         diffs = compare(names, want, got, self.opts.tolerance)
         self.report["verification"] = {"outputs": [d.__dict__ for d in diffs], "ok": all(d.ok for d in diffs),
                                        "library": lib is not None}
-        bad = [d for d in diffs if not d.ok]
-        if bad:
-            self._cleanup([lib_path])
-            d = bad[0]
-            raise VerificationError(
-                f"verification failed: output {d.name} differs (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
-                "nothing was written. Loosen with --rtol/--atol if this is expected, or skip a fusion with "
-                "--skip-fusion")
+        self._fail_if_differs(diffs, lib_path, "verification failed: output {} differs",
+                              "Loosen with --rtol/--atol if this is expected, or skip a fusion with --skip-fusion")
         if self.opts.verify_fallback:
             self._verify_fallback(fused, lib_path, names, feeds, want, diffs if lib is None else None)
 
@@ -1933,13 +1927,16 @@ class _Optimizer:
             diffs = compare(names, want, got, self.opts.tolerance)
         self.report["fallback_verification"] = {"outputs": [d.__dict__ for d in diffs],
                                                 "ok": all(d.ok for d in diffs)}
+        self._fail_if_differs(diffs, lib_path, "verification failed without the kernel library: output {} of the "
+                              "function bodies differs", "Please report it")
+
+    def _fail_if_differs(self, diffs, lib_path, what: str, advice: str) -> None:
         bad = [d for d in diffs if not d.ok]
         if bad:
             self._cleanup([lib_path])
             d = bad[0]
-            raise VerificationError(
-                f"verification failed without the kernel library: output {d.name} of the function bodies differs "
-                f"(max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); nothing was written. Please report it")
+            raise VerificationError(f"{what.format(d.name)} (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
+                                    f"nothing was written. {advice}")
 
 
 FUSABLE = ("SISO", "SIMO", "MISO")  # the AFUSION patterns that have kernels

@@ -23,15 +23,9 @@ def machine_info() -> dict:
         model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name:")), model)
     except (OSError, subprocess.SubprocessError):
         pass
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    from onnxopt.codegen.target import host_cpu_flags
+
+    flags = host_cpu_flags()
     return {"cpu": model, "isa": [f for f in ISA_FLAGS if f in flags], "cpus": usable_cpus(),
             "machine": platform.machine(), "python": platform.python_version(),
             "onnxruntime": _ort_version(), "onnxopt": __version__}

@@ -20,11 +20,9 @@ os.umask(_UMASK)  # read once: mkstemp's files are private (0600), ours get the 
 
 
 def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from onnxopt.codegen.glue.library import sha256_file
+
+    return sha256_file(path)
 
 
 def options_key(optimize_args: list[str]) -> str:
