@@ -12,7 +12,7 @@ import hashlib
 import json
 
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from onnxopt import __version__
 from onnxopt.graph.order import stable_order
