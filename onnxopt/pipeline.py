@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -48,7 +49,8 @@ from onnxopt.fusion.siblings import Siblings, apply_siblings, sibling_groups
 from onnxopt.graph.classifier_conv import classifiers_as_convs
 from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
-from onnxopt.graph.large import check_model, inference_session, is_large, light_copy, save_with_external_data
+from onnxopt.graph.large import (ANALYSE_LIGHT_BYTES, SharedWeights, check_model, inference_session, is_large,
+                                 light_copy, model_bytes, save_with_external_data)
 from onnxopt.graph.quantized import quantized_nodes
 from onnxopt.graph.load import (check_no_overwrite, check_output_path, commit_files, load_model, parse_input_shapes,
                                 save_model)
@@ -103,7 +105,7 @@ COLD_REGION_BYTES = 1 << 20
 # not timed further (time_interleaved's settled_outside): the verdict stands, and its time is close enough for the
 # report and the measured search.
 SETTLED_BEYOND = 2.0
-# The plan models kept on disk for new sessions (_plan_session), in bytes: each holds the model's weights.
+# The plan models kept on disk for new sessions (_plan_session), in bytes: each holds the weights its regions carry.
 PLAN_FILES_BYTES = 2 << 30
 INLINE_REACH = 4  # report FLOPs per glue-counted FLOP at most (Winograd F(4x4, 3x3)); see _inline_choice
 # The plans from the most fused to the least, for the runoffs: a plan is kept over a less fused one that measured
@@ -160,24 +162,36 @@ class Options:
     also_writes: tuple = ()  # files the caller writes besides the outputs (the CLI's --report)
 
 
-def _symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """onnxruntime's symbolic shape inference, driven step by step: its `infer_shapes` entry point saves a debug
-    model into the current directory when inference is incomplete, and a library must not write there. Only the
-    inferred value_info is kept (graph inputs and outputs stay as the model declares them)."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+def _symbolic_shape_inference():
+    """onnxruntime's SymbolicShapeInference class, its module loaded from its file: importing it as
+    onnxruntime.tools.symbolic_shape_infer runs the tools package's __init__, which imports torch where torch is
+    installed (2.7 s, for nothing onnxopt uses)."""
+    import importlib.util
 
-        ssi = SymbolicShapeInference(2**31 - 1, True, False, 0)
+    import onnxruntime
+
+    name = "onnxopt._ort_symbolic_shape_infer"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(onnxruntime.__file__), "tools", "symbolic_shape_infer.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name].SymbolicShapeInference
+
+
+def _symbolic_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto] | None:
+    """onnxruntime's symbolic shape inference, driven step by step: its `infer_shapes` entry point saves a debug
+    model into the current directory when inference is incomplete, and a library must not write there. Returns the
+    inferred value_info (graph inputs and outputs stay as the model declares them)."""
+    try:
+        ssi = _symbolic_shape_inference()(2**31 - 1, True, False, 0)
         ssi._preprocess(model)
         while ssi.run_:
             ssi._infer_impl()
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
         declared = {v.name for v in list(model.graph.input) + list(model.graph.output)}
-        del out.graph.value_info[:]
-        out.graph.value_info.extend(v for v in ssi.out_mp_.graph.value_info
-                                    if v.name not in declared and v.type.HasField("tensor_type"))
-        return out
+        return [v for v in ssi.out_mp_.graph.value_info
+                if v.name not in declared and v.type.HasField("tensor_type")]
     except Exception:  # noqa: BLE001 - unknown ops, or an onnxruntime whose internals moved: keep onnx's shapes
         return None
 
@@ -204,28 +218,29 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx's shape inference, then onnxruntime's symbolic one where onnx lost dims (Shape/Slice arithmetic on
     symbolic dims, common in exported transformers). The symbolic pass assumes broadcast symbolic dims are equal;
     the kernels check that assumption at run time (see ort_glue.c). The result is for analysis only: the emitted
-    model never carries inferred value_info (a wrong guess there would mislead onnxruntime's planner)."""
+    model never carries inferred value_info (a wrong guess there would mislead onnxruntime's planner). A big model
+    is inferred as its light copy (graph/large.py), whose weights are declared, not held, and the value_info is
+    copied back."""
+    light = model_bytes(model) > ANALYSE_LIGHT_BYTES
+    analysed = light_copy(model) if light else model
     try:
-        if is_large(model):  # inferred on a light copy (graph/large.py), its value_info copied back
-            inferred = onnx.shape_inference.infer_shapes(light_copy(model), check_type=False, strict_mode=False,
-                                                         data_prop=True)
-            full = onnx.ModelProto()
-            full.CopyFrom(model)
-            del full.graph.value_info[:]
-            full.graph.value_info.extend(inferred.graph.value_info)
-            model = full
-        else:
-            model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        analysed = onnx.shape_inference.infer_shapes(analysed, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are an optimization aid; without them nothing is fused
         pass
     symbolic_inputs = any(d.HasField("dim_param") or not d.HasField("dim_value")
                           for vi in model.graph.input for d in vi.type.tensor_type.shape.dim)
+    value_info = analysed.graph.value_info
     # With static inputs, dims onnx could not infer are data-dependent: the symbolic pass would only be guessing.
-    if symbolic_inputs and _has_unknown_shapes(model) and not is_large(model):
-        inferred = _symbolic_shapes(model)
-        if inferred is not None:
-            model = inferred
-    return model
+    if symbolic_inputs and _has_unknown_shapes(analysed):
+        value_info = _symbolic_shapes(analysed) or value_info
+    value_info = list(value_info)
+    out = analysed
+    if light or analysed is model:  # never the caller's model, and never the light copy
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(value_info)
+    return out
 
 
 def _weight_bytes(region: Region, model: onnx.ModelProto) -> int:
@@ -425,6 +440,7 @@ class _Optimizer:
         self.inline_flops = INLINE_FLOPS  # the emitted library's CT_INLINE_FLOPS (_inline_choice)
         self.sequence_libraries: dict[tuple, str] = {}  # (library, sequence op types) -> linked path (_plan_session)
         self.plan_models: dict[tuple, tuple] = {}  # (library, region ids) -> (model file, library, ops, regions)
+        self.plan_base: SharedWeights | None = None  # the folded model light, its weights in one file (_plan_file)
         self.plan_sessions_made = 0  # sessions made from those files (_plan_session), for the report
         self.plan_files_written = 0
         self.tile_info: dict[int, dict] = {}  # id(region) -> its tile and tile search, for the report
@@ -1594,7 +1610,9 @@ class _Optimizer:
         """The plan's model file, the library it runs on and the op types it registers (_plan_session)."""
         key = (library, tuple(id(r) for r in regions))
         if key not in self.plan_models:
-            m = build_fused_model(self.emit_base, regions, None, None, {}, [])
+            if self.plan_base is None:  # the folded model's weights, written once for every plan file
+                self.plan_base = SharedWeights(self.emit_base, self.tmpdir)
+            m = build_fused_model(self.plan_base.light, regions, None, None, {}, [], constants=self.emit_base)
             if self.opts.sequences:
                 m, seqs = make_sequences(m, {op: b[1] for op, b in built.items()}, DOMAIN)
                 if seqs:
@@ -2010,9 +2028,10 @@ def _machine():
 
 
 def evict_plan_files(plan_models: dict, budget: int) -> None:
-    """Every plan file holds the model's weights: past `budget` bytes the oldest entries of `plan_models` (key ->
-    (path, ...), in the order made) leave it and their files are deleted (a plan asked for again is built again),
-    so a large model's plans do not fill the disk. The newest stays, whatever its size."""
+    """Plan files hold the weights their regions carry (the folded model's are shared): past `budget` bytes the
+    oldest entries of `plan_models` (key -> (path, ...), in the order made) leave it and their files are deleted (a
+    plan asked for again is built again), so a large model's plans do not fill the disk. The newest stays, whatever
+    its size."""
     sizes = {k: os.path.getsize(v[0]) for k, v in plan_models.items()}
     while sum(sizes.values()) > budget and len(sizes) > 1:
         oldest = next(iter(sizes))

@@ -120,7 +120,10 @@ def stable_toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
 
 
 def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_file: str | None, sha256: str | None,
-                      target: dict, cpu_flags: list[str]) -> onnx.ModelProto:
+                      target: dict, cpu_flags: list[str], constants: onnx.ModelProto | None = None) -> onnx.ModelProto:
+    """`model` with the regions fused. `constants`: the model whose initializers the function bodies embed, when
+    `model` is a light copy whose large weights are only declared (graph/large.py, SharedWeights); default `model`."""
+    constants = model if constants is None else constants
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -163,8 +166,8 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
     funcs, keys = {}, {}
     for r in regions:
         if r.relayout is None:
-            funcs.setdefault(r.op_type, _function_for(r, model))
-            key = fallback_key(r, model)
+            funcs.setdefault(r.op_type, _function_for(r, constants))
+            key = fallback_key(r, constants)
             if keys.setdefault(r.op_type, key) != key:
                 raise RuntimeError(f"two regions of op type {r.op_type} embed different constants in their function "
                                    "fallbacks; this is a bug in the op type's key (Region.fallback_key)")
