@@ -1771,18 +1771,27 @@ class _Optimizer:
                 if d.HasField("dim_param") and d.dim_param and d.dim_param not in symbols:
                     symbols.append(d.dim_param)
         self.bindings = {}
-        if not symbols:
-            return
         candidates = [{s: 2 + i for i, s in enumerate(symbols)}, {s: 2 for s in symbols}, {s: 1 for s in symbols}]
         src = self.report["input"]["path"]
-        for b in candidates:
+        failure = None
+        # Run as the checks run it (every onnxruntime optimization): a model that fails there is refused now, not
+        # after the whole run, when the final check could not run it.
+        for b in candidates if symbols else [{}]:
             try:
                 feeds = make_inputs(original, b, self.opts.seed, self.opts.check_inputs)
-                make_session(original if src is None else src, self.opts.threads, optimization="basic").run(None, feeds)
-            except Exception:  # noqa: BLE001 - the model constrains its dims; try the next set
+                make_session(original if src is None else src, self.opts.threads).run(None, feeds)
+            except InputError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the model constrains its dims; try the next set
+                failure = failure or " ".join(str(e).split())[:200]
                 continue
             self.bindings = b
             break
+        else:
+            given = "the given" if self.opts.check_inputs else "random"
+            raise InputError(f"the model fails in onnxruntime on {given} inputs ({failure}); give inputs it runs on "
+                             "with --check-input NAME:FILE.npy, fix symbolic dims with --input-shape, or skip the "
+                             "checks with --no-verify --no-measure")
         self.report["check_bindings"] = self.bindings
 
     def _emit(self, original, work, accepted, built, loaded, src_path, t_start) -> Result:
@@ -1914,7 +1923,7 @@ class _Optimizer:
             want = make_session(original if src_path is None else src_path, self.opts.threads).run(names, feeds)
         except Exception as e:  # noqa: BLE001
             self.report["verification"] = {"skipped": f"the original model does not run on random inputs: {e}"}
-            raise VerificationError(f"cannot verify: the original model fails on random inputs "
+            raise InputError(f"cannot verify: the original model fails on random inputs "
                                     f"({str(e).splitlines()[0][:200]}); give real inputs with "
                                     "--check-input name:file.npy or fix symbolic dims with --input-shape") from None
         try:

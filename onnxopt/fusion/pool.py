@@ -25,6 +25,11 @@ from .region import EwOp, EwProgram, Region, Value
 
 POOL_OPS = {"MaxPool": "max", "AveragePool": "avg", "GlobalMaxPool": "gmax", "GlobalAveragePool": "gavg"}
 AUTO_PAD = {"NOTSET": 0, "SAME_UPPER": 1, "SAME_LOWER": 2, "VALID": 3}
+# The windowed kernels unroll every tap of the window, and a strided one loads a row's whole span at once
+# (codegen/pool/kernels.py): an exported AveragePool with a 1280 x 1280 window (a global pool in disguise) made
+# millions of instructions and its build ran for many minutes. Past these, onnxruntime runs the pool.
+MAX_WINDOW_TAPS = 256
+MAX_ROW_SPAN = 512  # input columns one strip of 16 outputs reads: 15 * stride + (kernel - 1) * dilation + 1
 
 
 @dataclass
@@ -74,6 +79,11 @@ class PoolRule:
         auto = _attr(node, "auto_pad", b"NOTSET")
         if (auto.decode() if isinstance(auto, bytes) else auto) not in AUTO_PAD:
             return "unknown auto_pad"
+        kh, kw = (int(k) for k in _attr(node, "kernel_shape"))
+        sw = int((_attr(node, "strides", None) or [1, 1])[1])
+        dw = int((_attr(node, "dilations", None) or [1, 1])[1])
+        if kh * kw > MAX_WINDOW_TAPS or 15 * sw + (kw - 1) * dw + 1 > MAX_ROW_SPAN:
+            return f"a {kh}x{kw} window with stride {sw}: too large for an unrolled kernel"
         return None
 
     def find_regions(self, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:

@@ -272,6 +272,24 @@ def test_huge_input_shape(tmp_path, capsys, scratch_tmp):
     cli_error(capsys, [src, "-o", out, "--input-shape", "x:100000,100000,100000", *FAST], [src], out, "elements")
 
 
+
+
+def test_model_that_fails_on_its_inputs_is_refused_before_the_run(tmp_path, capsys, scratch_tmp):
+    """A model onnxruntime loads but cannot run (a Conv bias of the wrong size): exit 2 at once, not a failed
+    verification after the whole optimization."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal([8, 4, 3, 3]).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.zeros([], np.float32), "b")  # a scalar where Conv wants 8 values
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                           helper.make_node("Relu", ["c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], [w, b])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    src = save(m, tmp_path / "bad-bias.onnx")
+    out = tmp_path / "f.onnx"
+    cli_error(capsys, [src, "-o", out, "--threads", "1", "--tune-budget", "0", "--no-cost-cache"], [src], out,
+              "fails in onnxruntime on random inputs", "--check-input")
 NUMERIC = [(flag, v) for flag in ("--search-budget", "--tune-budget", "--min-speedup", "--rtol", "--atol",
                                   "--scale-tol") for v in ("nan", "inf", "-1")] \
     + [("--threads", "0"), ("--threads", "-1"), ("--rtol", "float32:nan"), ("--atol", "float32:-inf")]

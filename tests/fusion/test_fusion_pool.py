@@ -90,6 +90,11 @@ REJECTED = [
      [("y", [1, 2, 3, 3, 3], F)], "2-D"),
     ("double", helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2]), [1, 2, 6, 6],
      [("y", [1, 2, 5, 5], TensorProto.DOUBLE)], "float32"),
+    # torch's export of an EfficientNet head: a global pool as a 1280 x 1280 window; unrolled, its build never ended
+    ("huge-window", helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[1280, 1280], strides=[1280, 1280],
+                                     ceil_mode=1), [1, 2, 7, 7], [("y", [1, 2, 1, 1], F)], "too large"),
+    ("wide-stride", helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[1, 40]), [1, 2, 6, 80],
+     [("y", [1, 2, 5, 2], F)], "too large"),
 ]
 
 
