@@ -1805,6 +1805,7 @@ class _Optimizer:
         else:  # nothing wins: the user gets their model back as it was, and the report says why
             fused = onnx.ModelProto()
             fused.CopyFrom(original)
+            loaded.restore_given(fused)
             self.report["unchanged"] = self._why_unchanged()
         if accepted:
             used = []
@@ -1833,7 +1834,9 @@ class _Optimizer:
         t = time.perf_counter()
         try:
             if self.opts.verify:
-                self._verify_model(original, fused, lib_path, src_path)
+                # A model written unchanged is checked against itself as given (restore_given), not against the
+                # shape-fixed copy, when there is no file to run.
+                self._verify_model(original, fused, lib_path, src_path, reference=None if accepted else fused)
             else:
                 self._check_result_loads(fused, lib_path)
         except BaseException:
@@ -1915,12 +1918,13 @@ class _Optimizer:
                                         f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
                                         "--skip-fusion elementwise avoids it") from None
 
-    def _verify_model(self, original, fused, lib_path, src_path):
+    def _verify_model(self, original, fused, lib_path, src_path, reference=None):
         feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
         names = [o.name for o in original.graph.output]
         try:
             # From the path when there is one: external data resolves next to it, and > 2 GB models need it.
-            want = make_session(original if src_path is None else src_path, self.opts.threads).run(names, feeds)
+            source = src_path if src_path is not None else original if reference is None else reference
+            want = make_session(source, self.opts.threads).run(names, feeds)
         except Exception as e:  # noqa: BLE001
             self.report["verification"] = {"skipped": f"the original model does not run on random inputs: {e}"}
             raise InputError(f"cannot verify: the original model fails on random inputs "
