@@ -80,8 +80,11 @@ class PoolRule:
         if (auto.decode() if isinstance(auto, bytes) else auto) not in AUTO_PAD:
             return "unknown auto_pad"
         kh, kw = (int(k) for k in _attr(node, "kernel_shape"))
-        sw = int((_attr(node, "strides", None) or [1, 1])[1])
-        dw = int((_attr(node, "dilations", None) or [1, 1])[1])
+        strides = list(_attr(node, "strides", None) or [1, 1])
+        dilations = list(_attr(node, "dilations", None) or [1, 1])
+        if len(strides) != 2 or len(dilations) != 2:
+            return "strides or dilations are not 2-D"
+        sw, dw = int(strides[1]), int(dilations[1])
         if kh * kw > MAX_WINDOW_TAPS or 15 * sw + (kw - 1) * dw + 1 > MAX_ROW_SPAN:
             return f"a {kh}x{kw} window with stride {sw}: too large for an unrolled kernel"
         return None
