@@ -124,9 +124,14 @@ def build_many(jobs: list[Callable[[], tuple]], workers: int | None = None) -> l
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Shut the pool down without waiting for a hung worker: kill what is still running."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() forgets it
     pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         if p.is_alive():
             p.kill()
     for p in procs:
         p.join(timeout=5)
+    # The pool's manager thread may reap a killed worker itself, racing the join above (whose waitpid then sees
+    # ECHILD and leaves the process listed as a child): wait for that thread, so no worker outlives this call.
+    if manager is not None:
+        manager.join(timeout=5)
