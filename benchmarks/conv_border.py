@@ -26,7 +26,8 @@ from onnxopt.codegen.target import parse_target
 from onnxopt.fusion.compute import ComputeRule
 from onnxopt.fusion.layout import _convert, to_blocked
 from onnxopt.models.conv_shapes import ConvShape, conv_model
-from onnxopt.pipeline import _infer, _region_models
+from onnxopt.graph.infer import infer as _infer
+from onnxopt.measure import region_models as _region_models
 from onnxopt.timing import make_session, time_interleaved
 
 # Layers of YOLOv8n at 320x320 and ResNet-50 at 224x224: (C, H, W, K, kernel, stride, pad, input blocked).

@@ -30,7 +30,8 @@ from onnxopt.codegen.target import parse_target
 from onnxopt.fusion.compute import ComputeRule
 from onnxopt.fusion.layout import _convert, to_blocked, use_channel_vectors
 from onnxopt.models.conv_shapes import CHIMERA_CONVS, UNIT_CONVS, conv_model
-from onnxopt.pipeline import _infer, _region_models
+from onnxopt.graph.infer import infer as _infer
+from onnxopt.measure import region_models as _region_models
 from onnxopt.timing import make_session, time_interleaved
 
 VARIANTS = ("nchw", "cv", "blocked")

@@ -12,14 +12,13 @@ import math
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from onnxopt import __version__
 from onnxopt.codegen.compute.build import build_compute, tile_sets_of
@@ -35,11 +34,12 @@ from onnxopt.cost_cache import open_cost_cache
 from onnxopt.emit.model import DOMAIN, build_fused_model, fallback_key, set_library_sha256
 from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, UsageError, VerificationError
+from onnxopt.kinds import KINDS, kind_of
 from onnxopt.fusion import blocked_passthrough
 from onnxopt.fusion.blocked_copy import fuse_copies, plain_concats, plain_slices
 from onnxopt.fusion.blocked_elementwise import blocked_elementwise
 from onnxopt.fusion.afusion.plan import afusion_pairs, apply_pairs, greedy_pairs
-from onnxopt.fusion.compute import ComputeRule, apply_tile, conv_macs_per_output
+from onnxopt.fusion.compute import ComputeRule, apply_tile
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
 from onnxopt.fusion.pool import PoolRule
 from onnxopt.fusion.layout import (assign_blocked_layouts, blocked_inputs, blocked_outputs, from_blocked,
@@ -47,10 +47,19 @@ from onnxopt.fusion.layout import (assign_blocked_layouts, blocked_inputs, block
 from onnxopt.fusion.region import Region
 from onnxopt.fusion.siblings import Siblings, apply_siblings, sibling_groups
 from onnxopt.graph.classifier_conv import classifiers_as_convs
+from onnxopt.graph.infer import check_tensor_sizes as _check_tensor_sizes
+from onnxopt.graph.infer import complete_output_types as _complete_output_types
+from onnxopt.graph.infer import infer as _infer
+from onnxopt.graph.infer import static_shapes as _static_shapes
+from onnxopt.measure import bytes_moved as _bytes_moved
+from onnxopt.measure import kernel_error_bound, runtime_inputs
+from onnxopt.measure import region_feeds as _region_feeds
+from onnxopt.measure import region_flops as _region_flops
+from onnxopt.measure import region_models as _region_models
+from onnxopt.measure import weight_bytes as _weight_bytes
 from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
-from onnxopt.graph.large import (ANALYSE_LIGHT_BYTES, SharedWeights, check_model, inference_session, is_large,
-                                 light_copy, model_bytes, save_with_external_data)
+from onnxopt.graph.large import SharedWeights, check_model, inference_session, is_large, save_with_external_data
 from onnxopt.graph.quantized import quantized_nodes
 from onnxopt.graph.load import (check_no_overwrite, check_output_path, commit_files, load_model, parse_input_shapes,
                                 save_model)
@@ -60,8 +69,8 @@ from onnxopt.timing import make_session, time_interleaved, time_pair_in_new_proc
 from onnxopt.fusion import winograd
 from onnxopt.tune import search_tile
 from onnxopt.tune.tile_search import kernel_tolerance
-from onnxopt.verify import (KERNEL_ATOL, KERNEL_RTOL, MAX_RANDOM_ELEMENTS, Tolerance, check_given_inputs, compare,
-                            load_check_inputs, make_inputs, random_array)
+from onnxopt.verify import (KERNEL_ATOL, KERNEL_RTOL, Tolerance, check_given_inputs, compare, load_check_inputs,
+                            make_inputs)
 
 # Seconds for trying the fused model without one kernel type at a time (_whole_model_decision).
 DROP_TRIALS_S = 6.0
@@ -122,7 +131,7 @@ PLANS_BY_FUSION = ("afusion", "afusion-chains", "horizontal", "compute-blocked",
                    "elementwise")
 # Whole-graph plans, timed against each other (see _Optimizer._run).
 PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "horizontal", "pool", "elementwise")
-FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy")
+FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy") + tuple(k.name for k in KINDS)
 
 
 @dataclass
@@ -170,115 +179,6 @@ class Options:
     also_writes: tuple = ()  # files the caller writes besides the outputs (the CLI's --report)
 
 
-def _symbolic_shape_inference():
-    """onnxruntime's SymbolicShapeInference class, its module loaded from its file: importing it as
-    onnxruntime.tools.symbolic_shape_infer runs the tools package's __init__, which imports torch where torch is
-    installed (2.7 s, for nothing onnxopt uses)."""
-    import importlib.util
-
-    import onnxruntime
-
-    name = "onnxopt._ort_symbolic_shape_infer"
-    if name not in sys.modules:
-        path = os.path.join(os.path.dirname(onnxruntime.__file__), "tools", "symbolic_shape_infer.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name].SymbolicShapeInference
-
-
-def _symbolic_shapes(model: onnx.ModelProto) -> list[onnx.ValueInfoProto] | None:
-    """onnxruntime's symbolic shape inference, driven step by step: its `infer_shapes` entry point saves a debug
-    model into the current directory when inference is incomplete, and a library must not write there. Returns the
-    inferred value_info (graph inputs and outputs stay as the model declares them)."""
-    try:
-        ssi = _symbolic_shape_inference()(2**31 - 1, True, False, 0)
-        ssi._preprocess(model)
-        while ssi.run_:
-            ssi._infer_impl()
-        declared = {v.name for v in list(model.graph.input) + list(model.graph.output)}
-        return [v for v in ssi.out_mp_.graph.value_info
-                if v.name not in declared and v.type.HasField("tensor_type")]
-    except Exception:  # noqa: BLE001 - unknown ops, or an onnxruntime whose internals moved: keep onnx's shapes
-        return None
-
-
-def _has_unknown_shapes(model: onnx.ModelProto) -> bool:
-    known = {v.name for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
-             if v.type.tensor_type.HasField("shape")
-             and all(d.HasField("dim_value") or (d.dim_param and not d.dim_param.startswith("unk__"))
-                     for d in v.type.tensor_type.shape.dim)}
-    known |= {t.name for t in model.graph.initializer}
-    return any(o and o not in known for n in model.graph.node for o in n.output)
-
-
-def _complete_output_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
-    """Graph outputs declared without a shape (onnxruntime runs such models, the ONNX checker rejects them) get the
-    inferred one, so the emitted model passes the checker. Outputs with a declared shape are left as declared."""
-    shapes = {o.name: o.type for o in inferred.graph.output if o.type.tensor_type.HasField("shape")}
-    for o in model.graph.output:
-        if o.type.HasField("tensor_type") and not o.type.tensor_type.HasField("shape") and o.name in shapes:
-            o.type.tensor_type.shape.CopyFrom(shapes[o.name].tensor_type.shape)
-
-
-def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    """onnx's shape inference, then onnxruntime's symbolic one where onnx lost dims (Shape/Slice arithmetic on
-    symbolic dims, common in exported transformers). The symbolic pass assumes broadcast symbolic dims are equal;
-    the kernels check that assumption at run time (see ort_glue.c). The result is for analysis only: the emitted
-    model never carries inferred value_info (a wrong guess there would mislead onnxruntime's planner). A big model
-    is inferred as its light copy (graph/large.py), whose weights are declared, not held, and the value_info is
-    copied back."""
-    light = model_bytes(model) > ANALYSE_LIGHT_BYTES
-    analysed = light_copy(model) if light else model
-    try:
-        analysed = onnx.shape_inference.infer_shapes(analysed, check_type=False, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - shapes are an optimization aid; without them nothing is fused
-        pass
-    symbolic_inputs = any(d.HasField("dim_param") or not d.HasField("dim_value")
-                          for vi in model.graph.input for d in vi.type.tensor_type.shape.dim)
-    value_info = analysed.graph.value_info
-    # With static inputs, dims onnx could not infer are data-dependent: the symbolic pass would only be guessing.
-    if symbolic_inputs and _has_unknown_shapes(analysed):
-        value_info = _symbolic_shapes(analysed) or value_info
-    value_info = list(value_info)
-    out = analysed
-    if light or analysed is model:  # never the caller's model, and never the light copy
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
-    del out.graph.value_info[:]
-    out.graph.value_info.extend(value_info)
-    return out
-
-
-def _weight_bytes(region: Region, model: onnx.ModelProto) -> int:
-    """Bytes of the constants the region's kernel reads: the model's initializers among its inputs, and those it
-    carries itself (packed weights)."""
-    carried = region.compute.initializers if region.compute is not None else region.initializers
-    names = set(region.inputs)
-    inits = list(carried) + [t for t in model.graph.initializer if t.name in names]
-    return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in inits)
-
-
-def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
-    """Tensor name -> shape, for the tensors whose dims are all known numbers."""
-    out = {}
-    for v in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
-        t = v.type.tensor_type
-        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
-            out[v.name] = [d.dim_value for d in t.shape.dim]
-    return out
-
-
-def _check_tensor_sizes(static: dict[str, list[int]]) -> None:
-    """A tensor whose fixed shape is past what the checks can hold in memory (an input declared 2^31 high, pads of
-    2^40) makes a model that cannot run; the fusion stages' loops over its rows would not end either."""
-    for name, dims in static.items():
-        if all(d >= 0 for d in dims) and math.prod(dims) > MAX_RANDOM_ELEMENTS:  # -1: a dynamic dim
-            raise InputError(f"tensor {name} has the shape {dims}, which no run of this model can hold; fix the "
-                             "model's shapes (or its symbolic dims with --input-shape)")
-
-
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     counts: dict[str, int] = {}
     for n in model.graph.node:
@@ -287,96 +187,9 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return counts
 
 
-def _region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """The region as a standalone model (original ops) and as one fused node, same inputs and outputs."""
-    inits = {t.name: t for t in model.graph.initializer}
-    carried = region.compute.initializers if region.compute is not None else region.initializers
-    new_inits = {t.name: t for t in carried}
-
-    blocked = blocked_inputs(region) | blocked_outputs(region)
-
-    def vi(name, fused_side=False):
-        ti = info[name]
-        if fused_side and name in blocked:  # [N, C / L, H, W, L]: left undeclared
-            return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(ti.dtype)), None)
-        dims = [d if isinstance(d, (int, str)) else None for d in ti.shape]
-        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(ti.dtype)), dims)
-
-    ins = [vi(x) for x in runtime_inputs(region, model)]
-    outs = [vi(o) for o in region.outputs]
-    consts = [inits[c] for c in region.program.consts if c in inits]
-    # Other constants the original nodes read: a BatchNormalization's parameters, a Resize's scales.
-    consts += [inits[x] for x in dict.fromkeys(x for n in region.nodes for x in n.input)
-               if x in inits and x not in region.program.consts and x not in region.inputs]
-    if region.compute is not None:  # weights, biases, BatchNorm parameters: constants on both sides
-        used = {x for n in region.nodes for x in n.input}
-        consts = [t for name, t in inits.items() if name in used or name in region.program.consts]
-        consts += list(region.compute.orig_consts)
-    opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    orig = helper.make_model(helper.make_graph(list(region.nodes), "region", ins, outs, initializer=consts),
-                             opset_imports=opsets)
-    fused_consts = [new_inits.get(x) or inits[x] for x in region.inputs if x in new_inits or x in inits]
-    fused_node = helper.make_node(region.op_type, list(region.inputs), list(region.outputs), domain=DOMAIN)
-    f_ins = [vi(x, True) for x in runtime_inputs(region, model)]
-    f_outs = [vi(o, True) for o in region.outputs]
-    fused = helper.make_model(helper.make_graph([fused_node], "fused", f_ins, f_outs, initializer=fused_consts),
-                              opset_imports=opsets + [helper.make_opsetid(DOMAIN, 1)])
-    for m in (orig, fused):
-        m.ir_version = max(min(model.ir_version, 10), 7)
-    return orig, fused
-
-
-def runtime_inputs(region: Region, model: onnx.ModelProto) -> list[str]:
-    """The region's inputs that are not constants (for compute regions: not weights, biases or their packing)."""
-    if region.compute is None:
-        carried = {t.name for t in region.initializers}
-        return [x for x in dict.fromkeys(region.inputs) if x not in carried]
-    consts = {t.name for t in model.graph.initializer} | {t.name for t in region.compute.initializers}
-    if model.ir_version >= 4:  # see ElementwiseRule: IR 3 lists every initializer as an input
-        consts -= {i.name for i in model.graph.input}
-    return [x for x in dict.fromkeys(region.inputs) if x not in consts]
-
-
-def _region_feeds(region: Region, info, bindings, seed, model) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for x in runtime_inputs(region, model):
-        ti = info[x]
-        shape = [d if isinstance(d, int) else int(bindings.get(d, 1)) for d in ti.shape]
-        feeds[x] = random_array(shape, ti.dtype, rng)
-    return feeds
-
-
 def _channel_vector_kernel(mk) -> tuple[int, int] | None:
     """(lanes, NI) of the target's channel-vector kernel (what ConvTranspose runs on); None below 8 lanes."""
     return (mk.lanes, mk.tile.ni) if mk.lanes >= 8 else None
-
-
-def kernel_error_bound(region: Region) -> float:
-    """The error a compute kernel may show against onnxruntime, as a fraction of its output's largest magnitude: a
-    reduction in another order (2e-6), or a Winograd convolution's transforms (fusion/winograd.py, error_bound)."""
-    m = region.compute.attrs.get("winograd") if region.compute is not None else None
-    return winograd.error_bound(region.compute.attrs["kernel"], m) if m else 2e-6
-
-
-def _region_flops(region: Region, feeds, outs) -> float:
-    """Multiply-adds (x2) of a compute region's convolution or matmul; 0 for elementwise regions."""
-    c = region.compute
-    if c is None or not outs:
-        return 0.0
-    out = np.asarray(outs[0])
-    macs = conv_macs_per_output(c)
-    if macs is not None:
-        return 2.0 * out.size * macs
-    a = feeds.get(region.inputs[0])
-    if a is None:
-        return 0.0
-    k = a.shape[-2] if c.attrs.get("trans_a") else a.shape[-1]
-    return 2.0 * out.size * k
-
-
-def _bytes_moved(region: Region, feeds, outs) -> int:
-    return int(sum(v.nbytes for v in feeds.values()) + sum(np.asarray(o).nbytes for o in outs))
 
 
 def optimize(model, output: str | None = None, **kwargs) -> Result:
@@ -590,7 +403,7 @@ class _Optimizer:
             mk = select_micro_kernel(self.opts.target)
             mi = mk.tile.mi
             # Dense convolutions only is a plan of its own: depthwise ones are memory-bound, and onnxruntime's
-            # blocked kernels for them are hard to beat while our layout is NCHW (see docs/architecture.md).
+            # blocked kernels for them are hard to beat while our layout is NCHW (see docs/decisions.md).
             for name, grouped in (("compute", True), ("compute-dense", False)):
                 claimed: set[int] = set()
                 rejected = self.report["rejected"] if grouped else []
@@ -598,6 +411,7 @@ class _Optimizer:
                     claimed, rejected)
                 if "pool" not in self.opts.skip_fusion:  # pools with their epilogues (fusion/pool.py)
                     plan += PoolRule(work).find_regions(claimed, rejected)
+                plan += self._kind_regions(work, claimed, rejected)
                 if "elementwise" not in self.opts.skip_fusion:
                     plan += ElementwiseRule(work).find_regions(rejected, exclude=claimed)
                 plans.append((name, dedupe(plan)))
@@ -621,13 +435,16 @@ class _Optimizer:
         if "compute" in self.opts.skip_fusion and "pool" not in self.opts.skip_fusion:  # pools without compute
             claimed = set()
             plan = PoolRule(work).find_regions(claimed, self.report["rejected"])
+            plan += self._kind_regions(work, claimed, [])
             if plan and "elementwise" not in self.opts.skip_fusion:
                 plan += ElementwiseRule(work).find_regions([], exclude=claimed)
             if plan:
                 plans.append(("pool", dedupe(plan)))
-        if "elementwise" not in self.opts.skip_fusion:
+        if "elementwise" not in self.opts.skip_fusion:  # no compute fusion: the kinds' regions and elementwise ones
             rejected = [] if plans else self.report["rejected"]
-            plans.append(("elementwise", dedupe(ElementwiseRule(work).find_regions(rejected))))
+            claimed = set()
+            plan = self._kind_regions(work, claimed, rejected)
+            plans.append(("elementwise", dedupe(plan + ElementwiseRule(work).find_regions(rejected, exclude=claimed))))
         # A plan with the same regions as an earlier one (compute-dense on a graph without grouped convolutions) would
         # only be built, checked and timed again.
         kept, keys = [], set()
@@ -755,9 +572,18 @@ class _Optimizer:
             slices = plain_slices(rule.index, ew.shape_of, ew.dtype_of, const_of, claimed, ew.opset)
             claimed.update(rule.index.producer[r.outputs[0]] for r in slices)
             plan += slices
+        plan += self._kind_regions(work, claimed, [])
         if "elementwise" not in self.opts.skip_fusion:
             plan += ElementwiseRule(work).find_regions([], exclude=claimed)
         return plan
+
+    def _kind_regions(self, work, claimed: set[int], rejected: list) -> list[Region]:
+        """The regions of the registered kinds (onnxopt/kinds/) among the nodes not claimed yet."""
+        out = []
+        for kind in KINDS:
+            if kind.name not in self.opts.skip_fusion:
+                out += kind.find(work, claimed, rejected)
+        return out
 
     def _afusion_plan(self, work, blocked_plan: list[Region]) -> list[Region] | None:
         """The blocked plan with convolution groups fused into AFUSION kernels (onnxopt/fusion/afusion); None when
@@ -1056,6 +882,9 @@ class _Optimizer:
             todo.setdefault(r.op_type, []).append(r)
 
         def job(r):
+            kind = kind_of(r)
+            if kind is not None:
+                return lambda: kind.build(r, self.opts.target)
             builder = build_pool if r.pool is not None else build_compute if r.compute is not None \
                 else build_copy if r.copy is not None else build_elementwise
             return lambda: builder(r, self.opts.target)

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-# The session config entry that names the ops a session needs from our library (codegen/glue/ort_glue.c), and the
+# The session config entry that names the ops a session needs from our library (codegen/glue/register.c), and the
 # longest value onnxruntime accepts: a longer list is not set, and the library registers every op.
 REGISTER_OPS_ENTRY = "onnxopt.register_ops"
 REGISTER_OPS_MAX = 8192

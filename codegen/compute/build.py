@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from onnxopt.fusion.layout import is_depthwise
-from onnxopt.fusion.region import EwProgram, Region, Value
+from onnxopt.fusion.region import Region
 
-from ..elementwise.types import ONNX_ENUM
-from ..glue.library import CtKernelDesc
-from ..microkernel.depthwise import depthwise_mi_for
-from ..microkernel.registry import select
 from ..target import Target
-from .tile import TileSpec
+from .describe import describe_compute
 from .tile_sets import TileSetRequest, compile_tile_set, tile_set_object
 
 
@@ -52,62 +47,3 @@ def tile_sets_of(regions: list[Region], target: Target) -> list[TileSetRequest]:
 def compute_ir(region: Region, target: Target) -> str:
     """The LLVM IR of the tile sets of a compute region's kernel, for inspection."""
     return "\n".join(compile_tile_set(s, target)[1] for s in compute_tile_sets(region, target))
-
-
-def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKernelDesc, list[TileSetRequest]]:
-    """The glue's description of one compute region's op (named `name`) and the tile set its tables point at."""
-    c = region.compute
-    kernel = select(target)
-    tile = kernel.tile
-    if getattr(c, "tile", None) is not None:  # chosen by the tile search (onnxopt/tune); weights packed for it
-        if c.tile.lanes != tile.lanes:
-            raise ValueError(f"register tile {c.tile} is for {c.tile.lanes} lanes, the target has {tile.lanes}")
-        tile = c.tile
-    # ConvTranspose packs its weights for the default tile.
-    if c.attrs.get("packed_ni", tile.ni) != tile.ni or c.attrs.get("packed_mi", tile.mi) != tile.mi:
-        raise ValueError(f"the weights are packed for another register tile than {tile}")
-    spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul")
-    # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
-    channel_vectors = c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")
-    mi, ni = tile.mi, tile.ni
-    wino = int(c.attrs.get("winograd", 0) or 0)
-    sets = []
-    if wino:
-        # The per-position products are blocked tiles with an empty epilogue; the epilogue runs in the output
-        # transform (codegen/compute/winograd.py, glue winograd_exec.c).
-        req = TileSetRequest("blocked", TileSpec(tile, identity_program(), (), packed_a=True))
-        sets.append(TileSetRequest("winograd", spec, winograd=wino, wino_kernel=tuple(c.attrs["kernel"])))
-    elif channel_vectors and is_depthwise(c):  # one channel vector times its filters
-        kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
-        mi, ni = depthwise_mi_for(kernel, kw), 1
-        req = TileSetRequest("depthwise", spec, (mi, kw, sw, dw))
-    else:
-        req = TileSetRequest("blocked" if channel_vectors else "nchw", spec)
-    tiles = req.names()
-    a = c.attrs
-    desc = CtKernelDesc(
-        op_type=name, kind=c.op,
-        in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
-        out_types=[ONNX_ENUM["float32"]] * len(region.outputs),
-        mi=mi, ni=ni, lanes=tile.lanes, tiles=tiles,
-        extra_kinds=list(c.extra_kinds), extra_nstride=list(c.extra_nstride),
-        trans_a=int(a.get("trans_a", 0)),
-    )
-    if c.op in ("conv", "conv_transpose"):
-        desc.oc, desc.groups, desc.ic_g = a["oc"], a["groups"], a["ic_g"]
-        desc.kernel, desc.strides, desc.dilations = a["kernel"], a["strides"], a["dilations"]
-        desc.pads, desc.auto_pad = a["pads"], a["auto_pad"]
-        desc.in_blocked, desc.out_blocked = int(a.get("in_blocked", 0)), int(a.get("out_blocked", 0))
-        desc.channel_vectors = int(a.get("channel_vectors", 0))
-        desc.transposed = int(c.op == "conv_transpose")
-        desc.output_padding = tuple(a.get("output_padding", (0, 0)))
-    if wino:
-        desc.winograd = wino
-        desc.wino_in, desc.wino_out = sets[0].names()[0]
-    return desc, [req] + sets
-
-
-def identity_program() -> EwProgram:
-    """The epilogue that stores the accumulator as it is."""
-    acc = Value("acc", "float32")
-    return EwProgram(inputs=[acc], consts={}, ops=[], outputs=[acc])

@@ -10,9 +10,9 @@ from __future__ import annotations
 from onnxopt.fusion.region import Region
 
 from ..elementwise.types import ONNX_ENUM
-from ..glue.library import SbKernelDesc
+from ..glue.descs import SbKernelDesc
 from ..target import Target
-from .build import describe_compute
+from .describe import describe_compute
 from .tile_sets import TileSetRequest
 
 

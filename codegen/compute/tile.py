@@ -4,7 +4,7 @@ The C glue splits an op into tiles and calls, per tile,
 
     void <op>_m<mi>v<nv>(const int64 *tile)
 
-with `tile` pointing at a `ct_tile` record (layout below, mirrored in ort_glue.c). The function runs the
+with `tile` pointing at a `ct_tile` record (layout below, mirrored in codegen/glue/compute_exec.c). The function runs the
 micro-kernel's K loop for `mi` rows and `nv` vectors, then the epilogue in registers: the region's elementwise
 program (bias, activation chains, residual adds, per-channel scales) on each accumulator vector, and stores every
 program output with masked stores. Nothing between the micro-kernel and the final outputs touches memory.

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxopt.fusion.blocked_copy import MAX_INPUTS  # CP_MAX_IN in ort_glue.c
+from ..glue.kinds import c_define
 
-MAX_RANK = 12  # MAX_RANK in ort_glue.c
+MAX_INPUTS = c_define("copy.h", "CP_MAX_IN")
+
+MAX_RANK = c_define("glue.h", "MAX_RANK")
 
 
 @dataclass

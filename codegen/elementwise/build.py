@@ -6,7 +6,7 @@ from onnxopt.fusion.elementwise_ops import TRANSCENDENTAL
 from onnxopt.fusion.region import Region
 
 from ..compile import compile_object, new_module
-from ..glue.library import EwKernelDesc
+from ..glue.descs import EwKernelDesc
 from ..target import Target
 from .lower import lower_program
 from .types import ITEMSIZE, ONNX_ENUM

@@ -1,6 +1,6 @@
 /* ---- AFUSION chains of three convolutions: A -> B -> C in one kernel, two scratch bands per task ----
  *
- * Inserted into ort_glue.c after afusion_exec.c by library.py (af_compute calls af_chain_compute when the
+ * Included after afusion_exec.c (codegen/glue/kinds.py; af_compute calls af_chain_compute when the
  * descriptor's `chain` is set). OptiFX fuses up to three region operators; the two-convolution kernel's band
  * (afusion_exec.c) nests: per band of C's output rows, B computes the rows of its output that C needs into band 2,
  * and A first computes the rows of its output that those B rows need into band 1. Neither intermediate goes to

@@ -1,7 +1,7 @@
 /* ---- AFUSION: a convolution and the convolutions reading its output in one kernel, by bands of output rows
  * (OptiFX's AFUSION on a CPU). ----
  *
- * Inserted into ort_glue.c after compute_exec.c by library.py. The first convolution (with its epilogue) computes
+ * Included after compute_exec.c (codegen/glue/kinds.py). The first convolution (with its epilogue) computes
  * the rows of its output that a band of the second convolutions' output rows needs, all its channels, into a
  * scratch band on the task's heap that stays in L1/L2; each second convolution (with its epilogue) reads the band
  * and writes its output rows. The intermediate tensor never goes to memory. With one second convolution this is

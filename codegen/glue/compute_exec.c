@@ -1,6 +1,6 @@
 /* ---- Compute ops (convolution, matmul) with fused epilogues: tiles over ORT's thread pool. ----
  *
- * Inserted into ort_glue.c by library.py. An op is `items` independent problems (batch x group for a convolution,
+ * The compute kind's executor (codegen/glue/kinds.py). An op is `items` independent problems (batch x group for a convolution,
  * the broadcast batch of a matmul), each C[M x P] = A[M x K] . B[K x P] followed by the epilogue. The generated
  * tile functions (codegen/compute/tile.py) do the arithmetic; this file only walks shapes and tiles.
  *

@@ -1,7 +1,7 @@
 /* ---- Copies of blocked tensors: Concat along the channel blocks, each input optionally repeated (nearest);
  * plain Concats (lanes 0) of float tensors along any axis; and Slices with unit steps (cp_slice, below). ----
  *
- * Inserted into ort_glue.c by library.py (after the pools). Inputs k are [N, CB_k, H / fh_k, W / fw_k, L]; the
+ * The copy kind's executor (codegen/glue/kinds.py). Inputs k are [N, CB_k, H / fh_k, W / fw_k, L]; the
  * output is [N, sum CB_k, H, W, L]. An output row (n, block, oh) is input k's row oh / fh_k with every pixel (one
  * vector of L channels) written fw_k times: a memcpy when fw_k is 1. Without repeats, the output is each input's
  * contiguous [CB_k, H, W, L] per batch item, copied in equal spans over the threads. onnxruntime runs the same on

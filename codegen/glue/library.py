@@ -1,6 +1,6 @@
 """Build a model's kernel library: LLVM objects for the kernels plus the project's C glue, linked into one .so.
 
-The glue is generic (ort_glue.c); this module writes the per-library part (the op tables and the CPU check) and
+The glue is generic (glue.h, runtime.c, the kinds' executors: codegen/glue/kinds.py); this module writes the per-library part (the op tables and the CPU check) and
 runs the system C compiler and linker. The library needs only libc: it does not link libonnxruntime, ORT hands it
 the API table when it calls RegisterCustomOps.
 """
@@ -12,14 +12,14 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
-from importlib import resources
 
 from onnxopt.errors import ToolchainError
 
 from ..copy.desc import CopyKernelDesc, copy_source
 from ..pool.desc import PoolKernelDesc, pool_source
 from ..target import Target
+from .descs import AF_MAX_SECOND, SB_MAX_PART, AfKernelDesc, CtKernelDesc, EwKernelDesc, SbKernelDesc, SeqKernelDesc
+from .kinds import headers_source, runtime_translation_unit, source_files
 
 # Features gcc's __builtin_cpu_supports knows by these names: checked inside the library itself, so a non-Python
 # host on an older CPU also falls back to the function bodies instead of dying on SIGILL.
@@ -27,113 +27,6 @@ _GCC_CPU_NAMES = {"sse4.1", "sse4.2", "avx", "avx2", "fma", "bmi2", "avx512f", "
                   "avx512cd", "avx512vnni", "avx512bf16"}
 
 
-@dataclass
-class EwKernelDesc:
-    """What the glue needs to know of one elementwise op type."""
-
-    op_type: str
-    in_types: list[int]
-    out_types: list[int]
-    in_sizes: list[int]
-    out_sizes: list[int]
-    out_rank: int
-    out_deps: list[int]  # per output, a bitmask of the inputs it depends on
-    parallel_min: int  # elements from which the work is split over onnxruntime's thread pool
-    variants: list[tuple[int, str]]  # (mask, symbol)
-    generic: str
-
-
-@dataclass
-class CtKernelDesc:
-    """What the glue needs to know of one compute op type (a convolution or a matmul with its epilogue)."""
-
-    op_type: str
-    kind: str  # "conv", "conv_transpose" or "matmul"
-    in_types: list[int]
-    out_types: list[int]
-    mi: int
-    ni: int
-    lanes: int
-    tiles: list[list[str]]  # [mi - 1][nv - 1] symbol names
-    extra_kinds: list[int]
-    extra_nstride: list[int]
-    oc: int = 0
-    groups: int = 1
-    kernel: tuple[int, int] = (1, 1)
-    strides: tuple[int, int] = (1, 1)
-    dilations: tuple[int, int] = (1, 1)
-    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
-    auto_pad: int = 0  # 0 explicit, 1 SAME_UPPER, 2 SAME_LOWER
-    ic_g: int = 0
-    trans_a: int = 0
-    in_blocked: int = 0  # conv input in the blocked layout [N, C/L, H, W, L] (L = lanes)
-    out_blocked: int = 0  # conv outputs (and per-pixel epilogue inputs) blocked; weights packed [C/(NI*L)][K][NI*L]
-    channel_vectors: int = 0  # the blocked kernel writing NCHW outputs (through a blocked buffer); weights as above
-    transposed: int = 0  # ConvTranspose, on the blocked kernel, by output phases (compute_exec.c)
-    output_padding: tuple[int, int] = (0, 0)
-    # Winograd F(m x m, 3 x 3) (winograd_exec.c): m, and the transforms' symbols; `tiles` are then the per-position
-    # products' (empty epilogue), weights packed [C/(NI*L)][(m+2)^2][IC][NI*L]
-    winograd: int = 0
-    wino_in: str = ""
-    wino_out: str = ""
-
-
-@dataclass
-class AfKernelDesc:
-    """A convolution and the convolutions reading its output (one: SISO, more: SIMO), or two convolutions whose
-    outputs meet in the second's epilogue (MISO), fused by bands of output rows (AFUSION, afusion_exec.c): each part
-    is described as a compute op (only the fused op is registered), plus where each second's inputs start (MISO: its
-    input x) and the band height."""
-
-    op_type: str
-    in_types: list[int]
-    out_types: list[int]
-    first: CtKernelDesc
-    seconds: list[CtKernelDesc]
-    second_inputs: list[int]  # op input index of each second convolution's packed weights
-    band_rows: int  # output rows of the second convolutions per band
-    miso_extra: int = -1  # MISO: the second's epilogue input that is the first's output (not an op input)
-    chain: int = 0  # a chain of three (afusion_chain_exec.c): seconds[0] reads the first, seconds[1] reads it
-    # conv -> pool (no seconds): {"op": "max"|"avg", "kernel", "strides", "dilations": [h, w], "pads": [t, l, b, r],
-    # "ceil_mode", "count_include_pad"}
-    pool: dict | None = None
-
-
-@dataclass
-class SbKernelDesc:
-    """Sibling convolutions reading the same input, run as one kernel (horizontal fusion, siblings_exec.c): each
-    sibling is described as a compute op (only the fused op is registered), plus where its inputs and outputs
-    start among the op's."""
-
-    op_type: str
-    in_types: list[int]
-    out_types: list[int]
-    parts: list[CtKernelDesc]
-    part_inputs: list[int]  # op input index of each sibling's packed weights (its epilogue inputs follow)
-    part_outputs: list[int]  # op output index of each sibling's first output
-
-
-SB_MAX_PART = 8  # as ort_glue.c
-
-
-@dataclass
-class SeqKernelDesc:
-    """A run of the library's ops executed in one parallel section (sequence_exec.c, onnxopt/emit/sequence.py).
-    A step is (op type, input refs, output slots): a ref >= 0 is the sequence's input, -1 - s reads slot s. Every
-    tensor a step writes is a slot; `slot_output` is the sequence output it is, or -1, and then it lives in buffer
-    `slot_buffer[s]` of the sequence's own, unless `slot_view[s]` places it inside a Concat's output
-    (emit/sequence.py, SlotView)."""
-
-    op_type: str
-    in_types: list[int]
-    out_types: list[int]
-    steps: list[tuple[str, list[int], list[int]]]
-    slot_output: list[int]
-    slot_buffer: list[int]
-    slot_view: list = field(default_factory=list)  # per slot: a SlotView or None (none when empty)
-
-
-AF_MAX_SECOND = 4  # as ort_glue.c
 _KIND = {"conv": "KIND_CONV", "conv_transpose": "KIND_CONV", "matmul": "KIND_MATMUL"}
 
 
@@ -250,9 +143,13 @@ def library_source(kernels: list, target: Target, inline_flops: float = INLINE_F
     copies = [k for k in kernels if isinstance(k, CopyKernelDesc)]
     parts.extend(copy_source(i, k) for i, k in enumerate(copies))
     refs += [f"&y{i}_desc.sig" for i in range(len(copies))]
+    # The kinds of onnxopt/kinds/: each description writes its own C.
+    plugged = [k for k in kernels if hasattr(k, "c_source")]
+    parts.extend(k.c_source(f"x{i}") for i, k in enumerate(plugged))
+    refs += [f"&x{i}_desc.sig" for i in range(len(plugged))]
     seqs = [k for k in kernels if isinstance(k, SeqKernelDesc)]
     if seqs:
-        sig_of = dict(zip([k.op_type for k in ew + ct + af + sb + pools + copies], refs))
+        sig_of = dict(zip([k.op_type for k in ew + ct + af + sb + pools + copies + plugged], refs))
         for i, k in enumerate(seqs):
             parts.append(_sequence_source(i, k, sig_of))
         refs += [f"&q{i}_desc.sig" for i in range(len(seqs))]
@@ -266,8 +163,7 @@ def library_source(kernels: list, target: Target, inline_flops: float = INLINE_F
     checks = [f for f in target.features if f in _GCC_CPU_NAMES]
     cond = " && ".join(f'__builtin_cpu_supports("{f}")' for f in checks) or "1"
     parts.append(f"int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n")
-    prelude, _ = _glue_parts()
-    return prelude + "".join(parts)
+    return headers_source() + "".join(parts)
 
 
 def _sequence_source(i: int, k: SeqKernelDesc, sig_of: dict[str, str]) -> str:
@@ -298,34 +194,10 @@ def _sequence_source(i: int, k: SeqKernelDesc, sig_of: dict[str, str]) -> str:
     return "".join(parts)
 
 
-_TABLES = "/*@@LIBRARY@@*/"
-_RUNTIME_DECLS = """extern const onnxopt_sig *const ONNXOPT_OPS[];
-extern void *onnxopt_seq_arenas[];
-extern const int onnxopt_n_seqs;
-extern const int onnxopt_n_ops;
-extern const double onnxopt_inline_flops;
-int onnxopt_cpu_ok(void);
-"""
-
-
-def _glue_parts() -> tuple[str, str]:
-    """ort_glue.c's prelude (includes, macros, the descriptors' types) and the runtime after it, with the compute,
-    AFUSION, sibling, pooling and copy executors inserted."""
-    files = resources.files("onnxopt.codegen.glue")
-    prelude, rest = files.joinpath("ort_glue.c").read_text().split(_TABLES)
-    compute = "".join(files.joinpath(f).read_text() for f in ("compute_exec.c", "winograd_exec.c", "afusion_exec.c",
-                                                             "afusion_chain_exec.c", "siblings_exec.c"))
-    pools = files.joinpath("pool_exec.c").read_text() + files.joinpath("copy_exec.c").read_text()
-    rest = rest.replace("/*@@COMPUTE@@*/", compute).replace("/*@@POOL@@*/", pools)
-    rest = rest.replace("/*@@SEQUENCE@@*/", files.joinpath("sequence_exec.c").read_text())
-    return prelude, rest
-
-
 def runtime_source() -> str:
-    """The glue every library shares (custom-op registration and the executors): it reads the per-library tables
-    of `library_source` through ONNXOPT_OPS, onnxopt_n_ops and onnxopt_cpu_ok."""
-    prelude, rest = _glue_parts()
-    return prelude + _RUNTIME_DECLS + rest
+    """The glue every library shares (custom-op registration and the kinds' executors, codegen/glue/kinds.py): it
+    reads the per-library tables of `library_source` through ONNXOPT_OPS, onnxopt_n_ops and onnxopt_cpu_ok."""
+    return runtime_translation_unit()
 
 
 def _cc() -> str:
@@ -382,7 +254,11 @@ def runtime_object(cc: str, tmp: str) -> str:
     so a library is its small tables file plus the kernels. Where the cache cannot be written, it is compiled into
     `tmp` each time."""
     src_text = runtime_source()
-    key = hashlib.sha256("\0".join([src_text, _cc_identity(cc), *_CFLAGS]).encode()).hexdigest()[:24]
+    contents = []
+    for path in source_files():  # the translation unit only names them
+        with open(path) as f:
+            contents.append(f.read())
+    key = hashlib.sha256("\0".join([src_text, *contents, _cc_identity(cc), *_CFLAGS]).encode()).hexdigest()[:24]
     from onnxopt.cost_cache import default_path
 
     cached = os.path.join(os.path.dirname(default_path()), "glue", f"runtime-{key}.o")

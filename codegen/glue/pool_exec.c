@@ -1,6 +1,6 @@
 /* ---- Pools (MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool) with fused epilogues. ----
  *
- * Inserted into ort_glue.c by library.py. The generated functions (codegen/pool/kernels.py) do the arithmetic; this
+ * The pool kind's executor (codegen/glue/kinds.py). The generated functions (codegen/pool/kernels.py) do the arithmetic; this
  * file follows onnxruntime's shape rules, makes the average's divisor tables and splits the work over ORT's pool.
  *
  * Windowed pools (NCHW, 2-D). Output sizes, pads and average divisors follow onnxruntime 1.31 (checked against it

@@ -1,6 +1,6 @@
 /* ---- Sequences: consecutive fused ops run in one parallel section. ----
  *
- * Inserted into ort_glue.c after the other executors by library.py. With onnxruntime's spinning off (the setting
+ * Included after the other kinds' executors (codegen/glue/kinds.py). With onnxruntime's spinning off (the setting
  * the benchmarks use, and the one a shared server wants), every parallel loop a kernel opens wakes a sleeping pool
  * thread, about 20 us on this machine, while the calling thread works alone. A model of ours opens 25 to 114 loops
  * per inference. A sequence op (emit/sequence.py) stands for a run of our ops with no onnxruntime op between them:

@@ -1,7 +1,7 @@
 /* ---- Horizontal fusion: sibling convolutions that read the same input, in one kernel (OptiFX's horizontal
  * fusion on a CPU). ----
  *
- * Inserted into ort_glue.c after compute_exec.c by library.py. Each sibling is a channel-vector convolution with its
+ * Included after compute_exec.c (codegen/glue/kinds.py). Each sibling is a channel-vector convolution with its
  * own epilogue, tiles and weights (an Inception module's 1x1 branches, a fire module's 1x1 and 3x3 expands); they
  * share the input tensor. Run apart, each convolution is one parallel loop over onnxruntime's threads, and a small
  * one leaves threads idle at its end while the next waits to start. Here every sibling is made ready first

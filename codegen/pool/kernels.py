@@ -39,6 +39,7 @@ from llvmlite import ir
 
 from onnxopt.codegen.elementwise.lower import emit_body
 from onnxopt.codegen.vmath.irutil import broadcast, intrinsic, masked_store, suffix
+from onnxopt.codegen.vmath.irutil import while_loop as _loop
 from onnxopt.codegen.vmath.isa import set_features
 from onnxopt.fusion.region import EwProgram
 
@@ -126,33 +127,6 @@ def _combine(b, is_max, x, y):
     if is_max:
         return b.select(b.fcmp_ordered(">", x, y), x, y)
     return b.fadd(x, y)
-
-
-def _loop(b, start, cond, step, body, carried=()):
-    """while cond(i): body(i, values) -> new values; i += step. Returns (i, values) at the exit."""
-    fn = b.function
-    pre = b.block
-    head = fn.append_basic_block("loop.head")
-    body_bb = fn.append_basic_block("loop.body")
-    exit_bb = fn.append_basic_block("loop.exit")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64)
-    i.add_incoming(start, pre)
-    phis = []
-    for v in carried:
-        p = b.phi(v.type)
-        p.add_incoming(v, pre)
-        phis.append(p)
-    b.cbranch(cond(i), body_bb, exit_bb)
-    b.position_at_end(body_bb)
-    new = body(i, list(phis)) or []
-    i.add_incoming(b.add(i, step), b.block)
-    for p, v in zip(phis, new):
-        p.add_incoming(v, b.block)
-    b.branch(head)
-    b.position_at_end(exit_bb)
-    return i, list(phis)
 
 
 def _if(b, cond, then):

@@ -98,3 +98,30 @@ def int_vec(like: ir.Value, width: int = 32) -> ir.VectorType:
 
 def is_nan(b, x):
     return b.fcmp_unordered("uno", x, x)
+
+
+def while_loop(b, start, cond, step, body, carried=()):
+    """while cond(i): body(i, values) -> new values; i += step. Returns (i, values) at the exit."""
+    fn = b.function
+    pre = b.block
+    head = fn.append_basic_block("loop.head")
+    body_bb = fn.append_basic_block("loop.body")
+    exit_bb = fn.append_basic_block("loop.exit")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(start.type)
+    i.add_incoming(start, pre)
+    phis = []
+    for v in carried:
+        p = b.phi(v.type)
+        p.add_incoming(v, pre)
+        phis.append(p)
+    b.cbranch(cond(i), body_bb, exit_bb)
+    b.position_at_end(body_bb)
+    new = body(i, list(phis)) or []
+    i.add_incoming(b.add(i, step), b.block)
+    for p, v in zip(phis, new):
+        p.add_incoming(v, b.block)
+    b.branch(head)
+    b.position_at_end(exit_bb)
+    return i, list(phis)

@@ -31,7 +31,7 @@ import onnx
 from onnx import helper
 
 from onnxopt.codegen.copy.desc import CopyKernelDesc
-from onnxopt.codegen.glue.library import SeqKernelDesc
+from onnxopt.codegen.glue.descs import SeqKernelDesc
 from onnxopt.graph.fold import outer_names_of
 
 MIN_STEPS = 2  # a run of one op gains nothing

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from onnxopt.codegen.glue.kinds import c_define
+
 from .region import EwProgram, Region, Value
 
-MAX_INPUTS = 16  # CP_MAX_IN in codegen/glue/ort_glue.c
+MAX_INPUTS = c_define("copy.h", "CP_MAX_IN")
 
 
 @dataclass

@@ -114,6 +114,8 @@ class Region:
     # regions it replaces, which come back if its kernel is rejected
     blocked_lanes: int = 0
     replaces: list = field(default_factory=list)
+    # the typed parameters of a registered kind's region (onnxopt/kinds/): their key() is part of the op type
+    params: object = None
 
     def compute_op_type(self, target_name: str) -> str:
         self.op_type_key = target_name
@@ -136,6 +138,8 @@ class Region:
             text += "|pool" + json.dumps(self.pool.key(), sort_keys=True)
         if self.copy is not None:
             text += "|copy" + json.dumps(self.copy.key())
+        if self.params is not None:
+            text += "|params" + json.dumps(self.params.key())
         h = hashlib.sha256(text.encode()).hexdigest()
         self.op_type = f"{self.kind}_{h[:16]}"
         return self.op_type

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnxopt.codegen.glue.kinds import c_define
 from onnxopt.graph.order import stable_order
 
 from .afusion.siso import _distinct_names, channel_vector_parts, conv_part_reason
 from .compute import ComputeParams
 from .region import EwProgram, Region
 
-MAX_SIBLINGS = 8  # SB_MAX_PART in codegen/glue/ort_glue.c
+MAX_SIBLINGS = c_define("siblings.h", "SB_MAX_PART")
 
 
 @dataclass

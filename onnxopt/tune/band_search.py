@@ -68,7 +68,7 @@ def search_band(region, model, target, threads: int | None, *, info, bindings, s
                 min_time: float = 0.1) -> BandSearchResult:
     """Time the band heights of one AFUSION region on its runtime shapes (fused kernels only: the original ops are
     the same for every height) and return the fastest."""
-    from onnxopt.pipeline import _region_feeds, _region_models
+    from onnxopt.measure import region_feeds as _region_feeds, region_models as _region_models
 
     c = region.compute
     default = int(c.attrs["band_rows"])

@@ -130,7 +130,7 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
     `cache_only`: a reason not to build or time anything (the tuning budget is spent, say): the cost cache's answer
     or the default tile, skipped for that reason."""
     from onnxopt.annotate.shapes import tensor_info
-    from onnxopt.pipeline import _region_feeds
+    from onnxopt.measure import region_feeds as _region_feeds
 
     default = select(target).tile
     if region.compute is None:
@@ -230,7 +230,7 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
     it wins by `margin` twice: in that run and in a second one of the two alone (a win of a few percent can be
     noise), or, when the second contradicts the first, in the median of those two and a third (confirm_win).
     `flush_bytes` > 0: every timed run starts with the caches flushed (timing.time_interleaved). Raises CannotRun."""
-    from onnxopt.pipeline import _region_models, kernel_error_bound
+    from onnxopt.measure import kernel_error_bound, region_models as _region_models
 
     jobs = [lambda v=v: build_compute(v, target) for _, _, v in variants]
     t_build = time.perf_counter()
@@ -362,7 +362,7 @@ def _main(argv=None) -> int:
     from onnxopt.codegen.target import parse_target
     from onnxopt.fusion.compute import ComputeRule
     from onnxopt.models.conv_shapes import ALL_CONVS, ALL_MATMULS, conv_model, matmul_model
-    from onnxopt.pipeline import _infer
+    from onnxopt.graph.infer import infer as _infer
 
     p = argparse.ArgumentParser(prog="python -m onnxopt.tune")
     p.add_argument("shapes", nargs="+", help="names from onnxopt.models.conv_shapes (ALL_CONVS, ALL_MATMULS)")

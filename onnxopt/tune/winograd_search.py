@@ -90,7 +90,7 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
     """Time the direct and Winograd kernels of one blocked convolution region and return the fastest's m.
     `flush_bytes` > 0: each run starts with its weights out of the caches (weights_cold_flush)."""
     from onnxopt.annotate.shapes import tensor_info
-    from onnxopt.pipeline import _region_feeds
+    from onnxopt.measure import region_feeds as _region_feeds
 
     why = winograd.applies(region)
     if why is not None:

@@ -11,7 +11,6 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxopt.graph.large as large
-import onnxopt.pipeline as pipeline
 from onnxopt.emit.model import build_fused_model
 from onnxopt.fusion.elementwise import ElementwiseRule
 from onnxopt.graph.large import DATA_ALIGN, STRIP_TENSOR_BYTES, SharedWeights, model_bytes
@@ -103,9 +102,11 @@ def test_a_light_base_builds_function_bodies_from_the_whole_models_constants(tmp
 
 def test_big_models_are_inferred_light_with_the_same_shapes(monkeypatch):
     m = _model(symbolic=True)
-    whole = pipeline._infer(m)
-    monkeypatch.setattr(pipeline, "ANALYSE_LIGHT_BYTES", 1000)
-    light = pipeline._infer(m)
+    from onnxopt.graph import infer
+
+    whole = infer.infer(m)
+    monkeypatch.setattr(infer, "ANALYSE_LIGHT_BYTES", 1000)
+    light = infer.infer(m)
     key = lambda mp: sorted(v.SerializeToString() for v in mp.graph.value_info)  # noqa: E731
     assert key(light) == key(whole) and len(whole.graph.value_info) >= 4
     # the inferred model holds the whole weights, and the caller's model is not changed

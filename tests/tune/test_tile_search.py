@@ -21,7 +21,8 @@ from onnxopt.cost_cache import CostCache
 from onnxopt.emit.model import build_fused_model, fallback_key
 from onnxopt.fusion.compute import ComputeRule, retile
 from onnxopt.models.conv_shapes import ConvShape, MatMulShape, conv_model, matmul_model
-from onnxopt.pipeline import _infer, _region_feeds, _region_models
+from onnxopt.graph.infer import infer as _infer
+from onnxopt.measure import region_feeds as _region_feeds, region_models as _region_models
 from onnxopt.timing import make_session
 from onnxopt.tune import search_space, search_tile
 

@@ -8,7 +8,7 @@ first region's, then each second's without the intermediate; its outputs are eac
 the fused region are siso.py's, which take any number of second convolutions.
 
 What the kernel supports besides SISO's rules for each pair (`simo_reason` says why not):
-- two to four second convolutions (AF_MAX_SECOND in ort_glue.c), all the intermediate's readers;
+- two to four second convolutions (AF_MAX_SECOND in codegen/glue/afusion.h), all the intermediate's readers;
 - the same strides and output size (the plan checks the sizes on inferred shapes), so one band of output rows is one
   band for every second;
 - the same output layout (all blocked or all NCHW): the fused region has one.
@@ -16,10 +16,12 @@ What the kernel supports besides SISO's rules for each pair (`simo_reason` says 
 
 from __future__ import annotations
 
+from onnxopt.codegen.glue.kinds import c_define
+
 from ..region import Region
 from .siso import siso_reason
 
-MAX_SECONDS = 4  # AF_MAX_SECOND in codegen/glue/ort_glue.c
+MAX_SECONDS = c_define("afusion.h", "AF_MAX_SECOND")
 
 
 def simo_reason(first: Region, seconds: list[Region], lanes: int, consumers: dict[str, list] | None = None,

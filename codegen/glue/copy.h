@@ -1,0 +1,19 @@
+#ifndef ONNXOPT_COPY_H
+#define ONNXOPT_COPY_H
+#include "glue.h"
+
+/* A Concat of blocked tensors along their channel blocks, each input first repeated by integer factors along the
+   rows and columns (a nearest Resize): copy_exec.c. Inputs and output are [N, C / lanes, H, W, lanes]. */
+#define CP_MAX_IN 16
+typedef struct {
+  onnxopt_sig sig;
+  int lanes;                            /* 0: a plain Concat of float tensors along `axis` */
+  int64_t fh[CP_MAX_IN], fw[CP_MAX_IN]; /* per input: rows and columns repeated */
+  int axis;
+  /* A Slice (lanes 0, one input): the input's planned dims and the box [start, end) per axis, all of rank
+     slice_rank (0: not a slice). */
+  int slice_rank;
+  int64_t slice_dims[MAX_RANK], slice_start[MAX_RANK], slice_end[MAX_RANK];
+} onnxopt_copy_desc;
+
+#endif

@@ -1,0 +1,60 @@
+"""Which Softmax and LogSoftmax nodes become a row kernel, and why the others do not.
+
+A row is the input's dims from `axis` on, flattened: opset 13 and later reduce one axis, so only the last one is a
+row (the row kernel reads a row as contiguous memory); opsets 1 to 12 coerce the input to 2-D at `axis`, which is
+exactly rows of the trailing dims. The row's length may be known only at run time.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from onnxopt.fusion.elementwise import ElementwiseRule, _attr
+from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
+
+from .params import SoftmaxParams
+
+OPS = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
+
+
+def refusal(node, rule: ElementwiseRule) -> str | None:
+    """Why this node is not a row kernel, as a sentence; None when it is one."""
+    if rule.dtype_of(node.input[0]) != "float32":
+        return "the row kernel takes float32 only"
+    ti = rule.info.get(node.input[0])
+    rank = ti.rank if ti is not None and ti.rank is not None else None
+    if not rank:
+        return "its input's rank is unknown (or 0)"
+    axis = int(_attr(node, "axis", -1 if rule.opset >= 13 else 1))
+    if not -rank <= axis < rank:
+        return f"axis {axis} is outside a rank-{rank} input"
+    if rule.opset >= 13 and axis % rank != rank - 1:
+        return (f"it reduces axis {axis} of a rank-{rank} input; the row kernel reduces the innermost axis only "
+                "(a transpose around it would cost more than it saves)")
+    return None
+
+
+def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
+    rule = ElementwiseRule(model)
+    regions = []
+    for i, node in enumerate(rule.index.nodes):
+        if i in claimed or node.op_type not in OPS or node.domain not in ("", "ai.onnx"):
+            continue
+        why = refusal(node, rule)
+        if why is not None:
+            if rejected is not None:
+                rejected.append({"nodes": [node.name or node.output[0]], "reason": f"{node.op_type}: {why}"})
+            continue
+        x, y = node.input[0], node.output[0]
+        rank = rule.info[x].rank
+        axis = int(_attr(node, "axis", -1 if rule.opset >= 13 else 1)) % rank
+        # The program only names the computation (the op type hashes it); lower.py writes the kernel.
+        program = EwProgram(inputs=[Value(x, "float32")], consts={}, ops=[EwOp(node.op_type, (x,), y, "float32")],
+                            outputs=[Value(y, "float32")])
+        dims = rule.info[x].shape or [None] * rank
+        shape = [d if isinstance(d, (int, str)) and not str(d).startswith("unk__") else None for d in dims]
+        region = Region("softmax", [node], [x], [y], program, shape)
+        region.params = SoftmaxParams(OPS[node.op_type], axis)
+        claimed.add(i)
+        regions.append(region)
+    return regions

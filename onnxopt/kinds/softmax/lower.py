@@ -1,0 +1,126 @@
+"""The row kernel in LLVM IR: rows(x, y, rows, n), each row of n floats in three passes, as onnxruntime's MLAS does.
+
+softmax:      m = max(row); y = exp(x - m) and s = sum(y); y *= 1 / s
+log_softmax:  m = max(row); s = sum(exp(x - m));       y = (x - m) - log(s)
+
+Vectors of the target's float32 lanes; the row's tail runs the same code under a lane mask, so any n is one code
+path. Maxima as x86's maxps computes them (x when x > y), the choice onnxruntime's kernels make.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from onnxopt.codegen.compile import compile_object, new_module
+from onnxopt.codegen.elementwise.types import ONNX_ENUM
+from onnxopt.codegen.target import Target
+from onnxopt.codegen.vmath.exp import vexp
+from onnxopt.codegen.vmath.irutil import broadcast, masked_load, masked_store, while_loop
+from onnxopt.codegen.vmath.log import vlog
+
+from .desc import SoftmaxKernelDesc
+
+F32 = ir.FloatType()
+I64 = ir.IntType(64)
+PTR = ir.PointerType()
+
+
+def _loop(b: ir.IRBuilder, start, stop, step, body, carried=()):
+    """for i in range(start, stop, step): values = body(i, values). Returns the values at the exit."""
+    return while_loop(b, start, lambda i: b.icmp_signed("<", i, stop), step, body, carried)[1]
+
+
+def _vmax(b, x, y):
+    return b.select(b.fcmp_ordered(">", x, y), x, y)
+
+
+def _reduce(b, v, combine):
+    acc = b.extract_element(v, ir.Constant(ir.IntType(32), 0))
+    for k in range(1, v.type.count):
+        acc = combine(b, acc, b.extract_element(v, ir.Constant(ir.IntType(32), k)))
+    return acc
+
+
+def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]), name=name)
+    x, y, rows, n = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    vty = ir.VectorType(F32, lanes)
+    step = ir.Constant(I64, lanes)
+    full = b.mul(b.sdiv(n, step), step)
+    rem = b.sub(n, full)
+    iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    tail = b.icmp_signed("<", iota, broadcast(b, rem, lanes))
+    minus_inf = ir.Constant(vty, [float("-inf")] * lanes)
+    zeros = ir.Constant(vty, [0.0] * lanes)
+
+    def at(base, j):
+        return b.gep(base, [j], source_etype=F32)
+
+    def load(p):
+        return b.load(p, typ=vty, align=4)
+
+    def row(r, _):
+        xr = at(x, b.mul(r, n))
+        yr = at(y, b.mul(r, n))
+        (vm,) = _loop(b, ir.Constant(I64, 0), full, step, lambda j, a: [_vmax(b, a[0], load(at(xr, j)))], [minus_inf])
+        vm = _vmax(b, vm, b.select(tail, masked_load(b, at(xr, full), vty, tail, 4), minus_inf))
+        m = _reduce(b, vm, lambda bb, p, q: bb.select(bb.fcmp_ordered(">", p, q), p, q))
+        mv = broadcast(b, m, lanes)
+
+        def exp_sum(j, a, masked=False):
+            v = masked_load(b, at(xr, j), vty, tail, 4) if masked else load(at(xr, j))
+            e = vexp(b, b.fsub(v, mv))
+            if op == "softmax":
+                if masked:
+                    masked_store(b, e, at(yr, j), tail, 4)
+                else:
+                    b.store(e, at(yr, j), align=4)
+            return [b.fadd(a[0], b.select(tail, e, zeros) if masked else e)]
+
+        (vs,) = _loop(b, ir.Constant(I64, 0), full, step, exp_sum, [zeros])
+        (vs,) = exp_sum(full, [vs], masked=True)
+        s = _reduce(b, vs, lambda bb, p, q: bb.fadd(p, q))
+        if op == "softmax":
+            inv = broadcast(b, b.fdiv(ir.Constant(F32, 1.0), s), lanes)
+
+            def scale(j, _a, masked=False):
+                if masked:
+                    masked_store(b, b.fmul(masked_load(b, at(yr, j), vty, tail, 4), inv), at(yr, j), tail, 4)
+                else:
+                    b.store(b.fmul(load(at(yr, j)), inv), at(yr, j), align=4)
+                return []
+
+            _loop(b, ir.Constant(I64, 0), full, step, scale)
+            scale(full, [], masked=True)
+        else:
+            ls = vlog(b, broadcast(b, s, lanes))
+
+            def shift(j, _a, masked=False):
+                v = masked_load(b, at(xr, j), vty, tail, 4) if masked else load(at(xr, j))
+                out = b.fsub(b.fsub(v, mv), ls)
+                if masked:
+                    masked_store(b, out, at(yr, j), tail, 4)
+                else:
+                    b.store(out, at(yr, j), align=4)
+                return []
+
+            _loop(b, ir.Constant(I64, 0), full, step, shift)
+            shift(full, [], masked=True)
+        return []
+
+    _loop(b, ir.Constant(I64, 0), rows, ir.Constant(I64, 1), row)
+    b.ret_void()
+    return name
+
+
+def build(region, target: Target) -> tuple[bytes, SoftmaxKernelDesc, str]:
+    """Returns (object code, the glue's description, LLVM IR text)."""
+    p = region.params
+    module = new_module(target, region.op_type)
+    sym = define_rows(module, f"{region.op_type}_rows", p.op, target.float32_lanes)
+    ir_text = str(module)
+    obj = compile_object(ir_text, target, vectorize=False)
+    desc = SoftmaxKernelDesc(op_type=region.op_type, in_types=[ONNX_ENUM["float32"]],
+                             out_types=[ONNX_ENUM["float32"]], axis=p.axis, rows=sym)
+    return obj, desc, ir_text

@@ -1,0 +1,112 @@
+"""The measurement layer: a region as models onnxruntime runs (its original nodes, and its fused node), their
+inputs, and what a kernel's run is measured against (FLOPs, bytes, the error it may show). The driver, the search
+and the tuners all measure regions through these."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxopt.emit.model import DOMAIN
+from onnxopt.fusion import winograd
+from onnxopt.fusion.compute import conv_macs_per_output
+from onnxopt.fusion.layout import blocked_inputs, blocked_outputs
+from onnxopt.fusion.region import Region
+from onnxopt.verify import random_array
+
+
+def weight_bytes(region: Region, model: onnx.ModelProto) -> int:
+    """Bytes of the constants the region's kernel reads: the model's initializers among its inputs, and those it
+    carries itself (packed weights)."""
+    carried = region.compute.initializers if region.compute is not None else region.initializers
+    names = set(region.inputs)
+    inits = list(carried) + [t for t in model.graph.initializer if t.name in names]
+    return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in inits)
+
+
+def region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The region as a standalone model (original ops) and as one fused node, same inputs and outputs."""
+    inits = {t.name: t for t in model.graph.initializer}
+    carried = region.compute.initializers if region.compute is not None else region.initializers
+    new_inits = {t.name: t for t in carried}
+
+    blocked = blocked_inputs(region) | blocked_outputs(region)
+
+    def vi(name, fused_side=False):
+        ti = info[name]
+        if fused_side and name in blocked:  # [N, C / L, H, W, L]: left undeclared
+            return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(ti.dtype)), None)
+        dims = [d if isinstance(d, (int, str)) else None for d in ti.shape]
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(ti.dtype)), dims)
+
+    ins = [vi(x) for x in runtime_inputs(region, model)]
+    outs = [vi(o) for o in region.outputs]
+    consts = [inits[c] for c in region.program.consts if c in inits]
+    # Other constants the original nodes read: a BatchNormalization's parameters, a Resize's scales.
+    consts += [inits[x] for x in dict.fromkeys(x for n in region.nodes for x in n.input)
+               if x in inits and x not in region.program.consts and x not in region.inputs]
+    if region.compute is not None:  # weights, biases, BatchNorm parameters: constants on both sides
+        used = {x for n in region.nodes for x in n.input}
+        consts = [t for name, t in inits.items() if name in used or name in region.program.consts]
+        consts += list(region.compute.orig_consts)
+    opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    orig = helper.make_model(helper.make_graph(list(region.nodes), "region", ins, outs, initializer=consts),
+                             opset_imports=opsets)
+    fused_consts = [new_inits.get(x) or inits[x] for x in region.inputs if x in new_inits or x in inits]
+    fused_node = helper.make_node(region.op_type, list(region.inputs), list(region.outputs), domain=DOMAIN)
+    f_ins = [vi(x, True) for x in runtime_inputs(region, model)]
+    f_outs = [vi(o, True) for o in region.outputs]
+    fused = helper.make_model(helper.make_graph([fused_node], "fused", f_ins, f_outs, initializer=fused_consts),
+                              opset_imports=opsets + [helper.make_opsetid(DOMAIN, 1)])
+    for m in (orig, fused):
+        m.ir_version = max(min(model.ir_version, 10), 7)
+    return orig, fused
+
+
+def runtime_inputs(region: Region, model: onnx.ModelProto) -> list[str]:
+    """The region's inputs that are not constants (for compute regions: not weights, biases or their packing)."""
+    if region.compute is None:
+        carried = {t.name for t in region.initializers}
+        return [x for x in dict.fromkeys(region.inputs) if x not in carried]
+    consts = {t.name for t in model.graph.initializer} | {t.name for t in region.compute.initializers}
+    if model.ir_version >= 4:  # see ElementwiseRule: IR 3 lists every initializer as an input
+        consts -= {i.name for i in model.graph.input}
+    return [x for x in dict.fromkeys(region.inputs) if x not in consts]
+
+
+def region_feeds(region: Region, info, bindings, seed, model) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for x in runtime_inputs(region, model):
+        ti = info[x]
+        shape = [d if isinstance(d, int) else int(bindings.get(d, 1)) for d in ti.shape]
+        feeds[x] = random_array(shape, ti.dtype, rng)
+    return feeds
+
+
+def kernel_error_bound(region: Region) -> float:
+    """The error a compute kernel may show against onnxruntime, as a fraction of its output's largest magnitude: a
+    reduction in another order (2e-6), or a Winograd convolution's transforms (fusion/winograd.py, error_bound)."""
+    m = region.compute.attrs.get("winograd") if region.compute is not None else None
+    return winograd.error_bound(region.compute.attrs["kernel"], m) if m else 2e-6
+
+
+def region_flops(region: Region, feeds, outs) -> float:
+    """Multiply-adds (x2) of a compute region's convolution or matmul; 0 for elementwise regions."""
+    c = region.compute
+    if c is None or not outs:
+        return 0.0
+    out = np.asarray(outs[0])
+    macs = conv_macs_per_output(c)
+    if macs is not None:
+        return 2.0 * out.size * macs
+    a = feeds.get(region.inputs[0])
+    if a is None:
+        return 0.0
+    k = a.shape[-2] if c.attrs.get("trans_a") else a.shape[-1]
+    return 2.0 * out.size * k
+
+
+def bytes_moved(region: Region, feeds, outs) -> int:
+    return int(sum(v.nbytes for v in feeds.values()) + sum(np.asarray(o).nbytes for o in outs))

@@ -1,0 +1,150 @@
+"""The softmax kind (onnxopt/kinds/softmax): which nodes it takes, and its kernel against onnxruntime."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxopt.codegen.glue.library import link_library
+from onnxopt.codegen.target import host_target
+from onnxopt.emit.model import build_fused_model
+from onnxopt.kinds import KINDS, kind_of
+from onnxopt.kinds.softmax import KIND
+from onnxopt.timing import make_session
+
+
+def _model(shape, op="Softmax", axis=None, opset=18, dtype=TensorProto.FLOAT):
+    x = helper.make_tensor_value_info("x", dtype, shape)
+    y = helper.make_tensor_value_info("y", dtype, shape)
+    attrs = {} if axis is None else {"axis": axis}
+    g = helper.make_graph([helper.make_node(op, ["x"], ["y"], name="sm", **attrs)], "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def _fuse(model, tmp_path):
+    target = host_target()
+    regions = KIND.find(model, set(), [])
+    assert len(regions) == 1
+    r = regions[0]
+    r.compute_op_type(target.name + target.llvm_features)
+    obj, desc, ir_text = KIND.build(r, target)
+    lib = os.path.join(str(tmp_path), "softmax.so")
+    sha = link_library([desc], [obj], target, lib)
+    fused = build_fused_model(model, regions, os.path.basename(lib), sha, target.to_dict(),
+                              target.required_cpu_flags)
+    return fused, lib, ir_text
+
+
+def test_the_kind_is_registered():
+    assert KIND in KINDS and KIND.name == "softmax"
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("shape", [[4, 1], [3, 7], [2, 5, 64], [2, 3, 17, 33], [1, 200], [5, 8]])
+def test_matches_onnxruntime(tmp_path, op, shape):
+    model = _model(shape, op)
+    fused, lib, _ = _fuse(model, tmp_path)
+    x = (np.random.default_rng(1).standard_normal(shape) * 4).astype(np.float32)
+    want = make_session(model, 1, optimization="none").run(None, {"x": x})[0]
+    got = make_session(fused, 2, library=lib).run(None, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-7)
+    # the function fallback: the same model without our library
+    alone = make_session(fused, 1).run(None, {"x": x})[0]
+    np.testing.assert_allclose(alone, want, rtol=1e-6, atol=1e-7)
+
+
+def test_masked_rows_and_large_values(tmp_path):
+    """Attention masks: -inf and finfo.min entries give zeros; large logits do not overflow."""
+    shape = [2, 4, 9, 40]
+    model = _model(shape)
+    fused, lib, _ = _fuse(model, tmp_path)
+    x = (np.random.default_rng(2).standard_normal(shape) * 30).astype(np.float32)
+    x[..., 30:] = -np.inf
+    x[0, 0, :, 10:20] = np.finfo(np.float32).min
+    x[1, 1] += 80.0
+    want = make_session(model, 1, optimization="none").run(None, {"x": x})[0]
+    got = make_session(fused, 2, library=lib).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+    assert np.all(got[..., 30:] == 0)
+
+
+def test_rows_long_enough_to_split_over_threads(tmp_path):
+    shape = [64, 1000]  # 64,000 floats: several tasks of whole rows
+    model = _model(shape, "LogSoftmax")
+    fused, lib, _ = _fuse(model, tmp_path)
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    want = make_session(model, 1, optimization="none").run(None, {"x": x})[0]
+    got = make_session(fused, 2, library=lib).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+def test_dynamic_dims_are_read_at_run_time(tmp_path):
+    model = _model(["batch", 3, "seq"])
+    fused, lib, _ = _fuse(model, tmp_path)
+    session = make_session(fused, 2, library=lib)
+    ref = make_session(model, 1, optimization="none")
+    for shape in ([1, 3, 5], [2, 3, 130], [4, 3, 1]):
+        x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=2e-6,
+                                   atol=2e-7)
+
+
+def test_opset_11_coerces_to_2d_at_axis(tmp_path):
+    """Before opset 13 a row is every dim from `axis` on."""
+    shape = [2, 3, 4, 5]
+    model = _model(shape, axis=1, opset=11)
+    fused, lib, _ = _fuse(model, tmp_path)
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    want = make_session(model, 1, optimization="none").run(None, {"x": x})[0]
+    np.testing.assert_allclose(make_session(fused, 2, library=lib).run(None, {"x": x})[0], want, rtol=2e-6,
+                               atol=2e-7)
+
+
+def test_the_kernel_is_vector_code(tmp_path):
+    _, _, ir_text = _fuse(_model([8, 64]), tmp_path)
+    lanes = host_target().float32_lanes
+    assert f"<{lanes} x float>" in ir_text
+
+
+@pytest.mark.parametrize("model, reason", [
+    (lambda: _model([2, 3, 4], axis=1), "reduces axis 1 of a rank-3 input; the row kernel reduces the innermost"),
+    (lambda: _model([2, 3], dtype=TensorProto.DOUBLE), "takes float32 only"),
+    (lambda: _model([2, 3], axis=5), "axis 5 is outside a rank-2 input"),
+])
+def test_refusals_say_why(model, reason):
+    rejected = []
+    assert KIND.find(model(), set(), rejected) == []
+    assert len(rejected) == 1 and reason in rejected[0]["reason"], rejected
+    assert rejected[0]["nodes"] == ["sm"]
+
+
+def test_claimed_nodes_are_left_alone():
+    model = _model([2, 8])
+    assert KIND.find(model, {0}, []) == []
+    claimed = set()
+    regions = KIND.find(model, claimed, [])
+    assert claimed == {0} and kind_of(regions[0]) is KIND
+
+
+def test_optimize_fuses_a_softmax_end_to_end(tmp_path):
+    """Through the driver: found, built, linked, verified with and without the library, reported."""
+    import onnxopt
+
+    src = tmp_path / "m.onnx"
+    onnx.save(_model([2, 4, 32, 48]), str(src))
+    out = tmp_path / "fused.onnx"
+    result = onnxopt.optimize(str(src), str(out), min_speedup=0.0, measure=False)
+    ops = [r["ops"] for r in result.report["regions"]]
+    assert ops == ["Softmax"], result.report["regions"]
+    fused = onnx.load(str(out))
+    assert [n.op_type.split("_")[0] for n in fused.graph.node] == ["softmax"]
+    skipped = onnxopt.optimize(str(src), str(tmp_path / "plain.onnx"), min_speedup=0.0, measure=False,
+                               skip_fusion=["softmax"])
+    assert skipped.report["regions"] == []
