@@ -281,19 +281,11 @@ def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
     """_plan_runoff: the fastest plan duels the plan it is built on, then plans that measured within
     PLAN_RUNOFF_WITHIN and fuse more or less than it (the fastest first; not a plan built on it); in each duel the
     more fused plan is kept only if the median of its rounds wins by PLAN_MARGIN, and the winner meets the next.
-    The duels' timings are given, not measured, to pin the rule."""
-    from types import SimpleNamespace
-
-    from onnxopt.pipeline import (
-        PLAN_MARGIN,
-        PLAN_RUNOFF_WITHIN,
-        RUNOFF_OPPONENTS,
-        _Optimizer,
-    )
+    The duels' timings are given, not measured, to pin the rule (a pure function: no driver)."""
+    from onnxopt.driver.policy import PLAN_MARGIN, PLAN_RUNOFF_WITHIN, RUNOFF_OPPONENTS, plan_runoff
 
     # in the order the pipeline builds them: compute-blocked first, although AFUSION fuses more
-    opt = SimpleNamespace(plans=[("compute-blocked", []), ("afusion", []), ("horizontal", []), ("elementwise", [])],
-                          plan_bases={"afusion": "compute-blocked", "horizontal": "compute-blocked"})
+    bases = {"afusion": "compute-blocked", "horizontal": "compute-blocked"}
     assert RUNOFF_OPPONENTS == 2
 
     def cands(cb=0.72):  # (fused / original, name, regions, session, t_orig, t_plan), fastest first
@@ -313,7 +305,7 @@ def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
     # fastest less fused plan) and beats it
     c = cands()
     duel, met = duels({("s_af", "s_cb"): lose, ("s_cb", "s_ew"): win})
-    run = _Optimizer._plan_runoff(opt, c, duel)
+    run = plan_runoff(c, duel, bases)
     assert met == [("s_af", "s_cb"), ("s_cb", "s_ew")]
     assert run["kept"] == "compute-blocked" and [d["kept"] for d in run["duels"]] == ["compute-blocked"] * 2
     assert run["duels"][0]["gain"] == pytest.approx(PLAN_MARGIN * 0.99)
@@ -321,28 +313,28 @@ def test_plan_runoff_keeps_the_more_fused_plan_only_by_a_margin():
     # AFUSION wins both duels; its base is met even when its plan timing was far behind
     c = cands(cb=0.70 * PLAN_RUNOFF_WITHIN * 1.2)
     duel, met = duels({("s_af", "s_cb"): win, ("s_af", "s_ew"): win})
-    assert _Optimizer._plan_runoff(opt, c, duel)["kept"] == "afusion"
+    assert plan_runoff(c, duel, bases)["kept"] == "afusion"
     assert met == [("s_af", "s_cb"), ("s_af", "s_ew")] and c[0][1] == "afusion"
     # compute-blocked beats AFUSION, then has to beat elementwise by the margin too, and does not
     c = cands()
     duel, met = duels({("s_af", "s_cb"): lose, ("s_cb", "s_ew"): lose})
-    assert _Optimizer._plan_runoff(opt, c, duel)["kept"] == "elementwise" and c[0][1] == "elementwise"
+    assert plan_runoff(c, duel, bases)["kept"] == "elementwise" and c[0][1] == "elementwise"
     # far apart and not built on the other: no runoff
     far = [(0.70, "compute-blocked", [], "s_cb", 1.0, 0.70),
            (0.70 * PLAN_RUNOFF_WITHIN * 1.01, "elementwise", [], "s_ew", 1.0, 1)]
-    assert _Optimizer._plan_runoff(opt, far, duels({})[0]) is None
+    assert plan_runoff(far, duels({})[0], bases) is None
     # the fastest fuses least: a more fused plan close behind meets it, and is kept only by the margin
     least = [(0.70, "elementwise", [], "s_ew", 1.0, 0.70), (0.71, "compute-blocked", [], "s_cb", 1.0, 0.71)]
     faster = [1.0 / g for g in win]  # elementwise's rounds against compute-blocked: compute-blocked wins
     duel, met = duels({("s_ew", "s_cb"): faster})
-    run = _Optimizer._plan_runoff(opt, list(least), duel)
+    run = plan_runoff(list(least), duel, bases)
     assert met == [("s_ew", "s_cb")] and run["kept"] == "compute-blocked"
     assert run["duels"][0]["gain"] == pytest.approx(1.0 / PLAN_MARGIN / 1.01)
     duel, met = duels({("s_ew", "s_cb"): [1.0 / g for g in lose]})  # compute-blocked 1.03x: short of the margin
-    assert _Optimizer._plan_runoff(opt, list(least), duel)["kept"] == "elementwise"
+    assert plan_runoff(list(least), duel, bases)["kept"] == "elementwise"
     # but a plan built on the fastest (AFUSION on compute-blocked) that measured behind it is not met
     base_first = [(0.70, "compute-blocked", [], "s_cb", 1.0, 0.70), (0.71, "afusion", [], "s_af", 1.0, 0.71)]
-    assert _Optimizer._plan_runoff(opt, base_first, duels({})[0]) is None
+    assert plan_runoff(base_first, duels({})[0], bases) is None
 
 
 def test_repeated_kernels_are_checked_once_and_still_verified(tmp_path):
@@ -377,17 +369,9 @@ def test_final_check_falls_back_to_the_next_plan():
     original, the next plan that measured faster gets the same check, and nothing is emitted only when none
     passes. A pass within the noise of the bar (by less than CONFIRM_BELOW) is timed twice
     more in fresh sessions and the median of the three decides; so is a failure that contradicts the plan's own
-    timing (CONTRADICTED_ABOVE). Timings given, not measured, to pin the rule."""
-    from types import SimpleNamespace
+    timing (CONTRADICTED_ABOVE). Timings given, not measured, to pin the rule (a pure function: no driver)."""
+    from onnxopt.driver.policy import CONFIRM_BELOW, CONTRADICTED_ABOVE, WHOLE_MODEL_MARGIN, final_check
 
-    from onnxopt.pipeline import (
-        CONFIRM_BELOW,
-        CONTRADICTED_ABOVE,
-        WHOLE_MODEL_MARGIN,
-        _Optimizer,
-    )
-
-    opt = SimpleNamespace(opts=SimpleNamespace(min_speedup=1.0))
     attempts = [("elementwise", ["r1"], 1.0), ("compute-blocked", ["r2", "r3"], 1.0)]  # plan timings: no contradiction
     clear = WHOLE_MODEL_MARGIN * CONFIRM_BELOW * 1.01  # passes with room to spare: no second timing
     close = WHOLE_MODEL_MARGIN * 1.01  # passes within the noise
@@ -404,44 +388,44 @@ def test_final_check_falls_back_to_the_next_plan():
         return final_time, asked
 
     final_time, asked = timed(elementwise=far, **{"compute-blocked": clear})
-    passed, finals = _Optimizer._final_check(opt, attempts, final_time)
+    passed, finals = final_check(attempts, final_time, 1.0)
     assert passed == 1 and asked == [("elementwise", False), ("compute-blocked", False)]
     assert [f["speedup"] for f in finals] == [pytest.approx(far), pytest.approx(clear)]
     final_time, asked = timed(elementwise=clear, **{"compute-blocked": 1.3})
-    assert _Optimizer._final_check(opt, attempts, final_time)[0] == 0 and asked == [("elementwise", False)]
+    assert final_check(attempts, final_time, 1.0)[0] == 0 and asked == [("elementwise", False)]
     final_time, asked = timed(elementwise=far, **{"compute-blocked": far})
-    assert _Optimizer._final_check(opt, attempts, final_time)[0] is None and len(asked) == 2
+    assert final_check(attempts, final_time, 1.0)[0] is None and len(asked) == 2
     # within the noise: two more timings in fresh sessions, the median decides
     final_time, asked = timed(elementwise=(close, close, 0.9), **{"compute-blocked": clear})
-    passed, finals = _Optimizer._final_check(opt, attempts, final_time)
+    passed, finals = final_check(attempts, final_time, 1.0)
     assert passed == 0 and asked == [("elementwise", False), ("elementwise", True), ("elementwise", True)]
     assert finals[0]["retimed"] == [pytest.approx(close), pytest.approx(close), pytest.approx(0.9)]
     final_time, asked = timed(elementwise=(close, 0.97, 0.95), **{"compute-blocked": clear})
-    passed, finals = _Optimizer._final_check(opt, attempts, final_time)
+    passed, finals = final_check(attempts, final_time, 1.0)
     assert passed == 1 and finals[0]["speedup"] == pytest.approx(0.97)
     final_time, asked = timed(elementwise=(near, 1.2, 1.15), **{"compute-blocked": clear})  # agrees with its plan
-    passed, finals = _Optimizer._final_check(opt, attempts, final_time)
+    passed, finals = final_check(attempts, final_time, 1.0)
     assert passed == 1 and "retimed" not in finals[0] and len(asked) == 2
     barely = [("elementwise", ["r1"], WHOLE_MODEL_MARGIN * CONTRADICTED_ABOVE * 1.001), attempts[1]]
     final_time, asked = timed(elementwise=(near, 1.2, 1.15), **{"compute-blocked": clear})  # a failure undone
-    passed, finals = _Optimizer._final_check(opt, barely, final_time)
+    passed, finals = final_check(barely, final_time, 1.0)
     assert passed == 0 and finals[0]["speedup"] == pytest.approx(1.15) and len(asked) == 3
     # a plan left empty by its drop trials is not timed
     final_time, asked = timed(**{"compute-blocked": 1.3})
-    assert _Optimizer._final_check(opt, [("elementwise", [], 1.0), attempts[1]], final_time)[0] == 1
+    assert final_check([("elementwise", [], 1.0), attempts[1]], final_time, 1.0)[0] == 1
     assert asked == [("compute-blocked", False)]
     # a clear failure that contradicts the plan's own timing (a burst of load) is timed twice more; one that agrees
     # with it is not
     contradicted = [("elementwise", ["r1"], 1.17), attempts[1]]
     final_time, asked = timed(elementwise=(0.9, 1.15, 1.16), **{"compute-blocked": clear})
-    passed, finals = _Optimizer._final_check(opt, contradicted, final_time)
+    passed, finals = final_check(contradicted, final_time, 1.0)
     assert passed == 0 and finals[0]["retimed"] == [pytest.approx(0.9), pytest.approx(1.15), pytest.approx(1.16)]
     assert finals[0]["speedup"] == pytest.approx(1.15) and len(asked) == 3
     final_time, asked = timed(elementwise=(far, far, 1.2), **{"compute-blocked": clear})
-    passed, finals = _Optimizer._final_check(opt, contradicted, final_time)
+    passed, finals = final_check(contradicted, final_time, 1.0)
     assert passed == 1 and finals[0]["speedup"] == pytest.approx(far)
     final_time, asked = timed(elementwise=far, **{"compute-blocked": clear})
-    passed, finals = _Optimizer._final_check(opt, [("elementwise", ["r1"], far), attempts[1]], final_time)
+    passed, finals = final_check([("elementwise", ["r1"], far), attempts[1]], final_time, 1.0)
     assert passed == 1 and "retimed" not in finals[0] and len(asked) == 2
 
 
@@ -449,9 +433,9 @@ def test_final_check_confirms_in_fresh_sessions(tmp_path, monkeypatch):
     """A real run where every pass counts as within the noise (CONFIRM_BELOW raised): each plan
     checked is timed twice more in new sessions of both models, the report keeps the three timings, and the median
     stands."""
-    import onnxopt.pipeline as pipeline
+    from onnxopt.driver import policy
 
-    monkeypatch.setattr(pipeline, "CONFIRM_BELOW", 1e6)
+    monkeypatch.setattr(policy, "CONFIRM_BELOW", 1e6)
     res = onnxopt.optimize(build_model("mobilenetv3", image_size=32), str(tmp_path / "o.onnx"), min_speedup=0.01,
                            threads=1, tile_search=False, cost_cache=False)
     checks = res.report["whole_model"]["final_checks"]
@@ -475,7 +459,7 @@ def test_drop_trials_need_a_second_look_in_new_sessions():
     measured, to pin the rule (the real sessions run in the whole-model tests)."""
     from types import SimpleNamespace
 
-    from onnxopt.pipeline import _drop_trials
+    from onnxopt.driver.policy import _drop_trials
 
     regions = [SimpleNamespace(op_type=k) for k in ("Copy", "Conv", "Conv", "Pool")]
     made, lists = [], []
@@ -525,7 +509,7 @@ def test_drop_trials_take_their_second_look_where_asked():
     a copy of the plan's regions and the trial's, and the trial's first session goes on with the plan."""
     from types import SimpleNamespace
 
-    from onnxopt.pipeline import _drop_trials
+    from onnxopt.driver.policy import _drop_trials
 
     regions = [SimpleNamespace(op_type=k) for k in ("Copy", "Conv")]
     looks = []
@@ -552,15 +536,15 @@ def test_second_looks_run_in_a_new_process(tmp_path, monkeypatch):
     """A real run whose first looks all say "faster without" (the pipeline's `compare` is wrapped to say so): every
     second look then times the plan's and the trial's model files, with their libraries, in a new process, and the
     report holds both gains of each trial and no fallback to this process."""
-    import onnxopt.pipeline as pipeline
+    from onnxopt.driver import decision, policy
 
-    real = pipeline._drop_trials
+    real = policy._drop_trials
 
     def first_looks_say_drop(current, s_cur, kinds, session, compare, decisions, why, second_look=None):
         assert second_look is not None
         return real(current, s_cur, kinds, session, lambda a, b: (1.1, 1.0), decisions, why, second_look)
 
-    monkeypatch.setattr(pipeline, "_drop_trials", first_looks_say_drop)
+    monkeypatch.setattr(decision, "_drop_trials", first_looks_say_drop)
     res = onnxopt.optimize(build_model("mobilenetv3", image_size=32), str(tmp_path / "o.onnx"), min_speedup=0.01,
                            threads=1, tile_search=False, cost_cache=False)
     w = res.report["whole_model"]
@@ -572,7 +556,7 @@ def test_drop_trials_stop_at_their_budget(monkeypatch):
     """Past DROP_TRIALS_S the remaining kernel types are left in the plan and listed as untried."""
     from types import SimpleNamespace
 
-    from onnxopt import pipeline
+    from onnxopt.driver import policy as pipeline
 
     monkeypatch.setattr(pipeline, "DROP_TRIALS_S", 0.05)
     regions = [SimpleNamespace(op_type=k) for k in ("A", "B")]
@@ -592,7 +576,8 @@ def test_inline_choice_is_not_timed_when_the_small_kernels_cannot_pay():
     wide library to win by INLINE_MARGIN even if they took no time (Inception-v3: 2.1 ms of 56 ms)."""
     from types import SimpleNamespace
 
-    from onnxopt.pipeline import INLINE_MARGIN, _Optimizer, inline_gain_bound
+    from onnxopt.driver.policy import INLINE_MARGIN, inline_gain_bound
+    from onnxopt.pipeline import _Optimizer
 
     def kernel(flops, seconds):
         return SimpleNamespace(compute=object(), measured={"flops": flops, "measured_fused_s": seconds})
@@ -615,7 +600,7 @@ def test_inline_choice_is_not_timed_when_the_small_kernels_cannot_pay():
 def test_plan_files_past_their_budget_are_deleted_oldest_first(tmp_path):
     """evict_plan_files: the plan models kept for new sessions hold the weights each; past the budget the oldest go,
     files and entries, and the newest stays even alone over it."""
-    from onnxopt.pipeline import evict_plan_files
+    from onnxopt.driver.policy import evict_plan_files
 
     entries = {}
     for i, size in enumerate((400, 300, 200)):
@@ -635,7 +620,7 @@ def test_drop_trials_want_more_to_drop_a_kernel_between_two_of_ours():
     of our kernels needs DROP_MARGIN."""
     from types import SimpleNamespace
 
-    from onnxopt.pipeline import DROP_MARGIN, SPLIT_DROP_MARGIN, _between_ours, _drop_trials
+    from onnxopt.driver.policy import DROP_MARGIN, SPLIT_DROP_MARGIN, _between_ours, _drop_trials
 
     def reg(kind, ins, outs):
         return SimpleNamespace(op_type=kind, inputs=ins, outputs=outs)

@@ -1,6 +1,6 @@
 """Which compute kernels run on the calling thread (CT_INLINE_FLOPS in codegen/glue/compute_exec.c): a library's
 tables set it (codegen/glue/library.py), and the optimizer times the chosen plan with a library whose threshold is
-INLINE_FLOPS_WIDE, keeping that one only if it wins (pipeline._inline_choice). Checked here: the library reports
+INLINE_FLOPS_WIDE, keeping that one only if it wins (onnxopt/driver/decision.py, _inline_choice). Checked here: the library reports
 the threshold it was linked with, the answers do not depend on it (each output is computed by one tile whatever the
 split), and the emitted library is the one the report says was kept."""
 
@@ -23,6 +23,7 @@ from onnxopt.codegen.target import host_target
 
 import onnxopt
 from onnxopt import pipeline
+from onnxopt.driver import policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fusion"))
 from test_layout import Chain, fused_nodes, needs_vectors, optimize_blocked, reference
@@ -88,7 +89,7 @@ def test_emitted_library_is_the_one_the_report_kept(tmp_path):
     res = onnxopt.optimize(model, str(tmp_path / "fused.onnx"), threads=2, cost_cache=False, min_speedup=0.0)
     choice = res.report["whole_model"]["inline_flops"]
     assert choice["tried"] == INLINE_FLOPS_WIDE and choice["gain"] > 0
-    assert choice["kept"] == (INLINE_FLOPS_WIDE if choice["gain"] >= pipeline.INLINE_MARGIN else INLINE_FLOPS)
+    assert choice["kept"] == (INLINE_FLOPS_WIDE if choice["gain"] >= policy.INLINE_MARGIN else INLINE_FLOPS)
     if res.library:
         assert _threshold(res.library) == choice["kept"]
         want = reference(model, chain.feeds)[0]

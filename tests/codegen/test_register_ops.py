@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxopt.pipeline import custom_ops
+from onnxopt.driver.policy import custom_ops
 from onnxopt.timing import REGISTER_OPS_MAX, make_session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fusion"))

@@ -20,7 +20,7 @@ import onnxopt
 from onnxopt.emit.sequence import expand_sequences
 from onnxopt.fusion.blocked_copy import CopyParams
 from onnxopt.fusion.region import EwProgram, Region, Value
-from onnxopt.pipeline import passthroughs_kept
+from onnxopt.driver.policy import passthroughs_kept
 
 F = TensorProto.FLOAT
 vi = helper.make_tensor_value_info

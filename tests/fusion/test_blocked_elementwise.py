@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from onnxopt.fusion.region import Region
-from onnxopt.pipeline import passthroughs_kept
+from onnxopt.driver.policy import passthroughs_kept
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_layout import Chain, check_answers, needs_vectors, optimize_blocked

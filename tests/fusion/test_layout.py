@@ -356,7 +356,7 @@ def test_plan_option_rejects_unknown_plan(tmp_path):
 def test_rejected_region_takes_its_blocked_chain_along():
     """If one kernel of a blocked chain fails its check, the regions that read or write its blocked tensors go too
     (onnxruntime's ops cannot take their layout); an NCHW region elsewhere stays."""
-    from onnxopt.pipeline import _consistent_layouts
+    from onnxopt.driver.policy import _consistent_layouts
 
     ch = Chain(8, 10, 10)
     a = ch.conv("x", "a", 16)

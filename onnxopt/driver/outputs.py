@@ -1,0 +1,237 @@
+"""The outputs: check inputs, the emitted model and library, the whole-model verification with and without the
+library, and why a model was left unchanged.
+
+A stage of the driver (onnxopt/pipeline.py, _Optimizer): its methods read and write the run's state there."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import onnx
+
+from onnxopt.codegen.glue.library import link_library
+from onnxopt.emit.model import DOMAIN, build_fused_model, set_library_sha256
+from onnxopt.emit.sequence import make_sequences
+from onnxopt.errors import InputError, OnnxoptError, VerificationError
+from onnxopt.fusion.region import Region
+from onnxopt.graph.large import check_model
+from onnxopt.graph.load import commit_files, save_model
+from onnxopt.timing import make_session
+from onnxopt.verify import compare, make_inputs
+from onnxopt.driver.policy import WHOLE_MODEL_MARGIN, offline_split, _op_counts
+from onnxopt.driver.result import Result
+
+
+class OutputStage:
+
+    def _bindings(self) -> dict[str, int]:
+        return self.bindings
+
+    def _choose_bindings(self, original) -> None:
+        """Values for symbolic dims in the checks: distinct ones > 1 first (so that dims that only happen to be
+        equal cannot hide a broadcasting mistake), then all 2, then all 1; the first the model accepts."""
+        symbols = []
+        for vi in original.graph.input:
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param and d.dim_param not in symbols:
+                    symbols.append(d.dim_param)
+        self.bindings = {}
+        candidates = [{s: 2 + i for i, s in enumerate(symbols)}, {s: 2 for s in symbols}, {s: 1 for s in symbols}]
+        src = self.report["input"]["path"]
+        failure = None
+        # Run as the checks run it (every onnxruntime optimization): a model that fails there is refused now, not
+        # after the whole run, when the final check could not run it.
+        for b in candidates if symbols else [{}]:
+            try:
+                feeds = make_inputs(original, b, self.opts.seed, self.opts.check_inputs)
+                make_session(original if src is None else src, self.opts.threads).run(None, feeds)
+            except InputError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the model constrains its dims; try the next set
+                failure = failure or " ".join(str(e).split())[:200]
+                continue
+            self.bindings = b
+            break
+        else:
+            given = "the given" if self.opts.check_inputs else "random"
+            raise InputError(f"the model fails in onnxruntime on {given} inputs ({failure}); give inputs it runs on "
+                             "with --check-input NAME:FILE.npy, fix symbolic dims with --input-shape, or skip the "
+                             "checks with --no-verify --no-measure")
+        self.report["check_bindings"] = self.bindings
+
+    def _emit(self, original, work, accepted, built, loaded, src_path, t_start) -> Result:
+        t = time.perf_counter()
+        lib_path = sha = None
+        out_dir = os.path.dirname(os.path.abspath(self.output)) if self.output else self.tmpdir
+        lib_name = (os.path.basename(self.output) if self.output else "model.onnx") + ".so"
+        if accepted:
+            fused = build_fused_model(self.emit_base, accepted, lib_name, None, self.opts.target.to_dict(),
+                                      self.opts.target.required_cpu_flags)
+        else:  # nothing wins: the user gets their model back as it was, and the report says why
+            fused = onnx.ModelProto()
+            fused.CopyFrom(original)
+            loaded.restore_given(fused)
+            self.report["unchanged"] = self._why_unchanged()
+        if accepted:
+            used = []
+            for op_type, (obj, desc, _) in built.items():
+                if any(r.op_type == op_type for r in accepted):
+                    used.append((obj, desc))
+            descs = [d for _, d in used]
+            if self.opts.sequences:
+                fused, seqs = make_sequences(fused, {d.op_type: d for d in descs}, DOMAIN)
+                descs += seqs
+                self.report["sequences"] = [{"op_type": q.op_type, "steps": len(q.steps),
+                                             "concat_inputs_in_place": sum(v is not None for v in q.slot_view)}
+                                            for q in seqs]
+            lib_path = os.path.join(out_dir, f".{lib_name}.{os.getpid()}.tmp")
+            sha = link_library(descs, [o for o, _ in used], self.opts.target, lib_path,
+                               inline_flops=self.inline_flops)
+            set_library_sha256(fused, sha)
+        try:
+            if self.original_checks:
+                check_model(fused)
+        except Exception as e:  # noqa: BLE001
+            self._cleanup([lib_path])
+            raise OnnxoptError(f"internal error: the fused model fails the ONNX checker ({' '.join(str(e).split())}); "
+                               "please report it") from None
+        self.report["timings"]["emit_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            if self.opts.verify:
+                # A model written unchanged is checked against itself as given (restore_given), not against the
+                # shape-fixed copy, when there is no file to run.
+                self._verify_model(original, fused, lib_path, src_path, reference=None if accepted else fused)
+            else:
+                self._check_result_loads(fused, lib_path)
+        except BaseException:
+            self._cleanup([lib_path])  # the library linked for the model that is not written
+            raise
+        self.report["timings"]["verify_s"] = time.perf_counter() - t
+
+        self.report["after"] = _op_counts(fused)
+        self.report["fused_regions"] = sum(r.relayout is None for r in accepted)
+        relayouts = [r.node_names[0] for r in accepted if r.relayout is not None]
+        if relayouts:  # onnxruntime nodes rewritten to run on blocked tensors
+            self.report["blocked_passthrough"] = relayouts
+        written = []
+        if self.output:
+            try:
+                written = save_model(fused, self.output, external=loaded.used_external_data, commit=False)
+                commit_files(written, self.output)
+                final_lib = os.path.join(out_dir, lib_name)
+                if lib_path:
+                    os.replace(lib_path, final_lib)
+                elif os.path.exists(final_lib):
+                    os.remove(final_lib)  # a stale library from an earlier run would not match this model
+            except BaseException:
+                self._cleanup([lib_path] + written)
+                raise
+            self.report["output"] = {"path": os.path.abspath(self.output), "size_bytes": os.path.getsize(self.output),
+                                     "library": final_lib if lib_path else None, "library_sha256": sha}
+            lib_result = final_lib if lib_path else None
+        else:
+            self._cleanup([lib_path])
+            lib_result = None
+        self.report["timings"]["total_s"] = time.perf_counter() - t_start
+        self.report["offline"] = offline_split(self.report["timings"])
+        return Result(fused, self.report, self.output, lib_result)
+
+    def _without_quantized(self, plan: list[Region]) -> list[Region]:
+        """The plan less the regions that would take a node of a quantized pattern from onnxruntime."""
+        out = []
+        for r in plan:
+            if any((n.output[0] if n.output else n.name) in self.quantized for n in r.nodes):
+                if not r.rejected:
+                    self._reject(r, "part of a quantized pattern that onnxruntime runs as an int8 kernel "
+                                    "(QDQ node unit or integer MatMul rescaling)")
+            else:
+                out.append(r)
+        return out
+
+    def _why_unchanged(self) -> str:
+        """One sentence for a model written unchanged: why no fused region was kept."""
+        whole = self.report.get("whole_model") or {}
+        finals = whole.get("final_checks") or []
+        if finals:
+            return (f"no fused plan was faster than onnxruntime on the whole model (the best measured "
+                    f"{max(f['speedup'] for f in finals):.3f}x; a plan must be "
+                    f"{self.opts.min_speedup * WHOLE_MODEL_MARGIN:.3f}x)")
+        if self.report.get("regions") or self.report.get("rejected"):
+            reasons = [r["reason"] for r in self.report.get("rejected", []) if r.get("nodes")]
+            if reasons:
+                common = max(set(reasons), key=reasons.count)
+                return f"every candidate region was rejected; the most common reason: {common}"
+        return "nothing in this model is a region onnxopt fuses (see the supported ops in the README)"
+
+    def _cleanup(self, paths):
+        for p in paths:
+            if p and os.path.exists(p):
+                os.remove(p)
+
+    def _check_result_loads(self, fused, lib_path):
+        """Even without verification, the written model must at least open in onnxruntime."""
+        libraries = [None if self.cannot_run else lib_path]
+        if self.opts.verify_fallback and libraries[0] is not None:
+            libraries.append(None)
+        for lib in libraries:
+            try:
+                make_session(fused, 1, library=lib)
+            except Exception as e:  # noqa: BLE001
+                self._cleanup([lib_path])
+                without = "" if lib else " without its kernel library"
+                raise VerificationError(f"the optimized model does not load in onnxruntime{without} "
+                                        f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
+                                        "--skip-fusion elementwise avoids it") from None
+
+    def _verify_model(self, original, fused, lib_path, src_path, reference=None):
+        feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
+        names = [o.name for o in original.graph.output]
+        try:
+            # From the path when there is one: external data resolves next to it, and > 2 GB models need it.
+            source = src_path if src_path is not None else original if reference is None else reference
+            want = make_session(source, self.opts.threads).run(names, feeds)
+        except Exception as e:  # noqa: BLE001
+            self.report["verification"] = {"skipped": f"the original model does not run on random inputs: {e}"}
+            raise InputError(f"cannot verify: the original model fails on random inputs "
+                                    f"({str(e).splitlines()[0][:200]}); give real inputs with "
+                                    "--check-input name:file.npy or fix symbolic dims with --input-shape") from None
+        try:
+            lib = None if self.cannot_run else lib_path
+            got = make_session(fused, self.opts.threads, library=lib).run(names, feeds)
+        except Exception as e:  # noqa: BLE001
+            self._cleanup([lib_path])
+            raise VerificationError(f"the optimized model fails to run: {str(e).splitlines()[0][:300]}") from None
+        diffs = compare(names, want, got, self.opts.tolerance)
+        self.report["verification"] = {"outputs": [d.__dict__ for d in diffs], "ok": all(d.ok for d in diffs),
+                                       "library": lib is not None}
+        self._fail_if_differs(diffs, lib_path, "verification failed: output {} differs",
+                              "Loosen with --rtol/--atol if this is expected, or skip a fusion with --skip-fusion")
+        if self.opts.verify_fallback:
+            self._verify_fallback(fused, lib_path, names, feeds, want, diffs if lib is None else None)
+
+    def _verify_fallback(self, fused, lib_path, names, feeds, want, diffs=None):
+        """The model as a host without the library runs it (a plain onnxruntime, another CPU): the function bodies
+        must load and give the original's answers, or nothing is written. `diffs`: already compared that way."""
+        if diffs is None:
+            try:
+                got = make_session(fused, self.opts.threads).run(names, feeds)
+            except Exception as e:  # noqa: BLE001
+                self._cleanup([lib_path])
+                raise VerificationError(f"the optimized model does not run without its kernel library "
+                                        f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
+                                        "--skip-fusion with the kind named there avoids it") from None
+            diffs = compare(names, want, got, self.opts.tolerance)
+        self.report["fallback_verification"] = {"outputs": [d.__dict__ for d in diffs],
+                                                "ok": all(d.ok for d in diffs)}
+        self._fail_if_differs(diffs, lib_path, "verification failed without the kernel library: output {} of the "
+                              "function bodies differs", "Please report it")
+
+    def _fail_if_differs(self, diffs, lib_path, what: str, advice: str) -> None:
+        bad = [d for d in diffs if not d.ok]
+        if bad:
+            self._cleanup([lib_path])
+            d = bad[0]
+            raise VerificationError(f"{what.format(d.name)} (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
+                                    f"nothing was written. {advice}")
