@@ -183,6 +183,10 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         self._timed_by_key: dict[tuple, float] = {}  # (op type, input shapes) -> its measured seconds
         self.quantized: set[str] = set()  # nodes of quantized patterns, left to onnxruntime (graph/quantized.py)
         self.original_checks = True  # the input passes the ONNX checker, so the output must too (run)
+        self.emit_base: onnx.ModelProto | None = None  # the folded, rewritten graph fused.onnx is built from (_run)
+        self.plans: list[tuple[str, list[Region]]] = []  # the candidate plans, by name (_run)
+        self._dedupe = None  # (_run) regions -> the same regions found by an earlier plan, so each is checked once
+        self._blocked_rule = None  # the compute rule of the blocked plan, for the AFUSION plan (_blocked_plan)
 
     def say(self, msg: str):
         if self.opts.progress:
