@@ -9,9 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxopt.annotate.cost import (
-    TRANSCENDENTAL_FLOPS, fused_intensity, node_cost, subgraph_intensity, window_output,
-)
+from onnxopt.annotate.cost import fused_intensity, node_cost, subgraph_intensity
+from onnxopt.annotate.rules import TRANSCENDENTAL_FLOPS, window_output
 from onnxopt.annotate.shapes import TensorInfo, concrete, numel, tensor_info
 
 F32 = TensorProto.FLOAT
