@@ -22,7 +22,7 @@ enum { EX_POSITION = 0, EX_CHANNEL = 1, EX_COLUMN = 2, EX_SCALAR = 3 };
 /* Below this many FLOPs a kernel runs on the calling thread: waking onnxruntime's pool (its threads sleep between
    ops when spinning is off) and reading the input from the other core's cache cost more than the second core
    saves. The library's tables set it (library.py, INLINE_FLOPS); the optimizer times the chosen plan with a
-   larger value too and keeps the faster (pipeline._inline_choice). */
+   larger value too and keeps the faster (driver/decision.py, _inline_choice). */
 #define CT_INLINE_FLOPS seq_inline_flops()
 
 typedef struct { /* mirrors the slots of codegen/compute/tile.py */

@@ -69,7 +69,7 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
 
 
 # Compute kernels with fewer FLOPs run on the calling thread (CT_INLINE_FLOPS in compute_exec.c): the default, and
-# the larger value the optimizer also times on the chosen plan (pipeline._inline_choice). With onnxruntime's spinning
+# the larger value the optimizer also times on the chosen plan (driver/decision.py, _inline_choice). With onnxruntime's spinning
 # off, ten 16 -> 16 1x1 convolutions at 56x56 (1.6 MFLOP each) took 272 us on one thread and 311 us on two (the
 # original model: 200 and 271 us). With the same kernels, NASNet's compute-blocked plan ran 0.88-0.89x onnxruntime's
 # speed with 1 MFLOP and 0.98-1.05x with 4 MFLOP; MobileNetV2's 1.03x and 0.97x, so neither is right everywhere.

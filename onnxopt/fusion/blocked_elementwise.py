@@ -11,7 +11,7 @@ sequence opens a parallel section of its own. NASNet-A's cells add two pooled br
 next cell's Concat: in its compute-blocked plan those Adds and Relus were onnxruntime's, between its sequences.
 
 The kernel region replaces the passthrough regions of its nodes (Region.replaces), which stay in the plan as its
-fallback: if the kernel is rejected, the plan gets them back (pipeline.passthroughs_kept). Its function fallback is
+fallback: if the kernel is rejected, the plan gets them back (driver/policy.py, passthroughs_kept). Its function fallback is
 its nodes, which are their own passthrough form.
 """
 

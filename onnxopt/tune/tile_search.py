@@ -115,7 +115,7 @@ def region_flops(region, info, bindings) -> float:
 
 def kernel_tolerance(want, bound: float) -> Tolerance:
     # As the pipeline's kernel check: a reduction in another order differs by about K * eps * sum |a * b|; a
-    # Winograd kernel by more (pipeline.kernel_error_bound).
+    # Winograd kernel by more (onnxopt/measure.py, kernel_error_bound).
     scale = max((float(np.max(np.abs(w))) for w in want if np.size(w)), default=1.0)
     return Tolerance({"float32": 1e-4}, {"float32": max(1e-5, bound * scale)}, {})
 
