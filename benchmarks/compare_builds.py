@@ -41,8 +41,10 @@ def main(argv=None) -> None:
         if missing:
             raise SystemExit(f"{missing[0]} is missing: give two `optifx_networks.py --out` directories")
         feeds = random_inputs(onnx.load(orig, load_external_data=False))
+        # A build that left the model unchanged has no library: it is the original, timed as itself.
         sessions = [make_session(orig, a.threads)] + [
-            make_session(b, a.threads, library=os.path.abspath(b + ".so")) for b in builds]
+            make_session(b, a.threads, library=os.path.abspath(b + ".so") if os.path.exists(b + ".so") else None)
+            for b in builds]
         t = [r["median"] for r in time_interleaved(sessions, feeds, min_time=a.min_time, max_blocks=100000)]
         logs = [logs[0] + math.log(t[0] / t[1]), logs[1] + math.log(t[0] / t[2])]
         print(f"{n}: onnxruntime {t[0] * 1e3:.2f} ms, before {t[1] * 1e3:.2f} ms ({t[0] / t[1]:.3f}x), "
