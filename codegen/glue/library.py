@@ -1,8 +1,8 @@
 """Build a model's kernel library: LLVM objects for the kernels plus the project's C glue, linked into one .so.
 
-The glue is generic (glue.h, runtime.c, the kinds' executors: codegen/glue/kinds.py); this module writes the per-library part (the op tables and the CPU check) and
-runs the system C compiler and linker. The library needs only libc: it does not link libonnxruntime, ORT hands it
-the API table when it calls RegisterCustomOps.
+The glue is generic (glue.h, runtime.c, the kinds' executors: codegen/glue/kinds.py); this module writes the
+per-library part (the op tables and the CPU check) and runs the system C compiler and linker. The library needs only
+libc: it does not link libonnxruntime, ORT hands it the API table when it calls RegisterCustomOps.
 """
 
 from __future__ import annotations
@@ -69,10 +69,11 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
 
 
 # Compute kernels with fewer FLOPs run on the calling thread (CT_INLINE_FLOPS in compute_exec.c): the default, and
-# the larger value the optimizer also times on the chosen plan (driver/decision.py, _inline_choice). With onnxruntime's spinning
-# off, ten 16 -> 16 1x1 convolutions at 56x56 (1.6 MFLOP each) took 272 us on one thread and 311 us on two (the
-# original model: 200 and 271 us). With the same kernels, NASNet's compute-blocked plan ran 0.88-0.89x onnxruntime's
-# speed with 1 MFLOP and 0.98-1.05x with 4 MFLOP; MobileNetV2's 1.03x and 0.97x, so neither is right everywhere.
+# the larger value the optimizer also times on the chosen plan (driver/decision.py, _inline_choice). With
+# onnxruntime's spinning off, ten 16 -> 16 1x1 convolutions at 56x56 (1.6 MFLOP each) took 272 us on one thread and
+# 311 us on two (the original model: 200 and 271 us). With the same kernels, NASNet's compute-blocked plan ran
+# 0.88-0.89x onnxruntime's speed with 1 MFLOP and 0.98-1.05x with 4 MFLOP; MobileNetV2's 1.03x and 0.97x, so neither
+# is right everywhere.
 INLINE_FLOPS = float(1 << 20)
 INLINE_FLOPS_WIDE = float(1 << 22)
 

@@ -212,8 +212,8 @@ def _drop_trials(current: list, s_cur, kinds: list, session, compare, decisions:
     model without it (`session(regions)` -> a session) is timed against the plan (`compare(a, b)` -> (s, s)); the
     type is dropped only when a second look agrees: `second_look(plan regions, trial regions)` -> (s, s) (the
     pipeline's times them in a new process), else new sessions of both in this one. Both looks must beat the
-    plan by DROP_MARGIN, or SPLIT_DROP_MARGIN for a type between two of our kernels (_between_ours). Every timing goes to
-    decisions["trials"], each drop to decisions["dropped"], and why the regions left to `why`; the types not
+    plan by DROP_MARGIN, or SPLIT_DROP_MARGIN for a type between two of our kernels (_between_ours). Every timing goes
+    to decisions["trials"], each drop to decisions["dropped"], and why the regions left to `why`; the types not
     reached within DROP_TRIALS_S to decisions["untried"]. Returns the plan's regions and session after the drops."""
     t_trials = time.perf_counter()
     for kind in kinds:
@@ -292,9 +292,10 @@ def plan_runoff(candidates: list, duel, plan_bases: dict[str, str]) -> dict | No
     PLAN_RUNOFF_WITHIN and fuse more or less than it in PLANS_BY_FUSION (AFUSION before horizontal before
     compute-blocked ...), except a plan built on it (it measured behind: what it adds did not pay). Each duel is
     head to head (`duel(a, b)` -> t_b / t_a per round, each round in its own sessions); the more fused of the two
-    is kept only if the median of its rounds wins by PLAN_MARGIN, and the winner meets the next. So a less fused plan that measured first does not win on its one timing either:
-    DenseNet-BC's compute plan measured 1.41x against compute-blocked's 1.35x and was emitted, and ran 1.14x
-    against 1.32x. `candidates` (sorted, fastest first) is reordered in place: the winner first."""
+    is kept only if the median of its rounds wins by PLAN_MARGIN, and the winner meets the next. So a less fused plan
+    that measured first does not win on its one timing either: DenseNet-BC's compute plan measured 1.41x against
+    compute-blocked's 1.35x and was emitted, and ran 1.14x against 1.32x. `candidates` (sorted, fastest first) is
+    reordered in place: the winner first."""
 
     def rank(name):  # PLANS_BY_FUSION, not the order the plans were built in (compute-blocked before AFUSION)
         return PLANS_BY_FUSION.index(name) if name in PLANS_BY_FUSION else len(PLANS_BY_FUSION)

@@ -70,10 +70,10 @@ def complete_output_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> 
 def infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx's shape inference, then onnxruntime's symbolic one where onnx lost dims (Shape/Slice arithmetic on
     symbolic dims, common in exported transformers). The symbolic pass assumes broadcast symbolic dims are equal;
-    the kernels check that assumption at run time (see codegen/glue/elementwise_exec.c). The result is for analysis only: the emitted
-    model never carries inferred value_info (a wrong guess there would mislead onnxruntime's planner). A big model
-    is inferred as its light copy (graph/large.py), whose weights are declared, not held, and the value_info is
-    copied back."""
+    the kernels check that assumption at run time (see codegen/glue/elementwise_exec.c). The result is for analysis
+    only: the emitted model never carries inferred value_info (a wrong guess there would mislead onnxruntime's
+    planner). A big model is inferred as its light copy (graph/large.py), whose weights are declared, not held, and
+    the value_info is copied back."""
     light = model_bytes(model) > ANALYSE_LIGHT_BYTES
     analysed = light_copy(model) if light else model
     try:

@@ -22,6 +22,7 @@ from .desc import SoftmaxKernelDesc
 
 F32 = ir.FloatType()
 I64 = ir.IntType(64)
+I32 = ir.IntType(32)
 PTR = ir.PointerType()
 
 
@@ -35,10 +36,35 @@ def _vmax(b, x, y):
 
 
 def _reduce(b, v, combine):
-    acc = b.extract_element(v, ir.Constant(ir.IntType(32), 0))
-    for k in range(1, v.type.count):
-        acc = combine(b, acc, b.extract_element(v, ir.Constant(ir.IntType(32), k)))
-    return acc
+    """The lanes of v combined pairwise, halves at a time (log2(lanes) steps instead of lanes - 1)."""
+    n = v.type.count
+    while n > 1:
+        half = n // 2
+        lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half))))
+        hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half, n))))
+        v, n = combine(b, lo, hi), half
+    return b.extract_element(v, ir.Constant(I32, 0))
+
+
+def _when(b: ir.IRBuilder, cond, then, carried=()):
+    """values = then(values) when cond, else unchanged: the row's masked tail only where it has one (masked loads
+    and stores cost more than plain ones, and most rows are a whole number of vectors)."""
+    pre = b.block
+    then_bb = b.function.append_basic_block("tail")
+    done = b.function.append_basic_block("tail.done")
+    b.cbranch(cond, then_bb, done)
+    b.position_at_end(then_bb)
+    new = then(list(carried)) or []
+    then_end = b.block
+    b.branch(done)
+    b.position_at_end(done)
+    out = []
+    for v, w in zip(carried, new):
+        p = b.phi(v.type)
+        p.add_incoming(v, pre)
+        p.add_incoming(w, then_end)
+        out.append(p)
+    return out
 
 
 def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
@@ -64,8 +90,10 @@ def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
         xr = at(x, b.mul(r, n))
         yr = at(y, b.mul(r, n))
         (vm,) = _loop(b, ir.Constant(I64, 0), full, step, lambda j, a: [_vmax(b, a[0], load(at(xr, j)))], [minus_inf])
-        vm = _vmax(b, vm, b.select(tail, masked_load(b, at(xr, full), vty, tail, 4), minus_inf))
-        m = _reduce(b, vm, lambda bb, p, q: bb.select(bb.fcmp_ordered(">", p, q), p, q))
+        has_tail = b.icmp_signed("!=", rem, ir.Constant(I64, 0))
+        (vm,) = _when(b, has_tail, lambda a: [_vmax(b, a[0], b.select(tail, masked_load(b, at(xr, full), vty, tail, 4),
+                                                                       minus_inf))], [vm])
+        m = _reduce(b, vm, _vmax)
         mv = broadcast(b, m, lanes)
 
         def exp_sum(j, a, masked=False):
@@ -79,7 +107,7 @@ def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
             return [b.fadd(a[0], b.select(tail, e, zeros) if masked else e)]
 
         (vs,) = _loop(b, ir.Constant(I64, 0), full, step, exp_sum, [zeros])
-        (vs,) = exp_sum(full, [vs], masked=True)
+        (vs,) = _when(b, has_tail, lambda a: exp_sum(full, a, masked=True), [vs])
         s = _reduce(b, vs, lambda bb, p, q: bb.fadd(p, q))
         if op == "softmax":
             inv = broadcast(b, b.fdiv(ir.Constant(F32, 1.0), s), lanes)
@@ -92,7 +120,7 @@ def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
                 return []
 
             _loop(b, ir.Constant(I64, 0), full, step, scale)
-            scale(full, [], masked=True)
+            _when(b, has_tail, lambda a: scale(full, a, masked=True))
         else:
             ls = vlog(b, broadcast(b, s, lanes))
 
@@ -106,7 +134,7 @@ def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
                 return []
 
             _loop(b, ir.Constant(I64, 0), full, step, shift)
-            shift(full, [], masked=True)
+            _when(b, has_tail, lambda a: shift(full, a, masked=True))
         return []
 
     _loop(b, ir.Constant(I64, 0), rows, ir.Constant(I64, 1), row)
