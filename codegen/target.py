@@ -73,6 +73,12 @@ class Target:
         return 128
 
     @property
+    def execution_provider(self) -> str:
+        """The onnxruntime execution provider the library's ops are registered for (the glue's op_ep): where their
+        inputs and outputs live. Every target of this backend runs on the CPU."""
+        return "CPUExecutionProvider"
+
+    @property
     def float32_lanes(self) -> int:
         return self.vector_bits // 32
 

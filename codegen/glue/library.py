@@ -161,6 +161,7 @@ def library_source(kernels: list, target: Target, inline_flops: float = INLINE_F
                                                                          "const onnxopt_sig *const"))
     parts.append(f"const int onnxopt_n_ops = {len(kernels)};\n")
     parts.append(f"const double onnxopt_inline_flops = {float(inline_flops)!r};\n")
+    parts.append(f'const char onnxopt_execution_provider[] = "{target.execution_provider}";\n')
     checks = [f for f in target.features if f in _GCC_CPU_NAMES]
     cond = " && ".join(f'__builtin_cpu_supports("{f}")' for f in checks) or "1"
     parts.append(f"int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n")

@@ -2,7 +2,7 @@
 
 static const onnxopt_sig *desc_of(const OnnxoptCustomOp *op) { return ((const onnxopt_op *)op)->desc; }
 static const char *op_name(const OnnxoptCustomOp *op) { return desc_of(op)->name; }
-static const char *op_ep(const OnnxoptCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static const char *op_ep(const OnnxoptCustomOp *op) { (void)op; return onnxopt_execution_provider; }
 static int op_in_type(const OnnxoptCustomOp *op, size_t i) { return desc_of(op)->in_types[i]; }
 static size_t op_in_count(const OnnxoptCustomOp *op) { return (size_t)desc_of(op)->n_in; }
 static int op_out_type(const OnnxoptCustomOp *op, size_t i) { return desc_of(op)->out_types[i]; }

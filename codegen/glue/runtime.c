@@ -11,6 +11,7 @@ extern void *onnxopt_seq_arenas[];
 extern const int onnxopt_n_seqs;
 extern const int onnxopt_n_ops;
 extern const double onnxopt_inline_flops;
+extern const char onnxopt_execution_provider[]; /* the target's (codegen/target.py, execution_provider) */
 int onnxopt_cpu_ok(void);
 
 static OrtApiTable g_api; /* what the executors call: onnxruntime's table with sequence_exec.c's stand-ins */

@@ -108,3 +108,12 @@ def test_runtime_glue_is_compiled_once_and_shared(tmp_path, monkeypatch):
     assert runtime_object(_cc(), str(tmp_path)) == first and os.stat(first).st_mtime_ns == stamp
     tables = library_source([], host_target())
     assert "onnxopt_n_ops = 0;" in tables and "RegisterCustomOps(" not in tables
+
+
+def test_ops_are_registered_for_the_targets_execution_provider():
+    """The glue's op_ep answers the target's provider, written into each library's tables (a GPU backend's
+    target names its own)."""
+    target = host_target()
+    assert target.execution_provider == "CPUExecutionProvider"
+    tables = library_source([], target)
+    assert f'const char onnxopt_execution_provider[] = "{target.execution_provider}";' in tables
