@@ -7,6 +7,7 @@ import ast
 import os
 
 import onnxopt
+from onnxopt.fusion.search.backtrack import _sccs  # iterative Tarjan, tested with the search
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where each package of the distribution lives in the tree (pyproject.toml's package-dir).
@@ -104,32 +105,6 @@ def test_no_import_cycles():
     edges["onnxopt"] = set()  # the facade imports the driver only inside optimize()
     for m in edges:
         edges[m].discard("onnxopt")  # for __version__
-    # Tarjan's strongly connected components
-    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in edges.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                cycles.append(sorted(comp))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
+    components = _sccs(sorted(edges), {m: sorted(t) for m, t in edges.items()})
+    cycles = [c for c in components if len(c) > 1]
     assert not cycles, cycles

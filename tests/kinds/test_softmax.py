@@ -113,6 +113,19 @@ def test_the_kernel_is_vector_code(tmp_path):
     assert f"<{lanes} x float>" in ir_text
 
 
+@pytest.mark.parametrize("level, lanes", [("x86-64-v3", 8), ("x86-64-v4", 16)])
+def test_builds_for_every_x86_level(level, lanes):
+    """Compiled (not run) for AVX2 and AVX-512, whatever this host has: 16-lane reductions and the AVX-512 exp."""
+    from onnxopt.codegen.target import parse_target
+
+    target = parse_target(level)
+    for op in ("Softmax", "LogSoftmax"):
+        r = KIND.find(_model([4, 40], op), set(), [])[0]
+        r.compute_op_type(target.name + target.llvm_features)
+        obj, desc, ir_text = KIND.build(r, target)
+        assert f"<{lanes} x float>" in ir_text and len(obj) > 500 and desc.rows in ir_text
+
+
 @pytest.mark.parametrize("model, reason", [
     (lambda: _model([2, 3, 4], axis=1), "reduces axis 1 of a rank-3 input; the row kernel reduces the innermost"),
     (lambda: _model([2, 3], dtype=TensorProto.DOUBLE), "takes float32 only"),
