@@ -19,7 +19,7 @@ from onnxopt.verify import random_array
 def weight_bytes(region: Region, model: onnx.ModelProto) -> int:
     """Bytes of the constants the region's kernel reads: the model's initializers among its inputs, and those it
     carries itself (packed weights)."""
-    carried = region.compute.initializers if region.compute is not None else region.initializers
+    carried = region.carried_initializers
     names = set(region.inputs)
     inits = list(carried) + [t for t in model.graph.initializer if t.name in names]
     return sum(int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in inits)
@@ -28,7 +28,7 @@ def weight_bytes(region: Region, model: onnx.ModelProto) -> int:
 def region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The region as a standalone model (original ops) and as one fused node, same inputs and outputs."""
     inits = {t.name: t for t in model.graph.initializer}
-    carried = region.compute.initializers if region.compute is not None else region.initializers
+    carried = region.carried_initializers
     new_inits = {t.name: t for t in carried}
 
     blocked = blocked_inputs(region) | blocked_outputs(region)

@@ -295,9 +295,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             for r in rs:
                 a = r.compute.attrs if r.compute is not None else None
                 layout = (a.get("in_blocked", 0), a.get("out_blocked", 0), a.get("channel_vectors", 0)) \
-                    if a is not None else (r.pool.attrs.get("blocked", 0),) if r.pool is not None else \
-                    (r.copy.lanes,) if r.copy is not None else (r.blocked_lanes,)
-                key = (r.kind, tuple(n.output[0] for n in r.nodes), layout)
+                    if a is not None else (r.params.tensor_lanes(),)
+                key = (r.label, tuple(n.output[0] for n in r.nodes), layout)
                 out.append(seen.setdefault(key, r))
             return out
 

@@ -24,6 +24,7 @@ from onnxopt.fusion.compute import apply_tile
 from onnxopt.fusion.elementwise import _opset
 from onnxopt.fusion.layout import (blocked_inputs, blocked_outputs, from_blocked, is_depthwise, to_blocked,
                                    with_channel_vectors)
+from onnxopt.fusion.params import ComputeParams, CopyParams, ElementwiseParams, PoolParams
 from onnxopt.fusion.region import Region
 from onnxopt.measure import bytes_moved as _bytes_moved
 from onnxopt.measure import kernel_error_bound, runtime_inputs
@@ -37,6 +38,10 @@ from onnxopt.tune import search_tile
 from onnxopt.tune.tile_search import kernel_tolerance
 from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare
 from onnxopt.driver.policy import COLD_REGION_BYTES, SETTLED_BEYOND, ALONE_CHECK_S, _machine, custom_ops
+
+# The built-in kinds' kernel builders, by the type of a region's params; registered kinds build with their own.
+BUILDERS = {ElementwiseParams: build_elementwise, ComputeParams: build_compute, PoolParams: build_pool,
+            CopyParams: build_copy}
 
 
 class KernelStage:
@@ -60,8 +65,7 @@ class KernelStage:
             kind = kind_of(r)
             if kind is not None:
                 return lambda: kind.build(r, self.opts.target)
-            builder = build_pool if r.pool is not None else build_compute if r.compute is not None \
-                else build_copy if r.copy is not None else build_elementwise
+            builder = BUILDERS[type(r.params)]
             return lambda: builder(r, self.opts.target)
 
         # The compute kernels' tile sets first, each distinct one once (codegen/compute/tile_sets.py): most
@@ -331,9 +335,7 @@ class KernelStage:
                 orig, fused = _region_models(r, work, info)
                 # Blocked tensors go in and come out in the kernel's layout; the check compares NCHW values and
                 # that the padding channels are exact zeros (the next blocked kernel relies on it).
-                lanes = r.compute.attrs.get("block", 0) if r.compute is not None else \
-                    r.pool.attrs.get("blocked", 0) if r.pool is not None else \
-                    r.copy.lanes if r.copy is not None else r.blocked_lanes
+                lanes = r.params.tensor_lanes()
                 fused_feeds = {x: to_blocked(v, lanes) if x in blocked_inputs(r) else v for x, v in feeds.items()}
                 try:
                     s_orig = make_session(orig, self.opts.threads)

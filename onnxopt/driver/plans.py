@@ -76,8 +76,8 @@ class PlanStage:
             # ends a chain (a classifier's): onnxruntime's ReduceMean and the reorder after it would end the
             # sequence before the classifier.
             pools = PoolRule(work)
-            relayouts = [(r.kind == "relayout" and pools.blocked_region(r.nodes[0], r.relayout, mk.lanes))
-                         or (r.kind == "relayout-exit" and pools.blocked_region(
+            relayouts = [(not r.params.exit and pools.blocked_region(r.nodes[0], r.relayout, mk.lanes))
+                         or (r.params.exit and pools.blocked_region(
                              r.nodes[0], r.relayout, mk.lanes, exit_channels=int(ew.shape_of(r.outputs[0])[1])))
                          or r for r in relayouts]
         plan += relayouts

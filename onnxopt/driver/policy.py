@@ -132,7 +132,7 @@ def passthroughs_kept(accepted: list[Region], regions: list[Region]) -> list[Reg
     stay while both their ends do (_consistent_layouts), except those an accepted copy kernel replaces
     (fusion/blocked_copy.py) or an accepted elementwise kernel on blocked tensors (fusion/blocked_elementwise.py):
     they come back only when it was rejected."""
-    copied = {id(f) for r in accepted for f in (r.copy.fallback if r.copy is not None else r.replaces)}
+    copied = {id(f) for r in accepted for f in r.params.replaced()}
     return [r for r in regions if r.relayout is not None and id(r) not in copied]
 
 

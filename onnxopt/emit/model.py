@@ -36,9 +36,7 @@ def _body_and_constants(region: Region, inits: dict) -> tuple[list, list[str]]:
     used_consts = list(dict.fromkeys(c for prog in programs if prog is not None for c in prog.consts if c in inits))
     # Compute regions carry their own body: the original ops, rewritten to read the packed weights.
     # A pool or a copy on blocked tensors: its rewrite for the 5-D form.
-    nodes = region.compute.body if region.compute is not None else \
-        region.pool.body if region.pool is not None and region.pool.body else \
-        region.copy.body if region.copy is not None else region.nodes
+    nodes = region.params.fallback_body() or region.nodes
     if region.compute is None:  # the body reads other constants itself (a BatchNormalization, a Resize's scales)
         used_consts += [x for x in dict.fromkeys(x for n in nodes for x in n.input)
                         if x in inits and x not in region.inputs and x not in used_consts]
@@ -159,7 +157,7 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
     g.value_info.extend(keep)
     have = {t.name for t in g.initializer}
     for r in regions:
-        for t in (r.compute.initializers if r.compute is not None else r.initializers):
+        for t in r.carried_initializers:
             if t.name not in have:
                 have.add(t.name)
                 g.initializer.add().CopyFrom(t)  # append serializes, which fails past 2 GB

@@ -27,28 +27,13 @@ planned dims, copied as runs along its last axis. NASNet-A's factorized reductio
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from onnxopt.codegen.glue.kinds import c_define
 
+from .params import CopyParams
+from .params import RelayoutParams
 from .region import EwProgram, Region, Value
 
 MAX_INPUTS = c_define("copy.h", "CP_MAX_IN")
-
-
-@dataclass
-class CopyParams:
-    lanes: int  # of the blocked tensors; 0: a plain Concat along `axis`
-    factors: list[tuple[int, int]]  # per op input: rows and columns each pixel is repeated
-    body: list = field(default_factory=list)  # the function fallback: the passthrough forms, in graph order
-    fallback: list = field(default_factory=list)  # the passthrough regions this kernel replaces
-    axis: int = 1  # a plain Concat's (>= 0)
-    # a Slice (plain_slices): the input's dims, and the box's start and end per axis
-    slice: tuple[list[int], list[int], list[int]] | None = None
-
-    def key(self) -> list:
-        return [self.lanes, [list(f) for f in self.factors]] + ([] if self.lanes else [self.axis]) + \
-            ([[list(v) for v in self.slice]] if self.slice else [])
 
 
 def _repeat_factors(r: Region, shape_of) -> tuple[int, int] | None:
@@ -64,7 +49,7 @@ def _repeat_factors(r: Region, shape_of) -> tuple[int, int] | None:
 
 def fuse_copies(relayouts: list[Region], index, shape_of, lanes: int) -> list[Region]:
     """Copy regions for the Concats and integer-scale Resizes among a blocked plan's passthrough regions."""
-    by_output = {r.outputs[0]: r for r in relayouts if r.kind == "relayout" and r.relayout is not None}
+    by_output = {r.outputs[0]: r for r in relayouts if isinstance(r.params, RelayoutParams) and not r.params.exit}
     resizes = {out: f for out, r in by_output.items()
                if r.nodes[0].op_type == "Resize" and (f := _repeat_factors(r, shape_of)) is not None}
     copies, absorbed = [], set()
@@ -96,7 +81,7 @@ def _region(parts: list[Region], inputs: list[str], factors, out: str, shape_of,
     # No elementwise work: the program only names the inputs' dtypes for the op type's hash.
     program = EwProgram(inputs=[Value(x, "float32") for x in inputs], consts={}, ops=[], outputs=[])
     region = Region("Copy", [p.nodes[0] for p in parts], list(inputs), [out], program, list(shape_of(out)))
-    region.copy = CopyParams(lanes=lanes, factors=[tuple(f) for f in factors],
+    region.params = CopyParams(lanes=lanes, factors=[tuple(f) for f in factors],
                              body=[n for p in parts for n in p.relayout], fallback=list(parts))
     return region
 
@@ -123,7 +108,7 @@ def plain_concats(index, shape_of, dtype_of, claimed: set[int]) -> list[Region]:
             continue  # symbolic dims: the glue checks sizes at run time, but the region's shape must be known
         program = EwProgram(inputs=[Value(x, "float32") for x in node.input], consts={}, ops=[], outputs=[])
         region = Region("Copy", [node], list(node.input), [node.output[0]], program, list(y))
-        region.copy = CopyParams(lanes=0, factors=[(1, 1)] * len(node.input), body=[node], axis=axis)
+        region.params = CopyParams(lanes=0, factors=[(1, 1)] * len(node.input), body=[node], axis=axis)
         out.append(region)
     return out
 
@@ -176,6 +161,6 @@ def plain_slices(index, shape_of, dtype_of, const_of, claimed: set[int], opset: 
             continue  # not one we take, or onnx's inferred shape disagrees with ours: leave it to onnxruntime
         program = EwProgram(inputs=[Value(node.input[0], "float32")], consts={}, ops=[], outputs=[])
         region = Region("Copy", [node], [node.input[0]], [node.output[0]], program, list(y))
-        region.copy = CopyParams(lanes=0, factors=[(1, 1)], body=[node], slice=(list(x), *box))
+        region.params = CopyParams(lanes=0, factors=[(1, 1)], body=[node], slice=(list(x), *box))
         out.append(region)
     return out

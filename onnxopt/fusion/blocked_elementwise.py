@@ -21,6 +21,7 @@ import onnx
 
 from .blocked_passthrough import SAME_SHAPE_BINARY, ZERO_KEEPING
 from .elementwise import ElementwiseRule
+from .params import ElementwiseParams, RelayoutParams
 from .region import Region
 
 OPS = ZERO_KEEPING + SAME_SHAPE_BINARY
@@ -30,13 +31,12 @@ def blocked_elementwise(relayouts: list[Region], model: onnx.ModelProto, lanes: 
     """Elementwise regions over the elementwise passthrough regions among `relayouts` (a blocked plan's), one per
     connected run of them, each marked with the lanes of its blocked inputs and outputs."""
     passthrough = {r.outputs[0]: r for r in relayouts
-                   if r.kind == "relayout" and len(r.nodes) == 1 and r.nodes[0].op_type in OPS}
+                   if isinstance(r.params, RelayoutParams) and not r.params.exit and len(r.nodes) == 1 and r.nodes[0].op_type in OPS}
     if not passthrough:
         return []
     rule = ElementwiseRule(model, min_ops=1)
     exclude = {i for i, n in enumerate(rule.index.nodes) if not n.output or n.output[0] not in passthrough}
     regions = rule.find_regions(exclude=exclude)
     for r in regions:
-        r.blocked_lanes = int(lanes)
-        r.replaces = [passthrough[n.output[0]] for n in r.nodes]
+        r.params = ElementwiseParams(blocked_lanes=int(lanes), replaces=[passthrough[n.output[0]] for n in r.nodes])
     return regions

@@ -19,7 +19,6 @@ time), transA is handled by the kernel's strides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -28,33 +27,13 @@ from onnx import helper, numpy_helper
 
 from . import conv_transpose
 from .elementwise import ElementwiseRule, _attr
+from .params import ComputeParams
 from .region import EwOp, EwProgram, Region, Value
 
 MAX_OUTPUTS = 4
 MAX_EXTRAS = 8
 POSITION, CHANNEL, COLUMN, SCALAR = 0, 1, 2, 3
 ACC = "__acc"
-
-
-@dataclass
-class ComputeParams:
-    """The compute op of a region and what its kernel and function fallback need."""
-
-    op: str  # "conv", "conv_transpose" or "matmul"
-    extra_kinds: list[int] = field(default_factory=list)
-    extra_nstride: list[int] = field(default_factory=list)  # 1 when the input has the batch dim, 0 when shared
-    attrs: dict = field(default_factory=dict)
-    initializers: list[onnx.TensorProto] = field(default_factory=list)
-    body: list[onnx.NodeProto] = field(default_factory=list)  # the function fallback
-    # Constants the original nodes read that are not initializers (ConstantOfShape outputs, left unfolded because
-    # they are big): the standalone check of the region needs them as initializers.
-    orig_consts: list[onnx.TensorProto] = field(default_factory=list)
-    tile: object = None  # a RegisterTile chosen by the tile search (retile below); None: the target's default
-    # Conv: the weights after BatchNorm folding, [oc, ic_g, kh, kw], for re-packing in another layout.
-    weights: np.ndarray | None = None
-    # op "afusion": the convolution regions fused into one kernel, producer first (onnxopt/fusion/afusion/siso.py);
-    # op "siblings": the convolution regions reading one input (onnxopt/fusion/siblings.py)
-    parts: list = field(default_factory=list)
 
 
 def conv_macs_per_output(params: ComputeParams) -> float | None:
@@ -342,7 +321,7 @@ class ComputeRule:
         kind = self.kind_names[params.op]
         region = Region(kind, [idx.nodes[m] for m in members], inputs + [x for x, _ in all_extras], outputs, prog,
                         list(out_shape))
-        region.compute = params
+        region.params = params
         return region
 
     def _nstride(self, x, kind, out_shape, op) -> int:
@@ -523,7 +502,7 @@ def apply_tile(region: Region, tile) -> Region:
         if len(hits) != 1:
             raise ValueError(f"the fallback has no unpack shape {s1}")
         new.body[hits[0]] = helper.make_node("Constant", [], [s1], value=shape)
-    region.compute = new
+    region.params = new
     region.compute_op_type(region.op_type_key)
     return region
 

@@ -26,6 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .compute import POSITION
+from .params import ComputeParams, CopyParams, ElementwiseParams, PoolParams, RelayoutParams
 from .region import Region
 
 
@@ -45,39 +46,39 @@ def from_blocked(a: np.ndarray, channels: int) -> np.ndarray:
 
 # ---- what a region reads and writes blocked ----
 def blocked_inputs(region: Region) -> set[str]:
-    if region.relayout is not None or (region.copy is not None and region.copy.lanes) or region.blocked_lanes:
-        return set(region.inputs)
-    if region.copy is not None:  # a plain Concat (fusion/blocked_copy.py)
-        return set()
-    c = region.compute
-    if c is not None and c.op == "afusion":  # what its parts read blocked, less the intermediates it keeps inside
-        return set().union(*(blocked_inputs(p) for p in c.parts)) - {o for p in c.parts for o in p.outputs}
-    if c is not None and c.op == "siblings":
-        return set().union(*(blocked_inputs(p) for p in c.parts))
-    if region.pool is not None and region.pool.attrs.get("blocked"):
-        return {region.inputs[0]}
-    if c is None or c.op != "conv":
-        return set()
-    names = {region.inputs[0]} if c.attrs.get("in_blocked") else set()
-    if c.attrs.get("out_blocked"):
-        extras = region.inputs[len(region.inputs) - len(c.extra_kinds):]
-        names |= {x for x, k in zip(extras, c.extra_kinds) if k == POSITION}
-    return names
+    match region.params:
+        case RelayoutParams():
+            return set(region.inputs)
+        case ElementwiseParams() | CopyParams() as p:  # blocked: every input; a plain Concat: none
+            return set(region.inputs) if p.tensor_lanes() else set()
+        case PoolParams() as p:
+            return {region.inputs[0]} if p.attrs.get("blocked") else set()
+        case ComputeParams(op="afusion") as c:  # what its parts read blocked, less the intermediates kept inside
+            return set().union(*(blocked_inputs(p) for p in c.parts)) - {o for p in c.parts for o in p.outputs}
+        case ComputeParams(op="siblings") as c:
+            return set().union(*(blocked_inputs(p) for p in c.parts))
+        case ComputeParams(op="conv") as c:
+            names = {region.inputs[0]} if c.attrs.get("in_blocked") else set()
+            if c.attrs.get("out_blocked"):
+                extras = region.inputs[len(region.inputs) - len(c.extra_kinds):]
+                names |= {x for x, k in zip(extras, c.extra_kinds) if k == POSITION}
+            return names
+    return set()
 
 
 def blocked_outputs(region: Region) -> set[str]:
-    if region.blocked_lanes:
-        return set(region.outputs)
-    if region.copy is not None:
-        return set(region.outputs) if region.copy.lanes else set()
-    if region.relayout is not None:
-        return set() if region.kind == "relayout-exit" else set(region.outputs)
-    c = region.compute
-    if c is not None and c.op == "siblings":
-        return set().union(*(blocked_outputs(p) for p in c.parts))
-    if region.pool is not None and region.pool.attrs.get("blocked"):  # NCHW when it ends the chain
-        return set() if region.pool.attrs.get("exit_channels") else set(region.outputs)
-    return set(region.outputs) if c is not None and c.attrs.get("out_blocked") else set()
+    match region.params:
+        case RelayoutParams() as p:
+            return set() if p.exit else set(region.outputs)
+        case ElementwiseParams() | CopyParams() as p:
+            return set(region.outputs) if p.tensor_lanes() else set()
+        case PoolParams() as p:  # NCHW when it ends the chain
+            return set(region.outputs) if p.attrs.get("blocked") and not p.attrs.get("exit_channels") else set()
+        case ComputeParams(op="siblings") as c:
+            return set().union(*(blocked_outputs(p) for p in c.parts))
+        case ComputeParams() as c:
+            return set(region.outputs) if c.attrs.get("out_blocked") else set()
+    return set()
 
 
 # ---- the decision ----
@@ -191,14 +192,14 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
     for i in sorted(blocked_nodes):
         node = index.nodes[i]
         data = [x for x in node.input if x and static(x)]
-        relayouts.append(Region(kind="relayout", nodes=[node], inputs=data, outputs=[o for o in node.output if o],
-                                program=None, shape=list(shape_of(node.output[0])), relayout=passthrough[i]))
+        relayouts.append(Region(label="relayout", nodes=[node], inputs=data, outputs=[o for o in node.output if o],
+                                program=None, shape=list(shape_of(node.output[0])), params=RelayoutParams(passthrough[i])))
     for i in sorted(set(exits) - blocked_nodes - set(owner)):
         node = index.nodes[i]
         data = [x for x in node.input if x and static(x)]
         if data and all(made_blocked(x) for x in data):
-            relayouts.append(Region(kind="relayout-exit", nodes=[node], inputs=data, outputs=[node.output[0]],
-                                    program=None, shape=list(shape_of(node.output[0])), relayout=exits[i]))
+            relayouts.append(Region(label="relayout-exit", nodes=[node], inputs=data, outputs=[node.output[0]],
+                                    program=None, shape=list(shape_of(node.output[0])), params=RelayoutParams(exits[i], exit=True)))
     return [by_id[rid] for rid in blocked_regions] + relayouts
 
 
@@ -269,7 +270,7 @@ def with_channel_vectors(region: Region, lanes: int, ni: int, opset: int) -> Reg
     """`use_channel_vectors` on a region whose compute params may be shared (a plan's copy): the params are copied
     first, and the op type recomputed. Returns the region."""
     c = region.compute
-    region.compute = replace(c, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
+    region.params = replace(c, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
     region.inputs = list(region.inputs)
     use_channel_vectors(region, lanes, ni, opset)
     if region.op_type_key:

@@ -15,12 +15,11 @@ The function fallback is the original nodes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import onnx
 
 from .compute import ACC, MAX_EXTRAS, MAX_OUTPUTS, ComputeRule
 from .elementwise import _attr
+from .params import PoolParams
 from .region import EwOp, EwProgram, Region, Value
 
 POOL_OPS = {"MaxPool": "max", "AveragePool": "avg", "GlobalMaxPool": "gmax", "GlobalAveragePool": "gavg"}
@@ -30,22 +29,6 @@ AUTO_PAD = {"NOTSET": 0, "SAME_UPPER": 1, "SAME_LOWER": 2, "VALID": 3}
 # millions of instructions and its build ran for many minutes. Past these, onnxruntime runs the pool.
 MAX_WINDOW_TAPS = 256
 MAX_ROW_SPAN = 512  # input columns one strip of 16 outputs reads: 15 * stride + (kernel - 1) * dilation + 1
-
-
-@dataclass
-class PoolParams:
-    """The pool op of a region and its attributes (all in the op type's hash)."""
-
-    op: str  # "max", "avg", "gmax", "gavg"
-    attrs: dict = field(default_factory=dict)
-    extra_kinds: list[int] = field(default_factory=list)
-    extra_nstride: list[int] = field(default_factory=list)
-    # A pool on blocked tensors (attrs["blocked"] = lanes): its function fallback, the pool rewritten for the 5-D
-    # form (fusion/blocked_passthrough.py), instead of the original node.
-    body: list = field(default_factory=list)
-
-    def key(self) -> list:
-        return [self.op, self.extra_kinds, self.extra_nstride, {k: repr(v) for k, v in sorted(self.attrs.items())}]
 
 
 class PoolRule:
@@ -162,7 +145,7 @@ class PoolRule:
             shape = [d if isinstance(d, (int, str)) and not str(d).startswith("unk__") else None for d in dims]
         region = Region(self.kind_names[op], [idx.nodes[m] for m in members], [node.input[0]] + extras, outputs,
                         prog, shape)
-        region.pool = params
+        region.params = params
         return region
 
 

@@ -1,8 +1,7 @@
 """Regions: connected groups of nodes that become one fused kernel.
 
-A region records the original nodes (they become the fused node's function fallback), its boundary tensors, and a
-kind-specific program that codegen lowers. Today the kind is `Elementwise`; later kinds (reductions, compute-op
-epilogues, conv chains, GEMM chains) add their own programs and reuse the boundary, legality and emission logic.
+A region records the original nodes (they become the fused node's function fallback), its boundary tensors, the
+elementwise program that codegen lowers (a compute or pool kernel's epilogue), and its kind's typed parameters.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 
 import onnx
+
+from .params import ComputeParams, CopyParams, ElementwiseParams, KindParams, PoolParams, RelayoutParams
 
 
 @dataclass(frozen=True)
@@ -87,61 +88,62 @@ class EwProgram:
 
 @dataclass
 class Region:
-    kind: str
+    """A region's kind is the type of its `params` (fusion/params.py): ElementwiseParams, ComputeParams,
+    PoolParams, CopyParams, RelayoutParams, or a registered kind's (onnxopt/kinds/). `label` names the op type."""
+
+    label: str  # the op type's prefix: "Elementwise", "Conv", "MaxPool", "Copy", "afusion", "relayout", ...
     nodes: list[onnx.NodeProto]
     inputs: list[str]  # tensor names in the graph, in fused-op input order
     outputs: list[str]  # tensor names in the graph, in fused-op output order
     program: EwProgram
     shape: list  # the iteration shape as inferred: ints and symbolic names (str) or None when unknown
     op_type: str = ""
+    params: KindParams = field(default_factory=ElementwiseParams)
     # filled by later stages
     rejected: str | None = None
     measured: dict = field(default_factory=dict)
-    compute: object = None  # fusion.compute.ComputeParams for Conv/MatMul regions
-    pool: object = None  # fusion.pool.PoolParams for MaxPool/AveragePool/GlobalMaxPool/GlobalAveragePool regions
     op_type_key: str = ""  # the target text the op type was computed with (compute_op_type), to recompute it
-    # kind "relayout": no kernel; the node is replaced by these onnxruntime nodes that run on blocked tensors
-    # (fusion/blocked_passthrough.py)
-    relayout: list | None = None
-    copy: object = None  # fusion.blocked_copy.CopyParams: a Concat / nearest Resize of blocked tensors
     # new constant tensors an elementwise region reads (a BatchNormalization's scale and shift, fusion/batchnorm.py):
     # written into fused.onnx with it; its function fallback reads the original parameters instead
     initializers: list = field(default_factory=list)
     # the constants its function fallback embeds (emit/model.py, fallback_key): part of the op type, since one op
     # type has one function
     fallback_key: str = ""
-    # an elementwise region on blocked tensors (fusion/blocked_elementwise.py): their lanes, and the passthrough
-    # regions it replaces, which come back if its kernel is rejected
-    blocked_lanes: int = 0
-    replaces: list = field(default_factory=list)
-    # the typed parameters of a registered kind's region (onnxopt/kinds/): their key() is part of the op type
-    params: object = None
+
+    # Typed views of `params`: the parameters when the region is of that kind, else None.
+    @property
+    def compute(self) -> ComputeParams | None:
+        return self.params if isinstance(self.params, ComputeParams) else None
+
+    @property
+    def pool(self) -> PoolParams | None:
+        return self.params if isinstance(self.params, PoolParams) else None
+
+    @property
+    def copy(self) -> CopyParams | None:
+        return self.params if isinstance(self.params, CopyParams) else None
+
+    @property
+    def relayout(self) -> list | None:
+        """A relayout region's onnxruntime nodes; None for a kernel region."""
+        return self.params.nodes if isinstance(self.params, RelayoutParams) else None
+
+    @property
+    def carried_initializers(self) -> list:
+        """The new constants fused.onnx gets with this region (packed weights, folded BatchNorm parameters)."""
+        return self.compute.initializers if self.compute is not None else self.initializers
 
     def compute_op_type(self, target_name: str) -> str:
         self.op_type_key = target_name
-        if self.relayout is not None:  # emitted as its nodes, never as a custom op: the name only tells it apart
+        if isinstance(self.params, RelayoutParams):  # emitted as its nodes, never as a custom op
             self.op_type = "relayout_" + hashlib.sha256("|".join(self.outputs).encode()).hexdigest()[:16]
             return self.op_type
-        text = self.kind + "|" + target_name + "|" + self.program.signature()
+        text = self.label + "|" + target_name + "|" + self.program.signature()
         if self.fallback_key:
             text += "|fallback" + self.fallback_key
-        if self.compute is not None:
-            c = self.compute
-            text += "|" + json.dumps([c.op, c.extra_kinds, c.extra_nstride,
-                                      {k: repr(v) for k, v in sorted(c.attrs.items())}], sort_keys=True)
-            for part in c.parts:  # AFUSION: the fused convolutions' own kernels
-                text += "|part" + part.compute_op_type(target_name)
-            tile = getattr(c, "tile", None)
-            if tile is not None:  # a searched register tile: another kernel, another op type
-                text += "|tile" + json.dumps([tile.mi, tile.ni, tile.mii, tile.lanes])
-        if self.pool is not None:
-            text += "|pool" + json.dumps(self.pool.key(), sort_keys=True)
-        if self.copy is not None:
-            text += "|copy" + json.dumps(self.copy.key())
-        if self.params is not None:
-            text += "|params" + json.dumps(self.params.key())
+        text += self.params.op_type_text(target_name)
         h = hashlib.sha256(text.encode()).hexdigest()
-        self.op_type = f"{self.kind}_{h[:16]}"
+        self.op_type = f"{self.label}_{h[:16]}"
         return self.op_type
 
     @property

@@ -95,11 +95,11 @@ def fuse_siblings(regions: list[Region], lanes: int, ni: int, opset: int) -> Reg
         orig_consts=[t for p in parts for t in p.compute.orig_consts],
         parts=parts,
     )
-    fused = Region(kind="siblings", nodes=[nd for p in parts for nd in p.nodes],
+    fused = Region(label="siblings", nodes=[nd for p in parts for nd in p.nodes],
                    inputs=[parts[0].inputs[0]] + [x for p in parts for x in p.inputs[1:]],
                    outputs=[o for p in parts for o in p.outputs],
                    program=EwProgram(inputs=[], consts={}, ops=[], outputs=[]),  # the parts carry the epilogues
-                   shape=list(parts[0].shape), compute=compute)
+                   shape=list(parts[0].shape), params=compute)
     if regions[0].op_type_key:
         fused.compute_op_type(regions[0].op_type_key)
     return fused

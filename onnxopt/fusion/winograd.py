@@ -265,7 +265,7 @@ def to_winograd(region: Region, m: int, lanes: int, ni: int) -> Region:
     inits = [t for t in c.initializers if t.name != old] + [numpy_helper.from_array(packed, name)]
     new = replace(region, inputs=[region.inputs[0], name] + list(region.inputs[2:]), outputs=list(region.outputs),
                   measured={}, rejected=None,
-                  compute=replace(c, attrs=attrs, initializers=inits, body=new_body))
+                  params=replace(c, attrs=attrs, initializers=inits, body=new_body))
     if region.op_type_key:
         new.compute_op_type(region.op_type_key)
     return new
@@ -275,7 +275,7 @@ def apply_winograd(region: Region, m: int, lanes: int, ni: int) -> Region:
     """`to_winograd` in place (as fusion.compute.apply_tile): the region keeps its identity, so every plan that
     holds it gets the Winograd kernel. Returns the region."""
     new = to_winograd(region, m, lanes, ni)
-    region.inputs, region.compute, region.op_type = new.inputs, new.compute, new.op_type
+    region.inputs, region.params, region.op_type = new.inputs, new.params, new.op_type
     return region
 
 

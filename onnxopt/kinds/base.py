@@ -16,6 +16,6 @@ class Kind:
     text); the description has `op_type` and `c_source(prefix)`, the C that defines `<prefix>_desc`. Its regions
     carry their typed parameters in `Region.params` (its `key()` is part of the op type)."""
 
-    name: str  # the kind's Region.kind, its --skip-fusion name and its folder
+    name: str  # its params' family, its Region.label, its --skip-fusion name and its folder
     find: Callable
     build: Callable

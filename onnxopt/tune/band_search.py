@@ -58,7 +58,7 @@ def band_candidates(rows: int, out_h: int, batch: int, threads: int) -> list[int
 def with_band_rows(region, rows: int):
     """A copy of the AFUSION region with another band height (and so another op type)."""
     c = region.compute
-    r = replace(region, compute=replace(c, attrs=dict(c.attrs, band_rows=int(rows))), measured={})
+    r = replace(region, params=replace(c, attrs=dict(c.attrs, band_rows=int(rows))), measured={})
     if region.op_type_key:
         r.compute_op_type(region.op_type_key)
     return r
@@ -110,7 +110,7 @@ def search_band(region, model, target, threads: int | None, *, info, bindings, s
 
 def apply_band(region, rows: int) -> None:
     """Give the region the band height found (its op type changes with it)."""
-    region.compute = replace(region.compute, attrs=dict(region.compute.attrs, band_rows=int(rows)))
+    region.params = replace(region.compute, attrs=dict(region.compute.attrs, band_rows=int(rows)))
     if region.op_type_key:
         region.compute_op_type(region.op_type_key)
 

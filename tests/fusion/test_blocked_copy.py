@@ -19,6 +19,7 @@ from onnxopt.codegen.target import host_target
 import onnxopt
 from onnxopt.emit.sequence import expand_sequences
 from onnxopt.fusion.blocked_copy import CopyParams
+from onnxopt.fusion.params import RelayoutParams
 from onnxopt.fusion.region import EwProgram, Region, Value
 from onnxopt.driver.policy import passthroughs_kept
 
@@ -31,7 +32,7 @@ def _copy_library(tmp_path, factors, name="Copy_test"):
     region = Region("Copy", [], [f"x{i}" for i in range(len(factors))], ["y"],
                     EwProgram(inputs=[Value(f"x{i}", "float32") for i in range(len(factors))], consts={}, ops=[],
                               outputs=[]), [])
-    region.copy = CopyParams(lanes=LANES, factors=list(factors))
+    region.params = CopyParams(lanes=LANES, factors=list(factors))
     region.op_type = name
     obj, desc, _ = build_copy(region, host_target())
     lib = str(tmp_path / "copy.so")
@@ -142,11 +143,11 @@ def test_a_rejected_copy_kernel_gives_the_chain_its_passthrough_nodes_back():
     """The passthrough regions a copy kernel replaces join the plan only when the kernel was not accepted."""
     def relayout(name):
         node = helper.make_node("Identity", [f"{name}_in"], [name], name=name)
-        return Region("relayout", [node], [f"{name}_in"], [name], None, [], relayout=[node])
+        return Region("relayout", [node], [f"{name}_in"], [name], None, [], params=RelayoutParams([node]))
 
     up, cat, other = relayout("up"), relayout("cat"), relayout("other")
     copy = Region("Copy", [up.nodes[0], cat.nodes[0]], ["up_in"], ["cat"], EwProgram([], {}, [], []), [])
-    copy.copy = CopyParams(lanes=LANES, factors=[(2, 2)], fallback=[up, cat])
+    copy.params = CopyParams(lanes=LANES, factors=[(2, 2)], fallback=[up, cat])
     regions = [up, cat, other, copy]
     assert passthroughs_kept([copy], regions) == [other]
     assert passthroughs_kept([], regions) == [up, cat, other]

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
+from onnxopt.fusion.params import ElementwiseParams, RelayoutParams
 from onnxopt.fusion.region import Region
 from onnxopt.driver.policy import passthroughs_kept
 
@@ -81,8 +82,8 @@ def test_rejected_kernel_gives_its_passthroughs_back():
     def region(kind, out, **kw):
         return Region(kind, [n("Relu", ["x"], [out])], ["x"], [out], None, [1], **kw)
 
-    p1, p2, other = (region("relayout", o, relayout=[]) for o in ("a", "b", "c"))
-    kernel = region("Elementwise", "b", blocked_lanes=16, replaces=[p1, p2])
+    p1, p2, other = (region("relayout", o, params=RelayoutParams([])) for o in ("a", "b", "c"))
+    kernel = region("Elementwise", "b", params=ElementwiseParams(blocked_lanes=16, replaces=[p1, p2]))
     regions = [p1, p2, other, kernel]
     assert passthroughs_kept([kernel], regions) == [other]
     assert passthroughs_kept([], regions) == [p1, p2, other]

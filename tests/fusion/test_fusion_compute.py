@@ -66,7 +66,7 @@ def test_conv_absorbs_its_chain_up_to_the_next_conv():
     assert not rejected
     assert [names(r) for r in regions] == [["conv1", "relu1", "neg1"], ["conv2", "sig2", "mul2"]]
     r1, r2 = regions
-    assert r1.kind == "Conv" and r1.compute.op == "conv"
+    assert r1.label == "Conv" and r1.compute.op == "conv"
     assert r1.inputs == ["x", "c1__packed_w", "c1__bias"] and r1.outputs == ["g1"]
     assert r2.inputs == ["g1", "c2__packed_w", "res"] and r2.outputs == ["y"]
     assert r1.compute.extra_kinds == [CHANNEL] and r1.compute.extra_nstride == [0]
@@ -237,7 +237,7 @@ def test_matmul_epilogue_input_kinds(a_shape, e_shape, kind, nstride):
     m = make_model(nodes, [vi("a", F32, a_shape), vi("e", F32, e_shape)], [vi("y", F32, out)], [weight([7, 9])])
     (r,), _ = find(m)
     assert names(r) == ["mm", "add"]
-    assert r.kind == "MatMul" and r.compute.op == "matmul"
+    assert r.label == "MatMul" and r.compute.op == "matmul"
     assert r.compute.extra_kinds == [kind] and r.compute.extra_nstride == [nstride]
     assert r.compute.initializers == []  # MatMul's B is read as it is
     assert r.inputs == ["a", "w", "e"]
@@ -380,7 +380,7 @@ def test_gemm_folds_alpha_beta_and_transposes_b():
                    [vi("a", F32, [4, 3])], [vi("y", F32, [3, 5])],
                    [numpy_helper.from_array(b, "B"), numpy_helper.from_array(c, "C")])
     (r,), _ = find(m)
-    assert r.kind == "MatMul" and names(r) == ["gemm"]
+    assert r.label == "MatMul" and names(r) == ["gemm"]
     inits = {t.name: numpy_helper.to_array(t) for t in r.compute.initializers}
     np.testing.assert_allclose(inits["y__b"], b.T * 0.5, rtol=1e-6)
     np.testing.assert_allclose(inits["y__c"], c * -2.0, rtol=1e-6)

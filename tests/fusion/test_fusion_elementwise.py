@@ -58,7 +58,7 @@ def test_hardswish_is_one_region_with_inlined_constants():
     regions = find(hardswish_model())
     assert len(regions) == 1
     r = regions[0]
-    assert r.kind == "Elementwise"
+    assert r.label == "Elementwise"
     assert [n.op_type for n in r.nodes] == ["Add", "Clip", "Mul", "Div"]
     assert r.inputs == ["x"]
     assert r.outputs == ["y"]

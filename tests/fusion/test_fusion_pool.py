@@ -53,7 +53,7 @@ def test_epilogue_growth():
     assert r.describe() == "MaxPool -> Add -> Relu -> Sigmoid"
     assert r.inputs == ["x", "x"] and r.pool.extra_kinds == [0]  # the residual is laid out like the output
     assert set(r.outputs) == {"r", "s"}
-    assert r.kind == "MaxPool" and r.pool.op == "max"
+    assert r.label == "MaxPool" and r.pool.op == "max"
 
 
 def test_epilogue_stops_at_shape_change():

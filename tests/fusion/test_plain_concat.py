@@ -31,7 +31,7 @@ def _concat_session(tmp_path, n_in, axis):
     names = [f"x{i}" for i in range(n_in)]
     region = Region("Copy", [], names, ["y"], EwProgram(inputs=[Value(x, "float32") for x in names], consts={},
                                                          ops=[], outputs=[]), [])
-    region.copy = CopyParams(lanes=0, factors=[(1, 1)] * n_in, axis=axis)
+    region.params = CopyParams(lanes=0, factors=[(1, 1)] * n_in, axis=axis)
     region.op_type = "Copy_plain_test"
     obj, desc, _ = build_copy(region, host_target())
     lib = str(tmp_path / "concat.so")

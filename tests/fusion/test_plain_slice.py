@@ -73,7 +73,7 @@ def test_box_refuses_steps_and_variable_arguments_and_reads_opset_9_attributes()
 def _slice_session(tmp_path, dims, start, end):
     region = Region("Copy", [], ["x"], ["y"], EwProgram(inputs=[Value("x", "float32")], consts={}, ops=[],
                                                          outputs=[]), [])
-    region.copy = CopyParams(lanes=0, factors=[(1, 1)], slice=(list(dims), list(start), list(end)))
+    region.params = CopyParams(lanes=0, factors=[(1, 1)], slice=(list(dims), list(start), list(end)))
     region.op_type = "Copy_slice_test"
     obj, desc, _ = build_copy(region, host_target())
     lib = str(tmp_path / "slice.so")

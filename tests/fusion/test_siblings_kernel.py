@@ -211,7 +211,7 @@ def test_topological_order_puts_readers_after_producers():
     from onnxopt.fusion.region import EwProgram, Region
 
     def reg(name, ins, outs):
-        return Region(kind="x", nodes=[], inputs=ins, outputs=outs, program=EwProgram([], {}, [], []), shape=[],
+        return Region(label="x", nodes=[], inputs=ins, outputs=outs, program=EwProgram([], {}, [], []), shape=[],
                       op_type=name)
 
     a, b, c = reg("a", ["x"], ["t"]), reg("b", ["t"], ["u"]), reg("c", ["x"], ["v"])

@@ -110,8 +110,8 @@ def test_reasons():
         a = {"kernel": [3, 3], "strides": [1, 1], "dilations": [1, 1], "groups": 1, "out_blocked": 1}
         a.update(attrs)
         c = ComputeParams(op="conv", attrs=a, weights=np.zeros((4, 4, 3, 3), np.float32))
-        return Region(kind="Conv", nodes=[], inputs=["x", "w"], outputs=["y"], program=None, shape=[1, 4, 4, 4],
-                      compute=c)
+        return Region(label="Conv", nodes=[], inputs=["x", "w"], outputs=["y"], program=None, shape=[1, 4, 4, 4],
+                      params=c)
 
     assert winograd.applies(region()) is None
     assert winograd.applies(region(kernel=[1, 7])) is None

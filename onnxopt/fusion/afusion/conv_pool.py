@@ -22,6 +22,7 @@ What the kernel supports (`pool_reason` says why not):
 from __future__ import annotations
 
 from ..compute import ComputeParams
+from ..params import RelayoutParams
 from ..elementwise import _attr
 from ..region import EwProgram, Region
 from .siso import (
@@ -45,7 +46,7 @@ def is_pool_region(r: Region) -> bool:
     if len(r.nodes) != 1 or r.nodes[0].op_type not in POOL_OPS:
         return False
     if r.relayout is not None:
-        return r.kind == "relayout"
+        return isinstance(r.params, RelayoutParams) and not r.params.exit
     return r.pool is not None and bool(r.pool.attrs.get("blocked")) and not r.pool.extra_kinds
 
 
@@ -141,9 +142,9 @@ def fuse_conv_pool(first: Region, pool: Region, lanes: int, ni: int, opset: int,
         orig_consts=list(p1.compute.orig_consts),
         parts=[p1],
     )
-    fused = Region(kind="afusion", nodes=list(p1.nodes) + list(pool.nodes), inputs=list(p1.inputs),
+    fused = Region(label="afusion", nodes=list(p1.nodes) + list(pool.nodes), inputs=list(p1.inputs),
                    outputs=list(pool.outputs), program=EwProgram(inputs=[], consts={}, ops=[], outputs=[]),
-                   shape=list(pool.shape), compute=compute)
+                   shape=list(pool.shape), params=compute)
     if first.op_type_key:
         fused.compute_op_type(first.op_type_key)
     return fused

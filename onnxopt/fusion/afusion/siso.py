@@ -165,7 +165,7 @@ def channel_vector_parts(regions: list[Region], lanes: int, ni: int, opset: int)
         r = replace(r, inputs=list(r.inputs), outputs=list(r.outputs), measured={})
         c = r.compute
         if c.attrs.get("out_blocked") or c.attrs.get("channel_vectors"):
-            r.compute = replace(c, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
+            r.params = replace(c, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
             if r.op_type_key:
                 r.compute_op_type(r.op_type_key)
         else:
@@ -189,10 +189,10 @@ def fused_region(first: Region, parts: list[Region], inputs: list[str], attrs: d
         parts=parts,
     )
     program = EwProgram(inputs=[], consts={}, ops=[], outputs=[])  # the parts carry the epilogues
-    fused = Region(kind="afusion", nodes=[nd for p in parts for nd in p.nodes], inputs=inputs,
+    fused = Region(label="afusion", nodes=[nd for p in parts for nd in p.nodes], inputs=inputs,
                    outputs=[o for p in parts[1:] for o in p.outputs] if outputs is None else outputs,
                    program=program, shape=list(parts[1].shape if outputs is None else parts[-1].shape),
-                   compute=compute)
+                   params=compute)
     if first.op_type_key:
         fused.compute_op_type(first.op_type_key)
     return fused

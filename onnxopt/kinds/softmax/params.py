@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
+from onnxopt.fusion.params import KindParams
 
 
 @dataclass(frozen=True)
-class SoftmaxParams:
+class SoftmaxParams(KindParams):
+    family: ClassVar[str] = "softmax"
     op: str  # "softmax" or "log_softmax"
     axis: int  # rows are the dims from `axis` on, flattened (opset 13's last axis, or opset 1-12's coercion to 2-D)
     dtype: str = "float32"

@@ -1,0 +1,166 @@
+"""The typed parameters of each region kind: a region's kind is the type of its `Region.params`.
+
+Every fusion rule gives its regions one of these. What differs between kinds is asked of the parameters (what goes
+into the op type, the lanes of the blocked tensors the kernel reads, the function fallback's nodes, the passthrough
+regions a kernel replaces), so the driver, the emitter and the layout pass need not test which kind a region is.
+A kind folder of onnxopt/kinds/ subclasses `KindParams` in its params.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import onnx
+
+
+class KindParams:
+    """The base of every kind's parameters."""
+
+    family: ClassVar[str] = ""  # "elementwise", "compute", "pool", "copy", "relayout", or a registered kind's name
+
+    def key(self) -> list:
+        """What of the parameters changes the kernel: part of the op type's hash."""
+        return []
+
+    def op_type_text(self, target_name: str) -> str:
+        return "|params" + json.dumps(self.key())
+
+    def tensor_lanes(self) -> int:
+        """The lanes of the blocked tensors the kernel reads and writes; 0 when it works on plain ones."""
+        return 0
+
+    def fallback_body(self) -> list:
+        """The nodes of the function fallback when they are not the region's own ([]: the region's nodes)."""
+        return []
+
+    def replaced(self) -> list:
+        """The passthrough regions this kernel replaces: they come back into the plan if its kernel is rejected."""
+        return []
+
+
+@dataclass
+class ElementwiseParams(KindParams):
+    """An elementwise program (Region.program is all of it); on blocked tensors (fusion/blocked_elementwise.py)
+    it has their lanes and the passthrough regions of its nodes."""
+
+    family: ClassVar[str] = "elementwise"
+    blocked_lanes: int = 0
+    replaces: list = field(default_factory=list)
+
+    def op_type_text(self, target_name: str) -> str:
+        return ""  # the program's signature is the whole kernel
+
+    def tensor_lanes(self) -> int:
+        return self.blocked_lanes
+
+    def replaced(self) -> list:
+        return self.replaces
+
+
+@dataclass
+class ComputeParams(KindParams):
+    """The compute op of a region (fusion/compute.py) and what its kernel and function fallback need."""
+
+    family: ClassVar[str] = "compute"
+    op: str  # "conv", "conv_transpose", "matmul", "afusion" or "siblings"
+    extra_kinds: list[int] = field(default_factory=list)
+    extra_nstride: list[int] = field(default_factory=list)  # 1 when the input has the batch dim, 0 when shared
+    attrs: dict = field(default_factory=dict)
+    initializers: list[onnx.TensorProto] = field(default_factory=list)
+    body: list[onnx.NodeProto] = field(default_factory=list)  # the function fallback
+    # Constants the original nodes read that are not initializers (ConstantOfShape outputs, left unfolded because
+    # they are big): the standalone check of the region needs them as initializers.
+    orig_consts: list[onnx.TensorProto] = field(default_factory=list)
+    tile: object = None  # a RegisterTile chosen by the tile search (fusion/compute.py retile); None: the default
+    # Conv: the weights after BatchNorm folding, [oc, ic_g, kh, kw], for re-packing in another layout.
+    weights: np.ndarray | None = None
+    # op "afusion": the convolution regions fused into one kernel, producer first (onnxopt/fusion/afusion/siso.py);
+    # op "siblings": the convolution regions reading one input (onnxopt/fusion/siblings.py)
+    parts: list = field(default_factory=list)
+
+    def op_type_text(self, target_name: str) -> str:
+        text = "|" + json.dumps([self.op, self.extra_kinds, self.extra_nstride,
+                                 {k: repr(v) for k, v in sorted(self.attrs.items())}], sort_keys=True)
+        for part in self.parts:  # AFUSION: the fused convolutions' own kernels
+            text += "|part" + part.compute_op_type(target_name)
+        if self.tile is not None:  # a searched register tile: another kernel, another op type
+            text += "|tile" + json.dumps([self.tile.mi, self.tile.ni, self.tile.mii, self.tile.lanes])
+        return text
+
+    def tensor_lanes(self) -> int:
+        return self.attrs.get("block", 0)
+
+    def fallback_body(self) -> list:
+        return self.body
+
+
+@dataclass
+class PoolParams(KindParams):
+    """The pool op of a region (fusion/pool.py) and its attributes (all in the op type's hash)."""
+
+    family: ClassVar[str] = "pool"
+    op: str  # "max", "avg", "gmax", "gavg"
+    attrs: dict = field(default_factory=dict)
+    extra_kinds: list[int] = field(default_factory=list)
+    extra_nstride: list[int] = field(default_factory=list)
+    # A pool on blocked tensors (attrs["blocked"] = lanes): its function fallback, the pool rewritten for the 5-D
+    # form (fusion/blocked_passthrough.py), instead of the original node.
+    body: list = field(default_factory=list)
+
+    def key(self) -> list:
+        return [self.op, self.extra_kinds, self.extra_nstride, {k: repr(v) for k, v in sorted(self.attrs.items())}]
+
+    def op_type_text(self, target_name: str) -> str:
+        return "|pool" + json.dumps(self.key(), sort_keys=True)
+
+    def tensor_lanes(self) -> int:
+        return self.attrs.get("blocked", 0)
+
+    def fallback_body(self) -> list:
+        return self.body
+
+
+@dataclass
+class CopyParams(KindParams):
+    """A Concat, nearest Resize or Slice run as a copy kernel (fusion/blocked_copy.py)."""
+
+    family: ClassVar[str] = "copy"
+    lanes: int  # of the blocked tensors; 0: a plain Concat along `axis`
+    factors: list[tuple[int, int]]  # per op input: rows and columns each pixel is repeated
+    body: list = field(default_factory=list)  # the function fallback: the passthrough forms, in graph order
+    fallback: list = field(default_factory=list)  # the passthrough regions this kernel replaces
+    axis: int = 1  # a plain Concat's (>= 0)
+    # a Slice (plain_slices): the input's dims, and the box's start and end per axis
+    slice: tuple[list[int], list[int], list[int]] | None = None
+
+    def key(self) -> list:
+        return [self.lanes, [list(f) for f in self.factors]] + ([] if self.lanes else [self.axis]) + \
+            ([[list(v) for v in self.slice]] if self.slice else [])
+
+    def op_type_text(self, target_name: str) -> str:
+        return "|copy" + json.dumps(self.key())
+
+    def tensor_lanes(self) -> int:
+        return self.lanes
+
+    def fallback_body(self) -> list:
+        return self.body
+
+    def replaced(self) -> list:
+        return self.fallback
+
+
+@dataclass
+class RelayoutParams(KindParams):
+    """No kernel: the node rewritten as onnxruntime nodes that run on blocked tensors (fusion/blocked_passthrough.py).
+    `exit`: the node leaves the blocked layout (its output is plain)."""
+
+    family: ClassVar[str] = "relayout"
+    nodes: list
+    exit: bool = False
+
+    def tensor_lanes(self) -> int:
+        return 0
