@@ -36,6 +36,7 @@ from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.large import SharedWeights, check_model, inference_session
 from onnxopt.graph.quantized import quantized_nodes
+from onnxopt.timing import make_session
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
 from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
 from onnxopt.graph.unary_through_concat import push_unary_through_concats
@@ -192,6 +193,11 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         if self.opts.progress:
             self.opts.progress(msg)
 
+    def _session(self, model, library=None, ops=None, threads=None):
+        """An onnxruntime session on the target's execution provider, with the run's threads."""
+        return make_session(model, threads or self.opts.threads, library=library, ops=ops,
+                            provider=self.opts.target.execution_provider)
+
     def run(self) -> Result:
         t_start = time.perf_counter()
         src_path = None if isinstance(self.source, onnx.ModelProto) else os.fspath(self.source)
@@ -235,7 +241,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         so = ort.SessionOptions()
         so.log_severity_level = 4
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        try:
+        try:  # what onnxruntime's CPU provider cannot load, no provider of ours runs
             if path:
                 ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
             else:

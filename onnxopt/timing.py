@@ -18,13 +18,19 @@ REGISTER_OPS_ENTRY = "onnxopt.register_ops"
 REGISTER_OPS_MAX = 8192
 
 
+CPU = "CPUExecutionProvider"
+
+
 def make_session(model, threads: int | None = None, library: str | None = None, optimization: str = "all",
-                 spinning: bool = False, ops=None):
+                 spinning: bool = False, ops=None, provider: str = CPU):
     """An onnxruntime session with our settings. `ops`: the op types of `library` that the model uses; only those
     are registered (each costs onnxruntime about 30 us a session, and a one-kernel check on a library of hundreds
-    of kernels took 8 ms to create instead of 1). None registers them all."""
+    of kernels took 8 ms to create instead of 1). None registers them all. `provider`: the execution provider the
+    session runs on, the target's (Target.execution_provider), where the library's ops are registered."""
     import onnxruntime as ort
 
+    if provider not in ort.get_available_providers():  # onnxruntime would warn and run on the CPU instead
+        raise RuntimeError(f"this onnxruntime has no {provider} (it has {', '.join(ort.get_available_providers())})")
     so = ort.SessionOptions()
     so.log_severity_level = 4  # its errors come back as exceptions, which we report in one line of our own
     if threads:
@@ -45,8 +51,8 @@ def make_session(model, threads: int | None = None, library: str | None = None, 
     if hasattr(model, "SerializeToString"):  # a ModelProto of any size (graph/large.py)
         from onnxopt.graph.large import inference_session
 
-        return inference_session(model, so, ["CPUExecutionProvider"])
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        return inference_session(model, so, [provider])
+    return ort.InferenceSession(model, so, providers=[provider])
 
 
 # A side whose one run takes at least this long is not warmed again before each block: the run after a switch of
@@ -167,7 +173,7 @@ class _Bound:
 
 
 def time_pair_in_new_process(a: tuple, b: tuple, feeds_path: str, threads: int | None, min_time: float = 0.4,
-                             max_blocks: int = 30, min_blocks: int = 6) -> tuple[float, float]:
+                             max_blocks: int = 30, min_blocks: int = 6, provider: str = CPU) -> tuple[float, float]:
     """Median seconds per run of two models timed interleaved in a new Python process, as a user's process runs
     them: each of `a`, `b` is (model path, library path or None, op types to register or None); `feeds_path` an
     .npz of the inputs. A long optimizing process can run one model slower than a new one does: DenseNet-BC's
@@ -178,7 +184,7 @@ def time_pair_in_new_process(a: tuple, b: tuple, feeds_path: str, threads: int |
     import sys
 
     spec = {"a": list(a), "b": list(b), "feeds": feeds_path, "threads": threads, "min_time": min_time,
-            "max_blocks": max_blocks, "min_blocks": min_blocks}
+            "max_blocks": max_blocks, "min_blocks": min_blocks, "provider": provider}
     for side in ("a", "b"):
         if spec[side][2] is not None:
             spec[side][2] = sorted(spec[side][2])
@@ -196,7 +202,8 @@ def _pair_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
     with np.load(spec["feeds"]) as f:
         feeds = {k: f[k] for k in f.files}
-    sessions = [make_session(p, spec["threads"], library=lib, ops=ops) for p, lib, ops in (spec["a"], spec["b"])]
+    sessions = [make_session(p, spec["threads"], library=lib, ops=ops, provider=spec["provider"])
+                for p, lib, ops in (spec["a"], spec["b"])]
     ta, tb = time_interleaved(sessions, feeds, min_time=spec["min_time"], max_blocks=spec["max_blocks"],
                               min_blocks=spec["min_blocks"])
     print(json.dumps({"a": ta["median"], "b": tb["median"]}))

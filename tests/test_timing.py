@@ -97,3 +97,24 @@ def test_a_pair_that_cannot_load_says_why(tmp_path):
     one = _matmul_chain(tmp_path / "one.onnx", 1)
     with pytest.raises(RuntimeError, match="timing in a new process failed"):
         time_pair_in_new_process((one, None, None), (str(tmp_path / "missing.onnx"), None, None), str(feeds), 1)
+
+
+def test_sessions_run_on_the_provider_they_are_given():
+    """make_session's provider is the target's (Target.execution_provider); one onnxruntime lacks is refused, not
+    silently replaced by the CPU."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from onnxopt.codegen.target import host_target
+    from onnxopt.timing import make_session
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    provider = host_target().execution_provider
+    assert make_session(model, 1, provider=provider).get_providers() == [provider]
+    missing = next(p for p in ("CUDAExecutionProvider", "DmlExecutionProvider", "CoreMLExecutionProvider")
+                   if p not in ort.get_available_providers())
+    with pytest.raises(Exception, match=missing.removesuffix("ExecutionProvider")):
+        make_session(model, 1, provider=missing)

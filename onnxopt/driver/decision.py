@@ -16,7 +16,7 @@ from onnxopt.emit.sequence import make_sequences
 from onnxopt.fusion.layout import blocked_inputs, blocked_outputs
 from onnxopt.fusion.region import Region
 from onnxopt.graph.large import SharedWeights, is_large, save_with_external_data
-from onnxopt.timing import make_session, time_interleaved, time_pair_in_new_process
+from onnxopt.timing import time_interleaved, time_pair_in_new_process
 from onnxopt.verify import make_inputs
 from onnxopt.driver.policy import (WHOLE_MODEL_MARGIN, RUNOFF_FLOOR, RUNOFF_ROUNDS, PLAN_FALLBACKS, INLINE_MARGIN,
                                    PLAN_FILES_BYTES, INLINE_REACH, _consistent_layouts, evict_plan_files, custom_ops,
@@ -32,7 +32,7 @@ class DecisionStage:
         model faster; and emit nothing if the result is still not faster than the original."""
         lib = os.path.join(self.tmpdir, "candidates.so")
         feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
-        s_orig = make_session(original if src_path is None else src_path, self.opts.threads)
+        s_orig = self._session(original if src_path is None else src_path)
 
         session_lib: dict[int, str] = {}  # a plan's library other than candidates.so (_inline_choice), by id
 
@@ -114,7 +114,8 @@ class DecisionStage:
             try:
                 if not os.path.exists(feeds_path):
                     np.savez(feeds_path, **feeds)
-                return time_pair_in_new_process(files[0], files[1], feeds_path, self.opts.threads)
+                return time_pair_in_new_process(files[0], files[1], feeds_path, self.opts.threads,
+                                                provider=self.opts.target.execution_provider)
             except Exception as e:  # noqa: BLE001 - no new process here: new sessions in this one
                 decisions.setdefault("second_look_errors", []).append(str(e)[:300])
                 s_trial = session(trial_regions)
@@ -144,7 +145,7 @@ class DecisionStage:
         def final_time(name, fresh):
             pair = [s_orig, sessions[name]]
             if fresh:  # new sessions of the same two models
-                pair = [make_session(original if src_path is None else src_path, self.opts.threads),
+                pair = [self._session(original if src_path is None else src_path),
                         session({a[0]: a[1] for a in attempts}[name])]
             # 1.5 s decides for most models; six blocks a side at least for slow ones (Whisper's encoder: 450 ms)
             ta, tb = time_interleaved(pair, feeds, min_time=1.5, max_blocks=400, min_blocks=6)
@@ -195,7 +196,7 @@ class DecisionStage:
         and its whole-model decision made 24 of them (13.6 s of a 72 s run without tuning)."""
         path, library, ops = self._plan_file(regions, library, built)
         self.plan_sessions_made += 1
-        return make_session(path, self.opts.threads, library=library, ops=ops)
+        return self._session(path, library=library, ops=ops)
 
     def _plan_file(self, regions: list[Region], library: str, built) -> tuple[str, str, set]:
         """The plan's model file, the library it runs on and the op types it registers (_plan_session)."""

@@ -32,7 +32,7 @@ from onnxopt.measure import region_feeds as _region_feeds
 from onnxopt.measure import region_flops as _region_flops
 from onnxopt.measure import region_models as _region_models
 from onnxopt.measure import weight_bytes as _weight_bytes
-from onnxopt.timing import make_session, time_interleaved
+from onnxopt.timing import time_interleaved
 from onnxopt.fusion import winograd
 from onnxopt.tune import search_tile
 from onnxopt.tune.tile_search import kernel_tolerance
@@ -338,8 +338,8 @@ class KernelStage:
                 lanes = r.params.tensor_lanes()
                 fused_feeds = {x: to_blocked(v, lanes) if x in blocked_inputs(r) else v for x, v in feeds.items()}
                 try:
-                    s_orig = make_session(orig, self.opts.threads)
-                    s_fused = make_session(fused, self.opts.threads, library=lib, ops=custom_ops(fused))
+                    s_orig = self._session(orig)
+                    s_fused = self._session(fused, library=lib, ops=custom_ops(fused))
                     want = s_orig.run(None, feeds)
                     got = s_fused.run(None, fused_feeds)
                     b_out = blocked_outputs(r)

@@ -17,7 +17,6 @@ from onnxopt.errors import InputError, OnnxoptError, VerificationError
 from onnxopt.fusion.region import Region
 from onnxopt.graph.large import check_model
 from onnxopt.graph.load import commit_files, save_model
-from onnxopt.timing import make_session
 from onnxopt.verify import compare, make_inputs
 from onnxopt.driver.policy import WHOLE_MODEL_MARGIN, offline_split, _op_counts
 from onnxopt.driver.result import Result
@@ -45,7 +44,7 @@ class OutputStage:
         for b in candidates if symbols else [{}]:
             try:
                 feeds = make_inputs(original, b, self.opts.seed, self.opts.check_inputs)
-                make_session(original if src is None else src, self.opts.threads).run(None, feeds)
+                self._session(original if src is None else src).run(None, feeds)
             except InputError:
                 raise
             except Exception as e:  # noqa: BLE001 - the model constrains its dims; try the next set
@@ -177,7 +176,7 @@ class OutputStage:
             libraries.append(None)
         for lib in libraries:
             try:
-                make_session(fused, 1, library=lib)
+                self._session(fused, library=lib, threads=1)
             except Exception as e:  # noqa: BLE001
                 self._cleanup([lib_path])
                 without = "" if lib else " without its kernel library"
@@ -191,7 +190,7 @@ class OutputStage:
         try:
             # From the path when there is one: external data resolves next to it, and > 2 GB models need it.
             source = src_path if src_path is not None else original if reference is None else reference
-            want = make_session(source, self.opts.threads).run(names, feeds)
+            want = self._session(source).run(names, feeds)
         except Exception as e:  # noqa: BLE001
             self.report["verification"] = {"skipped": f"the original model does not run on random inputs: {e}"}
             raise InputError(f"cannot verify: the original model fails on random inputs "
@@ -199,7 +198,7 @@ class OutputStage:
                                     "--check-input name:file.npy or fix symbolic dims with --input-shape") from None
         try:
             lib = None if self.cannot_run else lib_path
-            got = make_session(fused, self.opts.threads, library=lib).run(names, feeds)
+            got = self._session(fused, library=lib).run(names, feeds)
         except Exception as e:  # noqa: BLE001
             self._cleanup([lib_path])
             raise VerificationError(f"the optimized model fails to run: {str(e).splitlines()[0][:300]}") from None
@@ -216,7 +215,7 @@ class OutputStage:
         must load and give the original's answers, or nothing is written. `diffs`: already compared that way."""
         if diffs is None:
             try:
-                got = make_session(fused, self.opts.threads).run(names, feeds)
+                got = self._session(fused).run(names, feeds)
             except Exception as e:  # noqa: BLE001
                 self._cleanup([lib_path])
                 raise VerificationError(f"the optimized model does not run without its kernel library "

@@ -191,7 +191,7 @@ def _evaluate(model, nodes, consts, opset, ort) -> dict[str, np.ndarray]:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4
-    try:
+    try:  # constants are evaluated on the host whatever the target: the CPU provider
         sess = inference_session(m, so, ["CPUExecutionProvider"])
         result = dict(zip(outputs, sess.run(outputs, {})))
     except Exception:  # noqa: BLE001 - find the nodes ORT cannot evaluate: one by one, the rest still fold

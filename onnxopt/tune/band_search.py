@@ -96,7 +96,8 @@ def search_band(region, model, target, threads: int | None, *, info, bindings, s
     with tempfile.TemporaryDirectory(prefix="onnxopt-bands-") as tmp:
         lib = os.path.join(tmp, "bands.so")
         link_library(descs, [obj], target, lib)  # one object: the descriptors differ in the height only
-        sessions = [make_session(_region_models(v, model, info)[1], threads, library=lib) for v in variants]
+        sessions = [make_session(_region_models(v, model, info)[1], threads, library=lib,
+                                 provider=target.execution_provider) for v in variants]
         times = time_interleaved(sessions, fused_feeds, min_time=min_time, max_blocks=12, min_blocks=3)
         del sessions
     for cand, tm in zip(candidates, times):

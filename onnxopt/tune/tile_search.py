@@ -270,14 +270,14 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
             try:
                 link_library(descs, objs, target, lib)
                 orig, _ = _region_models(region, model, info)
-                want = make_session(orig, threads).run(None, feeds)
+                want = make_session(orig, threads, provider=target.execution_provider).run(None, feeds)
             except Exception as e:
                 raise CannotRun(str(e).splitlines()[0][:200]) from e
             sessions = []
             for cand, key, v in variants:
                 try:
                     _, fused = _region_models(v, model, info)
-                    s = make_session(fused, threads, library=lib)
+                    s = make_session(fused, threads, library=lib, provider=target.execution_provider)
                     got = s.run(None, _fused_feeds(v, feeds))
                     got = _nchw_outputs(v, got, want)
                 except Exception as e:  # noqa: BLE001
