@@ -1,4 +1,4 @@
-"""Interleaved timing of several onnxruntime sessions, the way ARCHITECTURE.md's performance method prescribes.
+"""Interleaved timing of several onnxruntime sessions.
 
 Sessions run A B A B... in short blocks, each side warmed up right before its block, with intra-op spinning off so
 the idle side's threads do not steal the cores. With spinning on (onnxruntime's default), `time_in_turns` keeps one

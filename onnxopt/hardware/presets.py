@@ -1,6 +1,6 @@
 """Machine models of the parts the seed papers ran on, for planning without the machine at hand.
 
-Each number says where it comes from: a study note in `notes/` (the paper's own figure) or the vendor's datasheet
+Each number says where it comes from: the paper's own figure or the vendor's datasheet
 or whitepaper. Cache bandwidths that neither gives are derived from documented per-clock figures and say so; GPU
 levels without a published bandwidth are left out rather than guessed. On GPUs `cores` counts SMs.
 """
@@ -27,13 +27,13 @@ def _xeon_gold_6240() -> Machine:
             # Datasheet-derived: 18 cores x 2.6 GHz x 2 FMA units x 16 lanes x 2 = 2.995 TFLOP/s (the AVX-512
             # all-core clock is lower than base, so the real peak is lower still).
             "float32": cores * ghz * G * 2 * 16 * 2,
-            # notes/chimera.md, Table I ("FP16 peak" of the Xeon Gold AVX-512 CPU): 12 TFLOP/s, balance 92 FLOP/B.
+            # Chimera (HPCA 2023), Table I ("FP16 peak" of the Xeon Gold AVX-512 CPU): 12 TFLOP/s, balance 92 FLOP/B.
             "float16": 12 * T,
-            # notes/heron.md, platforms: Xeon Gold 6240 DL Boost (VNNI), 18 cores, 23 TOPS.
+            # Heron (ASPLOS 2023), platforms: Xeon Gold 6240 DL Boost (VNNI), 18 cores, 23 TOPS.
             "int8": 23 * T,
         },
         levels=[
-            # notes/chimera.md (Evaluation, hardware): L1/L2/L3 totals 1.125/18/24.75 MB. The 1.125 MB of L1 is
+            # Chimera (HPCA 2023) (Evaluation, hardware): L1/L2/L3 totals 1.125/18/24.75 MB. The 1.125 MB of L1 is
             # 18 x (32 KiB data + 32 KiB instruction); the data part is used here.
             # Bandwidths: Intel's optimization manual per-cycle figures for Skylake-SP (L1: two 64 B loads per
             # cycle; L2: ~52 B/cycle sustained; L3: ~15 B/cycle per core sustained) x 2.6 GHz; derived, not
@@ -41,14 +41,14 @@ def _xeon_gold_6240() -> Machine:
             MemoryLevel("L1", cores * 32 * KiB, cores * 128 * ghz * G, 128 * ghz * G),
             MemoryLevel("L2", 18 * MiB, cores * 52 * ghz * G, 52 * ghz * G),
             MemoryLevel("L3", int(24.75 * MiB), cores * 15 * ghz * G, 15 * ghz * G),
-            # notes/chimera.md, Table I: 131 GB/s.
+            # Chimera (HPCA 2023), Table I: 131 GB/s.
             MemoryLevel("DRAM", None, 131 * G),
         ],
         vector_bits=512,
         registers=32,
         source="preset",
         details={"kind": "cpu", "clock_ghz": ghz, "fma_units": 2,
-                 "paper_balance": {"float16": 92}, "sources": ["notes/chimera.md Table I", "notes/heron.md",
+                 "paper_balance": {"float16": 92}, "sources": ["Chimera (HPCA 2023) Table I", "Heron (ASPLOS 2023)",
                                                                "Intel ARK", "Intel optimization manual"]},
     )
 
@@ -60,7 +60,7 @@ def _a100() -> Machine:
         cores=sms,
         isa=["sm_80", "tensor_core", "fp16", "bf16", "tf32", "int8"],
         peak_flops={
-            # notes/chimera.md, Table I: 312 TFLOP/s (FP16 tensor core), balance 200 FLOP/B.
+            # Chimera (HPCA 2023), Table I: 312 TFLOP/s (FP16 tensor core), balance 200 FLOP/B.
             "float16": 312 * T,
             "bfloat16": 312 * T,  # datasheet (tensor core, dense)
             "tf32": 156 * T,  # datasheet (tensor core, dense)
@@ -68,18 +68,18 @@ def _a100() -> Machine:
             "int8": 624 * T,  # datasheet (tensor core, dense)
         },
         levels=[
-            # notes/chimera.md: up to 164 KB shared memory per SM. Bandwidth derived from the whitepaper's
+            # Chimera (HPCA 2023): up to 164 KB shared memory per SM. Bandwidth derived from the whitepaper's
             # 128 B/clock per SM x 108 SMs x 1.41 GHz = 19.5 TB/s.
             MemoryLevel("shared", sms * 164 * KiB, sms * 128 * ghz * G, 128 * ghz * G),
-            # notes/chimera.md: 40.96 MB L2 (40 x 1024 KB). Bandwidth from the whitepaper's 5120 B/clock L2 read
+            # Chimera (HPCA 2023): 40.96 MB L2 (40 x 1024 KB). Bandwidth from the whitepaper's 5120 B/clock L2 read
             # bandwidth x 1.41 GHz = 7.2 TB/s (derived).
             MemoryLevel("L2", 40 * MiB, 5120 * ghz * G),
-            # notes/chimera.md, Table I: 1555 GB/s.
+            # Chimera (HPCA 2023), Table I: 1555 GB/s.
             MemoryLevel("HBM", None, 1555 * G),
         ],
         source="preset",
         details={"kind": "gpu", "sm": "sm_80", "clock_ghz": ghz, "paper_balance": {"float16": 200},
-                 "sources": ["notes/chimera.md Table I", "NVIDIA A100 datasheet and whitepaper"]},
+                 "sources": ["Chimera (HPCA 2023) Table I", "NVIDIA A100 datasheet and whitepaper"]},
     )
 
 
@@ -89,7 +89,7 @@ def _ada_or_orin(name: str, sm: str, sms: int, ghz: float, fp32_tflops: float, d
         name=name,
         cores=sms,
         isa=[sm, "tensor_core", "fp16", "bf16", "int8"],
-        # notes/optifx.md (Eq.1-3): P_max in TFLOP/s (fp32, the precision OptiFX's Eq.3 counts bytes for).
+        # OptiFX (Eq.1-3): P_max in TFLOP/s (fp32, the precision OptiFX's Eq.3 counts bytes for).
         peak_flops={"float32": fp32_tflops * T},
         levels=[
             # Shared memory: datasheet SM count x the 128 B/clock per SM of NVIDIA's tuning guides x boost clock
@@ -98,31 +98,31 @@ def _ada_or_orin(name: str, sm: str, sms: int, ghz: float, fp32_tflops: float, d
             # L2 capacity from the datasheet; NVIDIA publishes no L2 bandwidth for this part, so the L2 level
             # carries the DRAM bandwidth as a floor (a conservative roofline, not a measurement).
             MemoryLevel("L2", l2_bytes, dram_gbs * G),
-            # notes/optifx.md: M_max in GB/s.
+            # OptiFX: M_max in GB/s.
             MemoryLevel(dram_name, None, dram_gbs * G),
         ],
         source="preset",
         details={"kind": "gpu", "sm": sm, "clock_ghz": ghz, "paper_balance": {"float32": paper_balance},
-                 "sources": ["notes/optifx.md (I_max table)", datasheet]},
+                 "sources": ["OptiFX (I_max table)", datasheet]},
     )
 
 
 def _rtx_6000_ada() -> Machine:
-    # notes/optifx.md: "A6000 Ada" 91.1 TFLOP/s, 960 GB/s, I_max 94.90. The part is the RTX 6000 Ada Generation:
+    # OptiFX: "A6000 Ada" 91.1 TFLOP/s, 960 GB/s, I_max 94.90. The part is the RTX 6000 Ada Generation:
     # 142 SMs, 2.505 GHz boost, 96 MB L2, 100 KB shared memory per SM (datasheet / Ada tuning guide).
     return _ada_or_orin("NVIDIA RTX 6000 Ada Generation", "sm_89", 142, 2.505, 91.1, 960, 96 * MiB, 100 * KiB,
                         "GDDR6", 94.90, "NVIDIA RTX 6000 Ada datasheet")
 
 
 def _rtx_4090() -> Machine:
-    # notes/optifx.md: RTX 4090 82.6 TFLOP/s, 1008 GB/s, I_max 81.94. 128 SMs, 2.52 GHz boost, 72 MB L2,
+    # OptiFX: RTX 4090 82.6 TFLOP/s, 1008 GB/s, I_max 81.94. 128 SMs, 2.52 GHz boost, 72 MB L2,
     # 100 KB shared memory per SM (datasheet / Ada tuning guide).
     return _ada_or_orin("NVIDIA GeForce RTX 4090", "sm_89", 128, 2.52, 82.6, 1008, 72 * MiB, 100 * KiB,
                         "GDDR6X", 81.94, "NVIDIA Ada GPU architecture whitepaper")
 
 
 def _jetson_orin() -> Machine:
-    # notes/optifx.md: Orin 5.32 TFLOP/s, 204.8 GB/s, I_max 25.98 (Jetson AGX Orin 64GB). 16 SMs (2048 CUDA
+    # OptiFX: Orin 5.32 TFLOP/s, 204.8 GB/s, I_max 25.98 (Jetson AGX Orin 64GB). 16 SMs (2048 CUDA
     # cores), 1.3 GHz, 4 MB L2, 164 KB shared memory per SM (datasheet / Ampere tuning guide for sm_87).
     return _ada_or_orin("NVIDIA Jetson AGX Orin 64GB", "sm_87", 16, 1.3, 5.32, 204.8, 4 * MiB, 164 * KiB,
                         "LPDDR5", 25.98, "NVIDIA Jetson AGX Orin datasheet")

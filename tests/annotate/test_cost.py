@@ -1,4 +1,4 @@
-"""Cost rules, checked against hand counts and the OptiFX golden intensities (notes/optifx.md §3, §7 item 1)."""
+"""Cost rules, checked against hand counts and the OptiFX golden intensities (OptiFX §3)."""
 
 from __future__ import annotations
 

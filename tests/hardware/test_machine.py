@@ -18,7 +18,7 @@ from onnxopt.hardware.presets import PRESETS, get_preset
 
 
 @pytest.mark.parametrize("name, balance", [
-    ("rtx-6000-ada", 94.90),  # notes/optifx.md I_max table
+    ("rtx-6000-ada", 94.90),  # OptiFX's I_max table
     ("a6000-ada", 94.90),
     ("rtx-4090", 81.94),
     ("jetson-orin", 25.98),

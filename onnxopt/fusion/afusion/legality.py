@@ -1,4 +1,4 @@
-"""When may region ops be fused by AFUSION? (OptiFX §2; the paper only implies the rules, notes/optifx.md §2.)
+"""When may region ops be fused by AFUSION? (OptiFX §2; the paper only implies the rules.)
 
 A region is one or two *producer* convs and up to two *consumer* ROPs, with the elementwise ops (EOPs) between
 them folded into the producers' epilogues. `check_afusion` returns None for a legal region and otherwise one

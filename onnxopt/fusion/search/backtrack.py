@@ -1,4 +1,4 @@
-"""OptiFX Algorithm 2: backtracking search over fusion plans, in the style of TASO (OptiFX §4.2, notes/optifx.md §4).
+"""OptiFX Algorithm 2: backtracking search over fusion plans, in the style of TASO (OptiFX §4.2).
 
 A *plan* is a set of candidates (from Algorithm 1) that share no node and keep the graph acyclic when each one is
 contracted to a single node. Its cost is the sum over its kernels, each candidate plus each node it leaves alone,

@@ -1,4 +1,4 @@
-"""OptiFX Algorithm 1: candidate sub-graphs for fusion, pruned with the roofline (OptiFX §4.1, notes/optifx.md §4).
+"""OptiFX Algorithm 1: candidate sub-graphs for fusion, pruned with the roofline (OptiFX §4.1).
 
 Nodes are classified as ROPs (Conv, MaxPool, AveragePool, the global pools; not ConvTranspose), EOPs (elementwise
 ops and inference BatchNormalization, which fold into an epilogue) and others (Concat, Reshape, Resize...).

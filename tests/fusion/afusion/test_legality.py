@@ -1,4 +1,4 @@
-"""AFUSION legality (notes/optifx.md §2 "Legality", §7 item 4): legal regions, and each refusal with its reason."""
+"""AFUSION legality (OptiFX §2): legal regions, and each refusal with its reason."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The AFUSION tile algebra: Eq.4, chains, the SIMO union, T_red and row bands (notes/optifx.md §2-3, §7 item 3)."""
+"""The AFUSION tile algebra: Eq.4, chains, the SIMO union, T_red and row bands (OptiFX §2-3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OptiFX Algorithm 2, the backtracking search (notes/optifx.md §4, §7 item 6). The cost tables here are synthetic:
+"""OptiFX Algorithm 2, the backtracking search (OptiFX §4). The cost tables here are synthetic:
 the search is what is tested, and it must find what brute force finds."""
 
 from __future__ import annotations

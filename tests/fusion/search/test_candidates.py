@@ -1,4 +1,4 @@
-"""OptiFX Algorithm 1: candidates, their costs, GraphSplit and the roofline pruning (notes/optifx.md §3, §4, §7)."""
+"""OptiFX Algorithm 1: candidates, their costs, GraphSplit and the roofline pruning (OptiFX §3-4)."""
 
 from __future__ import annotations
 
