@@ -316,11 +316,12 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             for name, grouped in (("compute", True), ("compute-dense", False)):
                 claimed: set[int] = set()
                 rejected = self.report["rejected"] if grouped else []
-                plan = ComputeRule(work, mi, grouped=grouped, blocked=_channel_vector_kernel(mk)).find_regions(
+                plan = self._kind_regions(work, claimed, rejected, first=True)
+                plan += ComputeRule(work, mi, grouped=grouped, blocked=_channel_vector_kernel(mk)).find_regions(
                     claimed, rejected)
                 if "pool" not in self.opts.skip_fusion:  # pools with their epilogues (fusion/pool.py)
                     plan += PoolRule(work).find_regions(claimed, rejected)
-                plan += self._kind_regions(work, claimed, rejected)
+                plan += self._kind_regions(work, claimed, rejected, first=False)
                 if "elementwise" not in self.opts.skip_fusion:
                     plan += ElementwiseRule(work).find_regions(rejected, exclude=claimed)
                 plans.append((name, dedupe(plan)))
@@ -343,8 +344,9 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
                     plans.append(("horizontal", dedupe(self._horizontal_plan(base))))
         if "compute" in self.opts.skip_fusion and "pool" not in self.opts.skip_fusion:  # pools without compute
             claimed = set()
-            plan = PoolRule(work).find_regions(claimed, self.report["rejected"])
-            plan += self._kind_regions(work, claimed, [])
+            plan = self._kind_regions(work, claimed, [], first=True)
+            plan += PoolRule(work).find_regions(claimed, self.report["rejected"])
+            plan += self._kind_regions(work, claimed, [], first=False)
             if plan and "elementwise" not in self.opts.skip_fusion:
                 plan += ElementwiseRule(work).find_regions([], exclude=claimed)
             if plan:

@@ -40,7 +40,8 @@ class PlanStage:
         claimed: set[int] = set()
         rule = ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk))
         self._blocked_rule = rule
-        plan = rule.find_regions(claimed, [])
+        plan = self._kind_regions(work, claimed, [], first=True)
+        plan += rule.find_regions(claimed, [])
         ew = rule.ew
 
         def const_of(name):
@@ -101,16 +102,17 @@ class PlanStage:
             slices = plain_slices(rule.index, ew.shape_of, ew.dtype_of, const_of, claimed, ew.opset)
             claimed.update(rule.index.producer[r.outputs[0]] for r in slices)
             plan += slices
-        plan += self._kind_regions(work, claimed, [])
+        plan += self._kind_regions(work, claimed, [], first=False)
         if "elementwise" not in self.opts.skip_fusion:
             plan += ElementwiseRule(work).find_regions([], exclude=claimed)
         return plan
 
-    def _kind_regions(self, work, claimed: set[int], rejected: list) -> list[Region]:
-        """The regions of the registered kinds (onnxopt/kinds/) among the nodes not claimed yet."""
+    def _kind_regions(self, work, claimed: set[int], rejected: list, first: bool | None = None) -> list[Region]:
+        """The regions of the registered kinds (onnxopt/kinds/) among the nodes not claimed yet; `first`: only the
+        kinds asked before the compute and pool rules (True) or only the others (False)."""
         out = []
         for kind in KINDS:
-            if kind.name not in self.opts.skip_fusion:
+            if kind.name not in self.opts.skip_fusion and first in (None, kind.first):
                 out += kind.find(work, claimed, rejected)
         return out
 

@@ -86,7 +86,9 @@ def _function_for(region: Region, model: onnx.ModelProto) -> onnx.FunctionProto:
         m = onnx.NodeProto()
         m.CopyFrom(n)
         body.append(m)
-    opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    # The default domain, and any other its body's nodes use (com.microsoft's FusedMatMul in an attention chain).
+    used = {n.domain for n in body} - {"", "ai.onnx"}
+    opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx") or o.domain in used]
     # A fused node may read one tensor twice (Conv(x) + x); a function's inputs must have distinct names, and the
     # body reads the first, so later copies get names of their own that nothing reads.
     inputs, seen = [], set()

@@ -9,9 +9,9 @@ A kind's folder holds:
                     KIND_<FOLDER>, its executor <folder>_execute
     __init__.py     KIND = Kind(name, find, build) (onnxopt/kinds/base.py)
 
-The driver asks every kind here for regions in every plan (after the compute and pool rules, before the
-elementwise one), builds their kernels with the kind's build and links their descriptions; nothing else needs to
-know the kind. The kinds written before this registry (elementwise, compute, pool, copy, AFUSION, siblings) keep
+The driver asks every kind here for regions in every plan (after the compute and pool rules, or before them for a
+kind with `first`; always before the elementwise one), builds their kernels with the kind's build and links their
+descriptions; nothing else needs to know the kind. The kinds written before this registry (elementwise, compute, pool, copy, AFUSION, siblings) keep
 their files in fusion/ and codegen/, with their parameters in fusion/params.py, and build through the driver's
 BUILDERS (driver/kernels.py).
 """
@@ -19,9 +19,10 @@ BUILDERS (driver/kernels.py).
 from __future__ import annotations
 
 from .base import Kind
+from .attention import KIND as ATTENTION
 from .softmax import KIND as SOFTMAX
 
-KINDS: tuple[Kind, ...] = (SOFTMAX,)
+KINDS: tuple[Kind, ...] = (ATTENTION, SOFTMAX)
 
 _BY_NAME = {k.name: k for k in KINDS}
 

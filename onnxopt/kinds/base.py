@@ -19,3 +19,6 @@ class Kind:
     name: str  # its params' family, its Region.label, its --skip-fusion name and its folder
     find: Callable
     build: Callable
+    # Asked for its regions before the compute and pool rules (whose MatMul kernels would take its nodes), not
+    # after them.
+    first: bool = False

@@ -9,84 +9,12 @@ import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from attention_models import attention_model, feeds_for
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt.fusion.attention import find_attention
 
 F = TensorProto.FLOAT
-
-
-def _const(name, value):
-    return numpy_helper.from_array(np.asarray(value, np.float32).reshape(()) if np.ndim(value) == 0
-                                   else np.asarray(value), name)
-
-
-def attention_model(form: str, b: int, h: int, m: int, lq: int, d: int, mask: str, guard: bool, opset: int = 18):
-    """Q, K, V as graph inputs ([b, h, m, d], [b, h, lq, d], [b, h, lq, d]) and an attention chain in `form`:
-    "sdpa" (sqrt scale on Q and on K^T, K^T a graph-computed Transpose of K), "bert" (Div of the scores, K^T by a
-    Transpose the chain owns), "fused" (com.microsoft FusedMatMul transB=1 alpha), "unscaled". `mask`: "none",
-    "add" (an additive mask input [b, 1, 1, lq]), "causal" (an additive [1, 1, m, lq] constant), "select"
-    (Where(keep, scores, -1e4), keep a bool input [b, 1, m, lq])."""
-    scale = 1.0 / np.sqrt(d)
-    nodes, inits = [], []
-    ins = [helper.make_tensor_value_info(x, F, [b, h, n, d]) for x, n in (("q", m), ("k", lq), ("v", lq))]
-    if form == "sdpa":
-        inits.append(_const("s", np.sqrt(scale)))
-        nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-                  helper.make_node("Identity", ["kt"], ["kt2"]),  # K^T computed outside the chain's reach
-                  helper.make_node("Mul", ["q", "s"], ["qs"]), helper.make_node("Mul", ["kt2", "s"], ["ks"]),
-                  helper.make_node("MatMul", ["qs", "ks"], ["scores"])]
-    elif form == "bert":
-        inits.append(_const("sq", np.sqrt(d)))
-        nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-                  helper.make_node("MatMul", ["q", "kt"], ["raw"]), helper.make_node("Div", ["raw", "sq"], ["scores"])]
-    elif form == "fused":
-        nodes.append(helper.make_node("FusedMatMul", ["q", "k"], ["scores"], domain="com.microsoft", transB=1,
-                                      alpha=float(scale)))
-    else:
-        nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-                  helper.make_node("MatMul", ["q", "kt"], ["scores"])]
-        scale = 1.0
-    logits = "scores"
-    if mask == "add":
-        ins.append(helper.make_tensor_value_info("mask", F, [b, 1, 1, lq]))
-        nodes.append(helper.make_node("Add", ["scores", "mask"], ["logits"]))
-        logits = "logits"
-    elif mask == "causal":
-        causal = np.where(np.tril(np.ones((m, lq), bool), k=lq - m), 0.0, -np.inf).astype(np.float32)
-        inits.append(numpy_helper.from_array(causal.reshape(1, 1, m, lq), "causal"))
-        nodes.append(helper.make_node("Add", ["causal", "scores"], ["logits"]))
-        logits = "logits"
-    elif mask == "select":
-        ins.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, m, lq]))
-        inits.append(_const("fill", -1e4))
-        nodes.append(helper.make_node("Where", ["keep", "scores", "fill"], ["logits"]))
-        logits = "logits"
-    nodes.append(helper.make_node("Softmax", [logits], ["probs"], axis=-1 if opset >= 13 else 3))
-    probs = "probs"
-    if guard:
-        inits.append(_const("zero", 0.0))
-        nodes += [helper.make_node("IsNaN", ["probs"], ["nan"]),
-                  helper.make_node("Where", ["nan", "zero", "probs"], ["guarded"])]
-        probs = "guarded"
-    nodes.append(helper.make_node("MatMul", [probs, "v"], ["out"]))
-    graph = helper.make_graph(nodes, "attention", ins, [helper.make_tensor_value_info("out", F, None)], inits)
-    opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("com.microsoft", 1)] if form == "fused" else [])
-    return helper.make_model(graph, opset_imports=opsets)
-
-
-def feeds_for(model, seed=0):
-    rng = np.random.default_rng(seed)
-    out = {}
-    for i in model.graph.input:
-        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        if i.name == "keep":
-            out[i.name] = rng.random(dims) > 0.3
-        elif i.name == "mask":
-            out[i.name] = np.where(rng.random(dims) > 0.25, 0.0, np.finfo(np.float32).min).astype(np.float32)
-        else:
-            out[i.name] = rng.standard_normal(dims).astype(np.float32)
-    return out
 
 
 def _values(model, feeds, names):

@@ -1,0 +1,32 @@
+"""The glue's description of one attention op type (exec.c runs it), and its C initializer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MASK_KINDS = {"none": 0, "add": 1, "select": 2}
+
+
+@dataclass
+class AttentionKernelDesc:
+    op_type: str
+    in_types: list[int]
+    out_types: list[int]
+    k_transposed: bool
+    mask_kind: str
+    block: int  # the kernel's column block: score rows are padded to it
+    capacity: int  # floats one task's working set may take (lower.py cache_floats)
+    fn: str  # the generated function (glue.h attention_fn)
+
+    def c_source(self, prefix: str) -> str:
+        """Declarations and the descriptor `<prefix>_desc` (onnxopt_attention_desc, glue.h)."""
+        ins = ", ".join(str(t) for t in self.in_types)
+        outs = ", ".join(str(t) for t in self.out_types)
+        return (f"extern void {self.fn}(const float *, int64_t, const float *, int64_t, const float *, int64_t, "
+                f"const void *, int64_t, float *, int64_t, int64_t, int64_t, int64_t, int64_t, float *, int64_t);\n"
+                f"static const int {prefix}_in_types[] = {{{ins}}};\n"
+                f"static const int {prefix}_out_types[] = {{{outs}}};\n"
+                f'static const onnxopt_attention_desc {prefix}_desc = {{{{"{self.op_type}", KIND_ATTENTION, '
+                f"{len(self.in_types)}, {len(self.out_types)}, {prefix}_in_types, {prefix}_out_types}}, "
+                f"{int(self.k_transposed)}, {MASK_KINDS[self.mask_kind]}, {self.block}, {self.capacity}, "
+                f"{self.fn}}};\n")

@@ -1,0 +1,182 @@
+/* The attention kind's executor: the leading dims (batch, heads) broadcast between Q, K, V and the mask; one task
+   per (leading index, block of query rows), over ORT's pool. A task's rows are as many as keep its working set
+   (the rows' Q and scores, K^T, V, the output rows) within the descriptor's capacity, one core's L2: the row-kept
+   form of the data-movement model (onnxopt/annotate/data_movement.py), rows * (d + L + dv) + L * (d + dv) floats.
+   Where K and V alone do not fit, half of it goes to the rows and K and V stream through. */
+#define ATTN_MIN_TASKS 8 /* fewer rows a task rather than fewer tasks than this (threads to feed) */
+
+typedef struct {
+  const onnxopt_attention_desc *d;
+  int lead_n;                           /* leading dims */
+  int64_t lead[MAX_RANK];               /* their broadcast extents */
+  int64_t st[4][MAX_RANK];              /* per tensor (q, k, v, mask), the leading dims' strides (0: broadcast) */
+  const float *q, *k, *v;
+  const char *mask;
+  int64_t mask_size, mask_rs, mask_ls;  /* element bytes; row and column strides of the mask (elements) */
+  float *out;
+  int64_t M, L, d_, dv, rows, blocks, s_rs;
+  int failed;
+} attn_job;
+
+static void attn_task(void *usr, size_t index) {
+  attn_job *j = (attn_job *)usr;
+  const onnxopt_attention_desc *d = j->d;
+  int64_t li = (int64_t)index / j->blocks, r0 = ((int64_t)index % j->blocks) * j->rows;
+  int64_t rows = j->M - r0 < j->rows ? j->M - r0 : j->rows;
+  int64_t off[4] = {0, 0, 0, 0}, out_off = 0, rest = li;
+  for (int i = j->lead_n - 1; i >= 0; i--) {
+    int64_t x = rest % j->lead[i];
+    rest /= j->lead[i];
+    for (int t = 0; t < 4; t++) off[t] += x * j->st[t][i];
+  }
+  out_off = li * j->M * j->dv;
+  int64_t L = j->L, dd = j->d_;
+  int pack_k = !d->k_transposed, expand_mask = d->mask_kind && j->mask_ls == 0 && L > 1;
+  size_t scratch = (size_t)rows * j->s_rs + (pack_k ? (size_t)dd * j->s_rs : 0) +
+                   (expand_mask ? (size_t)(j->mask_rs ? rows : 1) * L : 0);
+  float *s = glue_floats(scratch ? scratch : 1);
+  if (!s) {
+    j->failed = 1;
+    return;
+  }
+  const float *kt = j->k + off[1];
+  int64_t kt_rs = L;
+  if (pack_k) { /* K [L, d] -> K^T [d, s_rs] */
+    float *p = s + (size_t)rows * j->s_rs;
+    for (int64_t l = 0; l < L; l++)
+      for (int64_t t = 0; t < dd; t++) p[t * j->s_rs + l] = kt[l * dd + t];
+    kt = p;
+    kt_rs = j->s_rs;
+  }
+  const char *mask = NULL;
+  int64_t mask_rs = 0;
+  if (d->mask_kind) {
+    mask = j->mask + (off[3] + r0 * j->mask_rs) * j->mask_size;
+    mask_rs = j->mask_rs;
+    if (expand_mask) { /* a mask broadcast along the keys: its rows written out (floats or bytes) */
+      char *e = (char *)(s + (size_t)rows * j->s_rs + (pack_k ? (size_t)dd * j->s_rs : 0));
+      int64_t n_rows = j->mask_rs ? rows : 1;
+      for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t l = 0; l < L; l++)
+          memcpy(e + (r * L + l) * j->mask_size, mask + r * j->mask_rs * j->mask_size, (size_t)j->mask_size);
+      mask = e;
+      mask_rs = j->mask_rs ? L : 0;
+    }
+  }
+  d->fn(j->q + off[0] + r0 * dd, dd, kt, kt_rs, j->v + off[2], j->dv, mask, mask_rs,
+        j->out + out_off + r0 * j->dv, j->dv, rows, L, dd, j->dv, s, j->s_rs);
+  glue_release(s);
+}
+
+static OrtStatus *attn_dims(OrtKernelContext *ctx, int i, int64_t *dims, size_t *rank, const void **data) {
+  const OrtValue *in;
+  OrtTensorTypeAndShapeInfo *info;
+  CHECK(API(KernelContext_GetInput)(ctx, i, &in));
+  CHECK(API(GetTensorTypeAndShape)(in, &info));
+  OrtStatus *st = API(GetDimensionsCount)(info, rank);
+  if (!st && *rank > MAX_RANK) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: attention input of rank above MAX_RANK");
+  if (!st) st = API(GetDimensions)(info, dims, *rank);
+  API(ReleaseTensorTypeAndShapeInfo)(info);
+  if (!st) st = API(GetTensorMutableData)((OrtValue *)in, (void **)data);
+  return st;
+}
+
+static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelContext *ctx) {
+  int64_t dims[4][MAX_RANK];
+  size_t rank[4] = {0, 0, 0, 0};
+  const void *data[4] = {NULL, NULL, NULL, NULL};
+  int n_in = d->mask_kind ? 4 : 3;
+  for (int i = 0; i < n_in; i++) {
+    OrtStatus *st = attn_dims(ctx, i, dims[i], &rank[i], &data[i]);
+    if (st) return st;
+  }
+  size_t R = rank[0];
+  if (R < 2 || rank[1] != R || rank[2] != R || (d->mask_kind && rank[3] > R))
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention inputs of ranks its kernel was not built for");
+  attn_job j;
+  memset(&j, 0, sizeof j);
+  j.d = d;
+  j.M = dims[0][R - 2];
+  j.d_ = dims[0][R - 1];
+  j.L = d->k_transposed ? dims[1][R - 1] : dims[1][R - 2];
+  int64_t kd = d->k_transposed ? dims[1][R - 2] : dims[1][R - 1];
+  j.dv = dims[2][R - 1];
+  if (kd != j.d_ || dims[2][R - 2] != j.L)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: the queries', keys' and values' dims do not agree");
+  /* leading dims: broadcast between q, k, v and the mask (right-aligned) */
+  j.lead_n = (int)R - 2;
+  int64_t inner[4];
+  inner[0] = j.M * j.d_;
+  inner[1] = j.L * j.d_;
+  inner[2] = j.L * j.dv;
+  int64_t mdims[MAX_RANK];
+  for (size_t i = 0; i < R; i++) mdims[i] = 1;
+  if (d->mask_kind)
+    for (size_t i = 0; i < rank[3]; i++) mdims[R - rank[3] + i] = dims[3][i];
+  int64_t mM = mdims[R - 2], mL = mdims[R - 1];
+  if ((mM != 1 && mM != j.M) || (mL != 1 && mL != j.L))
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: the mask does not broadcast to the scores");
+  inner[3] = mM * mL;
+  for (int t = 0; t < 4; t++) {
+    int64_t stride = inner[t];
+    for (int i = j.lead_n - 1; i >= 0; i--) {
+      int64_t n = t == 3 ? mdims[i] : dims[t][i];
+      j.st[t][i] = n == 1 ? 0 : stride;
+      stride *= n;
+    }
+  }
+  for (int i = 0; i < j.lead_n; i++) {
+    int64_t n = 1;
+    for (int t = 0; t < 4; t++) {
+      int64_t x = t == 3 ? mdims[i] : dims[t][i];
+      if (x != 1) {
+        if (n != 1 && x != n) return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: leading dims do not broadcast");
+        n = x;
+      }
+    }
+    j.lead[i] = n;
+  }
+  j.mask_size = d->mask_kind == 2 ? 1 : 4;
+  j.mask_rs = mM == 1 ? 0 : mL;
+  j.mask_ls = mL == 1 ? 0 : 1;
+  j.q = (const float *)data[0];
+  j.k = (const float *)data[1];
+  j.v = (const float *)data[2];
+  j.mask = (const char *)data[3];
+  int64_t out_dims[MAX_RANK], lead_total = 1;
+  for (int i = 0; i < j.lead_n; i++) {
+    out_dims[i] = j.lead[i];
+    lead_total *= j.lead[i];
+  }
+  out_dims[R - 2] = j.M;
+  out_dims[R - 1] = j.dv;
+  OrtValue *out;
+  CHECK(API(KernelContext_GetOutput)(ctx, 0, out_dims, R, &out));
+  CHECK(API(GetTensorMutableData)(out, (void **)&j.out));
+  if (lead_total == 0 || j.M == 0 || j.dv == 0) return NULL;
+  j.s_rs = (j.L + d->block - 1) / d->block * d->block;
+  if (j.s_rs == 0) j.s_rs = d->block;
+  /* rows a task: the working set within the capacity, whole micro-kernel blocks of 4, enough tasks */
+  int64_t fixed = j.L * (j.d_ + j.dv), per_row = j.d_ + j.s_rs + j.dv;
+  int64_t rows = d->capacity > fixed + 4 * per_row ? (d->capacity - fixed) / per_row
+                                                   : d->capacity / 2 / per_row; /* K, V stream: half for the rows */
+  if (rows >= 4) rows -= rows % 4;
+  if (rows < 1) rows = 1;
+  int64_t want_blocks = (ATTN_MIN_TASKS + lead_total - 1) / lead_total;
+  if (want_blocks > 1) {
+    int64_t cap = (j.M + want_blocks - 1) / want_blocks;
+    if (cap >= 4) cap = (cap + 3) / 4 * 4;
+    if (cap < rows) rows = cap;
+  }
+  if (rows > j.M) rows = j.M;
+  j.rows = rows;
+  j.blocks = (j.M + rows - 1) / rows;
+  size_t tasks = (size_t)(lead_total * j.blocks);
+  if (tasks == 1) {
+    attn_task(&j, 0);
+  } else {
+    OrtStatus *st = API(KernelContext_ParallelFor)(ctx, attn_task, tasks, 0, &j);
+    if (st) return st;
+  }
+  return j.failed ? fail(ORT_FAIL, "onnxopt: attention: out of memory for a task's scratch") : NULL;
+}

@@ -1,0 +1,19 @@
+/* An attention chain, MatMul -> scale -> mask -> Softmax -> MatMul, as one kernel (onnxopt/kinds/attention). */
+#ifndef ONNXOPT_ATTENTION_H
+#define ONNXOPT_ATTENTION_H
+/* Included after glue.h (codegen/glue/kinds.py). */
+
+/* lower.py: one block of query rows of one (batch, head). */
+typedef void (*attention_fn)(const float *q, int64_t q_rs, const float *kt, int64_t kt_rs, const float *v,
+                             int64_t v_rs, const void *mask, int64_t mask_rs, float *out, int64_t out_rs,
+                             int64_t rows, int64_t L, int64_t d, int64_t dv, float *s, int64_t s_rs);
+typedef struct {
+  onnxopt_sig sig;
+  int k_transposed; /* input 1 is K^T [.., d, L]; else K [.., L, d], which a task packs as K^T */
+  int mask_kind;    /* 0: none; 1: a float mask added to the scores; 2: a bool mask, keep where true */
+  int block;        /* the kernel's column block: a score row is padded to a multiple of it */
+  int64_t capacity; /* floats a task's working set may take */
+  attention_fn fn;
+} onnxopt_attention_desc;
+
+#endif

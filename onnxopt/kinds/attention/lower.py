@@ -1,0 +1,208 @@
+"""The fused attention kernel in LLVM IR: one block of query rows of one (batch, head), the score rows kept whole.
+
+    attn(q, q_rs, kt, kt_rs, v, v_rs, mask, mask_rs, out, out_rs, rows, L, d, dv, s, s_rs)
+
+    q     rows x d (row stride q_rs)            kt   K^T, d x L (row stride kt_rs, contiguous along L)
+    v     L x dv (row stride v_rs)              mask rows x L (row stride mask_rs; 0: one row for all)
+    out   rows x dv (row stride out_rs)         s    scratch, rows x s_rs floats, s_rs >= L rounded up to BLOCK
+
+Per block of MR query rows: the scores s = scale * q K^T (+ mask) by an outer-product micro-kernel (MR broadcasts of
+q times NR vectors of K^T), the padding columns set to -inf; each row's max, then exp(s - max) in place and its sum;
+then out = s V by the same micro-kernel (MR broadcasts of s times NR vectors of a V row), each output row scaled by
+1 / sum at the store. The scores never leave the block's scratch (T_L = L: the rows fit the cache,
+onnxopt/annotate/data_movement.py's `softmax_strategy`), and the normalization costs dv multiplies a row, not L.
+A row masked everywhere gives zeros with `nan_guard` (torch's Where(IsNaN(p), 0, p)), else NaN as Softmax does.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from onnxopt.codegen.compile import compile_object, new_module
+from onnxopt.codegen.elementwise.types import ONNX_ENUM
+from onnxopt.codegen.target import Target
+from onnxopt.codegen.vmath.exp import vexp
+from onnxopt.codegen.vmath.irutil import broadcast, fma, masked_load, masked_store, while_loop
+from onnxopt.hardware.cpu import cache_levels
+
+from .desc import AttentionKernelDesc
+from .params import AttentionParams
+
+F32 = ir.FloatType()
+I64 = ir.IntType(64)
+I32 = ir.IntType(32)
+I8 = ir.IntType(8)
+PTR = ir.PointerType()
+MR, NR = 4, 2  # query rows x vectors of the micro-kernel: MR * NR accumulators, NR loads, one broadcast
+
+
+def _loop(b, start, stop, step, body, carried=()):
+    return while_loop(b, start, lambda i: b.icmp_signed("<", i, stop), step, body, carried)[1]
+
+
+def _when(b: ir.IRBuilder, cond, then):
+    then_bb = b.function.append_basic_block("when")
+    done = b.function.append_basic_block("when.done")
+    b.cbranch(cond, then_bb, done)
+    b.position_at_end(then_bb)
+    then()
+    b.branch(done)
+    b.position_at_end(done)
+
+
+def _reduce(b, v, combine):
+    n = v.type.count
+    while n > 1:
+        half = n // 2
+        lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half))))
+        hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half, n))))
+        v, n = combine(b, lo, hi), half
+    return b.extract_element(v, ir.Constant(I32, 0))
+
+
+def _vmax(b, x, y):
+    return b.select(b.fcmp_ordered(">", x, y), x, y)
+
+
+def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: int) -> str:
+    args = [PTR, I64, PTR, I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, I64, I64, PTR, I64]
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
+    q, q_rs, kt, kt_rs, v, v_rs, mask, mask_rs, out, out_rs, rows, L, d, dv, s, s_rs = fn.args
+    for a in (q, kt, v, mask, out, s):
+        a.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    vty = ir.VectorType(F32, lanes)
+    width = NR * lanes
+    zero = ir.Constant(vty, [0.0] * lanes)
+    minus_inf = ir.Constant(vty, [float("-inf")] * lanes)
+    iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    c = lambda x: ir.Constant(I64, x)  # noqa: E731
+
+    def at(base, i, ety=F32):
+        return b.gep(base, [i], source_etype=ety)
+
+    def vload(ptr, m=None):
+        return masked_load(b, ptr, vty, m, 4) if m is not None else b.load(ptr, typ=vty, align=4)
+
+    def vstore(val, ptr, m=None):
+        if m is not None:
+            masked_store(b, val, ptr, m, 4)
+        else:
+            b.store(val, ptr, align=4)
+
+    def lane_masks(start, stop):
+        """Per vector j of a block starting at `start`: the lanes before `stop`; None for a full block."""
+        rem = broadcast(b, b.sub(stop, start), lanes)
+        return [b.icmp_signed("<", b.add(iota, ir.Constant(iota.type, [j * lanes] * lanes)), rem) for j in range(NR)]
+
+    def micro(mr, a_at, b_at, n, masks):
+        """acc[i][j] = sum over t < n of a(i, t) * B(t)[vector j]: a_at(i, t) a float pointer, b_at(t, j) a vector
+        pointer."""
+        def body(t, acc):
+            bv = [vload(b_at(t, j), masks[j] if masks else None) for j in range(NR)]
+            out_acc = list(acc)
+            for i in range(mr):
+                ab = broadcast(b, b.load(a_at(i, t), typ=F32, align=4), lanes)
+                for j in range(NR):
+                    out_acc[i * NR + j] = fma(b, ab, bv[j], acc[i * NR + j])
+            return out_acc
+
+        return _loop(b, c(0), n, c(1), body, [zero] * (mr * NR))
+
+    scale = ir.Constant(vty, [p.scale] * lanes)
+    fill = ir.Constant(vty, [p.fill] * lanes)
+
+    def block(r0, mr):
+        qrow = [at(q, b.mul(b.add(r0, c(i)), q_rs)) for i in range(mr)]
+        srow = [at(s, b.mul(b.add(r0, c(i)), s_rs)) for i in range(mr)]
+        mrow = [at(mask, b.mul(b.add(r0, c(i)), mask_rs), F32 if p.mask_kind == "add" else I8) for i in range(mr)]
+        orow = [at(out, b.mul(b.add(r0, c(i)), out_rs)) for i in range(mr)]
+
+        # scores, a column block of `width` at a time
+        def scores(l0, masks):
+            acc = micro(mr, lambda i, t: at(qrow[i], t), lambda t, j: at(kt, b.add(b.mul(t, kt_rs),
+                                                                                   b.add(l0, c(j * lanes)))),
+                        d, masks)
+            for i in range(mr):
+                for j in range(NR):
+                    col = b.add(l0, c(j * lanes))
+                    x = b.fmul(acc[i * NR + j], scale)
+                    m = masks[j] if masks else None
+                    if p.mask_kind == "add":
+                        x = b.fadd(x, vload(at(mrow[i], col), m))
+                    elif p.mask_kind == "select":
+                        kty = ir.VectorType(I8, lanes)
+                        keep = masked_load(b, at(mrow[i], col, I8), kty, m, 1) if m is not None else \
+                            b.load(at(mrow[i], col, I8), typ=kty, align=1)
+                        x = b.select(b.icmp_unsigned("!=", keep, ir.Constant(kty, [0] * lanes)), x, fill)
+                    if m is not None:
+                        x = b.select(m, x, minus_inf)
+                    vstore(x, at(srow[i], col))
+
+        full = b.mul(b.sdiv(L, c(width)), c(width))
+        _loop(b, c(0), full, c(width), lambda l0, _a: scores(l0, None) or [])
+        _when(b, b.icmp_signed("<", full, L), lambda: scores(full, lane_masks(full, L)))
+
+        # softmax without the division: each row's max, exp(s - max) in place, the sum
+        padded = b.mul(b.sdiv(b.add(L, c(width - 1)), c(width)), c(width))
+        inv = []
+        for i in range(mr):
+            (vm,) = _loop(b, c(0), padded, c(lanes), lambda l0, a: [_vmax(b, a[0], vload(at(srow[i], l0)))],
+                          [minus_inf])
+            mx = _reduce(b, vm, _vmax)
+            masked_all = b.fcmp_ordered("==", mx, ir.Constant(F32, float("-inf")))
+            # a row masked everywhere: exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN in its products
+            mxv = broadcast(b, b.select(masked_all, ir.Constant(F32, 0.0), mx), lanes)
+
+            def expsum(l0, a):
+                e = vexp(b, b.fsub(vload(at(srow[i], l0)), mxv))
+                vstore(e, at(srow[i], l0))
+                return [b.fadd(a[0], e)]
+
+            (vs,) = _loop(b, c(0), padded, c(lanes), expsum, [zero])
+            total = _reduce(b, vs, lambda bb, x, y: bb.fadd(x, y))
+            none = ir.Constant(F32, 0.0 if p.nan_guard else float("nan"))
+            inv.append(broadcast(b, b.select(masked_all, none, b.fdiv(ir.Constant(F32, 1.0), total)), lanes))
+
+        # out = p V, scaled by 1 / sum
+        def values(c0, masks):
+            acc = micro(mr, lambda i, t: at(srow[i], t), lambda t, j: at(v, b.add(b.mul(t, v_rs),
+                                                                                  b.add(c0, c(j * lanes)))),
+                        L, masks)
+            for i in range(mr):
+                for j in range(NR):
+                    vstore(b.fmul(acc[i * NR + j], inv[i]), at(orow[i], b.add(c0, c(j * lanes))),
+                           masks[j] if masks else None)
+
+        vfull = b.mul(b.sdiv(dv, c(width)), c(width))
+        _loop(b, c(0), vfull, c(width), lambda c0, _a: values(c0, None) or [])
+        _when(b, b.icmp_signed("<", vfull, dv), lambda: values(vfull, lane_masks(vfull, dv)))
+
+    whole = b.mul(b.sdiv(rows, c(MR)), c(MR))
+    _loop(b, c(0), whole, c(MR), lambda r0, _a: block(r0, MR) or [])
+    _loop(b, whole, rows, c(1), lambda r0, _a: block(r0, 1) or [])
+    b.ret_void()
+    return name
+
+
+def cache_floats() -> int:
+    """Floats one task's working set may take: one core's share of the L2 (exec.c sizes its rows from it)."""
+    l2 = next((lv for lv in cache_levels() if lv.level == 2), None)
+    per_core = (l2.instance_bytes // max(1, l2.cpus_per_instance)) if l2 else 512 * 1024
+    return per_core // 4
+
+
+def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
+    """Returns (object code, the glue's description, LLVM IR text)."""
+    p = region.params
+    module = new_module(target, region.op_type)
+    sym = define_attention(module, f"{region.op_type}_attn", p, target.float32_lanes)
+    ir_text = str(module)
+    obj = compile_object(ir_text, target, vectorize=False)
+    f32 = ONNX_ENUM["float32"]
+    in_types = [f32, f32, f32] + ([f32 if p.mask_kind == "add" else ONNX_ENUM["bool"]] if p.mask_kind != "none"
+                                  else [])
+    desc = AttentionKernelDesc(op_type=region.op_type, in_types=in_types, out_types=[f32],
+                               k_transposed=p.k_transposed, mask_kind=p.mask_kind,
+                               block=NR * target.float32_lanes, capacity=cache_floats(), fn=sym)
+    return obj, desc, ir_text

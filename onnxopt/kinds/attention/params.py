@@ -1,0 +1,21 @@
+"""The attention kind's parameters: what the fused chain computes besides its inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from onnxopt.fusion.params import KindParams
+
+
+@dataclass(frozen=True)
+class AttentionParams(KindParams):
+    family: ClassVar[str] = "attention"
+    scale: float  # multiplies Q K^T
+    k_transposed: bool  # input 1 is K^T [..., d, L] (else K [..., L, d])
+    mask_kind: str  # "none", "add" (float, added) or "select" (bool: keep the score where true, else `fill`)
+    fill: float = 0.0
+    nan_guard: bool = False  # a row masked everywhere gives zeros (else NaN, as Softmax gives)
+
+    def key(self) -> list:
+        return [repr(self.scale), self.k_transposed, self.mask_kind, repr(self.fill), self.nan_guard]

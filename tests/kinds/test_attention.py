@@ -1,0 +1,119 @@
+"""The attention kind (onnxopt/kinds/attention): which chains it takes, and its kernel against onnxruntime on every
+form exports write, masks, broadcast heads, dynamic shapes and the function fallback."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from attention_models import attention_model, feeds_for
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto
+
+import onnxopt
+from onnxopt.codegen.glue.library import link_library
+from onnxopt.codegen.target import host_target
+from onnxopt.emit.model import build_fused_model
+from onnxopt.kinds import KINDS
+from onnxopt.kinds.attention import KIND
+from onnxopt.timing import make_session
+
+
+def _fuse(model, tmp_path, name="attention.so"):
+    model = onnx.shape_inference.infer_shapes(model)
+    target = host_target()
+    regions = KIND.find(model, set(), [])
+    assert len(regions) == 1
+    r = regions[0]
+    r.compute_op_type(target.name + target.llvm_features)
+    obj, desc, _ = KIND.build(r, target)
+    lib = os.path.join(str(tmp_path), name)
+    sha = link_library([desc], [obj], target, lib)
+    fused = build_fused_model(model, regions, os.path.basename(lib), sha, target.to_dict(), target.required_cpu_flags)
+    return fused, lib
+
+
+def _check(model, tmp_path, feeds, threads=2, name="attention.so"):
+    fused, lib = _fuse(model, tmp_path, name)
+    want = make_session(model, 1, optimization="none").run(None, feeds)[0]
+    got = make_session(fused, threads, library=lib).run(None, feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5 * max(1.0, float(np.nanmax(np.abs(want)))))
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    alone = make_session(fused, 1).run(None, feeds)[0]  # the function fallback, without our library
+    np.testing.assert_allclose(alone, want, rtol=1e-5, atol=1e-6)
+    return fused
+
+
+def test_the_kind_is_registered_and_claims_before_the_compute_rule():
+    assert KIND in KINDS and KIND.name == "attention" and KIND.first
+
+
+@settings(max_examples=25, deadline=None)
+@given(form=st.sampled_from(["sdpa", "bert", "fused", "unscaled"]),
+       mask=st.sampled_from(["none", "add", "causal", "select"]), guard=st.booleans(),
+       b=st.integers(1, 2), h=st.integers(1, 4), m=st.integers(1, 40), lq=st.integers(1, 70),
+       d=st.sampled_from([8, 32, 64, 80]), dv_extra=st.sampled_from([0, 3]))
+def test_matches_onnxruntime(tmp_path_factory, form, mask, guard, b, h, m, lq, d, dv_extra):
+    if mask == "causal":
+        lq = max(lq, m)
+    model = attention_model(form, b, h, m, lq, d, mask, guard, dv=d + dv_extra)
+    _check(model, tmp_path_factory.mktemp("a"), feeds_for(model))
+
+
+@pytest.mark.parametrize("seq", [1, 7, 32, 128, 384])
+def test_bert_shapes(tmp_path, seq):
+    model = attention_model("sdpa", 1, 12, seq, seq, 64, "add", True)
+    _check(model, tmp_path, feeds_for(model))
+
+
+def test_rows_masked_everywhere_give_zeros_with_the_guard_and_nan_without(tmp_path):
+    for guard in (True, False):
+        model = attention_model("bert", 1, 2, 5, 9, 8, "add", guard)
+        feeds = feeds_for(model)
+        feeds["mask"][0, 0, 0, :] = -np.inf  # every key of batch 0 masked
+        fused = _check(model, tmp_path, feeds, name=f"g{guard}.so")
+        assert fused is not None
+
+
+def test_heads_broadcast_between_q_and_kv(tmp_path):
+    """One key/value head for all query heads (multi-query attention): the leading dims broadcast."""
+    model = attention_model("bert", 2, 4, 6, 10, 16, "add", False, kv_heads=1)
+    _check(model, tmp_path, feeds_for(model))
+
+
+def test_dynamic_batch_and_sequence(tmp_path):
+    """Symbolic batch and sequence in the model; the kernel reads them at run time."""
+    model = attention_model("sdpa", "batch", 4, "seq", "seq", 32, "add", True)
+    fused, lib = _fuse(model, tmp_path)
+    for b, seq in ((1, 1), (2, 7), (1, 128), (3, 33)):
+        feeds = feeds_for(attention_model("sdpa", b, 4, seq, seq, 32, "add", True))
+        want = make_session(model, 1, optimization="none").run(None, feeds)[0]
+        got = make_session(fused, 2, library=lib).run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+
+
+def test_refusals_say_why():
+    model = attention_model("bert", 1, 2, 4, 6, 8, "add", False)
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.DOUBLE
+    rejected = []
+    assert KIND.find(onnx.shape_inference.infer_shapes(model), set(), rejected) == []
+    assert any("float32" in r["reason"] for r in rejected)
+    model = attention_model("bert", 1, 2, 4, 6, 8, "add", False)
+    claimed = {0}
+    assert KIND.find(onnx.shape_inference.infer_shapes(model), claimed, []) == []  # a node taken already
+
+
+def test_the_driver_fuses_a_chain_end_to_end(tmp_path):
+    model = attention_model("sdpa", 1, 4, 48, 48, 32, "add", True)
+    res = onnxopt.optimize(model, str(tmp_path / "fused.onnx"), measure=False, threads=2)
+    ops = [n.op_type for n in res.model.graph.node]
+    assert any(op.startswith("attention_") for op in ops) or any(
+        "attention_" in f.name for f in res.model.functions)
+    feeds = feeds_for(model)
+    want = make_session(model, 1, optimization="none").run(None, feeds)[0]
+    got = make_session(res.model, 2, library=res.library).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
