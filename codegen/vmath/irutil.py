@@ -125,3 +125,14 @@ def while_loop(b, start, cond, step, body, carried=()):
     b.branch(head)
     b.position_at_end(exit_bb)
     return i, list(phis)
+
+
+def reduce_lanes(b, v, combine):
+    """The lanes of v combined pairwise, halves at a time (log2(lanes) steps instead of lanes - 1)."""
+    n = v.type.count
+    while n > 1:
+        half = n // 2
+        lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half))))
+        hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half, n))))
+        v, n = combine(b, lo, hi), half
+    return b.extract_element(v, ir.Constant(I32, 0))

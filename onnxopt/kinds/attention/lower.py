@@ -22,7 +22,7 @@ from onnxopt.codegen.compile import compile_object, new_module
 from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.exp import vexp
-from onnxopt.codegen.vmath.irutil import broadcast, fma, masked_load, masked_store, while_loop
+from onnxopt.codegen.vmath.irutil import broadcast, fma, masked_load, masked_store, reduce_lanes as _reduce, while_loop
 from onnxopt.hardware.cpu import cache_levels
 
 from .desc import AttentionKernelDesc
@@ -48,16 +48,6 @@ def _when(b: ir.IRBuilder, cond, then):
     then()
     b.branch(done)
     b.position_at_end(done)
-
-
-def _reduce(b, v, combine):
-    n = v.type.count
-    while n > 1:
-        half = n // 2
-        lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half))))
-        hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half, n))))
-        v, n = combine(b, lo, hi), half
-    return b.extract_element(v, ir.Constant(I32, 0))
 
 
 def _vmax(b, x, y):

@@ -15,7 +15,7 @@ from onnxopt.codegen.compile import compile_object, new_module
 from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.exp import vexp
-from onnxopt.codegen.vmath.irutil import broadcast, masked_load, masked_store, while_loop
+from onnxopt.codegen.vmath.irutil import broadcast, masked_load, masked_store, reduce_lanes as _reduce, while_loop
 from onnxopt.codegen.vmath.log import vlog
 
 from .desc import SoftmaxKernelDesc
@@ -33,17 +33,6 @@ def _loop(b: ir.IRBuilder, start, stop, step, body, carried=()):
 
 def _vmax(b, x, y):
     return b.select(b.fcmp_ordered(">", x, y), x, y)
-
-
-def _reduce(b, v, combine):
-    """The lanes of v combined pairwise, halves at a time (log2(lanes) steps instead of lanes - 1)."""
-    n = v.type.count
-    while n > 1:
-        half = n // 2
-        lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half))))
-        hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half, n))))
-        v, n = combine(b, lo, hi), half
-    return b.extract_element(v, ir.Constant(I32, 0))
 
 
 def _when(b: ir.IRBuilder, cond, then, carried=()):
