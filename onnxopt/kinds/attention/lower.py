@@ -133,26 +133,43 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
         _loop(b, c(0), full, c(width), lambda l0, _a: scores(l0, None) or [])
         _when(b, b.icmp_signed("<", full, L), lambda: scores(full, lane_masks(full, L)))
 
-        # softmax without the division: each row's max, exp(s - max) in place, the sum
+        # softmax without the division: each row's max, exp(s - max) in place, the sum; the block's rows and a
+        # column block's vectors in one loop, so the max and sum chains run side by side
         padded = b.mul(b.sdiv(b.add(L, c(width - 1)), c(width)), c(width))
+        chains = [(i, j) for i in range(mr) for j in range(NR)]
+
+        def row_max(l0, a):
+            return [_vmax(b, a[k], vload(at(srow[i], b.add(l0, c(j * lanes))))) for k, (i, j) in enumerate(chains)]
+
+        vm = _loop(b, c(0), padded, c(width), row_max, [minus_inf] * len(chains))
+        mxv, masked_all = [], []
+        for i in range(mr):
+            row = vm[i * NR]
+            for j in range(1, NR):
+                row = _vmax(b, row, vm[i * NR + j])
+            mx = _reduce(b, row, _vmax)
+            masked_all.append(b.fcmp_ordered("==", mx, ir.Constant(F32, float("-inf"))))
+            # a row masked everywhere: exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN in its products
+            mxv.append(broadcast(b, b.select(masked_all[i], ir.Constant(F32, 0.0), mx), lanes))
+
+        def expsum(l0, a):
+            out_sum = []
+            for k, (i, j) in enumerate(chains):
+                ptr = at(srow[i], b.add(l0, c(j * lanes)))
+                e = vexp(b, b.fsub(vload(ptr), mxv[i]))
+                vstore(e, ptr)
+                out_sum.append(b.fadd(a[k], e))
+            return out_sum
+
+        vs = _loop(b, c(0), padded, c(width), expsum, [zero] * len(chains))
+        none = ir.Constant(F32, 0.0 if p.nan_guard else float("nan"))
         inv = []
         for i in range(mr):
-            (vm,) = _loop(b, c(0), padded, c(lanes), lambda l0, a: [_vmax(b, a[0], vload(at(srow[i], l0)))],
-                          [minus_inf])
-            mx = _reduce(b, vm, _vmax)
-            masked_all = b.fcmp_ordered("==", mx, ir.Constant(F32, float("-inf")))
-            # a row masked everywhere: exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN in its products
-            mxv = broadcast(b, b.select(masked_all, ir.Constant(F32, 0.0), mx), lanes)
-
-            def expsum(l0, a):
-                e = vexp(b, b.fsub(vload(at(srow[i], l0)), mxv))
-                vstore(e, at(srow[i], l0))
-                return [b.fadd(a[0], e)]
-
-            (vs,) = _loop(b, c(0), padded, c(lanes), expsum, [zero])
-            total = _reduce(b, vs, lambda bb, x, y: bb.fadd(x, y))
-            none = ir.Constant(F32, 0.0 if p.nan_guard else float("nan"))
-            inv.append(broadcast(b, b.select(masked_all, none, b.fdiv(ir.Constant(F32, 1.0), total)), lanes))
+            row = vs[i * NR]
+            for j in range(1, NR):
+                row = b.fadd(row, vs[i * NR + j])
+            total = _reduce(b, row, lambda bb, x, y: bb.fadd(x, y))
+            inv.append(broadcast(b, b.select(masked_all[i], none, b.fdiv(ir.Constant(F32, 1.0), total)), lanes))
 
         # out = p V, scaled by 1 / sum
         def values(c0, masks):
