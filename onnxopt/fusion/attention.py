@@ -62,8 +62,9 @@ class _Graph:
         return len(readers) == 1 and self.index.nodes[readers[0]] is node
 
     def scalar(self, name: str) -> float | None:
+        """A one-element constant of rank 0 or 1 (a higher rank would raise the rank of what it multiplies)."""
         a = self.consts.get(name)
-        return float(a.reshape(-1)[0]) if a is not None and a.size == 1 else None
+        return float(a.reshape(-1)[0]) if a is not None and a.size == 1 and a.ndim <= 1 else None
 
 
 def _is(node, op, domain=("", "ai.onnx")) -> bool:
@@ -190,11 +191,12 @@ def _match(g: _Graph, softmax: onnx.NodeProto, opset: int, ranks: dict | None) -
 
 
 def find_attention(model: onnx.ModelProto, ranks: dict[str, int] | None = None,
-                   rejected: list | None = None) -> list[AttentionChain]:
+                   rejected: list | None = None, index: GraphIndex | None = None) -> list[AttentionChain]:
     """The attention chains of `model`'s main graph. `ranks`: tensor ranks where known (for a Softmax whose axis is
-    given as a number). Each Softmax that is not part of a chain adds {"nodes", "reason"} to `rejected`."""
+    given as a number). Each Softmax that is not part of a chain adds {"nodes", "reason"} to `rejected`. `index`:
+    the graph's index when the caller has one."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    g = _Graph(GraphIndex(model.graph), _constants(model))
+    g = _Graph(index or GraphIndex(model.graph), _constants(model))
     chains, taken = [], set()
     for node in model.graph.node:
         if not _is(node, "Softmax"):

@@ -37,6 +37,7 @@ def _fuse(model, tmp_path, name="attention.so"):
 
 
 def _check(model, tmp_path, feeds, threads=2, name="attention.so"):
+    """The fused model's output (with the library) after checking it, and the fallback's, against onnxruntime."""
     fused, lib = _fuse(model, tmp_path, name)
     want = make_session(model, 1, optimization="none").run(None, feeds)[0]
     got = make_session(fused, threads, library=lib).run(None, feeds)[0]
@@ -45,7 +46,7 @@ def _check(model, tmp_path, feeds, threads=2, name="attention.so"):
     assert np.array_equal(np.isnan(got), np.isnan(want))
     alone = make_session(fused, 1).run(None, feeds)[0]  # the function fallback, without our library
     np.testing.assert_allclose(alone, want, rtol=1e-5, atol=1e-6)
-    return fused
+    return got
 
 
 def test_the_kind_is_registered_and_claims_before_the_compute_rule():
@@ -75,8 +76,11 @@ def test_rows_masked_everywhere_give_zeros_with_the_guard_and_nan_without(tmp_pa
         model = attention_model("bert", 1, 2, 5, 9, 8, "add", guard)
         feeds = feeds_for(model)
         feeds["mask"][0, 0, 0, :] = -np.inf  # every key of batch 0 masked
-        fused = _check(model, tmp_path, feeds, name=f"g{guard}.so")
-        assert fused is not None
+        got = _check(model, tmp_path, feeds, name=f"g{guard}.so")
+        if guard:
+            assert np.all(got[0] == 0)
+        else:
+            assert np.all(np.isnan(got[0]))
 
 
 def test_heads_broadcast_between_q_and_kv(tmp_path):

@@ -1,8 +1,9 @@
 /* The attention kind's executor: the leading dims (batch, heads) broadcast between Q, K, V and the mask; one task
    per (leading index, block of query rows), over ORT's pool. A task's rows are as many as keep its working set
-   (the rows' Q and scores, K^T, V, the output rows) within the descriptor's capacity, one core's L2: the row-kept
-   form of the data-movement model (onnxopt/annotate/data_movement.py), rows * (d + L + dv) + L * (d + dv) floats.
-   Where K and V alone do not fit, half of it goes to the rows and K and V stream through. */
+   (the rows' Q and scores, K^T, V, the output rows) within the descriptor's capacity, one core's L2:
+   rows * (d + L + dv) + L * (d + dv) floats, the sum of both GEMMs' footprints in the row-kept order (T_L = L) of
+   the data-movement model (onnxopt/annotate/data_movement.py), which takes their maximum; the sum keeps K and V
+   resident across both phases. Where K and V alone do not fit, half of it goes to the rows and K and V stream. */
 #define ATTN_MIN_TASKS 8 /* fewer rows a task rather than fewer tasks than this (threads to feed) */
 
 typedef struct {

@@ -43,7 +43,7 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
     position = {id(n): i for i, n in enumerate(rule.index.nodes)}
     ranks = {name: ti.rank for name, ti in rule.info.items() if ti is not None and ti.rank is not None}
     found = []
-    for chain in find_attention(model, ranks, rejected):
+    for chain in find_attention(model, ranks, rejected, rule.index):
         members = [position[id(n)] for n in chain.nodes]
         if any(i in claimed for i in members):
             continue
