@@ -43,7 +43,7 @@ from onnxopt.graph.unary_through_concat import push_unary_through_concats
 from onnxopt.fusion import winograd
 from onnxopt.verify import Tolerance, check_given_inputs, load_check_inputs
 from onnxopt.driver.policy import (PLANS, FUSION_KINDS, passthroughs_kept, _consistent_layouts, _op_counts,
-                                   _channel_vector_kernel)
+                                   _channel_vector_kernel, _packed_panel)
 from onnxopt.driver.decision import DecisionStage
 from onnxopt.driver.result import Result
 from onnxopt.driver.kernels import KernelStage
@@ -317,7 +317,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
                 claimed: set[int] = set()
                 rejected = self.report["rejected"] if grouped else []
                 plan = self._kind_regions(work, claimed, rejected, first=True)
-                plan += ComputeRule(work, mi, grouped=grouped, blocked=_channel_vector_kernel(mk)).find_regions(
+                plan += ComputeRule(work, mi, grouped=grouped, blocked=_channel_vector_kernel(mk),
+                                  panel=_packed_panel(mk)).find_regions(
                     claimed, rejected)
                 if "pool" not in self.opts.skip_fusion:  # pools with their epilogues (fusion/pool.py)
                     plan += PoolRule(work).find_regions(claimed, rejected)

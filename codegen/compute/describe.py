@@ -20,14 +20,20 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     c = region.compute
     kernel = select(target)
     tile = kernel.tile
-    if getattr(c, "tile", None) is not None:  # chosen by the tile search (onnxopt/tune); weights packed for it
+    packed_b = int(c.attrs.get("packed_b", 0))
+    if packed_b:  # a constant B packed in panels for the target's mask-free tile (fusion/compute.py)
+        tile = kernel.packed_b_tile
+        if packed_b != tile.ni * tile.lanes:
+            raise ValueError(f"B is packed in panels of {packed_b} columns, the target's tile has "
+                             f"{tile.ni * tile.lanes}")
+    elif getattr(c, "tile", None) is not None:  # chosen by the tile search (onnxopt/tune); weights packed for it
         if c.tile.lanes != tile.lanes:
             raise ValueError(f"register tile {c.tile} is for {c.tile.lanes} lanes, the target has {tile.lanes}")
         tile = c.tile
     # ConvTranspose packs its weights for the default tile.
     if c.attrs.get("packed_ni", tile.ni) != tile.ni or c.attrs.get("packed_mi", tile.mi) != tile.mi:
         raise ValueError(f"the weights are packed for another register tile than {tile}")
-    spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul")
+    spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul", packed_b=packed_b)
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
     channel_vectors = c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")
     mi, ni = tile.mi, tile.ni
@@ -54,6 +60,8 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         extra_kinds=list(c.extra_kinds), extra_nstride=list(c.extra_nstride),
         trans_a=int(a.get("trans_a", 0)),
     )
+    if packed_b:
+        desc.packed_b, desc.oc = packed_b, int(a["n"])
     if c.op in ("conv", "conv_transpose"):
         desc.oc, desc.groups, desc.ic_g = a["oc"], a["groups"], a["ic_g"]
         desc.kernel, desc.strides, desc.dilations = a["kernel"], a["strides"], a["dilations"]

@@ -44,7 +44,12 @@ SLOT_COFF = SLOT_VOFF + NV_MAX
 SLOT_LANES = SLOT_COFF + NV_MAX
 SLOT_OUT = SLOT_LANES + NV_MAX
 SLOT_EXTRA = SLOT_OUT + MAX_OUTPUTS
-SLOTS = SLOT_EXTRA + MAX_EXTRAS
+# A packed-B tile runs K in blocks (the glue's ct_run_task): `acc` is the tile's partial sums, [mi][NI * lanes],
+# and `phase` says which block this is: bit 1, continue the sums in `acc`; bit 0, store them there rather than
+# run the epilogue. 0 is the whole K at once.
+SLOT_ACC = SLOT_EXTRA + MAX_EXTRAS
+SLOT_PHASE = SLOT_ACC + 1
+SLOTS = SLOT_PHASE + 1
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class TileSpec:
     epilogue: EwProgram  # inputs[0] is the accumulator; the rest are extras, in order
     extra_kinds: tuple[int, ...]
     packed_a: bool  # A is packed [M/MI][K][MI]: a_ms = 1, a_ks = MI, known at compile time
+    packed_b: int = 0  # > 0: B is a constant matrix packed [N / packed_b][K][packed_b] (the tile's panel from b)
 
 
 def _slot(b, tile_ptr, index, ty):
@@ -73,7 +79,7 @@ def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, 
     else:
         a_ms, a_ks = _slot(b, t, SLOT_A_MS, I64), _slot(b, t, SLOT_A_KS, I64)
     bp = _slot(b, t, SLOT_B, PTR)
-    koff = _slot(b, t, SLOT_KOFF, PTR)
+    koff = None if spec.packed_b else _slot(b, t, SLOT_KOFF, PTR)
     k_count = _slot(b, t, SLOT_K, I64)
     ldc = _slot(b, t, SLOT_LDC, I64)
     m0 = _slot(b, t, SLOT_M0, I64)
@@ -84,7 +90,14 @@ def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, 
     outs = [_slot(b, t, SLOT_OUT + k, PTR) for k in range(len(prog.outputs))]
     extras = [_slot(b, t, SLOT_EXTRA + e, PTR) for e in range(len(prog.inputs) - 1)]
 
-    acc = emit_outer_product(b, spec.tile, mi, nv, a, a_ms, a_ks, bp, koff, k_count, voff, masks)
+    init = None
+    if spec.packed_b:
+        partial, phase = _slot(b, t, SLOT_ACC, PTR), _slot(b, t, SLOT_PHASE, I64)
+        init = _load_partial_sums(b, partial, phase, mi, nv, lanes)
+    acc = emit_outer_product(b, spec.tile, mi, nv, a, a_ms, a_ks, bp, koff, k_count, voff, masks,
+                             b_panel=spec.packed_b, init=init)
+    if spec.packed_b:
+        _store_partial_sums(b, acc, partial, phase, lanes)
 
     for i in range(mi):
         row = b.add(m0, ir.Constant(I64, i))
@@ -111,6 +124,45 @@ def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, 
                 masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j], 4)
     b.ret_void()
     return fn
+
+
+def _load_partial_sums(b: ir.IRBuilder, partial, phase, mi: int, nv: int, lanes: int) -> list[list[ir.Value]]:
+    """The accumulators' start: the partial sums of the earlier K blocks where phase bit 1 says so, else zeros."""
+    vty = ir.VectorType(F32, lanes)
+    zeros = ir.Constant(vty, [0.0] * lanes)
+    pre = b.block
+    load_bb = b.function.append_basic_block("sums.load")
+    join = b.function.append_basic_block("sums.start")
+    b.cbranch(b.icmp_unsigned("!=", b.and_(phase, ir.Constant(I64, 2)), ir.Constant(I64, 0)), load_bb, join)
+    b.position_at_end(load_bb)
+    loaded = [[b.load(b.gep(partial, [ir.Constant(I64, (i * nv + j) * lanes)], source_etype=F32), typ=vty, align=4)
+               for j in range(nv)] for i in range(mi)]
+    b.branch(join)
+    b.position_at_end(join)
+    out = []
+    for i in range(mi):
+        row = []
+        for j in range(nv):
+            p = b.phi(vty)
+            p.add_incoming(zeros, pre)
+            p.add_incoming(loaded[i][j], load_bb)
+            row.append(p)
+        out.append(row)
+    return out
+
+
+def _store_partial_sums(b: ir.IRBuilder, acc, partial, phase, lanes: int) -> None:
+    """Where phase bit 0 says the block is not the last: store the sums to `partial` and return."""
+    store_bb = b.function.append_basic_block("sums.store")
+    epilogue = b.function.append_basic_block("epilogue")
+    b.cbranch(b.icmp_unsigned("!=", b.and_(phase, ir.Constant(I64, 1)), ir.Constant(I64, 0)), store_bb, epilogue)
+    b.position_at_end(store_bb)
+    nv = len(acc[0])
+    for i, row in enumerate(acc):
+        for j, v in enumerate(row):
+            b.store(v, b.gep(partial, [ir.Constant(I64, (i * nv + j) * lanes)], source_etype=F32), align=4)
+    b.ret_void()
+    b.position_at_end(epilogue)
 
 
 def define_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, features, define=None,

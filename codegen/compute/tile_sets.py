@@ -96,6 +96,8 @@ def _digest(req: TileSetRequest) -> str:
     t = s.tile
     parts = (req.kind, (t.mi, t.ni, t.mii, t.lanes), _canonical_program(s.epilogue), tuple(s.extra_kinds),
              bool(s.packed_a), tuple(req.depthwise), req.winograd, tuple(req.wino_kernel))
+    if s.packed_b:  # a later field: the sets without it keep their names
+        parts += ("packed_b", s.packed_b)
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

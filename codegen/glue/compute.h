@@ -15,8 +15,10 @@ typedef struct {
   int64_t oc, groups, kh, kw, sh, sw, dh, dw, pads[4]; /* pads: top, left, bottom, right */
   int auto_pad;                 /* 0 explicit/VALID, 1 SAME_UPPER, 2 SAME_LOWER */
   int64_t ic_g;
-  /* MatMul/Gemm: A row-major, or transposed (Gemm transA). */
+  /* MatMul/Gemm: A row-major, or transposed (Gemm transA). packed_b > 0: B is constant and packed in panels
+     [ceil(N / packed_b)][K][packed_b], zero-padded, N in `oc` (op input 1 is the packed tensor). */
   int trans_a;
+  int packed_b;
   /* Conv layouts: the input, and the outputs with their per-pixel epilogue inputs, in the blocked layout
      [N][C / lanes][H][W][lanes] (compute_exec.c, ct_conv_blocked). A blocked output has weights packed
      [ceil(oc / (ni * lanes))][ic_g * kh * kw][ni * lanes]. */

@@ -34,6 +34,8 @@ typedef struct { /* mirrors the slots of codegen/compute/tile.py */
   int64_t voff[CT_NV_MAX], coff[CT_NV_MAX], lanes[CT_NV_MAX];
   float *out[CT_MAX_OUT];
   const float *extra[CT_MAX_EXTRA];
+  float *acc;    /* packed B: the tile's partial sums over the K blocks before this one, [mi][ni * lanes] */
+  int64_t phase; /* packed B: bit 1, continue the sums in acc, and bit 0, store them there (not the last block) */
 } ct_tile;
 
 typedef struct {
@@ -51,6 +53,54 @@ typedef struct {
   const float *extra[CT_MAX_EXTRA];
   int64_t extra_count[CT_MAX_EXTRA]; /* elements per batch item (POSITION/CHANNEL) */
 } ct_job;
+
+/* K per block of a packed-B matmul: the tile's block of B, KC x (ni * lanes) floats, stays in L1 (16 KiB) while
+   every row block of the task passes over it; the partial sums wait in a per-task buffer between blocks. */
+static int64_t ct_packed_kc(const onnxopt_ct_desc *d, int64_t K) {
+  int64_t kc = 16384 / (d->packed_b * (int64_t)sizeof(float));
+  if (kc < 128) kc = 128;
+  return K <= kc + kc / 2 ? K : kc;
+}
+
+static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, int64_t t0, int64_t t1, int64_t b0,
+                          int64_t b1) {
+  const onnxopt_ct_desc *d = job->d;
+  int64_t K = job->K, NRF = d->packed_b, kc = ct_packed_kc(d, K);
+  int64_t nkb = (K + kc - 1) / kc;
+  float *sums = NULL;
+  if (nkb > 1) {
+    sums = (float *)malloc((size_t)((t1 - t0) * (b1 - b0) * d->mi * NRF) * sizeof(float));
+    if (!sums) { /* one block over the whole K needs no buffer */
+      kc = K;
+      nkb = 1;
+    }
+  }
+  for (int64_t kb = 0; kb < nkb; kb++) {
+    int64_t k0 = kb * kc;
+    t->k = K - k0 < kc ? K - k0 : kc;
+    t->phase = nkb == 1 ? 0 : (kb > 0 ? 2 : 0) | (kb < nkb - 1 ? 1 : 0);
+    for (int64_t tile = t0; tile < t1; tile++) {
+      int nv = 0;
+      int64_t p0 = tile * NRF;
+      t->b = job->b + tile * K * NRF + k0 * NRF;
+      for (int j = 0; j < d->ni && p0 + j * d->lanes < job->P; j++, nv++) {
+        int64_t left = job->P - (p0 + j * d->lanes);
+        t->voff[j] = j * d->lanes;
+        t->coff[j] = p0 + j * d->lanes;
+        t->lanes[j] = left < d->lanes ? left : d->lanes;
+      }
+      for (int64_t mb = b0; mb < b1; mb++) {
+        int64_t m0 = mb * d->mi;
+        int64_t mi = job->M - m0 < d->mi ? job->M - m0 : d->mi;
+        t->m0 = m0;
+        t->a = a_item + m0 * job->a_ms + k0;
+        t->acc = sums ? sums + ((tile - t0) * (b1 - b0) + (mb - b0)) * d->mi * NRF : NULL;
+        d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+      }
+    }
+  }
+  free(sums);
+}
 
 static void ct_run_task(const ct_job *job, int64_t task) {
   const onnxopt_ct_desc *d = job->d;
@@ -77,6 +127,10 @@ static void ct_run_task(const ct_job *job, int64_t task) {
     t.extra[e] = base;
   }
   const float *a_item = job->a + job->a_off[item];
+  if (d->packed_b) {
+    ct_run_packed(job, &t, a_item, t0, t1, b0, b1);
+    return;
+  }
   for (int64_t tile = t0; tile < t1; tile++) {
     int nv = 0;
     if (job->rows_mode) {

@@ -127,6 +127,15 @@ static OrtStatus *ct_matmul(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   if (ar < 2 || br < 2) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul operands must have rank 2 or more");
   int64_t M = d->trans_a ? ad[ar - 1] : ad[ar - 2], K = d->trans_a ? ad[ar - 2] : ad[ar - 1];
   int64_t N = bd[br - 1];
+  if (d->packed_b) { /* [ceil(N / packed_b)][K][packed_b]: a constant matrix, no batch dims */
+    if (br != 3 || bd[2] != d->packed_b || bd[0] != (d->oc + d->packed_b - 1) / d->packed_b)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: packed matmul weights do not match the kernel");
+    if (bd[1] != K) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul inner dimensions differ");
+    N = d->oc;
+    bd[0] = K;
+    bd[1] = N;
+    br = 2;
+  }
   if (bd[br - 2] != K) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul inner dimensions differ");
   size_t R = ar > br ? ar : br;
   int64_t od[MAX_RANK];
@@ -163,7 +172,7 @@ static OrtStatus *ct_matmul(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
     st = fail(ORT_FAIL, "onnxopt: out of memory");
     goto done;
   }
-  for (int64_t k = 0; k < K; k++) koff[k] = k * N;
+  for (int64_t k = 0; k < K; k++) koff[k] = k * N; /* unused by packed B */
   job.a_off = offs;
   job.b_off = offs + batch;
   for (int64_t i = 0; i < batch; i++) { /* broadcast batch index -> each operand's matrix */

@@ -47,6 +47,7 @@ class CtKernelDesc:
     auto_pad: int = 0  # 0 explicit, 1 SAME_UPPER, 2 SAME_LOWER
     ic_g: int = 0
     trans_a: int = 0
+    packed_b: int = 0  # matmul: B constant, packed [ceil(N / packed_b)][K][packed_b] (N is `oc`)
     in_blocked: int = 0  # conv input in the blocked layout [N, C/L, H, W, L] (L = lanes)
     out_blocked: int = 0  # conv outputs (and per-pixel epilogue inputs) blocked; weights packed [C/(NI*L)][K][NI*L]
     channel_vectors: int = 0  # the blocked kernel writing NCHW outputs (through a blocked buffer); weights as above

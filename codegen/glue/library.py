@@ -62,7 +62,7 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
             f"{c}_out_types}}, {k.mi}, {k.ni}, {k.lanes}, {c}_tiles, {len(k.extra_kinds)}, {c}_extra_kind, "
             f"{c}_extra_nstride, {k.oc}, {k.groups}, {k.kernel[0]}, {k.kernel[1]}, {k.strides[0]}, {k.strides[1]}, "
             f"{k.dilations[0]}, {k.dilations[1]}, {{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ic_g}, "
-            f"{k.trans_a}, {k.in_blocked}, {k.out_blocked}, {k.channel_vectors}, {k.transposed}, "
+            f"{k.trans_a}, {k.packed_b}, {k.in_blocked}, {k.out_blocked}, {k.channel_vectors}, {k.transposed}, "
             f"{{{k.output_padding[0]}, {k.output_padding[1]}}}, {k.winograd}, "
             f"{wino[0] if wino else 'NULL'}, {wino[1] if wino else 'NULL'}}}")
     return "".join(parts), init

@@ -24,7 +24,7 @@ from onnxopt.fusion.region import Region
 from onnxopt.fusion.siblings import Siblings, apply_siblings, sibling_groups
 from onnxopt.fusion import winograd
 from onnxopt.driver.policy import (FUSABLE, _afusion_groups, _plan_entries, _pair_key, _pair_rops, _machine,
-                                   _channel_vector_kernel)
+                                   _channel_vector_kernel, _packed_panel)
 
 
 class PlanStage:
@@ -38,7 +38,8 @@ class PlanStage:
         if mk.lanes < 8:
             return []
         claimed: set[int] = set()
-        rule = ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk))
+        rule = ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk),
+                                  panel=_packed_panel(mk))
         self._blocked_rule = rule
         plan = self._kind_regions(work, claimed, [], first=True)
         plan += rule.find_regions(claimed, [])
@@ -125,7 +126,8 @@ class PlanStage:
         times once the kernels are checked (_measured_afusion): a group the roofline misjudged is then kept or
         dropped on what it measured."""
         mk = select_micro_kernel(self.opts.target)
-        rule = self._blocked_rule or ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk))
+        rule = self._blocked_rule or ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk),
+                                  panel=_packed_panel(mk))
         pairs, refused = afusion_pairs(blocked_plan, rule.index, rule.ew.shape_of, mk.lanes,
                                        self.opts.threads or os.cpu_count() or 1)
         if "afusion" in self.opts.skip_fusion:

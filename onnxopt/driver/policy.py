@@ -89,6 +89,12 @@ def _channel_vector_kernel(mk) -> tuple[int, int] | None:
     return (mk.lanes, mk.tile.ni) if mk.lanes >= 8 else None
 
 
+def _packed_panel(mk) -> int:
+    """Columns per panel of a constant matmul B packed for the target's mask-free register tile."""
+    t = mk.packed_b_tile
+    return t.ni * t.lanes
+
+
 FUSABLE = ("SISO", "SIMO", "MISO")  # the AFUSION patterns that have kernels
 
 

@@ -65,7 +65,7 @@ class ComputeRule:
     _ops = {"Conv": "conv", "ConvTranspose": "conv_transpose", "MatMul": "matmul", "Gemm": "matmul"}
 
     def __init__(self, model: onnx.ModelProto, mi: int, grouped: bool = True,
-                 blocked: tuple[int, int] | None = None):
+                 blocked: tuple[int, int] | None = None, panel: int = 0):
         self.grouped = grouped  # also grouped and depthwise convolutions
         # (lanes, NI) of the target's channel-vector kernel, which ConvTranspose runs on; None: no ConvTranspose.
         self.blocked = blocked
@@ -73,6 +73,8 @@ class ComputeRule:
         self.model = model
         self.index = self.ew.index
         self.mi = mi
+        # Columns per panel of a constant matmul B packed for the target's mask-free tile; 0: B stays as it is.
+        self.panel = panel
         self.inits = self.ew.inits
         self.materialized: dict[str, np.ndarray] = {}
 
@@ -399,6 +401,9 @@ class ComputeRule:
         c_name, c_kind = None, None
         if node.op_type == "MatMul":
             params.attrs = dict(trans_a=0)
+            packed = self._packed_b(node.input[1], node.input[0], params, uid, head_out, node.name)
+            if packed is not None:
+                return *packed, None, None
             m = onnx.NodeProto()
             m.CopyFrom(node)
             return [node.input[0], node.input[1]], [m], None, None
@@ -425,10 +430,56 @@ class ComputeRule:
             if c_kind is None:
                 raise _Reject("Gemm's C does not broadcast as a row, a column or the whole output")
         params.attrs = dict(trans_a=trans_a)
+        if not trans_a:
+            packed = self._packed_b(b_name, node.input[0], params, uid, head_out, node.name, b, c_name)
+            if packed is not None:
+                return *packed, c_name, c_kind
         gemm_in = [node.input[0], b_name] + ([c_name] if c_name else [])
         body = [helper.make_node("Gemm", gemm_in, [head_out], name=node.name, transA=trans_a)]
         # The epilogue adds C itself; the Gemm node's inputs are only A and B.
         return [node.input[0], b_name], body, c_name, c_kind
+
+
+    def _packed_b(self, b_name, a_name, params, uid, head_out, node_name, value=None, gemm_c=None):
+        """A constant 2-D B packed in zero-padded panels for the micro-kernel, [ceil(N / P)][K][P] (P = `panel`
+        columns: whole vectors, so the kernel's loads need no masks and read one contiguous run per k), with the
+        fallback that unpacks it and multiplies (a Gemm adding `gemm_c` where a Gemm's C is given); None when B is
+        not such a constant or packing is off."""
+        if not self.panel:
+            return None
+        b = value if value is not None else self._const(b_name)
+        if b is None or b.ndim != 2 or self.ew.dtype_of(b_name) not in ("float32", None):
+            return None
+        k, n = b.shape
+        p = self.panel
+        pn = -(-n // p)
+        padded = np.zeros((k, pn * p), np.float32)
+        padded[:, :n] = b
+        packed = np.ascontiguousarray(padded.reshape(k, pn, p).transpose(1, 0, 2))
+        wname = f"{uid}__packed_b"
+        params.initializers.append(numpy_helper.from_array(packed, wname))
+        params.attrs.update(packed_b=p, n=n)
+        u = f"{uid}__unpack"
+
+        def const(name, arr):
+            return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr, np.int64),
+                                                                                          name))
+        body = [helper.make_node("Transpose", [wname], [f"{u}_t"], perm=[1, 0, 2]),
+                const(f"{u}_s", [k, pn * p]),
+                helper.make_node("Reshape", [f"{u}_t", f"{u}_s"], [f"{u}_r"])]
+        full = f"{u}_r"
+        if pn * p != n:
+            full = f"{u}_b"
+            if self.ew.opset >= 10:
+                body += [const(f"{u}_starts", [0]), const(f"{u}_ends", [n]), const(f"{u}_axes", [1]),
+                         helper.make_node("Slice", [f"{u}_r", f"{u}_starts", f"{u}_ends", f"{u}_axes"], [full])]
+            else:  # Slice took attributes before opset 10
+                body.append(helper.make_node("Slice", [f"{u}_r"], [full], starts=[0], ends=[n], axes=[1]))
+        if gemm_c:
+            body.append(helper.make_node("Gemm", [a_name, full, gemm_c], [head_out], name=node_name))
+        else:
+            body.append(helper.make_node("MatMul", [a_name, full], [head_out], name=node_name))
+        return [a_name, wname], body
 
 
 def conv_geometry_reason(node, w_shape, in_channels: int, out_shape) -> str | None:

@@ -489,6 +489,53 @@ def test_matmul_2d_with_row_bias(tmp_path):
     check(m, tmp_path, ops="MatMul -> Add")
 
 
+# ---- a constant B packed in panels (transformer projections) ------------------------------------------------------
+# The kernel runs K in blocks of 256 columns of A on AVX2 (128 on AVX-512) once K passes 1.5 blocks, keeping the
+# partial sums between blocks; these shapes take one, two and several blocks, with M and N off the tile's edges.
+
+
+@pytest.mark.parametrize("m,k,n", [(7, 385, 33), (13, 700, 70), (1, 1000, 16), (65, 513, 130), (6, 384, 17)])
+def test_matmul_packed_b_over_k_blocks(m, k, n, tmp_path):
+    """x [2, M, K] @ W + b + residual: the sums of every K block reach the epilogue once, on every row and column."""
+    rng = np.random.default_rng(m + k + n)
+    post = [helper.make_node("Add", ["mm", "bias"], ["a"]), helper.make_node("Add", ["a", "R"], ["y"])]
+    model = _matmul([2, m, k], [k, n], b_const=True, post=post, inits=[_const("bias", rng.standard_normal(n))],
+                    inputs=[_vi("R", [2, m, n])])
+    check(model, tmp_path, ops="MatMul -> Add -> Add")
+
+
+def test_packed_b_layout_and_fallback(tmp_path):
+    """B is stored as [ceil(N / P)][K][P], zero past N; the function fallback unpacks it (Transpose, Reshape, Slice)
+    and multiplies, so the model runs without the library (check() runs it both ways)."""
+    from onnxopt.codegen.microkernel.registry import select
+    from onnxopt.codegen.target import host_target
+
+    tile = select(host_target()).packed_b_tile
+    panel = tile.ni * tile.lanes
+    k, n = 40, panel + 5
+    model = _matmul([3, 9, k], [k, n], b_const=True)
+    _, fused = check(model, tmp_path, ops="MatMul")
+    packed = [numpy_helper.to_array(t) for t in fused.graph.initializer if t.name.endswith("__packed_b")]
+    assert len(packed) == 1 and packed[0].shape == (2, k, panel)
+    b = numpy_helper.to_array(model.graph.initializer[0])
+    assert np.array_equal(packed[0][0], b[:, :panel]) and np.array_equal(packed[0][1][:, :5], b[:, panel:])
+    assert not packed[0][1][:, 5:].any()
+    assert {"Transpose", "Reshape", "Slice", "MatMul"} <= {nd.op_type for nd in fused.functions[0].node}
+
+
+def test_packed_b_with_a_symbolic_sequence(tmp_path):
+    """Tokens known only at run time: one fused model serves every sequence length, with GELU (erf) fused."""
+    rng = np.random.default_rng(5)
+    n = helper.make_node
+    post = [n("Add", ["mm", "bias"], ["a"]), n("Div", ["a", "sqrt2"], ["d"]), n("Erf", ["d"], ["e"]),
+            n("Add", ["e", "one"], ["p"]), n("Mul", ["a", "p"], ["q"]), n("Mul", ["q", "half"], ["y"])]
+    model = _matmul([1, "seq", 64], [64, 96], b_const=True, post=post,
+                    inits=[_const("bias", rng.standard_normal(96) * 0.1), _const("sqrt2", np.sqrt(2.0)),
+                           _const("one", 1.0), _const("half", 0.5)])
+    check(model, tmp_path, ops="MatMul -> Add -> Div -> Erf -> Add -> Mul -> Mul",
+          runs=tuple({"seq": s} for s in (1, 7, 32, 128, 384, 512)))
+
+
 @pytest.mark.parametrize("bias_shape", [[19, 1], [19, 70], [1, 1], []])
 def test_matmul_2d_with_other_epilogue_inputs(bias_shape, tmp_path):
     rng = np.random.default_rng(4)

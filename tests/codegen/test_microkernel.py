@@ -313,7 +313,8 @@ def test_ct_tile_slots_match_the_glue():
             at += int(defines.get(count, count)) if count else 1
     assert slots == {"a": ct.SLOT_A, "a_ms": ct.SLOT_A_MS, "a_ks": ct.SLOT_A_KS, "b": ct.SLOT_B, "koff": ct.SLOT_KOFF,
                      "k": ct.SLOT_K, "ldc": ct.SLOT_LDC, "m0": ct.SLOT_M0, "voff": ct.SLOT_VOFF, "coff": ct.SLOT_COFF,
-                     "lanes": ct.SLOT_LANES, "out": ct.SLOT_OUT, "extra": ct.SLOT_EXTRA}
+                     "lanes": ct.SLOT_LANES, "out": ct.SLOT_OUT, "extra": ct.SLOT_EXTRA, "acc": ct.SLOT_ACC,
+                     "phase": ct.SLOT_PHASE}
     assert at == ct.SLOTS
     kinds = dict(re.findall(r"EX_(\w+) = (\d+)", src))
     assert {k.lower(): int(v) for k, v in kinds.items()} == ct.KIND_NAMES

@@ -459,7 +459,9 @@ def test_fused_gemm_model_passes_the_checker(tmp_path):
     assert [r["ops"] for r in res.report["regions"]] == ["Gemm -> Relu"]
     fused = onnx.load(out)
     onnx.checker.check_model(fused, full_check=True)
-    assert [nd.op_type for nd in fused.functions[0].node] == ["Gemm", "Relu"]
+    # The fallback unpacks B from the kernel's panels (zero-padded to whole vectors), then runs the Gemm.
+    ops = [nd.op_type for nd in fused.functions[0].node]
+    assert ops[-2:] == ["Gemm", "Relu"] and "Transpose" in ops and "Slice" in ops
 
 
 def test_skip_compute_fusion(tmp_path):
