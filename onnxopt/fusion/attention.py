@@ -6,7 +6,8 @@ The forms found in real exports (torch's TorchScript exporter and its dynamo exp
     scores = Div(MatMul(Q, Transpose(K)), sqrt(d))      the older BERT/GPT-2 code
     scores = FusedMatMul(Q, K, transB=1, alpha=scale)   onnxruntime's own optimized graphs (com.microsoft)
     logits = Add(scores, mask)                          an additive mask: Where(bool, 0, -inf), finfo.min, causal
-    logits = Where(keep, scores, fill)                  masked_fill: the select form
+    logits = Where(keep, scores, fill)                  the select form
+    logits = Where(masked, fill, scores)                masked_fill: the fill form (fill where the mask is true)
     probs  = Softmax(logits, axis=-1)
     probs  = Where(IsNaN(probs), 0, probs)              torch's guard for rows that are masked everywhere
     out    = MatMul(probs, V)
@@ -39,7 +40,7 @@ class AttentionChain:
     scale: float  # multiplies Q K^T before the mask
     output: str  # [..., M, dv]
     mask: str | None = None  # additive ([..., M or 1, L] broadcast), or the select form's condition
-    mask_kind: str = "none"  # "none", "add" or "select" (keep where true, else `fill`)
+    mask_kind: str = "none"  # "none", "add", "select" (keep where true, else `fill`) or "fill" (`fill` where true)
     fill: float = 0.0
     nan_guard: bool = False  # rows whose every logit is -inf give zeros instead of NaN
     notes: list[str] = field(default_factory=list)
@@ -182,6 +183,11 @@ def _match(g: _Graph, softmax: onnx.NodeProto, opset: int, ranks: dict | None) -
         found = _scores(g, node.input[1], sub)
         chain += [node] + sub
         mask, kind, fill = node.input[0], "select", g.scalar(node.input[2])
+    elif _is(node, "Where") and g.only_reader(logits, softmax) and g.scalar(node.input[1]) is not None:
+        sub = []
+        found = _scores(g, node.input[2], sub)
+        chain += [node] + sub
+        mask, kind, fill = node.input[0], "fill", g.scalar(node.input[1])
     else:
         found = _scores(g, logits, chain)
     q, k, k_t, scale = found

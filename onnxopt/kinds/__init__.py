@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from .base import Kind
 from .attention import KIND as ATTENTION
+from .layernorm import KIND as LAYERNORM
 from .softmax import KIND as SOFTMAX
 
-KINDS: tuple[Kind, ...] = (ATTENTION, SOFTMAX)
+KINDS: tuple[Kind, ...] = (ATTENTION, SOFTMAX, LAYERNORM)
 
 _BY_NAME = {k.name: k for k in KINDS}
 

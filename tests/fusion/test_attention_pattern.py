@@ -36,6 +36,8 @@ def from_record(c, vals):
         s = s + vals[c.mask]
     elif c.mask_kind == "select":
         s = np.where(vals[c.mask], s, c.fill)
+    elif c.mask_kind == "fill":
+        s = np.where(vals[c.mask], c.fill, s)
     s = s - s.max(-1, keepdims=True)
     p = np.exp(s)
     p = p / p.sum(-1, keepdims=True)
@@ -59,7 +61,7 @@ def check(model, feeds):
 
 @settings(max_examples=30, deadline=None)
 @given(form=st.sampled_from(["sdpa", "bert", "fused", "unscaled"]),
-       mask=st.sampled_from(["none", "add", "causal", "select"]), guard=st.booleans(),
+       mask=st.sampled_from(["none", "add", "causal", "select", "fill"]), guard=st.booleans(),
        b=st.integers(1, 3), h=st.integers(1, 4), m=st.integers(1, 24), lq=st.integers(1, 24),
        d=st.sampled_from([8, 32, 64]))
 def test_every_form_is_found_and_its_record_reproduces_the_output(form, mask, guard, b, h, m, lq, d):
@@ -68,7 +70,7 @@ def test_every_form_is_found_and_its_record_reproduces_the_output(form, mask, gu
     model = attention_model(form, b, h, m, lq, d, mask, guard)
     c = check(model, feeds_for(model))
     assert c.nan_guard == guard
-    assert c.mask_kind == {"none": "none", "add": "add", "causal": "add", "select": "select"}[mask]
+    assert c.mask_kind == {"none": "none", "add": "add", "causal": "add", "select": "select", "fill": "fill"}[mask]
     want_scale = 1.0 if form == "unscaled" else 1 / np.sqrt(d)
     assert c.scale == pytest.approx(want_scale, rel=1e-6)
 

@@ -55,7 +55,7 @@ def test_the_kind_is_registered_and_claims_before_the_compute_rule():
 
 @settings(max_examples=25, deadline=None)
 @given(form=st.sampled_from(["sdpa", "bert", "fused", "unscaled"]),
-       mask=st.sampled_from(["none", "add", "causal", "select"]), guard=st.booleans(),
+       mask=st.sampled_from(["none", "add", "causal", "select", "fill"]), guard=st.booleans(),
        b=st.integers(1, 2), h=st.integers(1, 4), m=st.integers(1, 40), lq=st.integers(1, 70),
        d=st.sampled_from([8, 32, 64, 80]), dv_extra=st.sampled_from([0, 3]))
 def test_matches_onnxruntime(tmp_path_factory, form, mask, guard, b, h, m, lq, d, dv_extra):
@@ -81,6 +81,18 @@ def test_rows_masked_everywhere_give_zeros_with_the_guard_and_nan_without(tmp_pa
             assert np.all(got[0] == 0)
         else:
             assert np.all(np.isnan(got[0]))
+
+
+@pytest.mark.parametrize("mask", ["select", "fill"])
+@pytest.mark.parametrize("form", ["sdpa", "bert"])
+def test_bool_masks_both_ways(tmp_path, form, mask):
+    """Where(keep, scores, fill) and masked_fill's Where(masked, fill, scores): the kernel fills where the export
+    does, on row tails (lq 37) and on whole column blocks."""
+    model = attention_model(form, 2, 3, 11, 37, 64, mask, False)
+    feeds = feeds_for(model)
+    name = "keep" if mask == "select" else "masked"
+    feeds[name][0, 0, 0, :] = mask == "fill"  # a row masked everywhere: uniform over its keys
+    _check(model, tmp_path, feeds)
 
 
 def test_heads_broadcast_between_q_and_kv(tmp_path):

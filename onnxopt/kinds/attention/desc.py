@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MASK_KINDS = {"none": 0, "add": 1, "select": 2}
+MASK_KINDS = {"none": 0, "add": 1, "select": 2, "fill": 3}
 
 
 @dataclass

@@ -137,7 +137,7 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
     }
     j.lead[i] = n;
   }
-  j.mask_size = d->mask_kind == 2 ? 1 : 4;
+  j.mask_size = d->mask_kind >= 2 ? 1 : 4;
   j.mask_rs = mM == 1 ? 0 : mL;
   j.mask_ls = mL == 1 ? 0 : 1;
   j.q = (const float *)data[0];

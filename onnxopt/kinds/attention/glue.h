@@ -10,7 +10,7 @@ typedef void (*attention_fn)(const float *q, int64_t q_rs, const float *kt, int6
 typedef struct {
   onnxopt_sig sig;
   int k_transposed; /* input 1 is K^T [.., d, L]; else K [.., L, d], which a task packs as K^T */
-  int mask_kind;    /* 0: none; 1: a float mask added to the scores; 2: a bool mask, keep where true */
+  int mask_kind;    /* 0: none; 1: a float mask added to the scores; bool masks: 2 keep where true, 3 fill there */
   int block;        /* the kernel's column block: a score row is padded to a multiple of it */
   int64_t capacity; /* floats a task's working set may take */
   attention_fn fn;

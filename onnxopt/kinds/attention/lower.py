@@ -120,11 +120,12 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
                     m = masks[j] if masks else None
                     if p.mask_kind == "add":
                         x = b.fadd(x, vload(at(mrow[i], col), m))
-                    elif p.mask_kind == "select":
+                    elif p.mask_kind in ("select", "fill"):
                         kty = ir.VectorType(I8, lanes)
-                        keep = masked_load(b, at(mrow[i], col, I8), kty, m, 1) if m is not None else \
+                        flag = masked_load(b, at(mrow[i], col, I8), kty, m, 1) if m is not None else \
                             b.load(at(mrow[i], col, I8), typ=kty, align=1)
-                        x = b.select(b.icmp_unsigned("!=", keep, ir.Constant(kty, [0] * lanes)), x, fill)
+                        true = b.icmp_unsigned("!=", flag, ir.Constant(kty, [0] * lanes))
+                        x = b.select(true, x, fill) if p.mask_kind == "select" else b.select(true, fill, x)
                     if m is not None:
                         x = b.select(m, x, minus_inf)
                     vstore(x, at(srow[i], col))

@@ -13,7 +13,9 @@ class AttentionParams(KindParams):
     family: ClassVar[str] = "attention"
     scale: float  # multiplies Q K^T
     k_transposed: bool  # input 1 is K^T [..., d, L] (else K [..., L, d])
-    mask_kind: str  # "none", "add" (float, added) or "select" (bool: keep the score where true, else `fill`)
+    # "none", "add" (float, added), "select" (bool: keep the score where true, else `fill`) or "fill" (bool: `fill`
+    # where true, else the score: masked_fill)
+    mask_kind: str
     fill: float = 0.0
     nan_guard: bool = False  # a row masked everywhere gives zeros (else NaN, as Softmax gives)
 

@@ -15,7 +15,8 @@ from onnxopt.codegen.compile import compile_object, new_module
 from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.exp import vexp
-from onnxopt.codegen.vmath.irutil import broadcast, masked_load, masked_store, reduce_lanes as _reduce, while_loop
+from onnxopt.codegen.vmath.irutil import broadcast, for_range as _loop, masked_load, masked_store
+from onnxopt.codegen.vmath.irutil import reduce_lanes as _reduce, when as _when
 from onnxopt.codegen.vmath.log import vlog
 
 from .desc import SoftmaxKernelDesc
@@ -26,34 +27,8 @@ I32 = ir.IntType(32)
 PTR = ir.PointerType()
 
 
-def _loop(b: ir.IRBuilder, start, stop, step, body, carried=()):
-    """for i in range(start, stop, step): values = body(i, values). Returns the values at the exit."""
-    return while_loop(b, start, lambda i: b.icmp_signed("<", i, stop), step, body, carried)[1]
-
-
 def _vmax(b, x, y):
     return b.select(b.fcmp_ordered(">", x, y), x, y)
-
-
-def _when(b: ir.IRBuilder, cond, then, carried=()):
-    """values = then(values) when cond, else unchanged: the row's masked tail only where it has one (masked loads
-    and stores cost more than plain ones, and most rows are a whole number of vectors)."""
-    pre = b.block
-    then_bb = b.function.append_basic_block("tail")
-    done = b.function.append_basic_block("tail.done")
-    b.cbranch(cond, then_bb, done)
-    b.position_at_end(then_bb)
-    new = then(list(carried)) or []
-    then_end = b.block
-    b.branch(done)
-    b.position_at_end(done)
-    out = []
-    for v, w in zip(carried, new):
-        p = b.phi(v.type)
-        p.add_incoming(v, pre)
-        p.add_incoming(w, then_end)
-        out.append(p)
-    return out
 
 
 def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
