@@ -556,7 +556,7 @@ TORCH = [
     hf("gpt2_ts14", "decoder",
        _hf_decoder("GPT2LMHeadModel", "GPT2Config", {"n_layer": 2, "n_embd": 256, "n_head": 4}, opset=14),
        "transformers GPT2LMHeadModel 2 layers, 256 wide, causal mask, no KV cache, opset 14 TorchScript exporter",
-       shape=["input_ids:1,32", "attention_mask:1,32"], notes=_TS14),
+       shape=["input_ids:1,32", "attention_mask:1,32"], notes=_TS14.replace("Erf", "Tanh (gelu_new)")),
     hf("llama_2layer", "decoder",
        _hf_decoder("LlamaForCausalLM", "LlamaConfig",
                    {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8,

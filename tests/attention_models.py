@@ -13,14 +13,16 @@ def _const(name, value):
 
 
 def attention_model(form: str, b, h, m, lq, d: int, mask: str, guard: bool, opset: int = 18, dv: int | None = None,
-                    kv_heads=None):
+                    kv_heads=None, split_heads: bool = False):
     """Q, K, V as graph inputs ([b, h, m, d], [b, kv_heads, lq, d], [b, kv_heads, lq, dv]) and an attention chain
     in `form`: "sdpa" (sqrt scale on Q and on K^T, K^T a Transpose of K made outside the chain's reach), "bert"
     (Div of the scores, K^T by a Transpose the chain owns), "fused" (com.microsoft FusedMatMul transB=1 alpha),
     "unscaled". `mask`: "none", "add" (an additive mask input [b, 1, 1, lq]), "causal" (an additive [1, 1, m, lq]
     constant; m and lq numbers), "select" (Where(keep, scores, -1e4), keep a bool input [b, 1, m, lq]), "fill"
     (masked_fill: Where(masked, finfo.min, scores), masked a bool input [b, 1, m, lq]). Dims may be names
-    (symbolic)."""
+    (symbolic). `split_heads`: Q, K and V come in token-major, [b, m, h, d] (as a projection's Reshape gives them),
+    through the head split's Transposes (K^T of the sdpa form in one Transpose [0, 2, 3, 1]), and the output goes
+    back through the merge's Transpose to [b, m, h, dv]."""
     dv = d if dv is None else dv
     kv_heads = h if kv_heads is None else kv_heads
     scale = 1.0 / np.sqrt(d)
@@ -28,7 +30,20 @@ def attention_model(form: str, b, h, m, lq, d: int, mask: str, guard: bool, opse
     ins = [helper.make_tensor_value_info("q", F, [b, h, m, d]),
            helper.make_tensor_value_info("k", F, [b, kv_heads, lq, d]),
            helper.make_tensor_value_info("v", F, [b, kv_heads, lq, dv])]
-    if form == "sdpa":
+    if split_heads:
+        ins = [helper.make_tensor_value_info("q_tokens", F, [b, m, h, d]),
+               helper.make_tensor_value_info("k_tokens", F, [b, lq, kv_heads, d]),
+               helper.make_tensor_value_info("v_tokens", F, [b, lq, kv_heads, dv])]
+        nodes += [helper.make_node("Transpose", ["q_tokens"], ["q"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Transpose", ["v_tokens"], ["v"], perm=[0, 2, 1, 3])]
+        if form != "sdpa":
+            nodes.append(helper.make_node("Transpose", ["k_tokens"], ["k"], perm=[0, 2, 1, 3]))
+    if form == "sdpa" and split_heads:
+        inits.append(_const("s", np.sqrt(scale)))
+        nodes += [helper.make_node("Transpose", ["k_tokens"], ["kt2"], perm=[0, 2, 3, 1]),
+                  helper.make_node("Mul", ["q", "s"], ["qs"]), helper.make_node("Mul", ["kt2", "s"], ["ks"]),
+                  helper.make_node("MatMul", ["qs", "ks"], ["scores"])]
+    elif form == "sdpa":
         inits.append(_const("s", np.sqrt(scale)))
         nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
                   helper.make_node("Identity", ["kt"], ["kt2"]),  # K^T computed outside the chain's reach
@@ -71,8 +86,12 @@ def attention_model(form: str, b, h, m, lq, d: int, mask: str, guard: bool, opse
         nodes += [helper.make_node("IsNaN", ["probs"], ["nan"]),
                   helper.make_node("Where", ["nan", "zero", "probs"], ["guarded"])]
         probs = "guarded"
-    nodes.append(helper.make_node("MatMul", [probs, "v"], ["out"]))
+    nodes.append(helper.make_node("MatMul", [probs, "v"], ["heads" if split_heads else "out"]))
+    if split_heads:
+        nodes.append(helper.make_node("Transpose", ["heads"], ["out"], perm=[0, 2, 1, 3]))
     graph = helper.make_graph(nodes, "attention", ins, [helper.make_tensor_value_info("out", F, None)], inits)
+    if form == "fused":  # onnx's shape inference does not know com.microsoft ops; onnxruntime's would type it
+        graph.value_info.append(helper.make_tensor_value_info("scores", F, None))
     opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid("com.microsoft", 1)] if form == "fused" else [])
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8

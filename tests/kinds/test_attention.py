@@ -11,7 +11,7 @@ import pytest
 from attention_models import attention_model, feeds_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 import onnxopt
 from onnxopt.codegen.glue.library import link_library
@@ -57,11 +57,11 @@ def test_the_kind_is_registered_and_claims_before_the_compute_rule():
 @given(form=st.sampled_from(["sdpa", "bert", "fused", "unscaled"]),
        mask=st.sampled_from(["none", "add", "causal", "select", "fill"]), guard=st.booleans(),
        b=st.integers(1, 2), h=st.integers(1, 4), m=st.integers(1, 40), lq=st.integers(1, 70),
-       d=st.sampled_from([8, 32, 64, 80]), dv_extra=st.sampled_from([0, 3]))
-def test_matches_onnxruntime(tmp_path_factory, form, mask, guard, b, h, m, lq, d, dv_extra):
+       d=st.sampled_from([8, 32, 64, 80]), dv_extra=st.sampled_from([0, 3]), split=st.booleans())
+def test_matches_onnxruntime(tmp_path_factory, form, mask, guard, b, h, m, lq, d, dv_extra, split):
     if mask == "causal":
         lq = max(lq, m)
-    model = attention_model(form, b, h, m, lq, d, mask, guard, dv=d + dv_extra)
+    model = attention_model(form, b, h, m, lq, d, mask, guard, dv=d + dv_extra, split_heads=split)
     _check(model, tmp_path_factory.mktemp("a"), feeds_for(model))
 
 
@@ -93,6 +93,33 @@ def test_bool_masks_both_ways(tmp_path, form, mask):
     name = "keep" if mask == "select" else "masked"
     feeds[name][0, 0, 0, :] = mask == "fill"  # a row masked everywhere: uniform over its keys
     _check(model, tmp_path, feeds)
+
+
+@pytest.mark.parametrize("form", ["sdpa", "bert", "fused", "unscaled"])
+def test_the_head_split_and_merge_are_read_in_place(tmp_path, form):
+    """Q, K, V token-major through the head split's Transposes, the output through the merge's: the kernel reads
+    and writes through the permutations, so the fused model has no Transpose left."""
+    model = attention_model(form, 2, 12, 37, 37, 64, "add", True, split_heads=True)
+    fused, lib = _fuse(model, tmp_path)
+    assert [n.op_type for n in fused.graph.node] == [fused.graph.node[0].op_type] and fused.graph.node[0].domain
+    region = KIND.find(onnx.shape_inference.infer_shapes(model), set(), [])[0]
+    assert region.inputs[:3] == ["q_tokens", "k_tokens", "v_tokens"] and region.outputs == ["out"]
+    assert region.params.perms[0] == (0, 2, 1, 3) and region.params.perms[3] == (0, 2, 1, 3)
+    _check(model, tmp_path, feeds_for(model), name="again.so")
+
+
+def test_a_transpose_read_elsewhere_stays_outside(tmp_path):
+    """The head split's output also read by another node is not folded: the region starts after it."""
+    model = attention_model("bert", 1, 4, 9, 9, 16, "none", False, split_heads=True)
+    model.graph.node.append(helper.make_node("Relu", ["q"], ["q_relu"]))
+    model.graph.output.append(helper.make_tensor_value_info("q_relu", TensorProto.FLOAT, None))
+    region = KIND.find(onnx.shape_inference.infer_shapes(model), set(), [])[0]
+    assert region.inputs[:3] == ["q", "k_tokens", "v_tokens"] and region.params.perms[0] == (0, 1, 2, 3)
+    want = make_session(model, 1, optimization="none").run(None, feeds_for(model))
+    fused, lib = _fuse(model, tmp_path)
+    got = make_session(fused, 2, library=lib).run(None, feeds_for(model))
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
 
 
 def test_heads_broadcast_between_q_and_kv(tmp_path):

@@ -17,10 +17,13 @@ class AttentionKernelDesc:
     block: int  # the kernel's column block: score rows are padded to it
     capacity: int  # floats one task's working set may take (lower.py cache_floats)
     fn: str  # the generated function (glue.h attention_fn)
+    rank: int = 0  # of q, k, v and the output, where perms are given
+    perms: tuple = ((), (), (), ())  # AttentionParams.perms
 
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_attention_desc, glue.h)."""
         ins = ", ".join(str(t) for t in self.in_types)
+        perms = ", ".join("{" + ", ".join(str(x) for x in (p or range(self.rank)) or [0]) + "}" for p in self.perms)
         outs = ", ".join(str(t) for t in self.out_types)
         return (f"extern void {self.fn}(const float *, int64_t, const float *, int64_t, const float *, int64_t, "
                 f"const void *, int64_t, float *, int64_t, int64_t, int64_t, int64_t, int64_t, float *, int64_t);\n"
@@ -29,4 +32,4 @@ class AttentionKernelDesc:
                 f'static const onnxopt_attention_desc {prefix}_desc = {{{{"{self.op_type}", KIND_ATTENTION, '
                 f"{len(self.in_types)}, {len(self.out_types)}, {prefix}_in_types, {prefix}_out_types}}, "
                 f"{int(self.k_transposed)}, {MASK_KINDS[self.mask_kind]}, {self.block}, {self.capacity}, "
-                f"{self.fn}}};\n")
+                f"{self.fn}, {int(any(self.perms))}, {{{perms}}}}};\n")

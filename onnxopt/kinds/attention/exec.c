@@ -10,12 +10,14 @@ typedef struct {
   const onnxopt_attention_desc *d;
   int lead_n;                           /* leading dims */
   int64_t lead[MAX_RANK];               /* their broadcast extents */
-  int64_t st[4][MAX_RANK];              /* per tensor (q, k, v, mask), the leading dims' strides (0: broadcast) */
+  int64_t st[5][MAX_RANK];              /* per tensor (q, k, v, mask, out), the leading dims' strides (0: broadcast) */
   const float *q, *k, *v;
   const char *mask;
   int64_t mask_size, mask_rs, mask_ls;  /* element bytes; row and column strides of the mask (elements) */
   float *out;
   int64_t M, L, d_, dv, rows, blocks, s_rs;
+  int64_t q_rs, k_rs, v_rs, o_rs; /* row strides; k_rs: of K^T's rows, or of K's where a task packs K^T */
+  int pack_k;                     /* the keys are laid out with their head dim innermost: a task packs K^T */
   int failed;
 } attn_job;
 
@@ -24,15 +26,14 @@ static void attn_task(void *usr, size_t index) {
   const onnxopt_attention_desc *d = j->d;
   int64_t li = (int64_t)index / j->blocks, r0 = ((int64_t)index % j->blocks) * j->rows;
   int64_t rows = j->M - r0 < j->rows ? j->M - r0 : j->rows;
-  int64_t off[4] = {0, 0, 0, 0}, out_off = 0, rest = li;
+  int64_t off[5] = {0, 0, 0, 0, 0}, rest = li;
   for (int i = j->lead_n - 1; i >= 0; i--) {
     int64_t x = rest % j->lead[i];
     rest /= j->lead[i];
-    for (int t = 0; t < 4; t++) off[t] += x * j->st[t][i];
+    for (int t = 0; t < 5; t++) off[t] += x * j->st[t][i];
   }
-  out_off = li * j->M * j->dv;
   int64_t L = j->L, dd = j->d_;
-  int pack_k = !d->k_transposed, expand_mask = d->mask_kind && j->mask_ls == 0 && L > 1;
+  int pack_k = j->pack_k, expand_mask = d->mask_kind && j->mask_ls == 0 && L > 1;
   size_t scratch = (size_t)rows * j->s_rs + (pack_k ? (size_t)dd * j->s_rs : 0) +
                    (expand_mask ? (size_t)(j->mask_rs ? rows : 1) * L : 0);
   float *s = glue_floats(scratch ? scratch : 1);
@@ -41,11 +42,11 @@ static void attn_task(void *usr, size_t index) {
     return;
   }
   const float *kt = j->k + off[1];
-  int64_t kt_rs = L;
-  if (pack_k) { /* K [L, d] -> K^T [d, s_rs] */
+  int64_t kt_rs = j->k_rs;
+  if (pack_k) { /* K [L, d] (rows k_rs apart) -> K^T [d, s_rs] */
     float *p = s + (size_t)rows * j->s_rs;
     for (int64_t l = 0; l < L; l++)
-      for (int64_t t = 0; t < dd; t++) p[t * j->s_rs + l] = kt[l * dd + t];
+      for (int64_t t = 0; t < dd; t++) p[t * j->s_rs + l] = kt[l * j->k_rs + t];
     kt = p;
     kt_rs = j->s_rs;
   }
@@ -64,8 +65,8 @@ static void attn_task(void *usr, size_t index) {
       mask_rs = j->mask_rs ? L : 0;
     }
   }
-  d->fn(j->q + off[0] + r0 * dd, dd, kt, kt_rs, j->v + off[2], j->dv, mask, mask_rs,
-        j->out + out_off + r0 * j->dv, j->dv, rows, L, dd, j->dv, s, j->s_rs);
+  d->fn(j->q + off[0] + r0 * j->q_rs, j->q_rs, kt, kt_rs, j->v + off[2], j->v_rs, mask, mask_rs,
+        j->out + off[4] + r0 * j->o_rs, j->o_rs, rows, L, dd, j->dv, s, j->s_rs);
   glue_release(s);
 }
 
@@ -97,19 +98,40 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   attn_job j;
   memset(&j, 0, sizeof j);
   j.d = d;
-  j.M = dims[0][R - 2];
-  j.d_ = dims[0][R - 1];
-  j.L = d->k_transposed ? dims[1][R - 1] : dims[1][R - 2];
-  int64_t kd = d->k_transposed ? dims[1][R - 2] : dims[1][R - 1];
-  j.dv = dims[2][R - 1];
-  if (kd != j.d_ || dims[2][R - 2] != j.L)
+  /* q, k, v as the chain sees them: logical dim i is dim perm[i] of the tensor in memory */
+  int64_t ld[3][MAX_RANK], ls[3][MAX_RANK];
+  for (int t = 0; t < 3; t++) {
+    int64_t ms[MAX_RANK], stride = 1;
+    for (size_t i = R; i-- > 0;) {
+      ms[i] = stride;
+      stride *= dims[t][i];
+    }
+    for (size_t i = 0; i < R; i++) {
+      int p = d->has_perms ? d->perm[t][i] : (int)i;
+      ld[t][i] = dims[t][p];
+      ls[t][i] = ms[p];
+    }
+  }
+  j.M = ld[0][R - 2];
+  j.d_ = ld[0][R - 1];
+  j.L = d->k_transposed ? ld[1][R - 1] : ld[1][R - 2];
+  int64_t kd = d->k_transposed ? ld[1][R - 2] : ld[1][R - 1];
+  j.dv = ld[2][R - 1];
+  if (kd != j.d_ || ld[2][R - 2] != j.L)
     return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: the queries', keys' and values' dims do not agree");
+  j.q_rs = ls[0][R - 2];
+  j.v_rs = ls[2][R - 2];
+  if (d->k_transposed && ls[1][R - 1] == 1) { /* K^T with its keys innermost: read in place */
+    j.k_rs = ls[1][R - 2];
+  } else { /* K, or K^T with the head dim innermost: each task packs K^T */
+    j.pack_k = 1;
+    j.k_rs = d->k_transposed ? ls[1][R - 1] : ls[1][R - 2];
+  }
+  if ((ls[0][R - 1] != 1 && j.d_ > 1) || (ls[2][R - 1] != 1 && j.dv > 1) ||
+      (j.pack_k && ls[1][d->k_transposed ? R - 2 : R - 1] != 1 && j.d_ > 1))
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: a head dim is not innermost in memory");
   /* leading dims: broadcast between q, k, v and the mask (right-aligned) */
   j.lead_n = (int)R - 2;
-  int64_t inner[4];
-  inner[0] = j.M * j.d_;
-  inner[1] = j.L * j.d_;
-  inner[2] = j.L * j.dv;
   int64_t mdims[MAX_RANK];
   for (size_t i = 0; i < R; i++) mdims[i] = 1;
   if (d->mask_kind)
@@ -117,19 +139,17 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   int64_t mM = mdims[R - 2], mL = mdims[R - 1];
   if ((mM != 1 && mM != j.M) || (mL != 1 && mL != j.L))
     return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: the mask does not broadcast to the scores");
-  inner[3] = mM * mL;
-  for (int t = 0; t < 4; t++) {
-    int64_t stride = inner[t];
-    for (int i = j.lead_n - 1; i >= 0; i--) {
-      int64_t n = t == 3 ? mdims[i] : dims[t][i];
-      j.st[t][i] = n == 1 ? 0 : stride;
-      stride *= n;
-    }
+  for (int t = 0; t < 3; t++)
+    for (int i = 0; i < j.lead_n; i++) j.st[t][i] = ld[t][i] == 1 ? 0 : ls[t][i];
+  int64_t stride = mM * mL;
+  for (int i = j.lead_n - 1; i >= 0; i--) {
+    j.st[3][i] = mdims[i] == 1 ? 0 : stride;
+    stride *= mdims[i];
   }
   for (int i = 0; i < j.lead_n; i++) {
     int64_t n = 1;
     for (int t = 0; t < 4; t++) {
-      int64_t x = t == 3 ? mdims[i] : dims[t][i];
+      int64_t x = t == 3 ? mdims[i] : ld[t][i];
       if (x != 1) {
         if (n != 1 && x != n) return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: leading dims do not broadcast");
         n = x;
@@ -144,13 +164,22 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   j.k = (const float *)data[1];
   j.v = (const float *)data[2];
   j.mask = (const char *)data[3];
-  int64_t out_dims[MAX_RANK], lead_total = 1;
+  int64_t logical[MAX_RANK], out_dims[MAX_RANK], lead_total = 1;
   for (int i = 0; i < j.lead_n; i++) {
-    out_dims[i] = j.lead[i];
+    logical[i] = j.lead[i];
     lead_total *= j.lead[i];
   }
-  out_dims[R - 2] = j.M;
-  out_dims[R - 1] = j.dv;
+  logical[R - 2] = j.M;
+  logical[R - 1] = j.dv;
+  /* the output in memory: logical dim i is its dim perm[3][i] (the head merge's Transpose, folded) */
+  for (size_t i = 0; i < R; i++) out_dims[d->has_perms ? d->perm[3][i] : (int)i] = logical[i];
+  int64_t os[MAX_RANK], ostride = 1;
+  for (size_t i = R; i-- > 0;) {
+    os[i] = ostride;
+    ostride *= out_dims[i];
+  }
+  for (int i = 0; i < j.lead_n; i++) j.st[4][i] = os[d->has_perms ? d->perm[3][i] : i];
+  j.o_rs = os[d->has_perms ? d->perm[3][R - 2] : (int)R - 2];
   OrtValue *out;
   CHECK(API(KernelContext_GetOutput)(ctx, 0, out_dims, R, &out));
   CHECK(API(GetTensorMutableData)(out, (void **)&j.out));

@@ -14,6 +14,10 @@ typedef struct {
   int block;        /* the kernel's column block: a score row is padded to a multiple of it */
   int64_t capacity; /* floats a task's working set may take */
   attention_fn fn;
+  /* has_perms: q, k, v and the output are read and written through perm[t] (find.py): logical dim i of tensor t
+     is dim perm[t][i] of the tensor in memory (the head split's and merge's Transposes, folded). */
+  int has_perms;
+  int perm[4][MAX_RANK];
 } onnxopt_attention_desc;
 
 #endif

@@ -212,5 +212,6 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
                                   else [])
     desc = AttentionKernelDesc(op_type=region.op_type, in_types=in_types, out_types=[f32],
                                k_transposed=p.k_transposed, mask_kind=p.mask_kind,
-                               block=NR * target.float32_lanes, capacity=cache_floats(), fn=sym)
+                               block=NR * target.float32_lanes, capacity=cache_floats(), fn=sym,
+                               rank=max((len(x) for x in p.perms), default=0), perms=p.perms)
     return obj, desc, ir_text

@@ -18,6 +18,10 @@ class AttentionParams(KindParams):
     mask_kind: str
     fill: float = 0.0
     nan_guard: bool = False  # a row masked everywhere gives zeros (else NaN, as Softmax gives)
+    # The head split and merge folded into the indexing: per tensor (q, k, v, out) the permutation that makes the
+    # chain's logical tensor from the one in memory (logical dim i is memory dim perm[i]); () is the identity.
+    perms: tuple = ((), (), (), ())
 
     def key(self) -> list:
-        return [repr(self.scale), self.k_transposed, self.mask_kind, repr(self.fill), self.nan_guard]
+        key = [repr(self.scale), self.k_transposed, self.mask_kind, repr(self.fill), self.nan_guard]
+        return key + [list(p) for p in self.perms] if any(self.perms) else key

@@ -5,4 +5,7 @@ from ..base import Kind
 from .find import find_regions
 from .lower import build
 
-KIND = Kind(name="layernorm", find=find_regions, build=build)
+# Asked before the compute rule, whose epilogue would otherwise take the residual Add: Add + LayerNormalization as
+# one row kernel runs several times faster than onnxruntime's SkipLayerNormalization (BENCHMARKS.md), and it stays
+# whether or not the matmul before it is fused.
+KIND = Kind(name="layernorm", find=find_regions, build=build, first=True)
