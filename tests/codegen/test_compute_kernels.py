@@ -504,6 +504,29 @@ def test_matmul_packed_b_over_k_blocks(m, k, n, tmp_path):
     check(model, tmp_path, ops="MatMul -> Add -> Add")
 
 
+@pytest.mark.parametrize("form", ["tanh", "sigmoid"])
+def test_packed_b_with_the_other_gelu_forms(form, tmp_path):
+    """GELU as GPT-2 writes it (0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))) and its sigmoid approximation
+    (x sigmoid(1.702 x)), fused after the bias into one kernel with a K of two blocks."""
+    rng = np.random.default_rng(11)
+    n = helper.make_node
+    if form == "tanh":
+        post = [n("Add", ["mm", "bias"], ["a"]), n("Pow", ["a", "three"], ["c"]), n("Mul", ["c", "k1"], ["c1"]),
+                n("Add", ["a", "c1"], ["i"]), n("Mul", ["i", "k2"], ["i2"]), n("Tanh", ["i2"], ["t"]),
+                n("Add", ["t", "one"], ["p"]), n("Mul", ["a", "half"], ["h"]), n("Mul", ["h", "p"], ["y"])]
+        consts = [_const("three", 3.0), _const("k1", 0.044715), _const("k2", np.sqrt(2 / np.pi)), _const("one", 1.0),
+                  _const("half", 0.5)]
+        ops = "MatMul -> Add -> Pow -> Mul -> Add -> Mul -> Tanh -> Add -> Mul -> Mul"
+    else:
+        post = [n("Add", ["mm", "bias"], ["a"]), n("Mul", ["a", "k"], ["ak"]), n("Sigmoid", ["ak"], ["s"]),
+                n("Mul", ["a", "s"], ["y"])]
+        consts = [_const("k", 1.702)]
+        ops = "MatMul -> Add -> Mul -> Sigmoid -> Mul"
+    model = _matmul([1, 21, 500], [500, 72], b_const=True, post=post,
+                    inits=[_const("bias", rng.standard_normal(72) * 0.1)] + consts)
+    check(model, tmp_path, ops=ops)
+
+
 def test_packed_b_layout_and_fallback(tmp_path):
     """B is stored as [ceil(N / P)][K][P], zero past N; the function fallback unpacks it (Transpose, Reshape, Slice)
     and multiplies, so the model runs without the library (check() runs it both ways)."""
