@@ -25,6 +25,20 @@ static double seq_inline_flops(void); /* CT_INLINE_FLOPS: lower inside a sequenc
 
 static OrtStatus *fail(int code, const char *msg) { return API(CreateStatus)(code, msg); }
 
+/* Input i of a call: its dims (at most MAX_RANK), its rank and its data (the kinds' executors). */
+static OrtStatus *glue_input(OrtKernelContext *ctx, int i, int64_t *dims, size_t *rank, const void **data) {
+  const OrtValue *in;
+  OrtTensorTypeAndShapeInfo *info;
+  CHECK(API(KernelContext_GetInput)(ctx, i, &in));
+  CHECK(API(GetTensorTypeAndShape)(in, &info));
+  OrtStatus *st = API(GetDimensionsCount)(info, rank);
+  if (!st && *rank > MAX_RANK) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: an input of rank above MAX_RANK");
+  if (!st) st = API(GetDimensions)(info, dims, *rank);
+  API(ReleaseTensorTypeAndShapeInfo)(info);
+  if (!st) st = API(GetTensorMutableData)((OrtValue *)in, (void **)data);
+  return st;
+}
+
 /* Buffers for one call (padded copies, blocked scratch, Winograd products), 64-byte aligned, released with
    glue_release. The library keeps the last GLUE_CACHE_SLOTS released ones for the next calls, so a run's kernels
    take over each other's buffers instead of a fresh malloc per call. With the same kernels (one library linked

@@ -6,6 +6,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
+def c_signature(prefix: str, op_type: str, kind_id: str, in_types: list[int], out_types: list[int]) -> tuple[str, str]:
+    """What every kind's C descriptor starts with: (the declarations of its input and output type arrays, the
+    initializer of its `onnxopt_sig` member)."""
+    ins = ", ".join(str(t) for t in in_types)
+    outs = ", ".join(str(t) for t in out_types)
+    decls = (f"static const int {prefix}_in_types[] = {{{ins}}};\n"
+             f"static const int {prefix}_out_types[] = {{{outs}}};\n")
+    return decls, (f'{{"{op_type}", {kind_id}, {len(in_types)}, {len(out_types)}, {prefix}_in_types, '
+                   f"{prefix}_out_types}}")
+
+
 @dataclass(frozen=True)
 class Kind:
     """A fusion kind of its own folder (see onnxopt/kinds/__init__.py).

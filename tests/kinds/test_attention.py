@@ -3,36 +3,23 @@ form exports write, masks, broadcast heads, dynamic shapes and the function fall
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx
 import pytest
+from kind_harness import fuse_kind
 from attention_models import attention_model, feeds_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import onnxopt
-from onnxopt.codegen.glue.library import link_library
-from onnxopt.codegen.target import host_target
-from onnxopt.emit.model import build_fused_model
 from onnxopt.kinds import KINDS
 from onnxopt.kinds.attention import KIND
 from onnxopt.timing import make_session
 
 
 def _fuse(model, tmp_path, name="attention.so"):
-    model = onnx.shape_inference.infer_shapes(model)
-    target = host_target()
-    regions = KIND.find(model, set(), [])
-    assert len(regions) == 1
-    r = regions[0]
-    r.compute_op_type(target.name + target.llvm_features)
-    obj, desc, _ = KIND.build(r, target)
-    lib = os.path.join(str(tmp_path), name)
-    sha = link_library([desc], [obj], target, lib)
-    fused = build_fused_model(model, regions, os.path.basename(lib), sha, target.to_dict(), target.required_cpu_flags)
+    fused, lib, _, _ = fuse_kind(KIND, onnx.shape_inference.infer_shapes(model), tmp_path, name)
     return fused, lib
 
 

@@ -9,11 +9,9 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kind_harness import fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxopt.codegen.glue.library import link_library
-from onnxopt.codegen.target import host_target
-from onnxopt.emit.model import build_fused_model
 from onnxopt.kinds import KINDS
 from onnxopt.kinds.layernorm import KIND
 from onnxopt.timing import make_session
@@ -50,17 +48,8 @@ def _model(shape, *, residual=True, sum_read=False, bias=True, axis=-1, eps=1e-5
 
 
 def _fuse(model, tmp_path):
-    target = host_target()
-    regions = KIND.find(model, set(), [])
-    assert len(regions) == 1
-    r = regions[0]
-    r.compute_op_type(target.name + target.llvm_features)
-    obj, desc, _ = KIND.build(r, target)
-    lib = os.path.join(str(tmp_path), "layernorm.so")
-    sha = link_library([desc], [obj], target, lib)
-    fused = build_fused_model(model, regions, os.path.basename(lib), sha, target.to_dict(),
-                              target.required_cpu_flags)
-    return fused, lib, r
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
+    return fused, lib, region
 
 
 def _feeds(model, shape, seed=1):

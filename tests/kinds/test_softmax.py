@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx
 import pytest
+from kind_harness import fuse_kind
 from onnx import TensorProto, helper
 
-from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.target import host_target
-from onnxopt.emit.model import build_fused_model
 from onnxopt.kinds import KINDS, kind_of
 from onnxopt.kinds.softmax import KIND
 from onnxopt.timing import make_session
@@ -28,16 +25,7 @@ def _model(shape, op="Softmax", axis=None, opset=18, dtype=TensorProto.FLOAT):
 
 
 def _fuse(model, tmp_path):
-    target = host_target()
-    regions = KIND.find(model, set(), [])
-    assert len(regions) == 1
-    r = regions[0]
-    r.compute_op_type(target.name + target.llvm_features)
-    obj, desc, ir_text = KIND.build(r, target)
-    lib = os.path.join(str(tmp_path), "softmax.so")
-    sha = link_library([desc], [obj], target, lib)
-    fused = build_fused_model(model, regions, os.path.basename(lib), sha, target.to_dict(),
-                              target.required_cpu_flags)
+    fused, lib, _, ir_text = fuse_kind(KIND, model, tmp_path)
     return fused, lib, ir_text
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..base import c_signature
+
 MASK_KINDS = {"none": 0, "add": 1, "select": 2, "fill": 3}
 
 
@@ -22,14 +24,10 @@ class AttentionKernelDesc:
 
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_attention_desc, glue.h)."""
-        ins = ", ".join(str(t) for t in self.in_types)
+        decls, sig = c_signature(prefix, self.op_type, "KIND_ATTENTION", self.in_types, self.out_types)
         perms = ", ".join("{" + ", ".join(str(x) for x in (p or range(self.rank)) or [0]) + "}" for p in self.perms)
-        outs = ", ".join(str(t) for t in self.out_types)
         return (f"extern void {self.fn}(const float *, int64_t, const float *, int64_t, const float *, int64_t, "
                 f"const void *, int64_t, float *, int64_t, int64_t, int64_t, int64_t, int64_t, float *, int64_t);\n"
-                f"static const int {prefix}_in_types[] = {{{ins}}};\n"
-                f"static const int {prefix}_out_types[] = {{{outs}}};\n"
-                f'static const onnxopt_attention_desc {prefix}_desc = {{{{"{self.op_type}", KIND_ATTENTION, '
-                f"{len(self.in_types)}, {len(self.out_types)}, {prefix}_in_types, {prefix}_out_types}}, "
-                f"{int(self.k_transposed)}, {MASK_KINDS[self.mask_kind]}, {self.block}, {self.capacity}, "
-                f"{self.fn}, {int(any(self.perms))}, {{{perms}}}}};\n")
+                f"{decls}static const onnxopt_attention_desc {prefix}_desc = {{{sig}, {int(self.k_transposed)}, "
+                f"{MASK_KINDS[self.mask_kind]}, {self.block}, {self.capacity}, {self.fn}, {int(any(self.perms))}, "
+                f"{{{perms}}}}};\n")

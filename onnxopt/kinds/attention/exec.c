@@ -70,26 +70,13 @@ static void attn_task(void *usr, size_t index) {
   glue_release(s);
 }
 
-static OrtStatus *attn_dims(OrtKernelContext *ctx, int i, int64_t *dims, size_t *rank, const void **data) {
-  const OrtValue *in;
-  OrtTensorTypeAndShapeInfo *info;
-  CHECK(API(KernelContext_GetInput)(ctx, i, &in));
-  CHECK(API(GetTensorTypeAndShape)(in, &info));
-  OrtStatus *st = API(GetDimensionsCount)(info, rank);
-  if (!st && *rank > MAX_RANK) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: attention input of rank above MAX_RANK");
-  if (!st) st = API(GetDimensions)(info, dims, *rank);
-  API(ReleaseTensorTypeAndShapeInfo)(info);
-  if (!st) st = API(GetTensorMutableData)((OrtValue *)in, (void **)data);
-  return st;
-}
-
 static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelContext *ctx) {
   int64_t dims[4][MAX_RANK];
   size_t rank[4] = {0, 0, 0, 0};
   const void *data[4] = {NULL, NULL, NULL, NULL};
   int n_in = d->mask_kind ? 4 : 3;
   for (int i = 0; i < n_in; i++) {
-    OrtStatus *st = attn_dims(ctx, i, dims[i], &rank[i], &data[i]);
+    OrtStatus *st = glue_input(ctx, i, dims[i], &rank[i], &data[i]);
     if (st) return st;
   }
   size_t R = rank[0];

@@ -20,16 +20,7 @@ static void layernorm_task(void *usr, size_t index) {
 }
 
 static OrtStatus *layernorm_input(OrtKernelContext *ctx, int i, int64_t *dims, size_t *rank, const float **data) {
-  const OrtValue *in;
-  OrtTensorTypeAndShapeInfo *info;
-  CHECK(API(KernelContext_GetInput)(ctx, i, &in));
-  CHECK(API(GetTensorTypeAndShape)(in, &info));
-  OrtStatus *st = API(GetDimensionsCount)(info, rank);
-  if (!st && *rank > MAX_RANK) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: layernorm input of rank above MAX_RANK");
-  if (!st) st = API(GetDimensions)(info, dims, *rank);
-  API(ReleaseTensorTypeAndShapeInfo)(info);
-  if (!st) st = API(GetTensorMutableData)((OrtValue *)in, (void **)data);
-  return st;
+  return glue_input(ctx, i, dims, rank, (const void **)data);
 }
 
 static int64_t layernorm_count(const int64_t *dims, size_t rank) {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..base import c_signature
+
 
 @dataclass
 class SoftmaxKernelDesc:
@@ -15,11 +17,6 @@ class SoftmaxKernelDesc:
 
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_softmax_desc, glue.h)."""
-        ins = ", ".join(str(t) for t in self.in_types)
-        outs = ", ".join(str(t) for t in self.out_types)
-        return (f"extern void {self.rows}(const float *, float *, int64_t, int64_t);\n"
-                f"static const int {prefix}_in_types[] = {{{ins}}};\n"
-                f"static const int {prefix}_out_types[] = {{{outs}}};\n"
-                f'static const onnxopt_softmax_desc {prefix}_desc = {{{{"{self.op_type}", KIND_SOFTMAX, '
-                f"{len(self.in_types)}, {len(self.out_types)}, {prefix}_in_types, {prefix}_out_types}}, "
-                f"{self.axis}, {self.rows}}};\n")
+        decls, sig = c_signature(prefix, self.op_type, "KIND_SOFTMAX", self.in_types, self.out_types)
+        return (f"extern void {self.rows}(const float *, float *, int64_t, int64_t);\n{decls}"
+                f"static const onnxopt_softmax_desc {prefix}_desc = {{{sig}, {self.axis}, {self.rows}}};\n")

@@ -1,0 +1,24 @@
+"""Shared by the tests of the kinds in onnxopt/kinds: a model's one region of a kind, built, linked and emitted."""
+
+from __future__ import annotations
+
+import os
+
+from onnxopt.codegen.glue.library import link_library
+from onnxopt.codegen.target import host_target
+from onnxopt.emit.model import build_fused_model
+
+
+def fuse_kind(kind, model, tmp_path, name: str | None = None):
+    """(the fused model, its library's path, the region, the kernel's LLVM IR) for the one region `kind` finds in
+    `model` (shapes already inferred)."""
+    target = host_target()
+    regions = kind.find(model, set(), [])
+    assert len(regions) == 1, regions
+    region = regions[0]
+    region.compute_op_type(target.name + target.llvm_features)
+    obj, desc, ir_text = kind.build(region, target)
+    lib = os.path.join(str(tmp_path), name or f"{kind.name}.so")
+    sha = link_library([desc], [obj], target, lib)
+    fused = build_fused_model(model, regions, os.path.basename(lib), sha, target.to_dict(), target.required_cpu_flags)
+    return fused, lib, region, ir_text
