@@ -387,6 +387,9 @@ class KernelStage:
                     entry["level_bandwidth"] = level.bandwidth
                 if r.compute is not None:
                     entry.update(self.tile_info.get(id(r)) or {"tile": self._tile_of(r)})
+                kind = kind_of(r)
+                if kind is not None and kind.report is not None:
+                    entry.update(kind.report(r, feeds, desc))
                 if self.opts.measure:
                     # A region of a blocked chain is judged with its chain in the whole-model timing; its own time
                     # is for the report (and AFUSION's measured savings): a shorter timing does. A copy kernel has

@@ -33,3 +33,6 @@ class Kind:
     # Asked for its regions before the compute and pool rules (whose MatMul kernels would take its nodes), not
     # after them.
     first: bool = False
+    # report(region, feeds, desc) -> dict: more for the region's entry in the report, at the shapes it was checked
+    # on (`feeds`, the region's inputs), with the glue's description its build returned
+    report: Callable | None = None

@@ -140,6 +140,15 @@ def test_refusals_say_why():
 def test_the_driver_fuses_a_chain_end_to_end(tmp_path):
     model = attention_model("sdpa", 1, 4, 48, 48, 32, "add", True)
     res = onnxopt.optimize(model, str(tmp_path / "fused.onnx"), measure=False, threads=2)
+    # The report gives the data-movement model's view of the kernel at the checked shapes (plan.py).
+    (entry,) = [r for r in res.report["regions"] if "data_movement" in r]
+    dm = entry["data_movement"]
+    assert dm["extents"] == {"heads": 4, "M": 48, "L": 48, "d": 32, "dv": 32} and dm["illegal"] is None
+    assert dm["tiles"] == {"b": 1, "m": 24, "l": 48, "k": 32, "n": 32}  # 4 heads: rows halved so 8 tasks
+    assert dm["softmax"] == "row" and dm["order"] == "bmlkn"
+    # Q and the output move once, K and V once per block of 24 rows (two), the scores never: per head 48 x 32
+    # floats 6 times, 4 bytes each. (The mask is not in Chimera's chain.)
+    assert dm["predicted_moved_bytes"] == 4 * 4 * 6 * 48 * 32
     ops = [n.op_type for n in res.model.graph.node]
     assert any(op.startswith("attention_") for op in ops) or any(
         "attention_" in f.name for f in res.model.functions)
