@@ -8,7 +8,7 @@ import onnx
 import pytest
 from kind_harness import fuse_kind
 from attention_models import attention_model, feeds_for
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
@@ -43,16 +43,19 @@ def test_the_kind_is_registered_and_claims_before_the_compute_rule():
 @settings(max_examples=25, deadline=None)
 @given(form=st.sampled_from(["sdpa", "bert", "fused", "unscaled"]),
        mask=st.sampled_from(["none", "add", "causal", "select", "fill"]), guard=st.booleans(),
-       b=st.integers(1, 2), h=st.integers(1, 4), m=st.integers(1, 40), lq=st.integers(1, 70),
-       d=st.sampled_from([8, 32, 64, 80]), dv_extra=st.sampled_from([0, 3]), split=st.booleans())
+       b=st.integers(1, 4), h=st.integers(1, 16), m=st.integers(1, 600), lq=st.integers(1, 600),
+       d=st.sampled_from([32, 64, 80, 128]), dv_extra=st.sampled_from([0, 3]), split=st.booleans())
 def test_matches_onnxruntime(tmp_path_factory, form, mask, guard, b, h, m, lq, d, dv_extra, split):
+    """The issue's ranges (heads 1-16, head dim 32/64/80/128, sequences 1-600, batch 1-4), every mask and form;
+    draws whose reference would take seconds are skipped (the kernel is not the slow side)."""
     if mask == "causal":
         lq = max(lq, m)
+    assume(b * h * m * lq * d <= 40_000_000)
     model = attention_model(form, b, h, m, lq, d, mask, guard, dv=d + dv_extra, split_heads=split)
     _check(model, tmp_path_factory.mktemp("a"), feeds_for(model))
 
 
-@pytest.mark.parametrize("seq", [1, 7, 32, 128, 384])
+@pytest.mark.parametrize("seq", [1, 7, 32, 128, 384, 512])
 def test_bert_shapes(tmp_path, seq):
     model = attention_model("sdpa", 1, 12, seq, seq, 64, "add", True)
     _check(model, tmp_path, feeds_for(model))
