@@ -21,7 +21,9 @@ Per model and length, four ways of running it:
    the table gives the Attention-like nodes it fused;
 3. OpenVINO (`openvino` from PyPI), the model read, reshaped to the timed static shape and compiled for CPU with
    INFERENCE_NUM_THREADS = --threads, INFERENCE_PRECISION_HINT f32 and the LATENCY hint;
-4. onnxopt: `python -m onnxopt MODEL -o OUT --input-shape ... --threads N` (kernel measurement on, the default; the
+4. onnxopt: `python -m onnxopt MODEL -o OUT --measure-shape ... --threads N` (checked and timed at the row's
+   shapes, the model written with its symbolic dims still symbolic: one fused model serves every length; kernel
+   measurement on, the default; the
    cost cache is the default one, so a rerun is faster offline: `--onnxopt-args=--no-cost-cache` times a first
    run), or the model `--fused DIR` already holds, run through onnxruntime with its library registered.
 
@@ -193,8 +195,8 @@ def onnxopt_build(src: str, dst: str, specs: list[str], threads: int, extra: lis
             os.remove(stale)
     cmd = [sys.executable, "-m", "onnxopt", src, "-o", dst, "--threads", str(threads), "--report",
            dst + ".report.json"]
-    for s in specs:
-        cmd += ["--input-shape", s]
+    for s in specs:  # measured at this length, written dynamic (the list's own shapes are fixed: --input-shape)
+        cmd += ["--measure-shape", s]
     cmd += extra
     t = time.perf_counter()
     with open(dst + ".log", "w") as log:

@@ -33,6 +33,9 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    "goes next to it as <output>.so")
     p.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,...",
                    help="fix an input's symbolic dims (repeatable)")
+    p.add_argument("--measure-shape", action="append", metavar="NAME:D0,D1,...",
+                   help="check and time with this input shape, but keep its symbolic dims symbolic in the output "
+                   "(repeatable): a transformer measured at the sequence it will serve, and still dynamic")
     p.add_argument("--target", default="native", help="CPU to compile for: native (default), x86-64-v3, x86-64-v4, "
                    "or cpu=NAME,+feature,...")
     p.add_argument("--check-input", action="append", metavar="NAME:FILE.npy",
@@ -100,7 +103,8 @@ def cmd_optimize(argv) -> int:
     console = Console(stderr=True, quiet=a.quiet)
     if a.report:
         check_report_path(a.report, [a.output, a.output + ".so", a.output + ".data"])
-    result = optimize(a.input, a.output, input_shape=a.input_shape, target=a.target, check_input=a.check_input,
+    result = optimize(a.input, a.output, input_shape=a.input_shape, measure_shape=a.measure_shape, target=a.target,
+                      check_input=a.check_input,
                       rtol=a.rtol, atol=a.atol, scale_tol=a.scale_tol, threads=a.threads,
                       skip_fusion=(a.skip_fusion or []) + (["afusion"] if a.no_afusion else []),
                       verify=not a.no_verify, measure=not a.no_measure, min_speedup=a.min_speedup, seed=a.seed, plan=a.plan,

@@ -58,6 +58,8 @@ WINOGRAD_MODES = ("auto", "off") + tuple(str(m) for m in winograd.SIZES)
 @dataclass
 class Options:
     input_shapes: dict = field(default_factory=dict)
+    # --measure-shape: input shapes for the checks and timings only; their symbolic dims stay symbolic in the output
+    measure_shapes: dict = field(default_factory=dict)
     target: Target | None = None
     tolerance: Tolerance = field(default_factory=Tolerance)
     check_inputs: dict = field(default_factory=dict)
@@ -96,11 +98,13 @@ class Options:
 def optimize(model, output: str | None = None, **kwargs) -> Result:
     """Optimize a model (path or ModelProto). With `output`, writes it and `<output>.so`.
 
-    Keyword options mirror the CLI: input_shape=["x:1,3,224,224"], target="native", rtol=, atol=, scale_tol=,
+    Keyword options mirror the CLI: input_shape=["x:1,3,224,224"], measure_shape=["ids:1,128"], target="native",
+    rtol=, atol=, scale_tol=,
     check_input=["x:file.npy"], skip_fusion=["elementwise"], threads=, verify=True, measure=True, min_speedup=1.0.
     """
     opts = Options(
         input_shapes=parse_input_shapes(kwargs.pop("input_shape", None)),
+        measure_shapes=parse_input_shapes(kwargs.pop("measure_shape", None), "--measure-shape"),
         target=parse_target(kwargs.pop("target", None)),
         tolerance=Tolerance.parse(kwargs.pop("rtol", None), kwargs.pop("atol", None), kwargs.pop("scale_tol", None)),
         check_inputs=load_check_inputs(check_input_specs := kwargs.pop("check_input", None)),

@@ -29,6 +29,7 @@ PASS_THROUGH = (
     ("plan", "str", "optimize's --plan: build only this plan"),
     ("winograd", "str", "optimize's --winograd"),
     ("input_shape", "list", "NAME:D0,D1,... for every model (repeatable; a list file line may add its own)"),
+    ("measure_shape", "list", "NAME:D0,D1,... to check and time every model with, its dims left symbolic"),
     ("no_verify", "flag", "skip the whole-model check (kernels are still checked)"),
     ("no_measure", "flag", "do not time kernels"),
     ("cost_cache", "str", "the measured-cost cache (SQLite) that all workers share"),
@@ -36,7 +37,7 @@ PASS_THROUGH = (
 )
 
 METAVARS = {"threads": "N", "tune_budget": "SECONDS", "search_budget": "SECONDS", "target": "T", "skip_fusion": "KIND",
-            "min_speedup": "X", "plan": "NAME", "winograd": "MODE", "input_shape": "NAME:D0,D1,...",
+            "min_speedup": "X", "plan": "NAME", "winograd": "MODE", "input_shape": "NAME:D0,D1,...", "measure_shape": "NAME:D0,D1,...",
             "cost_cache": "PATH"}
 
 

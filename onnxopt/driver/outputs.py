@@ -16,7 +16,7 @@ from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, VerificationError
 from onnxopt.fusion.region import Region
 from onnxopt.graph.large import check_model
-from onnxopt.graph.load import commit_files, save_model
+from onnxopt.graph.load import commit_files, measure_bindings, save_model
 from onnxopt.verify import compare, make_inputs
 from onnxopt.driver.policy import WHOLE_MODEL_MARGIN, offline_split, _op_counts
 from onnxopt.driver.result import Result
@@ -37,6 +37,9 @@ class OutputStage:
                     symbols.append(d.dim_param)
         self.bindings = {}
         candidates = [{s: 2 + i for i, s in enumerate(symbols)}, {s: 2 for s in symbols}, {s: 1 for s in symbols}]
+        if self.opts.measure_shapes:  # the user's shapes, the rest of the dims as the first candidate has them
+            given = measure_bindings(original, self.opts.measure_shapes)
+            candidates = [{**candidates[0], **given}]
         src = self.report["input"]["path"]
         failure = None
         # Run as the checks run it (every onnxruntime optimization): a model that fails there is refused now, not
@@ -53,7 +56,8 @@ class OutputStage:
             self.bindings = b
             break
         else:
-            given = "the given" if self.opts.check_inputs else "random"
+            given = "the given" if self.opts.check_inputs else ("random (--measure-shape)" if
+                                                                self.opts.measure_shapes else "random")
             raise InputError(f"the model fails in onnxruntime on {given} inputs ({failure}); give inputs it runs on "
                              "with --check-input NAME:FILE.npy, fix symbolic dims with --input-shape, or skip the "
                              "checks with --no-verify --no-measure")

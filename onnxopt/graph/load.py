@@ -85,20 +85,44 @@ def check_no_overwrite(inputs: list[str], outputs: list[str], what: str = "onnxo
                                  f"over its inputs. Choose another output name")
 
 
-def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
+def parse_input_shapes(specs: list[str] | None, option: str = "--input-shape") -> dict[str, list[int]]:
     """`["x:1,3,224,224", "mask:1,128"]` -> {"x": [1,3,224,224], ...}."""
     shapes: dict[str, list[int]] = {}
     for spec in specs or []:
         name, sep, dims = spec.rpartition(":")
         if not sep or not name:
-            raise UsageError(f"--input-shape '{spec}': write it as name:d0,d1,... (for example x:1,3,224,224)")
+            raise UsageError(f"{option} '{spec}': write it as name:d0,d1,... (for example x:1,3,224,224)")
         try:
             shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
         except ValueError:
-            raise UsageError(f"--input-shape '{spec}': dims must be integers, got '{dims}'") from None
+            raise UsageError(f"{option} '{spec}': dims must be integers, got '{dims}'") from None
         if any(d < 0 for d in shapes[name]):
-            raise UsageError(f"--input-shape '{spec}': dims must be 0 or more")
+            raise UsageError(f"{option} '{spec}': dims must be 0 or more")
     return shapes
+
+
+def measure_bindings(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, int]:
+    """--measure-shape: the values of the symbolic dims that these input shapes give (the model keeps them
+    symbolic); a shape that contradicts the model's fixed dims, its rank or itself is refused."""
+    inputs = {i.name: i for i in model.graph.input}
+    out: dict[str, int] = {}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise UsageError(f"--measure-shape names '{name}', but the model's inputs are: {', '.join(inputs)}")
+        declared = inputs[name].type.tensor_type.shape.dim
+        if len(declared) != len(dims):
+            raise UsageError(f"--measure-shape {name}: the model's input has rank {len(declared)}, you gave "
+                             f"{len(dims)} dims")
+        for i, (d, n) in enumerate(zip(declared, dims)):
+            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != n:
+                raise UsageError(f"--measure-shape {name}: dim {i} is fixed at {d.dim_value} in the model, you "
+                                 f"gave {n}")
+            if d.dim_param:
+                if out.get(d.dim_param, n) != n:
+                    raise UsageError(f"--measure-shape {name}: dim {i} is '{d.dim_param}', given "
+                                     f"{out[d.dim_param]} elsewhere and {n} here")
+                out[d.dim_param] = n
+    return out
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:

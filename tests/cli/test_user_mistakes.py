@@ -598,3 +598,24 @@ def test_job_that_raises_is_a_build_error_and_the_rest_build():
     assert out[0] == (b"obj", "desc") and out[2] == (b"obj", "desc")
     assert isinstance(out[1], BuildError) and "this kernel does not build" in str(out[1])
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("y:1,4,8,8", "inputs are"),  # no such input
+    ("x:1,4,8", "rank"),
+    ("x:1,5,8,8", "fixed"),  # dim 1 is 4 in the model
+])
+def test_measure_shape_mistakes(model, capsys, scratch_tmp, spec, needle):
+    d, src, _ = model
+    out = d / "f.onnx"
+    cli_error(capsys, [src, "-o", out, "--measure-shape", spec, *FAST], [src], out, needle)
+
+
+def test_measure_shape_contradicting_itself(tmp_path, capsys, scratch_tmp):
+    """One symbolic dim given two values by two inputs' shapes."""
+    m = elementwise_model(["n", "c", "l"], weight=False)
+    m.graph.input.append(onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, ["n"]))
+    src = save(m, tmp_path / "sym.onnx")
+    out = tmp_path / "f.onnx"
+    cli_error(capsys, [src, "-o", out, "--measure-shape", "x:2,3,5", "--measure-shape", "z:4", *FAST], [src], out,
+              "elsewhere")

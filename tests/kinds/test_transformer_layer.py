@@ -110,3 +110,17 @@ def test_every_sequence_length(fused, seq):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     alone = make_session(res.model, 2).run(None, feeds(seq))[0]  # the function fallbacks, without the library
     np.testing.assert_allclose(alone, want, rtol=1e-4, atol=1e-4)
+
+
+def test_measured_at_one_length_and_still_dynamic(tmp_path):
+    """--measure-shape: checked (and, with measurement, timed) at seq 128, written with `seq` still symbolic."""
+    model = encoder_layer(seed=3)
+    res = onnxopt.optimize(model, str(tmp_path / "fused.onnx"), measure=False, threads=2,
+                           measure_shape=["x:1,128,64", "mask:1,1,1,128"])
+    assert res.report["check_bindings"] == {"seq": 128}
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in res.model.graph.input]
+    assert dims == [[1, "seq", HIDDEN], [1, 1, 1, "seq"]]
+    for seq in (7, 300):
+        want = make_session(model, 1, optimization="none").run(None, feeds(seq))[0]
+        got = make_session(res.model, 2, library=res.library).run(None, feeds(seq))[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
