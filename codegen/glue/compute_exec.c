@@ -66,7 +66,7 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
                           int64_t b1) {
   const onnxopt_ct_desc *d = job->d;
   int64_t K = job->K, NRF = d->packed_b, kc = ct_packed_kc(d, K);
-  int64_t nkb = (K + kc - 1) / kc;
+  int64_t nkb = K > 0 ? (K + kc - 1) / kc : 1; /* K = 0: one empty block, so the epilogue still runs on zeros */
   float *sums = NULL;
   if (nkb > 1) {
     sums = (float *)malloc((size_t)((t1 - t0) * (b1 - b0) * d->mi * NRF) * sizeof(float));

@@ -136,6 +136,9 @@ class KernelStage:
         if is_depthwise(c) and (c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")):
             # Its own tile: pixels of one channel vector (codegen/microkernel/depthwise.py), as build_compute picks.
             return [depthwise_mi_for(mk, c.attrs["kernel"][1]), 1, 1]
+        if c.attrs.get("packed_b"):  # a constant B in panels: the mask-free tile (codegen/compute/describe.py)
+            t = mk.packed_b_tile
+            return [t.mi, t.ni, t.mii]
         t = c.tile if c.tile is not None else mk.tile
         return [t.mi, t.ni, t.mii]
 

@@ -140,6 +140,9 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
         return TileSearchResult(default, default, skipped="blocked layout: the tile is the blocked kernel's")
     if c.op == "conv_transpose":
         return TileSearchResult(default, default, skipped="a transposed convolution's kernel is chosen by its output channels")
+    if c.attrs.get("packed_b"):
+        own = select(target).packed_b_tile
+        return TileSearchResult(own, own, skipped="a matmul with its B packed in panels runs the mask-free tile")
     current = c.tile if c.tile is not None else default
     if current != default:
         return TileSearchResult(current, default, skipped="the tile is already chosen")

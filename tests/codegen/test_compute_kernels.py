@@ -527,6 +527,14 @@ def test_packed_b_with_the_other_gelu_forms(form, tmp_path):
     check(model, tmp_path, ops=ops)
 
 
+def test_packed_b_with_an_empty_k(tmp_path):
+    """K = 0: an empty sum; the epilogue still runs (the output is the bias)."""
+    rng = np.random.default_rng(2)
+    model = _matmul([2, 3, 0], [0, 20], b_const=True, post=[helper.make_node("Add", ["mm", "bias"], ["y"])],
+                    inits=[_const("bias", rng.standard_normal(20))])
+    check(model, tmp_path, ops="MatMul -> Add")
+
+
 def test_packed_b_layout_and_fallback(tmp_path):
     """B is stored as [ceil(N / P)][K][P], zero past N; the function fallback unpacks it (Transpose, Reshape, Slice)
     and multiplies, so the model runs without the library (check() runs it both ways)."""
