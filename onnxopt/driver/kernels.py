@@ -392,7 +392,10 @@ class KernelStage:
                     entry.update(self.tile_info.get(id(r)) or {"tile": self._tile_of(r)})
                 kind = kind_of(r)
                 if kind is not None and kind.report is not None:
-                    entry.update(kind.report(r, feeds, desc))
+                    try:
+                        entry.update(kind.report(r, feeds, desc))
+                    except Exception as e:  # noqa: BLE001 - the report's extras never stop a build
+                        entry["report_error"] = f"{type(e).__name__}: {e}"[:200]
                 if self.opts.measure:
                     # A region of a blocked chain is judged with its chain in the whole-model timing; its own time
                     # is for the report (and AFUSION's measured savings): a shorter timing does. A copy kernel has

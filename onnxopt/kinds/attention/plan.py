@@ -51,6 +51,8 @@ def report(region, feeds: dict, desc) -> dict:
     M, d, dv = q[-2], q[-1], v[-1]
     L = k[-1] if p.k_transposed else k[-2]
     heads = math.prod(max(a, b, c) for a, b, c in zip(q[:-2], k[:-2], v[:-2]))
+    if 0 in (M, L, d, dv, heads):  # an empty chain moves nothing
+        return {}
     capacity = desc.capacity
     rows = task_rows(M, L, d, dv, heads, capacity, desc.block)
     chain = gemm_chain(M, dv, d, L, batch=heads, middle="softmax")
