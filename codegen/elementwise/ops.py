@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from llvmlite import ir
 
 from onnxopt.codegen.vmath.erf import verf
@@ -51,6 +52,26 @@ def _arith(fop, iop):
         return getattr(b, fop)(x, y) if is_float(dts[0]) else getattr(b, iop)(x, y)
 
     return lower
+
+
+def _splat_value(v):
+    """The one value of a splatted float constant vector, else None."""
+    if not isinstance(v, ir.Constant) or not isinstance(v.constant, list):
+        return None
+    values = {float(c.constant) for c in v.constant}
+    return values.pop() if len(values) == 1 else None
+
+
+def _divide(b, args, dts, op):
+    x, y = args
+    if not is_float(dts[0]):
+        return b.sdiv(x, y)
+    # x / c as x * (1/c) when c is a constant whose reciprocal is a normal float32 (GELU's x / sqrt(2)): a multiply
+    # instead of a division in every GEMM epilogue, at most one more rounding (onnxruntime's Gelu does the same).
+    c = _splat_value(y)
+    if c is not None and isinstance(x.type.element, ir.FloatType) and math.isfinite(c) and 2.0 ** -125 < abs(c) < 2.0 ** 125:
+        return b.fmul(x, _k(x, float(np.float32(1.0) / np.float32(c))))
+    return b.fdiv(x, y)
 
 
 def _max2(b, dt, x, y):
@@ -294,7 +315,7 @@ def _not(b, args, dts, op):
 
 LOWER = {
     "Add": _arith("fadd", "add"), "Sub": _arith("fsub", "sub"), "Mul": _arith("fmul", "mul"),
-    "Div": _arith("fdiv", "sdiv"),
+    "Div": _divide,
     "Neg": _neg, "Abs": _abs, "Sign": _sign, "Relu": _relu, "LeakyRelu": _leaky_relu, "Elu": _elu,
     "Selu": _selu, "Celu": _celu, "ThresholdedRelu": _thresholded_relu, "HardSigmoid": _hard_sigmoid,
     "HardSwish": _hard_swish, "Sigmoid": _f32_only(vsigmoid), "Tanh": _f32_only(vtanh), "Erf": _f32_only(verf),

@@ -19,6 +19,7 @@ enum { EX_POSITION = 0, EX_CHANNEL = 1, EX_COLUMN = 2, EX_SCALAR = 3 };
 #define CT_MAX_EXTRA 8
 #define CT_TARGET_TASKS 64
 #define CT_TASK_MIN_FLOPS 262144.0
+#define CT_PACKED_TASKS 16
 /* Below this many FLOPs a kernel runs on the calling thread: waking onnxruntime's pool (its threads sleep between
    ops when spinning is off) and reading the input from the other core's cache cost more than the second core
    saves. The library's tables set it (library.py, INLINE_FLOPS); the optimizer times the chosen plan with a
@@ -54,18 +55,28 @@ typedef struct {
   int64_t extra_count[CT_MAX_EXTRA]; /* elements per batch item (POSITION/CHANNEL) */
 } ct_job;
 
-/* K per block of a packed-B matmul: the tile's block of B, KC x (ni * lanes) floats, stays in L1 (16 KiB) while
-   every row block of the task passes over it; the partial sums wait in a per-task buffer between blocks. */
+/* K per block of a packed-B matmul: one panel's block of B, KC x (ni * lanes) floats, fits L1 (16 KiB); the
+   partial sums wait in a per-task buffer between blocks. */
 static int64_t ct_packed_kc(const onnxopt_ct_desc *d, int64_t K) {
   int64_t kc = 16384 / (d->packed_b * (int64_t)sizeof(float));
   if (kc < 128) kc = 128;
   return K <= kc + kc / 2 ? K : kc;
 }
 
+/* Panels per group: the group's blocks of B (about 128 KiB) stay in L2 while a row block of A (mi rows x KC) stays
+   in L1 and meets every panel of the group, so A streams from memory once per group rather than once per panel
+   (GotoBLAS's order; at 512 tokens A is larger than L2). */
+static int64_t ct_packed_group(const onnxopt_ct_desc *d, int64_t K) {
+  int64_t kc = ct_packed_kc(d, K);
+  int64_t block = (kc > 0 ? kc : 1) * d->packed_b * (int64_t)sizeof(float);
+  int64_t g = 131072 / block;
+  return g < 1 ? 1 : g;
+}
+
 static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, int64_t t0, int64_t t1, int64_t b0,
                           int64_t b1) {
   const onnxopt_ct_desc *d = job->d;
-  int64_t K = job->K, NRF = d->packed_b, kc = ct_packed_kc(d, K);
+  int64_t K = job->K, NRF = d->packed_b, kc = ct_packed_kc(d, K), group = ct_packed_group(d, K);
   int64_t nkb = K > 0 ? (K + kc - 1) / kc : 1; /* K = 0: one empty block, so the epilogue still runs on zeros */
   float *sums = NULL;
   if (nkb > 1) {
@@ -79,23 +90,26 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
     int64_t k0 = kb * kc;
     t->k = K - k0 < kc ? K - k0 : kc;
     t->phase = nkb == 1 ? 0 : (kb > 0 ? 2 : 0) | (kb < nkb - 1 ? 1 : 0);
-    for (int64_t tile = t0; tile < t1; tile++) {
-      int nv = 0;
-      int64_t p0 = tile * NRF;
-      t->b = job->b + tile * K * NRF + k0 * NRF;
-      for (int j = 0; j < d->ni && p0 + j * d->lanes < job->P; j++, nv++) {
-        int64_t left = job->P - (p0 + j * d->lanes);
-        t->voff[j] = j * d->lanes;
-        t->coff[j] = p0 + j * d->lanes;
-        t->lanes[j] = left < d->lanes ? left : d->lanes;
-      }
+    for (int64_t g0 = t0; g0 < t1; g0 += group) {
+      int64_t g1 = g0 + group < t1 ? g0 + group : t1;
       for (int64_t mb = b0; mb < b1; mb++) {
         int64_t m0 = mb * d->mi;
         int64_t mi = job->M - m0 < d->mi ? job->M - m0 : d->mi;
         t->m0 = m0;
         t->a = a_item + m0 * job->a_ms + k0;
-        t->acc = sums ? sums + ((tile - t0) * (b1 - b0) + (mb - b0)) * d->mi * NRF : NULL;
-        d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+        for (int64_t tile = g0; tile < g1; tile++) {
+          int nv = 0;
+          int64_t p0 = tile * NRF;
+          t->b = job->b + tile * K * NRF + k0 * NRF;
+          for (int j = 0; j < d->ni && p0 + j * d->lanes < job->P; j++, nv++) {
+            int64_t left = job->P - (p0 + j * d->lanes);
+            t->voff[j] = j * d->lanes;
+            t->coff[j] = p0 + j * d->lanes;
+            t->lanes[j] = left < d->lanes ? left : d->lanes;
+          }
+          t->acc = sums ? sums + ((tile - t0) * (b1 - b0) + (mb - b0)) * d->mi * NRF : NULL;
+          d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+        }
       }
     }
   }
@@ -162,6 +176,28 @@ static void ct_run_task(const ct_job *job, int64_t task) {
 
 static void ct_task(void *usr, size_t index) { ct_run_task((const ct_job *)usr, (int64_t)index); }
 
+/* A packed-B matmul's split: panels x row blocks into about `want` tasks per item (CT_PACKED_TASKS at most, enough
+   for balance) with the least traffic from memory. A task reads its rows of A once and its panels of B once (a K
+   block of its rows and a group of panel blocks stay in L2 meanwhile), so A is read ptasks times and B mtasks
+   times: many panel tasks when B is large (the FFN's second GEMM at few tokens), more row tasks when A is. */
+static void ct_plan_packed(ct_job *job, int64_t want) {
+  double a_bytes = (double)job->M * (double)job->K, b_bytes = (double)job->P * (double)job->K, best = -1.0;
+  if (want > CT_PACKED_TASKS) want = CT_PACKED_TASKS;
+  want = (want + job->items - 1) / job->items;
+  job->ptasks = job->mtasks = 1;
+  for (int64_t pt = 1; pt <= job->ptiles; pt++) {
+    int64_t mt = (want + pt - 1) / pt;
+    if (mt > job->mblocks) mt = job->mblocks;
+    double cost = a_bytes * (double)pt + b_bytes * (double)mt;
+    if (best < 0.0 || cost < best) {
+      best = cost;
+      job->ptasks = pt;
+      job->mtasks = mt;
+    }
+    if (pt * mt >= want && mt == 1) break; /* more panel tasks only add traffic */
+  }
+}
+
 /* Split the work into tasks: enough for every thread (and for balance), none too small to pay for itself. */
 static void ct_plan(ct_job *job) {
   job->mblocks = (job->M + job->d->mi - 1) / job->d->mi;
@@ -169,6 +205,10 @@ static void ct_plan(ct_job *job) {
   int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
   if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;
   if (want < 1) want = 1;
+  if (job->d->packed_b) {
+    ct_plan_packed(job, want);
+    return;
+  }
   job->ptasks = (want + job->items - 1) / job->items;
   if (job->ptasks > job->ptiles) job->ptasks = job->ptiles;
   if (job->ptasks < 1) job->ptasks = 1;

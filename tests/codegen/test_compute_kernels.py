@@ -491,10 +491,13 @@ def test_matmul_2d_with_row_bias(tmp_path):
 
 # ---- a constant B packed in panels (transformer projections) ------------------------------------------------------
 # The kernel runs K in blocks of 256 columns of A on AVX2 (128 on AVX-512) once K passes 1.5 blocks, keeping the
-# partial sums between blocks; these shapes take one, two and several blocks, with M and N off the tile's edges.
+# partial sums between blocks; these shapes take one, two and several blocks, with M and N off the tile's edges. The
+# last one splits into tasks over both panels and rows, with more panels per task than one group (compute_exec.c,
+# ct_plan_packed and ct_packed_group).
 
 
-@pytest.mark.parametrize("m,k,n", [(7, 385, 33), (13, 700, 70), (1, 1000, 16), (65, 513, 130), (6, 384, 17)])
+@pytest.mark.parametrize("m,k,n", [(7, 385, 33), (13, 700, 70), (1, 1000, 16), (65, 513, 130), (6, 384, 17),
+                                   (203, 520, 600)])
 def test_matmul_packed_b_over_k_blocks(m, k, n, tmp_path):
     """x [2, M, K] @ W + b + residual: the sums of every K block reach the epilogue once, on every row and column."""
     rng = np.random.default_rng(m + k + n)
