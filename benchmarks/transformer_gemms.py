@@ -4,7 +4,9 @@ and its epilogue) against onnxruntime running the same ops (MLAS).
     python benchmarks/transformer_gemms.py [--threads 2] [--min-time 2] [--seqs 128,512] [--hidden 768]
 
 Per sequence length, BERT-base's shapes (batch 1): the Q/K/V/output projection (hidden x hidden + bias), the FFN's
-first GEMM (hidden x 4 hidden + bias + GELU through Erf) and its second (4 hidden x hidden + bias + the residual Add).
+first GEMM (hidden x 4 hidden + bias + GELU through Erf) and its second (4 hidden x hidden + bias + the residual Add),
+and Q, K and V's projections merged into one GEMM (hidden x 3 hidden + bias), printed beside three projections'
+time: what merging them would save.
 Tokens are a symbolic dim, as in the exports. onnxopt builds each with the speed check off (so its kernel is always
 the one timed); both models run through onnxruntime (all graph optimizations, the same threads, spinning off),
 interleaved in one process. Prints the medians, the ratio (onnxruntime / onnxopt: above 1 means onnxopt is faster),
@@ -62,8 +64,10 @@ def main(argv=None) -> int:
     machine = load_machine()
     peak = machine.peak_flops["float32"] * min(a.threads, machine.cores) / machine.cores
     h = a.hidden
-    shapes = [("projection", h, h, "bias"), ("ffn1+gelu", h, 4 * h, "gelu"), ("ffn2+residual", 4 * h, h, "residual")]
+    shapes = [("projection", h, h, "bias"), ("ffn1+gelu", h, 4 * h, "gelu"), ("ffn2+residual", 4 * h, h, "residual"),
+              ("qkv merged", h, 3 * h, "bias")]
     ratios = []
+    projection = {}  # seq -> (onnxruntime, onnxopt) medians of one projection
     print(f"fp32 peak for {a.threads} threads (machine model): {peak / 1e9:.1f} GFLOP/s")
     with tempfile.TemporaryDirectory() as tmp:
         for name, k, n, epilogue in shapes:
@@ -85,10 +89,16 @@ def main(argv=None) -> int:
                 flops = 2.0 * seq * k * n
                 ratio = t0["median"] / t1["median"]
                 ratios.append(ratio)
+                if name == "projection":
+                    projection[seq] = (t0["median"], t1["median"])
                 print(f"{name:14s} seq {seq:4d} {k:5d}x{n:<5d} onnxruntime {t0['median'] * 1e3:7.3f} ms "
                       f"({flops / t0['median'] / 1e9:6.1f} GFLOP/s)  onnxopt {t1['median'] * 1e3:7.3f} ms "
                       f"({flops / t1['median'] / 1e9:6.1f} GFLOP/s, {flops / t1['median'] / peak:4.0%} of peak)  "
                       f"ratio {ratio:5.3f}  max abs diff {err:.2g}", flush=True)
+                if name == "qkv merged" and seq in projection:
+                    p0, p1 = projection[seq]
+                    print(f"{'':14s} three projections / one merged GEMM: onnxruntime {3 * p0 / t0['median']:.3f}x, "
+                          f"onnxopt {3 * p1 / t1['median']:.3f}x", flush=True)
     if ratios:
         print(f"geomean ratio {math.exp(np.mean(np.log(ratios))):.3f}, min {min(ratios):.3f}")
     return 0

@@ -31,8 +31,11 @@ def _check(model, tmp_path, feeds, threads=2, name="attention.so"):
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5 * max(1.0, float(np.nanmax(np.abs(want)))))
     assert np.array_equal(np.isnan(got), np.isnan(want))
-    alone = make_session(fused, 1).run(None, feeds)[0]  # the function fallback, without our library
-    np.testing.assert_allclose(alone, want, rtol=1e-5, atol=1e-6)
+    # The function fallback, without our library: the chain's own ops, but onnxruntime's optimized graph sums in
+    # another order than the unoptimized reference (4.5e-6 apart at head dim 128 with a single key), so the same
+    # tolerance as the kernel's, and NaN where the reference has NaN.
+    alone = make_session(fused, 1).run(None, feeds)[0]
+    np.testing.assert_allclose(alone, want, rtol=2e-4, atol=2e-5 * max(1.0, float(np.nanmax(np.abs(want)))))
     return got
 
 

@@ -16,8 +16,8 @@ class AttentionKernelDesc:
     out_types: list[int]
     k_transposed: bool
     mask_kind: str
-    block: int  # the kernel's column block: score rows are padded to it
-    capacity: int  # floats one task's working set may take (lower.py cache_floats)
+    block: int  # the kernel's column block: score rows are padded to it, K^T and V packed in panels of it
+    rows_block: int  # query rows of the micro-kernel: a task's rows are a multiple of it
     fn: str  # the generated function (glue.h attention_fn)
     rank: int = 0  # of q, k, v and the output, where perms are given
     perms: tuple = ((), (), (), ())  # AttentionParams.perms
@@ -29,5 +29,5 @@ class AttentionKernelDesc:
         return (f"extern void {self.fn}(const float *, int64_t, const float *, int64_t, const float *, int64_t, "
                 f"const void *, int64_t, float *, int64_t, int64_t, int64_t, int64_t, int64_t, float *, int64_t);\n"
                 f"{decls}static const onnxopt_attention_desc {prefix}_desc = {{{sig}, {int(self.k_transposed)}, "
-                f"{MASK_KINDS[self.mask_kind]}, {self.block}, {self.capacity}, {self.fn}, {int(any(self.perms))}, "
+                f"{MASK_KINDS[self.mask_kind]}, {self.block}, {self.rows_block}, {self.fn}, {int(any(self.perms))}, "
                 f"{{{perms}}}}};\n")

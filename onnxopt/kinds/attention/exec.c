@@ -1,9 +1,8 @@
 /* The attention kind's executor: the leading dims (batch, heads) broadcast between Q, K, V and the mask; one task
-   per (leading index, block of query rows), over ORT's pool. A task's rows are as many as keep its working set
-   (the rows' Q and scores, K^T, V, the output rows) within the descriptor's capacity, one core's L2:
-   rows * (d + L + dv) + L * (d + dv) floats, the sum of both GEMMs' footprints in the row-kept order (T_L = L) of
-   the data-movement model (onnxopt/annotate/data_movement.py), which takes their maximum; the sum keeps K and V
-   resident across both phases. Where K and V alone do not fit, half of it goes to the rows and K and V stream. */
+   per (leading index, block of query rows), over ORT's pool. A task packs its head's K^T and V in panels (attn_pack)
+   and calls the kernel on its rows, which keeps the scores of one micro-kernel block of rows at a time: its working
+   set is K^T and V, L * (d + dv) floats, and MR score rows (the row-kept order, T_L = L, of the data-movement model,
+   onnxopt/annotate/data_movement.py; kinds/attention/plan.py reports it). */
 #define ATTN_MIN_TASKS 8 /* fewer rows a task rather than fewer tasks than this (threads to feed) */
 
 typedef struct {
@@ -16,10 +15,46 @@ typedef struct {
   int64_t mask_size, mask_rs, mask_ls;  /* element bytes; row and column strides of the mask (elements) */
   float *out;
   int64_t M, L, d_, dv, rows, blocks, s_rs;
-  int64_t q_rs, k_rs, v_rs, o_rs; /* row strides; k_rs: of K^T's rows, or of K's where a task packs K^T */
-  int pack_k;                     /* the keys are laid out with their head dim innermost: a task packs K^T */
+  int64_t q_rs, o_rs;    /* row strides */
+  int64_t k_ls, k_ts;    /* strides of K between keys and between head-dim elements, in any layout */
+  int64_t v_ls, v_cs;    /* strides of V between keys and between its columns */
   int failed;
 } attn_job;
+
+/* K^T in panels of W keys ([d][W] each, keys past L zeros) and V in panels of W columns ([L][W] each, columns past
+   dv zeros), the layouts lower.py's micro-kernel reads whole. Runs of W that are contiguous in the source (K^T with
+   its keys innermost, V with its columns innermost: the usual layouts) are copied as runs. */
+static void attn_pack(const attn_job *j, const float *k, const float *v, float *kp, float *vp, int64_t W) {
+  int64_t L = j->L, dd = j->d_, dv = j->dv, kpanels = (L + W - 1) / W, vpanels = (dv + W - 1) / W;
+  for (int64_t p = 0; p < kpanels; p++) {
+    int64_t n = L - p * W < W ? L - p * W : W;
+    float *dst = kp + p * dd * W;
+    if (j->k_ls == 1 || n == 1) {
+      for (int64_t t = 0; t < dd; t++, dst += W) {
+        memcpy(dst, k + p * W * j->k_ls + t * j->k_ts, (size_t)n * sizeof(float));
+        if (n < W) memset(dst + n, 0, (size_t)(W - n) * sizeof(float));
+      }
+    } else {
+      for (int64_t c = 0; c < W; c++) {
+        const float *src = k + (p * W + c) * j->k_ls;
+        for (int64_t t = 0; t < dd; t++) dst[t * W + c] = c < n ? src[t * j->k_ts] : 0.0f;
+      }
+    }
+  }
+  for (int64_t p = 0; p < vpanels; p++) {
+    int64_t n = dv - p * W < W ? dv - p * W : W;
+    float *dst = vp + p * L * W;
+    for (int64_t l = 0; l < L; l++, dst += W) {
+      const float *src = v + l * j->v_ls + p * W * j->v_cs;
+      if (j->v_cs == 1) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+      } else {
+        for (int64_t c = 0; c < n; c++) dst[c] = src[c * j->v_cs];
+      }
+      if (n < W) memset(dst + n, 0, (size_t)(W - n) * sizeof(float));
+    }
+  }
+}
 
 static void attn_task(void *usr, size_t index) {
   attn_job *j = (attn_job *)usr;
@@ -32,31 +67,26 @@ static void attn_task(void *usr, size_t index) {
     rest /= j->lead[i];
     for (int t = 0; t < 5; t++) off[t] += x * j->st[t][i];
   }
-  int64_t L = j->L, dd = j->d_;
-  int pack_k = j->pack_k, expand_mask = d->mask_kind && j->mask_ls == 0 && L > 1;
-  size_t scratch = (size_t)rows * j->s_rs + (pack_k ? (size_t)dd * j->s_rs : 0) +
-                   (expand_mask ? (size_t)(j->mask_rs ? rows : 1) * L : 0);
+  int64_t L = j->L, W = d->block;
+  int64_t kp_ps = j->d_ * W, vp_ps = L * W;
+  size_t k_floats = (size_t)((L + W - 1) / W) * (size_t)kp_ps, v_floats = (size_t)((j->dv + W - 1) / W) * (size_t)vp_ps;
+  int expand_mask = d->mask_kind && j->mask_ls == 0 && L > 1;
+  size_t s_floats = (size_t)d->rows_block * j->s_rs; /* the scores of one block of rows at a time */
+  size_t scratch = s_floats + k_floats + v_floats + (expand_mask ? (size_t)(j->mask_rs ? rows : 1) * L : 0);
   float *s = glue_floats(scratch ? scratch : 1);
   if (!s) {
     j->failed = 1;
     return;
   }
-  const float *kt = j->k + off[1];
-  int64_t kt_rs = j->k_rs;
-  if (pack_k) { /* K [L, d] (rows k_rs apart) -> K^T [d, s_rs] */
-    float *p = s + (size_t)rows * j->s_rs;
-    for (int64_t l = 0; l < L; l++)
-      for (int64_t t = 0; t < dd; t++) p[t * j->s_rs + l] = kt[l * j->k_rs + t];
-    kt = p;
-    kt_rs = j->s_rs;
-  }
+  float *kp = s + s_floats, *vp = kp + k_floats;
+  attn_pack(j, j->k + off[1], j->v + off[2], kp, vp, W);
   const char *mask = NULL;
   int64_t mask_rs = 0;
   if (d->mask_kind) {
     mask = j->mask + (off[3] + r0 * j->mask_rs) * j->mask_size;
     mask_rs = j->mask_rs;
     if (expand_mask) { /* a mask broadcast along the keys: its rows written out (floats or bytes) */
-      char *e = (char *)(s + (size_t)rows * j->s_rs + (pack_k ? (size_t)dd * j->s_rs : 0));
+      char *e = (char *)(vp + v_floats);
       int64_t n_rows = j->mask_rs ? rows : 1;
       for (int64_t r = 0; r < n_rows; r++)
         for (int64_t l = 0; l < L; l++)
@@ -65,8 +95,8 @@ static void attn_task(void *usr, size_t index) {
       mask_rs = j->mask_rs ? L : 0;
     }
   }
-  d->fn(j->q + off[0] + r0 * j->q_rs, j->q_rs, kt, kt_rs, j->v + off[2], j->v_rs, mask, mask_rs,
-        j->out + off[4] + r0 * j->o_rs, j->o_rs, rows, L, dd, j->dv, s, j->s_rs);
+  d->fn(j->q + off[0] + r0 * j->q_rs, j->q_rs, kp, kp_ps, vp, vp_ps, mask, mask_rs, j->out + off[4] + r0 * j->o_rs,
+        j->o_rs, rows, L, j->d_, j->dv, s, j->s_rs);
   glue_release(s);
 }
 
@@ -107,16 +137,12 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   if (kd != j.d_ || ld[2][R - 2] != j.L)
     return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: the queries', keys' and values' dims do not agree");
   j.q_rs = ls[0][R - 2];
-  j.v_rs = ls[2][R - 2];
-  if (d->k_transposed && ls[1][R - 1] == 1) { /* K^T with its keys innermost: read in place */
-    j.k_rs = ls[1][R - 2];
-  } else { /* K, or K^T with the head dim innermost: each task packs K^T */
-    j.pack_k = 1;
-    j.k_rs = d->k_transposed ? ls[1][R - 1] : ls[1][R - 2];
-  }
-  if ((ls[0][R - 1] != 1 && j.d_ > 1) || (ls[2][R - 1] != 1 && j.dv > 1) ||
-      (j.pack_k && ls[1][d->k_transposed ? R - 2 : R - 1] != 1 && j.d_ > 1))
-    return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: a head dim is not innermost in memory");
+  j.k_ls = d->k_transposed ? ls[1][R - 1] : ls[1][R - 2];
+  j.k_ts = d->k_transposed ? ls[1][R - 2] : ls[1][R - 1];
+  j.v_ls = ls[2][R - 2];
+  j.v_cs = ls[2][R - 1];
+  if (ls[0][R - 1] != 1 && j.d_ > 1)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: attention: the queries' head dim is not innermost in memory");
   /* leading dims: broadcast between q, k, v and the mask (right-aligned) */
   j.lead_n = (int)R - 2;
   int64_t mdims[MAX_RANK];
@@ -173,17 +199,13 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   if (lead_total == 0 || j.M == 0 || j.dv == 0) return NULL;
   j.s_rs = (j.L + d->block - 1) / d->block * d->block;
   if (j.s_rs == 0) j.s_rs = d->block;
-  /* rows a task: the working set within the capacity, whole micro-kernel blocks of 4, enough tasks */
-  int64_t fixed = j.L * (j.d_ + j.dv), per_row = j.d_ + j.s_rs + j.dv;
-  int64_t rows = d->capacity > fixed + 4 * per_row ? (d->capacity - fixed) / per_row
-                                                   : d->capacity / 2 / per_row; /* K, V stream: half for the rows */
-  if (rows >= 4) rows -= rows % 4;
-  if (rows < 1) rows = 1;
+  /* rows a task: all of a (batch, head)'s rows unless that leaves fewer tasks than threads to feed, in whole
+     micro-kernel blocks; a task packs its head's K^T and V once, so fewer rows a task cost more packing */
+  int64_t mr = d->rows_block, rows = j.M;
   int64_t want_blocks = (ATTN_MIN_TASKS + lead_total - 1) / lead_total;
   if (want_blocks > 1) {
-    int64_t cap = (j.M + want_blocks - 1) / want_blocks;
-    if (cap >= 4) cap = (cap + 3) / 4 * 4;
-    if (cap < rows) rows = cap;
+    rows = (j.M + want_blocks - 1) / want_blocks;
+    if (rows >= mr) rows = (rows + mr - 1) / mr * mr;
   }
   if (rows > j.M) rows = j.M;
   j.rows = rows;

@@ -4,15 +4,15 @@
 /* Included after glue.h (codegen/glue/kinds.py). */
 
 /* lower.py: one block of query rows of one (batch, head). */
-typedef void (*attention_fn)(const float *q, int64_t q_rs, const float *kt, int64_t kt_rs, const float *v,
-                             int64_t v_rs, const void *mask, int64_t mask_rs, float *out, int64_t out_rs,
+typedef void (*attention_fn)(const float *q, int64_t q_rs, const float *kp, int64_t kp_ps, const float *vp,
+                             int64_t vp_ps, const void *mask, int64_t mask_rs, float *out, int64_t out_rs,
                              int64_t rows, int64_t L, int64_t d, int64_t dv, float *s, int64_t s_rs);
 typedef struct {
   onnxopt_sig sig;
-  int k_transposed; /* input 1 is K^T [.., d, L]; else K [.., L, d], which a task packs as K^T */
+  int k_transposed; /* input 1 is K^T [.., d, L]; else K [.., L, d] (either way a task packs K^T in panels) */
   int mask_kind;    /* 0: none; 1: a float mask added to the scores; bool masks: 2 keep where true, 3 fill there */
-  int block;        /* the kernel's column block: a score row is padded to a multiple of it */
-  int64_t capacity; /* floats a task's working set may take */
+  int block;        /* the kernel's column block: a score row is padded to a multiple of it; K^T and V panels */
+  int rows_block;   /* the micro-kernel's query rows */
   attention_fn fn;
   /* has_perms: q, k, v and the output are read and written through perm[t] (find.py): logical dim i of tensor t
      is dim perm[t][i] of the tensor in memory (the head split's and merge's Transposes, folded). */

@@ -1,15 +1,19 @@
 """The fused attention kernel in LLVM IR: one block of query rows of one (batch, head), the score rows kept whole.
 
-    attn(q, q_rs, kt, kt_rs, v, v_rs, mask, mask_rs, out, out_rs, rows, L, d, dv, s, s_rs)
+    attn(q, q_rs, kp, kp_ps, vp, vp_ps, mask, mask_rs, out, out_rs, rows, L, d, dv, s, s_rs)
 
-    q     rows x d (row stride q_rs)            kt   K^T, d x L (row stride kt_rs, contiguous along L)
-    v     L x dv (row stride v_rs)              mask rows x L (row stride mask_rs; 0: one row for all)
-    out   rows x dv (row stride out_rs)         s    scratch, rows x s_rs floats, s_rs >= L rounded up to BLOCK
+    q     rows x d (row stride q_rs)
+    kp    K^T in panels of W = NR * lanes keys: panel p at kp + p * kp_ps holds [d][W] (keys past L are zeros)
+    vp    V in panels of W value columns: panel p at vp + p * vp_ps holds [L][W] (columns past dv are zeros)
+    mask  rows x L (row stride mask_rs; 0: one row for all)
+    out   rows x dv (row stride out_rs)         s    scratch, MR x s_rs floats, s_rs >= L rounded up to W
 
+The glue (exec.c) packs K^T and V into the panels once per task, so both GEMMs read their B operand as one
+contiguous run a panel, with full vector loads and no masks, the way the packed-B GEMMs do (fusion/compute.py).
 Per block of MR query rows: the scores s = scale * q K^T (+ mask) by an outer-product micro-kernel (MR broadcasts of
-q times NR vectors of K^T), the padding columns set to -inf; each row's max, then exp(s - max) in place and its sum;
-then out = s V by the same micro-kernel (MR broadcasts of s times NR vectors of a V row), each output row scaled by
-1 / sum at the store. The scores never leave the block's scratch (T_L = L: the rows fit the cache,
+q times NR vectors of a K^T panel), the padding columns set to -inf; each row's max, then exp(s - max) in place and
+its sum; then out = s V by the same micro-kernel (MR broadcasts of s times NR vectors of a V panel row), each output
+row scaled by 1 / sum at the store. The scores never leave the block's scratch (T_L = L: the rows fit the cache,
 onnxopt/annotate/data_movement.py's `softmax_strategy`), and the normalization costs dv multiplies a row, not L.
 A row masked everywhere gives zeros with `nan_guard` (torch's Where(IsNaN(p), 0, p)), else NaN as Softmax does.
 """
@@ -21,9 +25,8 @@ from llvmlite import ir
 from onnxopt.codegen.compile import compile_object, new_module
 from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.target import Target
-from onnxopt.codegen.vmath.exp import vexp
+from onnxopt.codegen.vmath.exp import vexp_nonpositive
 from onnxopt.codegen.vmath.irutil import broadcast, fma, masked_load, masked_store, reduce_lanes as _reduce, while_loop
-from onnxopt.hardware.cpu import cache_levels
 
 from .desc import AttentionKernelDesc
 from .params import AttentionParams
@@ -33,7 +36,10 @@ I64 = ir.IntType(64)
 I32 = ir.IntType(32)
 I8 = ir.IntType(8)
 PTR = ir.PointerType()
-MR, NR = 4, 2  # query rows x vectors of the micro-kernel: MR * NR accumulators, NR loads, one broadcast
+# Query rows x vectors of the micro-kernel: MR * NR accumulators, NR loads and one broadcast in 16 AVX2 registers
+# (the packed-B GEMM's 6 x 16 tile); 4 x 2 read K^T unpacked and was load-bound.
+MR, NR = 6, 2
+SOFTMAX_ROWS = 2  # rows a softmax pass carries at once: NR * SOFTMAX_ROWS max and sum chains
 
 
 def _loop(b, start, stop, step, body, carried=()):
@@ -57,8 +63,8 @@ def _vmax(b, x, y):
 def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: int) -> str:
     args = [PTR, I64, PTR, I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, I64, I64, PTR, I64]
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
-    q, q_rs, kt, kt_rs, v, v_rs, mask, mask_rs, out, out_rs, rows, L, d, dv, s, s_rs = fn.args
-    for a in (q, kt, v, mask, out, s):
+    q, q_rs, kp, kp_ps, vp, vp_ps, mask, mask_rs, out, out_rs, rows, L, d, dv, s, s_rs = fn.args
+    for a in (q, kp, vp, mask, out, s):
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     vty = ir.VectorType(F32, lanes)
@@ -85,11 +91,12 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
         rem = broadcast(b, b.sub(stop, start), lanes)
         return [b.icmp_signed("<", b.add(iota, ir.Constant(iota.type, [j * lanes] * lanes)), rem) for j in range(NR)]
 
-    def micro(mr, a_at, b_at, n, masks):
-        """acc[i][j] = sum over t < n of a(i, t) * B(t)[vector j]: a_at(i, t) a float pointer, b_at(t, j) a vector
-        pointer."""
+    def micro(mr, a_at, panel, n):
+        """acc[i][j] = sum over t < n of a(i, t) * panel[t][vector j]: a_at(i, t) a float pointer, `panel` rows of
+        W floats, read whole."""
         def body(t, acc):
-            bv = [vload(b_at(t, j), masks[j] if masks else None) for j in range(NR)]
+            row = at(panel, b.mul(t, c(width)))
+            bv = [vload(at(row, c(j * lanes))) for j in range(NR)]
             out_acc = list(acc)
             for i in range(mr):
                 ab = broadcast(b, b.load(a_at(i, t), typ=F32, align=4), lanes)
@@ -101,19 +108,23 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
 
     scale = ir.Constant(vty, [p.scale] * lanes)
     fill = ir.Constant(vty, [p.fill] * lanes)
+    row_max = b.alloca(vty, size=ir.Constant(I32, MR))  # each row's running max over the score vectors so far
 
     def block(r0, mr):
         qrow = [at(q, b.mul(b.add(r0, c(i)), q_rs)) for i in range(mr)]
-        srow = [at(s, b.mul(b.add(r0, c(i)), s_rs)) for i in range(mr)]
+        srow = [at(s, b.mul(c(i), s_rs)) for i in range(mr)]  # one block's scores at a time
         mrow = [at(mask, b.mul(b.add(r0, c(i)), mask_rs), F32 if p.mask_kind == "add" else I8) for i in range(mr)]
         orow = [at(out, b.mul(b.add(r0, c(i)), out_rs)) for i in range(mr)]
 
-        # scores, a column block of `width` at a time
+        # scores, a column block of `width` at a time, and each row's max as they are stored
+        maxes = [b.gep(row_max, [c(i)], source_etype=vty) for i in range(mr)]
+        for i in range(mr):
+            b.store(minus_inf, maxes[i])
+
         def scores(l0, masks):
-            acc = micro(mr, lambda i, t: at(qrow[i], t), lambda t, j: at(kt, b.add(b.mul(t, kt_rs),
-                                                                                   b.add(l0, c(j * lanes)))),
-                        d, masks)
+            acc = micro(mr, lambda i, t: at(qrow[i], t), at(kp, b.mul(b.sdiv(l0, c(width)), kp_ps)), d)
             for i in range(mr):
+                running = b.load(maxes[i], typ=vty)
                 for j in range(NR):
                     col = b.add(l0, c(j * lanes))
                     x = b.fmul(acc[i * NR + j], scale)
@@ -129,54 +140,49 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
                     if m is not None:
                         x = b.select(m, x, minus_inf)
                     vstore(x, at(srow[i], col))
+                    running = _vmax(b, running, x)
+                b.store(running, maxes[i])
 
         full = b.mul(b.sdiv(L, c(width)), c(width))
         _loop(b, c(0), full, c(width), lambda l0, _a: scores(l0, None) or [])
         _when(b, b.icmp_signed("<", full, L), lambda: scores(full, lane_masks(full, L)))
 
-        # softmax without the division: each row's max, exp(s - max) in place, the sum; the block's rows and a
-        # column block's vectors in one loop, so the max and sum chains run side by side
+        # softmax without the division: exp(s - max) in place and each row's sum; SOFTMAX_ROWS rows and a column
+        # block's vectors in one loop, so the sum chains run side by side without spilling the exp's temporaries
+        # (all MR rows at once spilled on AVX2)
         padded = b.mul(b.sdiv(b.add(L, c(width - 1)), c(width)), c(width))
-        chains = [(i, j) for i in range(mr) for j in range(NR)]
-
-        def row_max(l0, a):
-            return [_vmax(b, a[k], vload(at(srow[i], b.add(l0, c(j * lanes))))) for k, (i, j) in enumerate(chains)]
-
-        vm = _loop(b, c(0), padded, c(width), row_max, [minus_inf] * len(chains))
-        mxv, masked_all = [], []
-        for i in range(mr):
-            row = vm[i * NR]
-            for j in range(1, NR):
-                row = _vmax(b, row, vm[i * NR + j])
-            mx = _reduce(b, row, _vmax)
-            masked_all.append(b.fcmp_ordered("==", mx, ir.Constant(F32, float("-inf"))))
-            # a row masked everywhere: exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN in its products
-            mxv.append(broadcast(b, b.select(masked_all[i], ir.Constant(F32, 0.0), mx), lanes))
-
-        def expsum(l0, a):
-            out_sum = []
-            for k, (i, j) in enumerate(chains):
-                ptr = at(srow[i], b.add(l0, c(j * lanes)))
-                e = vexp(b, b.fsub(vload(ptr), mxv[i]))
-                vstore(e, ptr)
-                out_sum.append(b.fadd(a[k], e))
-            return out_sum
-
-        vs = _loop(b, c(0), padded, c(width), expsum, [zero] * len(chains))
         none = ir.Constant(F32, 0.0 if p.nan_guard else float("nan"))
-        inv = []
-        for i in range(mr):
-            row = vs[i * NR]
-            for j in range(1, NR):
-                row = b.fadd(row, vs[i * NR + j])
-            total = _reduce(b, row, lambda bb, x, y: bb.fadd(x, y))
-            inv.append(broadcast(b, b.select(masked_all[i], none, b.fdiv(ir.Constant(F32, 1.0), total)), lanes))
+        inv = [None] * mr
+        for g in range(0, mr, SOFTMAX_ROWS):
+            chains = [(i, j) for i in range(g, min(g + SOFTMAX_ROWS, mr)) for j in range(NR)]
+            mxv, masked_all = {}, {}
+            for i in range(g, min(g + SOFTMAX_ROWS, mr)):
+                mx = _reduce(b, b.load(maxes[i], typ=vty), _vmax)
+                masked_all[i] = b.fcmp_ordered("==", mx, ir.Constant(F32, float("-inf")))
+                # a row masked everywhere: exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN in its products
+                mxv[i] = broadcast(b, b.select(masked_all[i], ir.Constant(F32, 0.0), mx), lanes)
+
+            def expsum(l0, a, chains=chains, mxv=mxv):
+                out_sum = []
+                for k, (i, j) in enumerate(chains):
+                    ptr = at(srow[i], b.add(l0, c(j * lanes)))
+                    e = vexp_nonpositive(b, b.fsub(vload(ptr), mxv[i]))
+                    vstore(e, ptr)
+                    out_sum.append(b.fadd(a[k], e))
+                return out_sum
+
+            vs = _loop(b, c(0), padded, c(width), expsum, [zero] * len(chains))
+            for k in range(0, len(chains), NR):
+                i = chains[k][0]
+                row = vs[k]
+                for j in range(1, NR):
+                    row = b.fadd(row, vs[k + j])
+                total = _reduce(b, row, lambda bb, x, y: bb.fadd(x, y))
+                inv[i] = broadcast(b, b.select(masked_all[i], none, b.fdiv(ir.Constant(F32, 1.0), total)), lanes)
 
         # out = p V, scaled by 1 / sum
         def values(c0, masks):
-            acc = micro(mr, lambda i, t: at(srow[i], t), lambda t, j: at(v, b.add(b.mul(t, v_rs),
-                                                                                  b.add(c0, c(j * lanes)))),
-                        L, masks)
+            acc = micro(mr, lambda i, t: at(srow[i], t), at(vp, b.mul(b.sdiv(c0, c(width)), vp_ps)), L)
             for i in range(mr):
                 for j in range(NR):
                     vstore(b.fmul(acc[i * NR + j], inv[i]), at(orow[i], b.add(c0, c(j * lanes))),
@@ -193,13 +199,6 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
     return name
 
 
-def cache_floats() -> int:
-    """Floats one task's working set may take: one core's share of the L2 (exec.c sizes its rows from it)."""
-    l2 = next((lv for lv in cache_levels() if lv.level == 2), None)
-    per_core = (l2.instance_bytes // max(1, l2.cpus_per_instance)) if l2 else 512 * 1024
-    return per_core // 4
-
-
 def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
     """Returns (object code, the glue's description, LLVM IR text)."""
     p = region.params
@@ -212,6 +211,6 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
                                   else [])
     desc = AttentionKernelDesc(op_type=region.op_type, in_types=in_types, out_types=[f32],
                                k_transposed=p.k_transposed, mask_kind=p.mask_kind,
-                               block=NR * target.float32_lanes, capacity=cache_floats(), fn=sym,
+                               block=NR * target.float32_lanes, rows_block=MR, fn=sym,
                                rank=max((len(x) for x in p.perms), default=0), perms=p.perms)
     return obj, desc, ir_text
