@@ -52,3 +52,59 @@ def test_exp_range_ends(target, tmp_path):
     with np.errstate(over="ignore"):
         want = np.exp(x)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-44, equal_nan=True)
+
+
+@pytest.mark.parametrize("level", ["x86-64-v3", "x86-64"])
+def test_exp_of_nonpositive_inputs(level):
+    """vexp_nonpositive (the softmax and attention kernels' exp of s - max): within the bound of Exp on [-87, 0], 0
+    below (never a denormal or garbage from the exponent field), NaN through, exp(-inf) = 0."""
+    import ctypes
+
+    from llvmlite import ir
+
+    from onnxopt.codegen.compile import new_module, optimize
+    from onnxopt.codegen.target import _llvm, missing_cpu_flags
+    from onnxopt.codegen.vmath.exp import vexp_nonpositive
+
+    target = parse_target(level)
+    if missing_cpu_flags(target.required_cpu_flags):
+        pytest.skip(f"this CPU lacks {level}")
+    lanes = 8 if level == "x86-64-v3" else 4
+    module = new_module(target, "exp")
+    vty = ir.VectorType(ir.FloatType(), lanes)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType(), ir.PointerType(), ir.IntType(64)]),
+                     "expn")
+    x_ptr, y_ptr, n = fn.args
+    entry = fn.append_basic_block("entry")
+    loop = fn.append_basic_block("loop")
+    done = fn.append_basic_block("done")
+    b = ir.IRBuilder(entry)
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(ir.IntType(64))
+    i.add_incoming(ir.Constant(ir.IntType(64), 0), entry)
+    x = b.load(b.gep(x_ptr, [i], source_etype=ir.FloatType()), typ=vty, align=4)
+    b.store(vexp_nonpositive(b, x), b.gep(y_ptr, [i], source_etype=ir.FloatType()), align=4)
+    nxt = b.add(i, ir.Constant(ir.IntType(64), lanes))
+    i.add_incoming(nxt, loop)
+    b.cbranch(b.icmp_signed("<", nxt, n), loop, done)
+    b.position_at_end(done)
+    b.ret_void()
+    llvm = _llvm()
+    machine = llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.llvm_features, opt=3, codemodel="jitdefault")
+    engine = llvm.create_mcjit_compiler(optimize(str(module), target), machine)
+    engine.finalize_object()
+    run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(engine.get_function_address("expn"))
+
+    sweep = np.linspace(-87, 0, 200_000)
+    special = [-np.inf, np.nan, -0.0, 0.0, -87.0, -87.01, -88.7, -104.0, -1e30]
+    x = np.concatenate([sweep, special, np.zeros(-(len(sweep) + len(special)) % lanes)]).astype(np.float32)
+    y = np.empty_like(x)
+    run(x.ctypes.data, y.ctypes.data, x.size)
+    want = np.exp(x[: sweep.size].astype(np.float64))
+    err = np.abs(y[: sweep.size] - want) / want
+    assert err.max() < BOUND["Exp"], f"max relative error {err.max():.3g} at x={x[err.argmax()]}"
+    got = y[sweep.size: sweep.size + len(special)]
+    assert got[0] == 0 and np.isnan(got[1]) and got[2] == 1 and got[3] == 1
+    assert got[4] == pytest.approx(np.exp(-87.0), rel=4e-7) and np.all(got[5:] == 0)

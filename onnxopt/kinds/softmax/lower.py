@@ -14,7 +14,7 @@ from llvmlite import ir
 from onnxopt.codegen.compile import compile_object, new_module
 from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.target import Target
-from onnxopt.codegen.vmath.exp import vexp
+from onnxopt.codegen.vmath.exp import vexp_nonpositive
 from onnxopt.codegen.vmath.irutil import broadcast, for_range as _loop, masked_load, masked_store
 from onnxopt.codegen.vmath.irutil import reduce_lanes as _reduce, when as _when
 from onnxopt.codegen.vmath.log import vlog
@@ -62,7 +62,7 @@ def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
 
         def exp_sum(j, a, masked=False):
             v = masked_load(b, at(xr, j), vty, tail, 4) if masked else load(at(xr, j))
-            e = vexp(b, b.fsub(v, mv))
+            e = vexp_nonpositive(b, b.fsub(v, mv))  # v - max <= 0
             if op == "softmax":
                 if masked:
                     masked_store(b, e, at(yr, j), tail, 4)
