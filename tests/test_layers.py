@@ -19,6 +19,7 @@ LAYERS = {
     # shared lower layers: errors, checks, the CPU target and LLVM, vector math, the glue's C contract
     "onnxopt.errors": 0, "onnxopt.verify": 0,
     "onnxopt.codegen": 1, "onnxopt.codegen.target": 1, "onnxopt.codegen.compile": 1, "onnxopt.codegen.vmath": 1,
+    "onnxopt.codegen.instructions": 1,
     "onnxopt.codegen.parallel": 1, "onnxopt.codegen.glue.kinds": 1, "onnxopt.codegen.glue.descs": 1,
     "onnxopt.models": 1,
     # the stages, in the order the driver runs them
