@@ -64,6 +64,37 @@ def region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.Mo
     return orig, fused
 
 
+def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with every MatMulInteger computed as the ONNX spec defines it, sum (a - za)(b - zb) exact in int32
+    (Cast, Sub, an int32 MatMul). onnxruntime's AVX2 kernel adds pairs of u8 x s8 products in 16 bits with
+    saturation and can differ from that by thousands (tests/kinds/test_qmatmul.py); the int8 kernels are exact, so
+    they are checked against this. The model itself is returned when it has no MatMulInteger."""
+    if not any(n.op_type == "MatMulInteger" for n in model.graph.node):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for k, n in enumerate(model.graph.node):
+        if n.op_type != "MatMulInteger":
+            nodes.append(n)
+            continue
+        u = f"__exact{k}"
+        operands = []
+        for side, (x, z) in enumerate(((n.input[0], n.input[2] if len(n.input) > 2 else ""),
+                                       (n.input[1], n.input[3] if len(n.input) > 3 else ""))):
+            nodes.append(helper.make_node("Cast", [x], [f"{u}_{side}"], to=onnx.TensorProto.INT32))
+            if z:
+                nodes.append(helper.make_node("Cast", [z], [f"{u}_{side}z"], to=onnx.TensorProto.INT32))
+                nodes.append(helper.make_node("Sub", [f"{u}_{side}", f"{u}_{side}z"], [f"{u}_{side}s"]))
+                operands.append(f"{u}_{side}s")
+            else:
+                operands.append(f"{u}_{side}")
+        nodes.append(helper.make_node("MatMul", operands, list(n.output), name=n.name))
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
 def runtime_inputs(region: Region, model: onnx.ModelProto) -> list[str]:
     """The region's inputs that are not constants (for compute regions: not weights, biases or their packing)."""
     if region.compute is None:
@@ -93,8 +124,11 @@ def kernel_error_bound(region: Region) -> float:
 
 
 def region_flops(region: Region, feeds, outs) -> float:
-    """Multiply-adds (x2) of a compute region's convolution or matmul; 0 for elementwise regions."""
+    """Multiply-adds (x2) of a compute region's convolution or matmul, or of an int8 GEMM's (integer ops); 0 for
+    elementwise regions."""
     c = region.compute
+    if region.params.family == "qmatmul" and outs:
+        return 2.0 * np.asarray(outs[0]).size * region.params.k
     if c is None or not outs:
         return 0.0
     out = np.asarray(outs[0])
@@ -106,6 +140,11 @@ def region_flops(region: Region, feeds, outs) -> float:
         return 0.0
     k = a.shape[-2] if c.attrs.get("trans_a") else a.shape[-1]
     return 2.0 * out.size * k
+
+
+def peak_dtype(region: Region) -> str:
+    """Which of the machine model's peaks a region's arithmetic is measured against."""
+    return "int8" if region.params.family == "qmatmul" else "float32"
 
 
 def bytes_moved(region: Region, feeds, outs) -> int:

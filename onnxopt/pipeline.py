@@ -35,7 +35,7 @@ from onnxopt.graph.infer import static_shapes as _static_shapes
 from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.large import SharedWeights, check_model, inference_session
-from onnxopt.graph.quantized import quantized_nodes
+from onnxopt.graph.quantized import integer_product_units, quantized_nodes
 from onnxopt.timing import make_session
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
 from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
@@ -187,6 +187,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         self._timed: dict[int, float] = {}  # id(region) -> its kernel's measured seconds (_check_regions)
         self._timed_by_key: dict[tuple, float] = {}  # (op type, input shapes) -> its measured seconds
         self.quantized: set[str] = set()  # nodes of quantized patterns, left to onnxruntime (graph/quantized.py)
+        self.int8_units: set[str] = set()  # integer products and their rescaling: the int8 GEMM kind's to take
         self.original_checks = True  # the input passes the ONNX checker, so the output must too (run)
         self.emit_base: onnx.ModelProto | None = None  # the folded, rewritten graph fused.onnx is built from (_run)
         self.plans: list[tuple[str, list[Region]]] = []  # the candidate plans, by name (_run)
@@ -278,6 +279,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         # A quantized model keeps the structure onnxruntime's int8 fusions match (graph/quantized.py): no rewrites,
         # and no region that touches it.
         self.quantized = quantized_nodes(work.graph)
+        self.int8_units = integer_product_units(work.graph)
         if self.quantized:
             rewrites = {"skipped": "the model is quantized"}
         else:

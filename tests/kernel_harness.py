@@ -71,3 +71,19 @@ def assert_close(want, got, rtol=1e-5, atol=1e-6):
             np.testing.assert_allclose(b, a, rtol=rtol, atol=atol, equal_nan=True)
         else:
             np.testing.assert_array_equal(b, a)
+
+
+def jit_function(ir_text: str, target: Target, name: str, nargs: int):
+    """(a ctypes function of `nargs` pointer-sized arguments returning nothing, its execution engine: keep it alive
+    while calling) for function `name` of the LLVM IR, compiled by MCJIT for `target`."""
+    import ctypes
+
+    from onnxopt.codegen.compile import optimize
+    from onnxopt.codegen.target import _llvm
+
+    llvm = _llvm()
+    machine = llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.llvm_features, opt=2, codemodel="jitdefault")
+    engine = llvm.create_mcjit_compiler(optimize(ir_text, target), machine)
+    engine.finalize_object()
+    return ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * nargs)(engine.get_function_address(name)), engine

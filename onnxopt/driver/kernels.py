@@ -26,8 +26,10 @@ from onnxopt.fusion.layout import (blocked_inputs, blocked_outputs, from_blocked
                                    with_channel_vectors)
 from onnxopt.fusion.params import ComputeParams, CopyParams, ElementwiseParams, PoolParams
 from onnxopt.fusion.region import Region
+from onnxopt.measure import exact_integer_reference as _exact_integer_reference
 from onnxopt.measure import bytes_moved as _bytes_moved
 from onnxopt.measure import kernel_error_bound, runtime_inputs
+from onnxopt.measure import peak_dtype as _peak_dtype
 from onnxopt.measure import region_feeds as _region_feeds
 from onnxopt.measure import region_flops as _region_flops
 from onnxopt.measure import region_models as _region_models
@@ -343,7 +345,8 @@ class KernelStage:
                 try:
                     s_orig = self._session(orig)
                     s_fused = self._session(fused, library=lib, ops=custom_ops(fused))
-                    want = s_orig.run(None, feeds)
+                    exact = _exact_integer_reference(orig)  # int8 kernels: the spec's exact sums
+                    want = (s_orig if exact is orig else self._session(exact)).run(None, feeds)
                     got = s_fused.run(None, fused_feeds)
                     b_out = blocked_outputs(r)
                     for i, name in enumerate(r.outputs):
@@ -384,8 +387,8 @@ class KernelStage:
                 if machine is not None:
                     level = machine.level_for(bytes_moved)
                     # Roofline: the slower of the arithmetic at peak and the bytes at the level's bandwidth.
-                    entry["predicted_s"] = max(bytes_moved / level.bandwidth,
-                                               flops / machine.peak_flops["float32"] if flops else 0.0)
+                    peak = machine.peak_flops.get(_peak_dtype(r)) or machine.peak_flops["float32"]
+                    entry["predicted_s"] = max(bytes_moved / level.bandwidth, flops / peak if flops else 0.0)
                     entry["memory_level"] = level.name
                     entry["level_bandwidth"] = level.bandwidth
                 if r.compute is not None:
@@ -432,8 +435,9 @@ class KernelStage:
                         entry["bandwidth_fraction"] = entry["achieved_bandwidth"] / entry["level_bandwidth"]
                     if flops:
                         entry["achieved_flops"] = flops / t_fused["median"]
-                        if machine is not None:
-                            entry["peak_fraction"] = entry["achieved_flops"] / machine.peak_flops["float32"]
+                        peak = machine.peak_flops.get(_peak_dtype(r)) if machine is not None else None
+                        if peak:
+                            entry["peak_fraction"] = entry["achieved_flops"] / peak
                     # A region of a blocked chain is judged with its chain, in the whole-model timing (`chained`).
                     if entry["speedup"] < self.opts.min_speedup and not chained:
                         self._reject(r, f"not faster than onnxruntime ({entry['speedup']:.2f}x, "

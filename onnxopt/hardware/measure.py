@@ -37,7 +37,7 @@ from onnxopt.hardware.machine_model import Machine, MemoryLevel
 from .cpu import CacheLevel, _fallback_cache_levels, _parse_cpu_list, _parse_size  # noqa: F401
 from .cpu import _mem_available, cache_levels, cpu_flags, cpu_mhz, cpu_name, isa_flags, usable_cpus
 from .probe_kernels import (_JitKernel, _fma_kernel, _is_x86, _read_kernel, _scale_kernel, _vector_registers,
-                            _vnni_kernel)
+                            _int8_kernel)
 from .probe_kernels import build_fma_kernel, kernel_assembly  # noqa: F401
 
 _MEASURE_COUNT = 0  # how many times measure_machine ran in this process (the cache tests read it)
@@ -209,9 +209,9 @@ def measure_machine(quick: bool = False) -> Machine:
     peak = {"float32": fp32_all}
     peak_1 = {"float32": fp32_1}
     kernels = {"float32": {k: v for k, v in fma_info.items()}}
-    if "avx512_vnni" in flags and target.has("avx512vnni") and _is_x86(target):
+    if _is_x86(target):
         try:
-            vk, vinfo = _vnni_kernel(target)
+            vk, vinfo = _int8_kernel(target)
         except RuntimeError as e:
             kernels["int8"] = {"error": str(e)}
         else:
@@ -299,10 +299,15 @@ def cache_dir() -> Path:
     return Path(d) if d else Path.home() / ".cache" / "onnxopt"
 
 
+# What the measurement measures: a change (2: an int8 peak on every target with a dot-product instruction, not
+# only VNNI) invalidates the models cached by earlier code of the same version.
+MEASUREMENTS = 2
+
+
 def machine_key() -> str:
     import onnxopt
 
-    ident = [cpu_name(), sorted(cpu_flags()), len(usable_cpus()), getattr(onnxopt, "__version__", "0")]
+    ident = [cpu_name(), sorted(cpu_flags()), len(usable_cpus()), getattr(onnxopt, "__version__", "0"), MEASUREMENTS]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
 

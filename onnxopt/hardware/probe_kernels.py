@@ -91,33 +91,36 @@ def build_fma_kernel(target) -> tuple[str, dict]:
                     "fma": hw_fma}
 
 
-def build_vnni_kernel(target, operand_type: str = "i32") -> tuple[str, dict]:
-    """`void peak_int8(i64 iters, i32* in, i32* out)`: chains of `vpdpbusd zmm` (64 u8 x s8 multiply-adds each)."""
-    nacc = 16
-    i32, i64, i8 = ir.IntType(32), ir.IntType(64), ir.IntType(8)
-    acc_t = ir.VectorType(i32, 16)
-    op_t = acc_t if operand_type == "i32" else ir.VectorType(i8, 64)
+def build_int8_kernel(target, instruction) -> tuple[str, dict]:
+    """`void peak_int8(i64 iters, i8* in, i32* out)`: independent chains of `instruction` (codegen/instructions: one
+    vpdpbusd zmm is 64 u8 x s8 multiply-adds, the AVX2 sequence 32 a ymm), as many accumulators as keep the
+    sequence's temporaries in registers. Each step multiplies by its own accumulator's bytes: AVX2's products do not
+    read the accumulator, and with constant operands LLVM would compute them once for the whole loop."""
+    acc_t, src_t = instruction.vector_types()
+    nacc = 16 if target.vector_bits == 512 else 10
+    i64 = ir.IntType(64)
     ptr = ir.PointerType()
     m = _module(target, "peak_int8")
-    dp = ir.Function(m, ir.FunctionType(acc_t, [acc_t, op_t, op_t]), name="llvm.x86.avx512.vpdpbusd.512")
     fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [i64, ptr, ptr]), name="peak_int8")
     iters, pin, pout = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    a_op = b.load(b.gep(pin, [ir.Constant(i64, 0)], source_etype=op_t), typ=op_t)
-    b_op = b.load(b.gep(pin, [ir.Constant(i64, 1)], source_etype=op_t), typ=op_t)
+    a_op = b.load(b.gep(pin, [ir.Constant(i64, 0)], source_etype=src_t), typ=src_t)
     accs = [b.alloca(acc_t, name=f"acc{k}") for k in range(nacc)]
     for k, a in enumerate(accs):
-        b.store(ir.Constant(acc_t, [k] * 16), a)
+        b.store(ir.Constant(acc_t, [k] * acc_t.count), a)
 
     def body(bb, _i):
         for a in accs:
-            bb.store(bb.call(dp, [bb.load(a, typ=acc_t), a_op, b_op]), a)
+            acc = bb.load(a, typ=acc_t)
+            bb.store(instruction.emit(bb, acc, a_op, bb.bitcast(acc, src_t)), a)
 
     _counted_loop(b, fn, iters, "loop", body)
     for k, a in enumerate(accs):
         b.store(b.load(a, typ=acc_t), b.gep(pout, [ir.Constant(i64, k)], source_etype=acc_t))
     b.ret_void()
-    return str(m), {"name": "peak_int8", "lanes": 64, "accumulators": nacc, "ops_per_iter": 128 * nacc}
+    macs = instruction.lanes * instruction.depth
+    return str(m), {"name": "peak_int8", "instruction": instruction.name, "lanes": src_t.count,
+                    "accumulators": nacc, "ops_per_iter": 2 * macs * nacc}
 
 
 def build_read_kernel(target, accumulators: int = 8) -> tuple[str, dict]:
@@ -234,19 +237,17 @@ def _fma_kernel(target) -> tuple[_JitKernel, dict]:
 
 
 @functools.lru_cache(maxsize=None)
-def _vnni_kernel(target) -> tuple[_JitKernel, dict]:
-    err = None
-    for operand in ("i32", "i8"):  # LLVM changed the operand type of the VNNI intrinsics; accept either
-        try:
-            text, info = build_vnni_kernel(target, operand)
-            k = _JitKernel(text, "peak_int8", [_I64, _P, _P], target)
-        except Exception as e:  # noqa: BLE001 - try the other spelling
-            err = e
-            continue
-        info["asm"] = _asm_stats(k.asm, "vpdpbusd")
-        if info["asm"]["count"]:
-            return k, info
-    raise RuntimeError(f"could not build a vpdpbusd kernel: {err}")
+def _int8_kernel(target) -> tuple[_JitKernel, dict]:
+    """The int8 peak kernel on the best u8 x s8 instruction the target has (RuntimeError when none)."""
+    from onnxopt.codegen.instructions import available
+
+    found = available(target, ("u8", "s8"))
+    if not found:
+        raise RuntimeError(f"target {target.name} has no u8 x s8 dot-product instruction")
+    text, info = build_int8_kernel(target, found[0])
+    k = _JitKernel(text, "peak_int8", [_I64, _P, _P], target)
+    info["asm"] = _asm_stats(k.asm, "vpdpbusd" if found[0].name.endswith("vnni") else "vpmaddubsw")
+    return k, info
 
 
 @functools.lru_cache(maxsize=None)

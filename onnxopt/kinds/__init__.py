@@ -21,9 +21,10 @@ from __future__ import annotations
 from .base import Kind
 from .attention import KIND as ATTENTION
 from .layernorm import KIND as LAYERNORM
+from .qmatmul import KIND as QMATMUL
 from .softmax import KIND as SOFTMAX
 
-KINDS: tuple[Kind, ...] = (ATTENTION, SOFTMAX, LAYERNORM)
+KINDS: tuple[Kind, ...] = (ATTENTION, SOFTMAX, LAYERNORM, QMATMUL)
 
 _BY_NAME = {k.name: k for k in KINDS}
 

@@ -1,0 +1,124 @@
+/* The qmatmul kind's executor: A's rows (every leading dim flattened) x B's panels, split into tasks over ORT's
+   pool with the least traffic (each task reads its rows of A once and its panels once; as compute_exec.c's packed
+   GEMM), each task calling the tile per (panel, block of rows). */
+#define QM_TASKS 16
+#define QM_TASK_MIN_OPS 262144.0
+
+typedef struct {
+  const onnxopt_qmatmul_desc *d;
+  qm_tile proto;
+  const int32_t *fix_offsets, *fix_entries;
+  int64_t rows, panels, mblocks, ptasks, mtasks;
+} qm_job;
+
+static void qm_task(void *usr, size_t index) {
+  const qm_job *j = (const qm_job *)usr;
+  const onnxopt_qmatmul_desc *d = j->d;
+  int64_t pt = (int64_t)index / j->mtasks, mt = (int64_t)index % j->mtasks;
+  int64_t p0 = pt * j->panels / j->ptasks, p1 = (pt + 1) * j->panels / j->ptasks;
+  int64_t b0 = mt * j->mblocks / j->mtasks, b1 = (mt + 1) * j->mblocks / j->mtasks;
+  qm_tile t = j->proto;
+  const int8_t *b = t.b;
+  const int32_t *colsum = t.colsum;
+  for (int64_t p = p0; p < p1; p++) {
+    t.b = b + p * d->k * d->panel;
+    t.colsum = colsum + p * d->panel;
+    t.n0 = p * d->panel;
+    t.ncols = d->n - t.n0 < d->panel ? d->n - t.n0 : d->panel;
+    if (j->fix_offsets) {
+      t.fix = j->fix_entries + 3 * (int64_t)j->fix_offsets[p];
+      t.nfix = j->fix_offsets[p + 1] - j->fix_offsets[p];
+    }
+    for (int64_t mb = b0; mb < b1; mb++) {
+      t.m0 = mb * d->mr;
+      int64_t mi = j->rows - t.m0 < d->mr ? j->rows - t.m0 : d->mr;
+      d->tiles[mi - 1]((const int64_t *)&t);
+    }
+  }
+}
+
+/* Split panels x row blocks: about QM_TASKS tasks (fewer for a small product), A read ptasks times and B mtasks
+   times, the split with the least of both. */
+static void qm_plan(qm_job *j) {
+  double ops = 2.0 * (double)j->rows * (double)j->d->n * (double)j->d->k, best = -1.0;
+  int64_t want = (int64_t)(ops / QM_TASK_MIN_OPS);
+  if (want > QM_TASKS) want = QM_TASKS;
+  if (want < 1) want = 1;
+  j->ptasks = j->mtasks = 1;
+  for (int64_t pt = 1; pt <= j->panels; pt++) {
+    int64_t mt = (want + pt - 1) / pt;
+    if (mt > j->mblocks) mt = j->mblocks;
+    double cost = (double)j->rows * (double)pt + (double)j->d->n * (double)mt;
+    if (best < 0.0 || cost < best) {
+      best = cost;
+      j->ptasks = pt;
+      j->mtasks = mt;
+    }
+    if (pt * mt >= want && mt == 1) break;
+  }
+}
+
+static OrtStatus *qmatmul_execute(const onnxopt_qmatmul_desc *d, OrtKernelContext *ctx) {
+  int64_t dims[MAX_RANK], other[MAX_RANK];
+  size_t rank, other_rank;
+  const void *data;
+  qm_job j;
+  memset(&j, 0, sizeof j);
+  j.d = d;
+  int in = 0;
+  CHECK(glue_input(ctx, in++, dims, &rank, &data));
+  if (rank < 2 || dims[rank - 1] != d->k)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: qmatmul: A's last dim is not the K the kernel was built for");
+  j.proto.a = (const uint8_t *)data;
+  j.proto.a_rs = d->k;
+  j.rows = 1;
+  for (size_t i = 0; i + 1 < rank; i++) j.rows *= dims[i];
+  if (d->has_azp) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.azp = *(const uint8_t *)data;
+  }
+  CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+  j.proto.b = (const int8_t *)data;
+  CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+  j.proto.colsum = (const int32_t *)data;
+  if (d->has_fix) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.fix_offsets = (const int32_t *)data;
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.fix_entries = (const int32_t *)data;
+    in += 2; /* the fallback's ScatterND tables */
+  }
+  j.proto.k4 = d->k / 4;
+  j.proto.ldc = d->n;
+  for (int e = 0; e < d->n_extra; e++) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.extra[e] = (const float *)data;
+    int64_t count = 1;
+    for (size_t i = 0; i < other_rank; i++) count *= other[i];
+    int kind = d->extra_kind[e];
+    int64_t per_row = kind == 0 ? d->n : 1; /* POSITION: a row of N; CHANNEL: one value a row */
+    if (kind == 0 || kind == 1) {
+      if (count == 0 || count % per_row || (j.rows % (count / per_row)))
+        return fail(ORT_INVALID_ARGUMENT, "onnxopt: qmatmul: an epilogue input does not broadcast over the rows");
+      j.proto.extra_rows[e] = count / per_row;
+    } else {
+      j.proto.extra_rows[e] = 1;
+    }
+  }
+  dims[rank - 1] = d->n;
+  for (int o = 0; o < d->sig.n_out; o++) {
+    OrtValue *out;
+    CHECK(API(KernelContext_GetOutput)(ctx, o, dims, rank, &out));
+    CHECK(API(GetTensorMutableData)(out, (void **)&j.proto.out[o]));
+  }
+  if (j.rows == 0 || d->n == 0) return NULL;
+  j.panels = (d->n + d->panel - 1) / d->panel;
+  j.mblocks = (j.rows + d->mr - 1) / d->mr;
+  qm_plan(&j);
+  int64_t tasks = j.ptasks * j.mtasks;
+  if (tasks == 1) {
+    qm_task(&j, 0);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, qm_task, (size_t)tasks, 0, &j);
+}

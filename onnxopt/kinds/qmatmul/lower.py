@@ -1,0 +1,175 @@
+"""The int8 GEMM tile in LLVM IR: MR rows of A x one panel of B (16 columns), the K loop on a dot-product
+instruction of codegen/instructions, then A's zero point, the float epilogue and the stores.
+
+    tile_m<mi>(const int64 *t)      t: the qm_tile record of glue.h, filled per call by exec.c
+
+Per group of 4 along K, each row's 4 bytes of A are loaded as one i32 and splat over the lanes (the operand the
+inspector finds broadcast along the instruction's lanes), the panel's 16 x 4 bytes are one or two vector loads, and
+the instruction adds the 4 products of every lane into its s32 accumulator: MR x NR accumulators, independent
+chains that hide the instruction's latency (UNIT's unrolled parallel tile under the reduction loop). Then
+acc - za * colsum(B) is the exact sum of (a - za) b; the program (Cast, the scale, the bias, GELU, the residual:
+find.py) runs on it in registers, and every output is stored with the panel's column mask.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from onnxopt.codegen.compile import compile_object, new_module
+from onnxopt.codegen.elementwise.lower import emit_body
+from onnxopt.codegen.elementwise.types import ONNX_ENUM
+from onnxopt.codegen.instructions import available
+from onnxopt.codegen.microkernel.outer_product import lane_mask
+from onnxopt.codegen.target import Target
+from onnxopt.codegen.vmath.irutil import broadcast, for_range, masked_load, masked_store
+
+from .desc import QMatMulKernelDesc
+from .params import CHANNEL, COLUMN, PANEL, POSITION, SCALAR
+
+F32, I8, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+MR = 4  # rows a tile: MR x NR s32 accumulators, NR panel vectors, one splat of A and the sequence's temporaries
+# qm_tile slots (glue.h)
+SLOT_A, SLOT_A_RS, SLOT_B, SLOT_COLSUM, SLOT_K4, SLOT_AZP, SLOT_M0, SLOT_LDC, SLOT_N0, SLOT_NCOLS = range(10)
+SLOT_FIX, SLOT_NFIX = 10, 11  # the panel's corrections: (k, column, residual) int32 triples, and their count
+MAX_OUT, MAX_EXTRA = 4, 8
+SLOT_OUT = 12
+SLOT_EXTRA = SLOT_OUT + MAX_OUT
+SLOT_EXTRA_ROWS = SLOT_EXTRA + MAX_EXTRA
+
+
+def instruction_for(target: Target):
+    """The best u8 x s8 dot-product instruction this target has."""
+    found = available(target, ("u8", "s8"))
+    if not found:
+        raise ValueError(f"target {target.name} has no u8 x s8 dot-product instruction (AVX2 or VNNI)")
+    return found[0]
+
+
+def _corrections(b: ir.IRBuilder, acc: list, rows: list, fix, nfix, mi: int, nr: int, lanes: int) -> list:
+    """acc with the panel's corrections added: acc[i][column] += a[row i][k] * residual for each (k, column,
+    residual), through a stack copy of the tile (a column is a lane known only at run time); only for panels that
+    have any."""
+    acc_t = acc[0].type
+    buf = b.alloca(I32, size=ir.Constant(I32, mi * nr * lanes))  # the tile, row-major: [mi][nr * lanes]
+
+    def vector_at(q):
+        return b.bitcast(b.gep(buf, [ir.Constant(I64, q * lanes)]), acc_t.as_pointer())
+    pre = b.block
+    work = b.function.append_basic_block("fix")
+    done = b.function.append_basic_block("fix.done")
+    b.cbranch(b.icmp_signed(">", nfix, ir.Constant(I64, 0)), work, done)
+    b.position_at_end(work)
+    for q, v in enumerate(acc):
+        b.store(v, vector_at(q), align=4)
+
+    def entry(e, _):
+        at = b.mul(e, ir.Constant(I64, 3))
+        field = [b.sext(b.load(b.gep(fix, [b.add(at, ir.Constant(I64, f))], source_etype=I32), typ=I32), I64)
+                 for f in range(3)]
+        k, col, res = field
+        lane = b.add(b.mul(b.sdiv(col, ir.Constant(I64, lanes)), ir.Constant(I64, lanes)),
+                     b.srem(col, ir.Constant(I64, lanes)))
+        for i in range(mi):
+            a = b.zext(b.load(b.gep(rows[i], [k], source_etype=I8), typ=I8), I32)
+            slot = b.gep(buf, [b.add(ir.Constant(I64, i * nr * lanes), lane)])
+            b.store(b.add(b.load(slot, typ=I32), b.mul(a, b.trunc(res, I32))), slot)
+        return []
+
+    for_range(b, ir.Constant(I64, 0), nfix, ir.Constant(I64, 1), entry)
+    fixed = [b.load(vector_at(q), align=4) for q in range(len(acc))]
+    fixed_bb = b.block
+    b.branch(done)
+    b.position_at_end(done)
+    out = []
+    for q, v in enumerate(acc):
+        phi = b.phi(acc_t)
+        phi.add_incoming(v, pre)
+        phi.add_incoming(fixed[q], fixed_bb)
+        out.append(phi)
+    return out
+
+
+def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int) -> None:
+    nr = PANEL // lanes
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+    fn.args[0].add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    t = fn.args[0]
+
+    def slot(i, ty=I64):
+        return b.load(b.gep(t, [ir.Constant(I64, i)], source_etype=I64), typ=ty)
+
+    a, a_rs, bp, colsum = slot(SLOT_A, PTR), slot(SLOT_A_RS), slot(SLOT_B, PTR), slot(SLOT_COLSUM, PTR)
+    k4, azp, m0, ldc, n0, ncols = (slot(s) for s in (SLOT_K4, SLOT_AZP, SLOT_M0, SLOT_LDC, SLOT_N0, SLOT_NCOLS))
+    acc_t = ir.VectorType(I32, lanes)
+    src_t = ir.VectorType(I8, 4 * lanes)
+    rows = [b.gep(a, [b.mul(b.add(m0, ir.Constant(I64, i)), a_rs)], source_etype=I8) for i in range(mi)]
+    zero = ir.Constant(acc_t, [0] * lanes)
+
+    def k_step(g, acc):
+        panel_row = b.gep(bp, [b.mul(g, ir.Constant(I64, 4 * PANEL))], source_etype=I8)
+        bv = [b.load(b.gep(panel_row, [ir.Constant(I64, 4 * lanes * j)], source_etype=I8), typ=src_t, align=1)
+              for j in range(nr)]
+        out = list(acc)
+        for i in range(mi):
+            quad = b.load(b.gep(rows[i], [b.mul(g, ir.Constant(I64, 4))], source_etype=I8), typ=I32, align=1)
+            av = b.bitcast(broadcast(b, quad, lanes), src_t)
+            for j in range(nr):
+                out[i * nr + j] = emit(b, acc[i * nr + j], av, bv[j])
+        return out
+
+    acc = for_range(b, ir.Constant(I64, 0), k4, ir.Constant(I64, 1), k_step, [zero] * (mi * nr))
+    if params.has_fix:
+        acc = _corrections(b, acc, rows, slot(SLOT_FIX, PTR), slot(SLOT_NFIX), mi, nr, lanes)
+    za = broadcast(b, b.trunc(azp, I32), lanes)
+    corr = [b.mul(za, b.load(b.gep(colsum, [ir.Constant(I64, j * lanes)], source_etype=I32), typ=acc_t, align=4))
+            for j in range(nr)]
+    masks = [lane_mask(b, b.sub(ncols, ir.Constant(I64, j * lanes)), lanes) for j in range(nr)]
+    outs = [slot(SLOT_OUT + k, PTR) for k in range(len(program.outputs))]
+    extras = [slot(SLOT_EXTRA + e, PTR) for e in range(len(params.extra_kinds))]
+    extra_rows = [slot(SLOT_EXTRA_ROWS + e) for e in range(len(params.extra_kinds))]
+    fty = ir.VectorType(F32, lanes)
+    for i in range(mi):
+        row = b.add(m0, ir.Constant(I64, i))
+        for j in range(nr):
+            col = b.add(n0, ir.Constant(I64, j * lanes))
+            values = {program.inputs[0].name: b.sub(acc[i * nr + j], corr[j])}
+            for e, kind in enumerate(params.extra_kinds):
+                name = program.inputs[e + 1].name
+                if kind == SCALAR:
+                    values[name] = broadcast(b, b.load(extras[e], typ=F32), lanes)
+                elif kind == CHANNEL:
+                    values[name] = broadcast(b, b.load(b.gep(extras[e], [b.srem(row, extra_rows[e])],
+                                                             source_etype=F32), typ=F32), lanes)
+                else:
+                    at = col if kind == COLUMN else b.add(b.mul(b.srem(row, extra_rows[e]), ldc), col)
+                    values[name] = masked_load(b, b.gep(extras[e], [at], source_etype=F32), fty, masks[j], 4)
+            emit_body(b, program, values, lanes)
+            pos = b.add(b.mul(row, ldc), col)
+            for k, v in enumerate(program.outputs):
+                masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j], 4)
+    b.ret_void()
+
+
+def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
+    """Returns (object code, the glue's description, LLVM IR text)."""
+    p = region.params
+    ins = instruction_for(target)
+    emit, lanes = ins.emit, ins.lanes
+    module = new_module(target, region.op_type)
+    names = []
+    for mi in range(1, MR + 1):
+        names.append(f"{region.op_type}_m{mi}")
+        define_tile(module, names[-1], p, region.program, emit, lanes, mi)
+    ir_text = str(module)
+    obj = compile_object(ir_text, target, vectorize=False)
+    in_types = [ONNX_ENUM["uint8"]] + ([ONNX_ENUM["uint8"]] if p.has_azp else []) + \
+        [ONNX_ENUM["int8"], ONNX_ENUM["int32"]] + \
+        ([ONNX_ENUM["int32"], ONNX_ENUM["int32"], ONNX_ENUM["int64"], ONNX_ENUM["int32"]] if p.has_fix else []) + \
+        [ONNX_ENUM["float32"]] * len(p.extra_kinds)
+    desc = QMatMulKernelDesc(op_type=region.op_type, in_types=in_types,
+                             out_types=[ONNX_ENUM["float32"]] * len(region.outputs), k=p.k, n=p.n,
+                             has_azp=p.has_azp, has_fix=p.has_fix, extra_kinds=list(p.extra_kinds), mr=MR,
+                             tiles=names, instruction=ins.name)
+    return obj, desc, ir_text

@@ -1,0 +1,28 @@
+"""The qmatmul kind's parameters: the int8 GEMM's shape, its packing and its epilogue inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from onnxopt.fusion.params import KindParams
+
+PANEL = 16  # columns of B per packed panel: two AVX2 vectors of 8 s32 lanes, one AVX-512 vector of 16
+POSITION, CHANNEL, COLUMN, SCALAR = 0, 1, 2, 3  # how an epilogue input broadcasts (fusion/compute.py's kinds)
+
+
+@dataclass(frozen=True)
+class QMatMulParams(KindParams):
+    family: ClassVar[str] = "qmatmul"
+    k: int  # the reduction length (a multiple of 4)
+    n: int  # output columns
+    has_azp: bool  # input 1 is A's zero point (a u8 scalar); else it is 0
+    extra_kinds: tuple[int, ...]  # per float epilogue input, POSITION / CHANNEL / COLUMN / SCALAR
+    has_fix: bool  # B has corrections (pairs split so that none saturates: find.py); their tables are inputs
+    body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
+
+    def key(self) -> list:
+        return [self.k, self.n, self.has_azp, list(self.extra_kinds), self.has_fix]
+
+    def fallback_body(self) -> list:
+        return list(self.body)

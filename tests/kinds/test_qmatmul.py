@@ -1,0 +1,164 @@
+"""The qmatmul kind: int8 GEMMs of dynamically quantized models (MatMulInteger -> Cast -> scale -> bias -> ...) on
+the target's dot-product instruction, exact in int32 and checked against onnxruntime and against exact integer
+arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kind_harness import fuse_kind
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxopt.codegen.instructions import available
+from onnxopt.codegen.instructions.avx2_u8s8 import pairs_cannot_saturate
+from onnxopt.codegen.target import host_target
+from onnxopt.kinds import KINDS
+from onnxopt.kinds.qmatmul import KIND
+from onnxopt.kinds.qmatmul.find import find_regions, pack
+from onnxopt.measure import exact_integer_reference
+from onnxopt.timing import make_session
+
+pytestmark = pytest.mark.skipif(not available(host_target(), ("u8", "s8")),
+                                reason="this CPU has no u8 x s8 dot-product instruction (AVX2 or VNNI)")
+
+
+def _fp32_model(k, n, epilogue="bias", seed=0):
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal(n) * 0.1).astype(np.float32), "bias")]
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "tokens", k])]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"]), helper.make_node("Add", ["mm", "bias"], ["y"])]
+    if epilogue == "gelu":
+        for name, v in (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5)):
+            inits.append(numpy_helper.from_array(np.array(v, np.float32), name))
+        nodes[-1].output[0] = "y0"
+        nodes += [helper.make_node("Div", ["y0", "sqrt2"], ["g1"]), helper.make_node("Erf", ["g1"], ["g2"]),
+                  helper.make_node("Add", ["g2", "one"], ["g3"]), helper.make_node("Mul", ["y0", "g3"], ["g4"]),
+                  helper.make_node("Mul", ["g4", "half"], ["y"])]
+    elif epilogue == "residual":
+        ins.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, ["batch", "tokens", n]))
+        nodes[-1].output[0] = "y0"
+        nodes.append(helper.make_node("Add", ["y0", "r"], ["y"]))
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    return m
+
+
+def _quantized(tmp_path, model):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    onnx.save(model, tmp_path / "f.onnx")
+    quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), weight_type=QuantType.QInt8)
+    return onnx.shape_inference.infer_shapes(onnx.load(tmp_path / "q.onnx"))
+
+
+def test_the_kind_is_registered_first():
+    assert KIND in KINDS and KIND.first
+
+
+@pytest.mark.parametrize("epilogue", ["bias", "gelu", "residual"])
+@pytest.mark.parametrize("k,n", [(64, 40), (768, 200), (12, 3)])
+def test_quantize_dynamic_output_matches_onnxruntime(tmp_path, epilogue, k, n):
+    q = _quantized(tmp_path, _fp32_model(k, n, epilogue))
+    fused, lib, region, _ = fuse_kind(KIND, q, tmp_path)
+    kinds = [nd.op_type for nd in fused.graph.node]
+    assert kinds[:2] == ["DynamicQuantizeLinear", "Mul"] and kinds[2].startswith("qmatmul_") and len(kinds) == 3
+    rng = np.random.default_rng(k + n)
+    feeds = {"x": rng.standard_normal((2, 37, k)).astype(np.float32)}
+    if epilogue == "residual":
+        feeds["r"] = rng.standard_normal((2, 37, n)).astype(np.float32)
+    # The reference sums exactly, as the spec says (onnxruntime's AVX2 MatMulInteger saturates 16-bit pair sums:
+    # measure.exact_integer_reference); the fallback runs onnxruntime's own MatMulInteger on the rebuilt B.
+    want = make_session(exact_integer_reference(q), 1, optimization="none").run(None, feeds)[0]
+    got = make_session(fused, 2, library=lib).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    alone = make_session(fused, 1).run(None, feeds)[0]
+    ort_own = make_session(q, 1).run(None, feeds)[0]
+    np.testing.assert_allclose(alone, ort_own, rtol=1e-5, atol=1e-6)
+
+
+def _matmul_integer_model(k, n, w, lead, za_input=True):
+    """A u8 [*lead, M, K] x W s8 -> Cast -> Mul(scale, an input) -> Add(bias): the kernel's pattern, with A given
+    directly so that tests choose its values."""
+    dims = [f"d{i}" for i in range(len(lead))] + ["m", k]
+    ins = [helper.make_tensor_value_info("a", TensorProto.UINT8, dims),
+           helper.make_tensor_value_info("scale", TensorProto.FLOAT, [])]
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.zeros((), np.int8), "wz"),
+             numpy_helper.from_array(np.linspace(-1, 1, n).astype(np.float32), "bias")]
+    if za_input:
+        ins.append(helper.make_tensor_value_info("za", TensorProto.UINT8, []))
+    else:
+        inits.append(numpy_helper.from_array(np.array(0, np.uint8), "za"))
+    nodes = [helper.make_node("MatMulInteger", ["a", "W", "za", "wz"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["f", "scale"], ["s"]), helper.make_node("Add", ["s", "bias"], ["y"])]
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def _exact(a, w, za, scale, n):
+    acc = (a.astype(np.int64) - int(za)) @ w.astype(np.int64)
+    return acc.astype(np.int32).astype(np.float32) * np.float32(scale) + np.linspace(-1, 1, n).astype(np.float32)
+
+
+@settings(max_examples=20, deadline=None)
+@given(k4=st.integers(1, 200), n=st.integers(1, 70), m=st.integers(1, 40), lead=st.lists(st.integers(1, 3), max_size=2),
+       za=st.integers(0, 255), extreme=st.booleans(), seed=st.integers(0, 2**16))
+def test_exact_integer_sums_on_drawn_shapes(tmp_path_factory, k4, n, m, lead, za, extreme, seed):
+    """Every drawn shape against exact integer arithmetic, with A and B at the corners of their ranges where drawn
+    (where onnxruntime's own AVX2 kernel saturates its 16-bit pair sums, this kernel does not)."""
+    k = 4 * k4
+    rng = np.random.default_rng(seed)
+    if extreme:
+        w = rng.choice(np.array([-128, -127, 127, 100, -100], np.int8), (k, n))
+        a = rng.choice(np.array([0, 254, 255], np.uint8), (*lead, m, k))
+    else:
+        w = rng.integers(-128, 128, (k, n)).astype(np.int8)
+        a = rng.integers(0, 256, (*lead, m, k)).astype(np.uint8)
+    tmp = tmp_path_factory.mktemp("q")
+    model = _matmul_integer_model(k, n, w, lead)
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp)
+    feeds = {"a": a, "scale": np.array(0.01, np.float32), "za": np.array(za, np.uint8)}
+    got = make_session(fused, 2, library=lib).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, _exact(a, w, za, 0.01, n))
+    alone = make_session(fused, 1).run(None, feeds)[0]
+    np.testing.assert_allclose(alone, make_session(model, 1, optimization="none").run(None, feeds)[0], rtol=1e-6)
+    exact = make_session(exact_integer_reference(model), 1, optimization="none").run(None, feeds)[0]
+    np.testing.assert_array_equal(exact, _exact(a, w, za, 0.01, n))  # the driver's reference is the exact sum
+
+
+def test_packing_round_trips_and_no_pair_can_saturate():
+    rng = np.random.default_rng(3)
+    w = rng.integers(-128, 128, (96, 37)).astype(np.int8)
+    t = pack(w)
+    assert t["packed"].shape == (3, 24, 16, 4) and pairs_cannot_saturate(t["packed"])
+    safe = t["packed"].transpose(1, 3, 0, 2).reshape(96, 48)[:, :37].astype(np.int32)
+    safe[t["fix_index"][:, 0], t["fix_index"][:, 1]] += t["fix_update"]
+    np.testing.assert_array_equal(safe, w)
+    np.testing.assert_array_equal(t["colsum"][:37], w.astype(np.int32).sum(axis=0))
+    assert t["fix_offsets"][0] == 0 and t["fix_offsets"][-1] == len(t["fix_entries"])
+    per_panel = np.diff(t["fix_offsets"])
+    for p in range(3):  # each panel's entries: k, the column within the panel, the residual
+        e = t["fix_entries"][t["fix_offsets"][p]:t["fix_offsets"][p + 1]]
+        assert len(e) == per_panel[p] and np.all((e[:, 1] >= 0) & (e[:, 1] < 16))
+
+
+def test_refusals_say_why():
+    w = np.ones((6, 5), np.int8)
+    rejected = []
+    assert find_regions(_matmul_integer_model(6, 5, w, []), set(), rejected) == []
+    assert "multiple of 4" in rejected[0]["reason"]
+    m = _matmul_integer_model(8, 5, np.ones((8, 5), np.int8), [])
+    m.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array(3, np.int8), "wz"))
+    rejected = []
+    assert find_regions(m, set(), rejected) == [] and "zero point" in rejected[0]["reason"]
+    m = _matmul_integer_model(8, 5, np.ones((8, 5), np.int8), [])
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT8
+    rejected = []
+    assert find_regions(m, set(), rejected) == [] and "u8 activations" in rejected[0]["reason"]
