@@ -162,3 +162,24 @@ def test_refusals_say_why():
     m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT8
     rejected = []
     assert find_regions(m, set(), rejected) == [] and "u8 activations" in rejected[0]["reason"]
+
+
+@pytest.mark.parametrize("spec,mnemonic,reg", [("cpu=x86-64-v4,+avx512vnni", "vpdpbusd", "zmm"),
+                                               ("cpu=x86-64-v3,+avxvnni", "{vex}\tvpdpbusd", "ymm"),
+                                               ("x86-64-v3", "vpmaddubsw", "ymm")])
+def test_the_tile_compiles_to_each_targets_instruction(tmp_path, spec, mnemonic, reg):
+    """The tiles of every x86 target, whether or not this CPU can run them (VNNI hosts run the tests above on
+    vpdpbusd): each takes the target's best u8 x s8 instruction, one per accumulator and K group."""
+    from onnxopt.codegen.compile import compile_assembly, new_module
+    from onnxopt.codegen.target import parse_target
+    from onnxopt.kinds.qmatmul.lower import MR, define_tile, instruction_for
+
+    target = parse_target(spec)
+    q = _quantized(tmp_path, _fp32_model(64, 40, "gelu"))
+    (region,) = find_regions(q, set(), [])
+    ins = instruction_for(target)
+    module = new_module(target, "q")
+    define_tile(module, "tile", region.params, region.program, ins.emit, ins.lanes, MR)
+    asm = compile_assembly(str(module), target)
+    per_step = MR * (16 // ins.lanes)  # accumulators of the MR-row tile
+    assert asm.count(mnemonic) >= per_step and f"%{reg}" in asm
