@@ -184,10 +184,12 @@ static void ct_plan_packed(ct_job *job, int64_t want) {
   double a_bytes = (double)job->M * (double)job->K, b_bytes = (double)job->P * (double)job->K, best = -1.0;
   if (want > CT_PACKED_TASKS) want = CT_PACKED_TASKS;
   want = (want + job->items - 1) / job->items;
-  job->ptasks = job->mtasks = 1;
+  if (want > job->ptiles * job->mblocks) want = job->ptiles * job->mblocks;
+  job->ptasks = job->ptiles < want ? job->ptiles : want;
+  job->mtasks = 1;
   for (int64_t pt = 1; pt <= job->ptiles; pt++) {
     int64_t mt = (want + pt - 1) / pt;
-    if (mt > job->mblocks) mt = job->mblocks;
+    if (mt > job->mblocks) continue; /* too few tasks this way: a single token's GEMV splits its panels */
     double cost = a_bytes * (double)pt + b_bytes * (double)mt;
     if (best < 0.0 || cost < best) {
       best = cost;
