@@ -147,9 +147,10 @@ class OutputStage:
         """The plan less the regions that would take a node of a quantized pattern from onnxruntime; an int8 GEMM
         region (onnxopt/kinds/qmatmul) may take an integer product with its rescaling, which it runs whole."""
         out = []
+        beside_int8_units = self.quantized - self.int8_units
         for r in plan:
-            own = self.int8_units if r.params.family == "qmatmul" else set()
-            if any((n.output[0] if n.output else n.name) in self.quantized - own for n in r.nodes):
+            guarded = beside_int8_units if r.params.family == "qmatmul" else self.quantized
+            if any((n.output[0] if n.output else n.name) in guarded for n in r.nodes):
                 if not r.rejected:
                     self._reject(r, "part of a quantized pattern that onnxruntime runs as an int8 kernel "
                                     "(QDQ node unit or integer MatMul rescaling)")
