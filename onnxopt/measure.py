@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxopt.emit.model import DOMAIN
 from onnxopt.fusion import winograd
@@ -65,34 +65,112 @@ def region_models(region: Region, model: onnx.ModelProto, info) -> tuple[onnx.Mo
 
 
 def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with every MatMulInteger computed as the ONNX spec defines it, sum (a - za)(b - zb) exact in int32
-    (Cast, Sub, an int32 MatMul). onnxruntime's AVX2 kernel adds pairs of u8 x s8 products in 16 bits with
-    saturation and can differ from that by thousands (tests/kinds/test_qmatmul.py); the int8 kernels are exact, so
-    they are checked against this. The model itself is returned when it has no MatMulInteger."""
-    if not any(n.op_type == "MatMulInteger" for n in model.graph.node):
+    """`model` with its integer products computed as the ONNX spec defines them, and its quantizers' results in
+    quantization steps before rounding; the model itself when it has none of them.
+
+    - MatMulInteger: sum (a - za)(b - zb) exact in int32 (Cast, Sub, an int32 MatMul). onnxruntime's AVX2 kernel
+      adds pairs of u8 x s8 products in 16 bits with saturation and can differ from that by thousands
+      (tests/kinds/test_qmatmul.py); the int8 kernels are exact, so they are checked against this.
+    - ConvInteger: three float convolutions of (x - zx) with the weights less their zero point written in base 8,
+      64 a + 8 b + c (digits within [-4, 7]), each exact below 2^24 (K * 255 * 7 for K up to 8192:
+      onnxopt/kinds/qconv MAX_K), summed in int32.
+    - QuantizeLinear (constant scale and zero point): x / scale + zero point, clamped to the type's range, as float:
+      a quantized output is then compared in steps (verify.compare)."""
+    ops = {"MatMulInteger", "ConvInteger", "QuantizeLinear"}
+    if not any(n.op_type in ops for n in model.graph.node):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    nodes = []
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes, stepped = [], {}
     for k, n in enumerate(model.graph.node):
-        if n.op_type != "MatMulInteger":
-            nodes.append(n)
-            continue
         u = f"__exact{k}"
-        operands = []
-        for side, (x, z) in enumerate(((n.input[0], n.input[2] if len(n.input) > 2 else ""),
-                                       (n.input[1], n.input[3] if len(n.input) > 3 else ""))):
-            nodes.append(helper.make_node("Cast", [x], [f"{u}_{side}"], to=onnx.TensorProto.INT32))
-            if z:
-                nodes.append(helper.make_node("Cast", [z], [f"{u}_{side}z"], to=onnx.TensorProto.INT32))
-                nodes.append(helper.make_node("Sub", [f"{u}_{side}", f"{u}_{side}z"], [f"{u}_{side}s"]))
-                operands.append(f"{u}_{side}s")
-            else:
-                operands.append(f"{u}_{side}")
-        nodes.append(helper.make_node("MatMul", operands, list(n.output), name=n.name))
+        if n.op_type == "MatMulInteger":
+            a, b = _minus_zero(nodes, u, n, onnx.TensorProto.INT32, weights_axis=None)
+            nodes.append(helper.make_node("MatMul", [a, b], list(n.output), name=n.name))
+        elif n.op_type == "ConvInteger":
+            x, w = _minus_zero(nodes, u, n, onnx.TensorProto.FLOAT, weights_axis=0)
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            nodes.append(helper.make_node("Constant", [], [f"{u}_8"], value=numpy_helper.from_array(np.int32(8))))
+            total = None
+            for d in range(3):  # w = 64 a + 8 b + c, digits within [-4, 7]
+                last = d == 2
+                digit = w if last else f"{u}_d{d}"
+                if not last:
+                    nodes += [helper.make_node("Mod", [w, f"{u}_8"], [digit]),
+                              helper.make_node("Sub", [w, digit], [f"{u}_r{d}"]),
+                              helper.make_node("Div", [f"{u}_r{d}", f"{u}_8"], [f"{u}_w{d}"])]
+                nodes += [helper.make_node("Cast", [digit], [f"{u}_f{d}"], to=onnx.TensorProto.FLOAT),
+                          helper.make_node("Conv", [x, f"{u}_f{d}"], [f"{u}_c{d}"], **attrs),
+                          helper.make_node("Cast", [f"{u}_c{d}"], [f"{u}_i{d}"], to=onnx.TensorProto.INT32)]
+                part = f"{u}_i{d}"
+                for _ in range(d):
+                    nodes.append(helper.make_node("Mul", [part, f"{u}_8"], [f"{part}x"]))
+                    part = f"{part}x"
+                if total is None:
+                    total = part
+                else:
+                    out_name = n.output[0] if last else f"{u}_t{d}"
+                    nodes.append(helper.make_node("Add", [total, part], [out_name], name=n.name if last else ""))
+                    total = out_name
+                if not last:
+                    w = f"{u}_w{d}"
+        elif n.op_type == "QuantizeLinear" and _steps(nodes, u, n, inits, stepped) is not None:
+            pass
+        else:
+            nodes.append(n)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
+    for o in out.graph.output:
+        if o.name in stepped:
+            o.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     return out
+
+
+def _minus_zero(nodes: list, u: str, n: onnx.NodeProto, to: int, weights_axis) -> tuple[str, str]:
+    """Cast both operands of an integer product to int32 and subtract their zero points (a weights' zero point per
+    channel along `weights_axis`); the input operand then cast to `to`. Appends to `nodes`; returns the two names."""
+    names = []
+    for side, (x, z) in enumerate(((n.input[0], n.input[2] if len(n.input) > 2 else ""),
+                                   (n.input[1], n.input[3] if len(n.input) > 3 else ""))):
+        nodes.append(helper.make_node("Cast", [x], [f"{u}_{side}"], to=onnx.TensorProto.INT32))
+        name = f"{u}_{side}"
+        if z:
+            nodes.append(helper.make_node("Cast", [z], [f"{u}_{side}z"], to=onnx.TensorProto.INT32))
+            zero = f"{u}_{side}z"
+            if side == 1 and weights_axis is not None:  # [C] -> [C, 1, 1, 1]; a scalar stays one
+                nodes += [helper.make_node("Constant", [], [f"{u}_zs"],
+                                           value=numpy_helper.from_array(np.array([-1, 1, 1, 1], np.int64))),
+                          helper.make_node("Reshape", [zero, f"{u}_zs"], [f"{u}_{side}zr"])]
+                zero = f"{u}_{side}zr"
+            nodes.append(helper.make_node("Sub", [name, zero], [f"{u}_{side}s"]))
+            name = f"{u}_{side}s"
+        if side == 0 and to != onnx.TensorProto.INT32:
+            nodes.append(helper.make_node("Cast", [name], [f"{u}_{side}c"], to=to))
+            name = f"{u}_{side}c"
+        names.append(name)
+    return names[0], names[1]
+
+
+def _steps(nodes: list, u: str, n: onnx.NodeProto, inits: dict, stepped: dict) -> str | None:
+    """A QuantizeLinear with a constant scalar scale and zero point as x / scale + zero point clamped to the
+    type's range, in float (appended to `nodes`); None (nothing appended) for any other."""
+    if len(n.input) < 3 or n.input[1] not in inits or n.input[2] not in inits or len(n.attribute):
+        return None
+    scale, zero = numpy_helper.to_array(inits[n.input[1]]), numpy_helper.to_array(inits[n.input[2]])
+    if scale.size != 1 or zero.size != 1 or zero.dtype not in (np.uint8, np.int8):
+        return None
+    lo, hi = (0.0, 255.0) if zero.dtype == np.uint8 else (-128.0, 127.0)
+
+    def const(name, v):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.float32(v)))
+    nodes += [const(f"{u}_s", scale.reshape(())), const(f"{u}_z", zero.reshape(())), const(f"{u}_lo", lo),
+              const(f"{u}_hi", hi),
+              helper.make_node("Div", [n.input[0], f"{u}_s"], [f"{u}_d"]),
+              helper.make_node("Add", [f"{u}_d", f"{u}_z"], [f"{u}_a"]),
+              helper.make_node("Clip", [f"{u}_a", f"{u}_lo", f"{u}_hi"], [n.output[0]], name=n.name)]
+    stepped[n.output[0]] = True
+    return n.output[0]
 
 
 def runtime_inputs(region: Region, model: onnx.ModelProto) -> list[str]:
@@ -129,6 +207,9 @@ def region_flops(region: Region, feeds, outs) -> float:
     c = region.compute
     if region.params.family == "qmatmul" and outs:
         return 2.0 * np.asarray(outs[0]).size * region.params.k
+    if region.params.family == "qconv" and outs:
+        p = region.params
+        return 2.0 * np.asarray(outs[0]).size * p.cin * p.kernel[0] * p.kernel[1]
     if c is None or not outs:
         return 0.0
     out = np.asarray(outs[0])
@@ -144,7 +225,7 @@ def region_flops(region: Region, feeds, outs) -> float:
 
 def peak_dtype(region: Region) -> str:
     """Which of the machine model's peaks a region's arithmetic is measured against."""
-    return "int8" if region.params.family == "qmatmul" else "float32"
+    return "int8" if region.params.family in ("qmatmul", "qconv") else "float32"
 
 
 def bytes_moved(region: Region, feeds, outs) -> int:

@@ -149,6 +149,9 @@ def compare(names, expected, actual, tol: Tolerance) -> list[OutputDiff]:
     diffs = []
     for name, a, b in zip(names, expected, actual):
         a, b = np.asarray(a), np.asarray(b)
+        if a.dtype.kind == "f" and b.dtype.kind in "iu" and a.shape == b.shape:
+            diffs.append(_compare_steps(name, a, b))
+            continue
         if a.shape != b.shape or a.dtype != b.dtype:
             diffs.append(OutputDiff(name, False, float("inf"), float("inf"),
                                     f"shape/dtype {b.shape} {b.dtype} != expected {a.shape} {a.dtype}"))
@@ -171,6 +174,23 @@ def compare(names, expected, actual, tol: Tolerance) -> list[OutputDiff]:
             ok = bool(np.array_equal(a, b))
             diffs.append(OutputDiff(name, ok, 0.0 if ok else float("nan"), 0.0 if ok else float("nan")))
     return diffs
+
+
+# How close to the midpoint between two quantization steps a reference may lie for either step to be right: the
+# reference is a float computation (a convolution of dequantized values), rounded at 1e-7 of its terms' magnitudes.
+STEP_BAND = 0.01
+
+
+def _compare_steps(name: str, steps: np.ndarray, got: np.ndarray) -> OutputDiff:
+    """A quantized output against its value in quantization steps before rounding (measure.exact_integer_reference:
+    x / scale + zero point, clamped to the type's range): it must be the nearest step, or either neighbour where the
+    reference lies within STEP_BAND of the midpoint."""
+    err = np.abs(got.astype(np.float64) - steps.astype(np.float64))
+    worst = float(err.max(initial=0.0))
+    off = int(np.count_nonzero(err > 0.5))
+    ok = bool(worst <= 0.5 + STEP_BAND)
+    return OutputDiff(name, ok, worst, 0.0, f"(in quantization steps; {off} of {err.size} one step off at a midpoint)"
+                      if off and ok else "(in quantization steps)" if not ok else "")
 
 
 def load_check_inputs(specs: list[str] | None) -> dict[str, np.ndarray]:

@@ -95,3 +95,71 @@ def integer_product_units(graph: onnx.GraphProto) -> set[str]:
                         if c.op_type in _RESCALE_OPS]
             units.update(c.output[0] if c.output else c.name for c in frontier)
     return units
+
+
+def qdq_conv_units(graph: onnx.GraphProto) -> set[str]:
+    """The static QDQ convolution units, DequantizeLinear -> Conv -> [Relu | Clip] -> QuantizeLinear, by first
+    output: the Conv, its activation and quantizer, the DequantizeLinear of its weights and bias, and that of its
+    input where the Conv is its only reader. The int8 conv kind (onnxopt/kinds/qconv) runs such a unit whole, with
+    its requantization, as onnxruntime's QLinearConv does."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    consumers = _consumers(graph)
+    units: set[str] = set()
+
+    def dq(name):
+        p = producer.get(name)
+        return p if p is not None and p.op_type == "DequantizeLinear" else None
+
+    for n in graph.node:
+        if n.op_type != "Conv" or len(n.input) < 2 or dq(n.input[0]) is None or dq(n.input[1]) is None:
+            continue
+        chain = [n]
+        nxt = consumers.get(n.output[0], [])
+        if len(nxt) == 1 and nxt[0].op_type in ("Relu", "Clip"):
+            chain.append(nxt[0])
+            nxt = consumers.get(nxt[0].output[0], [])
+        if len(nxt) != 1 or nxt[0].op_type != "QuantizeLinear":
+            continue
+        chain.append(nxt[0])
+        for x in n.input[1:]:
+            if dq(x) is not None:
+                chain.append(dq(x))
+        if len(consumers.get(n.input[0], [])) == 1:
+            chain.append(dq(n.input[0]))
+        units.update(m.output[0] for m in chain)
+    return units
+
+
+def dedicate_conv_dequantizers(model: onnx.ModelProto) -> int:
+    """Give every convolution of a QDQ unit DequantizeLinear nodes of its own (in place): a copy of each one it
+    reads that another node reads too (a block's input that the residual Add also dequantizes; equal zero biases
+    that common-subexpression elimination merged) or reads through Identity nodes. The same tensors, so the same results; a unit is then whole, for
+    the int8 conv kind and for onnxruntime alike (onnxruntime's EnsureUniqueDQForNodeUnit does the same). Returns
+    how many copies were made."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output if o}
+    consumers = _consumers(graph)
+    outputs = {o.name for o in graph.output}
+    nodes, made = [], 0
+    for n in graph.node:
+        if n.op_type == "Conv" and n.domain in ("", "ai.onnx") and n.output:
+            for k, x in enumerate(n.input):
+                p, hops = producer.get(x), 0
+                while p is not None and p.op_type == "Identity" and p.input:  # exporters' DQ -> Identity -> Conv
+                    p, hops = producer.get(p.input[0]), hops + 1
+                if p is None or p.op_type != "DequantizeLinear":
+                    continue
+                if not hops and len(consumers.get(x, [])) < 2 and x not in outputs:
+                    continue
+                copy = onnx.NodeProto()
+                copy.CopyFrom(p)
+                copy.name = f"{p.name or x}__for_{n.output[0]}"
+                copy.output[0] = f"{x}__for_{n.output[0]}"
+                n.input[k] = copy.output[0]
+                nodes.append(copy)
+                made += 1
+        nodes.append(n)
+    if made:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return made

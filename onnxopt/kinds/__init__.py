@@ -21,10 +21,11 @@ from __future__ import annotations
 from .base import Kind
 from .attention import KIND as ATTENTION
 from .layernorm import KIND as LAYERNORM
+from .qconv import KIND as QCONV
 from .qmatmul import KIND as QMATMUL
 from .softmax import KIND as SOFTMAX
 
-KINDS: tuple[Kind, ...] = (ATTENTION, SOFTMAX, LAYERNORM, QMATMUL)
+KINDS: tuple[Kind, ...] = (ATTENTION, SOFTMAX, LAYERNORM, QMATMUL, QCONV)
 
 _BY_NAME = {k.name: k for k in KINDS}
 

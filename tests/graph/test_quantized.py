@@ -11,7 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxopt
-from onnxopt.graph.quantized import QUANTIZATION_OPS, integer_product_units, quantized_nodes
+from onnxopt.graph.quantized import (QUANTIZATION_OPS, dedicate_conv_dequantizers, integer_product_units,
+                                     qdq_conv_units, quantized_nodes)
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 
@@ -77,20 +78,27 @@ def test_quantized_structure_passes_through(quantized, name, tmp_path):
     out = tmp_path / "f.onnx"
     res = onnxopt.optimize(str(src), str(out), measure=False)
     fused = onnx.load(out)
-    # Every quantization op is still there, as many as before, but for the integer matmuls our int8 GEMM kind runs
-    # (onnxopt/kinds/qmatmul): no DequantizeLinear of a weight folded to float.
-    int8_gemms = sum(e["op_type"].startswith("qmatmul_") for e in res.report["regions"])
-    want_counts = _quant_counts(original)
-    want_counts["MatMulInteger"] -= int8_gemms
-    assert _quant_counts(fused) == +want_counts and _quant_counts(original)
+    # Every quantization op is still there, as many as before, but for those of the units our int8 kinds run
+    # (onnxopt/kinds/qmatmul, qconv): no DequantizeLinear of a weight folded to float. Dequantizers copied so that
+    # each convolution has its own (graph/quantized.py, dedicate_conv_dequantizers) stay where no kernel took them.
+    types = {}
+    for n in original.graph.node:
+        types[n.name or n.output[0]] = types[n.output[0]] = n.op_type
+    taken = Counter(types[x] for e in res.report["regions"] if e["op_type"].startswith(("qmatmul_", "qconv_"))
+                    for x in e["nodes"] if types.get(x) in QUANTIZATION_OPS)
+    want_counts = _quant_counts(original) - taken
+    got = _quant_counts(fused)
+    copies = res.report["rewrites"].get("dequantizers_per_conv", 0)
+    assert not (want_counts - got) and got - want_counts <= Counter(DequantizeLinear=copies)
+    assert _quant_counts(original) and taken  # the int8 kinds took this model's units
     # The weights, scales and zero points the remaining quantization ops read are still initializers of their
     # dtypes.
     read = {x for n in fused.graph.node if n.op_type in QUANTIZATION_OPS for x in n.input}
     want = {t.name: t.data_type for t in original.graph.initializer if t.name in read}
-    assert want and {t.name: t.data_type for t in fused.graph.initializer if t.name in want} == want
+    assert {t.name: t.data_type for t in fused.graph.initializer if t.name in want} == want
     # No fused region took a node of a quantized pattern other than an integer matmul with its rescaling, and the
     # answers are the quantized model's.
-    keep = quantized_nodes(original.graph) - integer_product_units(original.graph)
+    keep = quantized_nodes(original.graph) - integer_product_units(original.graph) - qdq_conv_units(original.graph)
     for e in res.report["regions"]:
         assert not any(n in keep for n in e["outputs"]), e
     x = np.random.default_rng(2).standard_normal((1, 8, 16, 16)).astype(np.float32)
@@ -175,3 +183,29 @@ def test_a_model_written_unchanged_keeps_its_declared_input_dims(tmp_path):
     assert written.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "rows"
     x = np.random.default_rng(5).standard_normal((7, 64)).astype(np.float32)  # another row count still runs
     np.testing.assert_array_equal(_run(out, x), _run(src, x))
+
+
+def test_each_qdq_convolution_gets_dequantizers_of_its_own(quantized):
+    """A DequantizeLinear that a convolution shares with another reader, or reads through Identity nodes, is copied
+    for it (dedicate_conv_dequantizers): the same values, and every convolution a whole QDQ unit."""
+    model = onnx.load(quantized / "qdq.onnx")
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    dq = next(n for n in model.graph.node if n.output[0] == conv.input[0])
+    # a second reader of the conv's dequantized input, and the weights' dequantizer behind an Identity
+    model.graph.node.append(helper.make_node("Relu", [dq.output[0]], ["also"]))
+    model.graph.output.append(helper.make_tensor_value_info("also", TensorProto.FLOAT, None))
+    w = conv.input[1]
+    model.graph.node.insert(list(model.graph.node).index(conv), helper.make_node("Identity", [w], ["w_via"]))
+    conv.input[1] = "w_via"
+    x = np.random.default_rng(4).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert dedicate_conv_dequantizers(model) == 2
+    producer = {o: n for n in model.graph.node for o in n.output}
+    readers = Counter(i for n in model.graph.node for i in n.input)
+    for c in (n for n in model.graph.node if n.op_type == "Conv"):
+        for i in c.input:
+            assert producer[i].op_type == "DequantizeLinear" and readers[i] == 1
+    after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+    assert dedicate_conv_dequantizers(model) == 0

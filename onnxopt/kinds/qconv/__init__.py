@@ -1,0 +1,10 @@
+"""int8 convolutions on the target's dot-product instruction (codegen/instructions): onnxruntime's dynamically
+quantized ConvInteger -> Cast -> scale -> bias ..., and static QDQ units DequantizeLinear -> Conv -> [Relu | Clip]
+-> QuantizeLinear with their requantization. find.py, lower.py, exec.c."""
+
+from ..base import Kind
+from .find import find_regions
+from .lower import build
+
+# Asked before the compute and elementwise rules, which would take the Cast -> Mul -> Add after a ConvInteger.
+KIND = Kind(name="qconv", find=find_regions, build=build, first=True)

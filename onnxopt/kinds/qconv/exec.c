@@ -1,0 +1,271 @@
+/* The qconv kind's executor: each call packs the receptive fields of every panel of 16 output pixels (im2col into
+   [k4 / 4][16][4] u8, the tile's vector operand; padding reads the activations' zero point), then runs the tile over
+   output channels x panels in tasks over ORT's pool. */
+#define QC_TASKS 16
+#define QC_TASK_MIN_OPS 262144.0
+#define QC_PANEL 16
+#define QC_GROUP_BYTES (128 * 1024) /* packed panels a task keeps in L2 while the weights stream past them */
+
+typedef struct {
+  const onnxopt_qconv_desc *d;
+  const uint8_t *x;
+  uint8_t za;
+  int64_t n, h, w, oh, ow, pixels, ppi; /* ppi: panels per image */
+  int64_t cin4;                          /* input channels rounded up to 4: k = tap * cin4 + channel */
+  uint8_t *packed;
+  int32_t *asum;
+  int64_t panels, pack_tasks;
+  /* the GEMM */
+  qc_tile proto;
+  int64_t mblocks, ptasks, mtasks, group;
+  int64_t out_elems_per_image;
+} qc_job;
+
+/* out[t] = the 4 bytes of pixel t: a fixed trip count and no aliasing, so that the compiler vectorizes it. */
+static void qc_interleave(uint32_t *restrict out, const uint8_t *restrict r0, const uint8_t *restrict r1,
+                          const uint8_t *restrict r2, const uint8_t *restrict r3) {
+  for (int t = 0; t < QC_PANEL; t++)
+    out[t] = (uint32_t)r0[t] | (uint32_t)r1[t] << 8 | (uint32_t)r2[t] << 16 | (uint32_t)r3[t] << 24;
+}
+
+/* One panel's receptive fields: packed[g][t][q] = the activation at k = 4g + q for pixel t, where k = tap * cin4 +
+   channel (find.py's weight order: the 4 k of a group are 4 channels of one tap, so they share the window's
+   position); the activations' zero point where the window leaves the image, 0 past the channels or past the
+   image's last pixel. asum[t]: their sum over k. */
+static void qc_pack_panel(const qc_job *j, int64_t panel) {
+  const onnxopt_qconv_desc *d = j->d;
+  int64_t img = panel / j->ppi, p0 = (panel % j->ppi) * QC_PANEL, plane_size = j->h * j->w;
+  const uint8_t *x = j->x + img * d->cin * plane_size, *end = j->x + j->n * d->cin * plane_size;
+  uint8_t *dst = j->packed + panel * d->k4 * QC_PANEL;
+  int64_t ih0[QC_PANEL], iw0[QC_PANEL];
+  int valid = 0;
+  /* The panel's pixels in runs along one output row: seg[s] .. seg[s + 1] - 1 */
+  int seg[QC_PANEL + 1], nseg = 0;
+  for (int t = 0; t < QC_PANEL; t++) {
+    int64_t p = p0 + t;
+    if (p < j->pixels) valid++;
+    int64_t q = p < j->pixels ? p : j->pixels - 1;
+    ih0[t] = (q / j->ow) * d->sh - d->pt;
+    iw0[t] = (q % j->ow) * d->sw - d->pl;
+    if (t < valid && (t == 0 || ih0[t] != ih0[t - 1])) seg[nseg++] = t;
+  }
+  seg[nseg] = valid;
+  /* A 1 x 1 convolution of stride 1 without padding reads the panel's pixels as one run of each channel plane. */
+  int plain = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !d->pt && !d->pl && !d->pb && !d->pr &&
+              valid == QC_PANEL;
+  static const uint8_t zeros[QC_PANEL];
+  uint8_t cols[4][2 * QC_PANEL]; /* a run's copy may write 16 bytes past its start; the next run's overwrites them */
+  uint32_t *o32 = (uint32_t *)dst;
+  for (int64_t tap = 0; tap < d->kh * d->kw; tap++) {
+    int64_t ky = (tap / d->kw) * d->dh, kx = (tap % d->kw) * d->dw;
+    /* Per run: where its window starts in a channel plane when it stays inside the image row (-1: it does not,
+       and off[t] has each pixel's position, -1 outside the image). */
+    int64_t run_at[QC_PANEL], off[QC_PANEL];
+    for (int sg = 0; sg < nseg; sg++) {
+      int t0 = seg[sg], t1 = seg[sg + 1];
+      int64_t ih = ih0[t0] + ky, iw = iw0[t0] + kx, last = iw0[t1 - 1] + kx;
+      run_at[sg] = (ih >= 0 && ih < j->h && iw >= 0 && last < j->w) ? ih * j->w + iw : -1;
+      for (int t = t0; t < t1; t++) {
+        int64_t y = ih0[t] + ky, xx = iw0[t] + kx;
+        off[t] = (y >= 0 && y < j->h && xx >= 0 && xx < j->w) ? y * j->w + xx : -1;
+      }
+    }
+    for (int64_t c4 = 0; c4 < j->cin4; c4 += 4, o32 += QC_PANEL) {
+      /* The 16 pixels' activations of each of the 4 channels, as 16 bytes in a row (in the image, or gathered
+         into cols[q]), then interleaved into the tile's 4-byte groups. */
+      const uint8_t *src[4];
+      for (int q = 0; q < 4; q++) {
+        int64_t c = c4 + q;
+        if (c >= d->cin) {
+          src[q] = zeros;
+          continue;
+        }
+        const uint8_t *plane = x + c * plane_size;
+        if (plain) {
+          src[q] = plane + p0;
+          continue;
+        }
+        uint8_t *col = cols[q];
+        for (int sg = 0; sg < nseg; sg++) {
+          int t0 = seg[sg], t1 = seg[sg + 1];
+          if (run_at[sg] >= 0) {
+            const uint8_t *row = plane + run_at[sg];
+            if (d->sw == 1 && row + QC_PANEL <= end) /* 16 bytes, whatever the run's length: one vector copy */
+              memcpy(col + t0, row, QC_PANEL);
+            else
+              for (int t = t0; t < t1; t++) col[t] = row[(t - t0) * d->sw];
+          } else {
+            for (int t = t0; t < t1; t++) col[t] = off[t] >= 0 ? plane[off[t]] : j->za;
+          }
+        }
+        for (int t = valid; t < QC_PANEL; t++) col[t] = 0; /* past the image's last pixel */
+        src[q] = col;
+      }
+      qc_interleave(o32, src[0], src[1], src[2], src[3]);
+      if (d->act_signed) { /* s8 -> u8: a + 128 flips the sign bit; only the real channels' bytes */
+        uint32_t flip = 0;
+        for (int q = 0; q < 4 && c4 + q < d->cin; q++) flip |= 0x80u << (8 * q);
+        for (int t = 0; t < QC_PANEL; t++) o32[t] ^= flip;
+      }
+    }
+  }
+  if (j->asum) {
+    int32_t *s = j->asum + panel * QC_PANEL;
+    for (int t = 0; t < QC_PANEL; t++) s[t] = 0;
+    for (int64_t g = 0; g < d->k4 / 4; g++)
+      for (int t = 0; t < QC_PANEL; t++) {
+        const uint8_t *q = dst + g * QC_PANEL * 4 + 4 * t;
+        s[t] += (int32_t)q[0] + q[1] + q[2] + q[3];
+      }
+  }
+}
+
+static void qc_pack_task(void *usr, size_t index) {
+  const qc_job *j = (const qc_job *)usr;
+  int64_t p0 = (int64_t)index * j->panels / j->pack_tasks, p1 = ((int64_t)index + 1) * j->panels / j->pack_tasks;
+  for (int64_t p = p0; p < p1; p++) qc_pack_panel(j, p);
+}
+
+static void qc_gemm_task(void *usr, size_t index) {
+  const qc_job *j = (const qc_job *)usr;
+  const onnxopt_qconv_desc *d = j->d;
+  int64_t pt = (int64_t)index / j->mtasks, mt = (int64_t)index % j->mtasks;
+  int64_t p0 = pt * j->panels / j->ptasks, p1 = (pt + 1) * j->panels / j->ptasks;
+  int64_t b0 = mt * j->mblocks / j->mtasks, b1 = (mt + 1) * j->mblocks / j->mtasks;
+  qc_tile t = j->proto;
+  for (int64_t g0 = p0; g0 < p1; g0 += j->group) { /* panels in L2-sized groups, the weights streamed per group */
+    int64_t g1 = g0 + j->group < p1 ? g0 + j->group : p1;
+    for (int64_t mb = b0; mb < b1; mb++) {
+      t.m0 = mb * d->mr;
+      int64_t mi = d->cout - t.m0 < d->mr ? d->cout - t.m0 : d->mr;
+      for (int64_t p = g0; p < g1; p++) {
+        int64_t img = p / j->ppi, first = (p % j->ppi) * QC_PANEL;
+        t.panel = j->packed + p * d->k4 * QC_PANEL;
+        t.asum = j->asum ? j->asum + p * QC_PANEL : NULL;
+        t.ncols = j->pixels - first < QC_PANEL ? j->pixels - first : QC_PANEL;
+        t.out_off = img * j->out_elems_per_image + first;
+        t.chan_base = img * d->cout;
+        d->tiles[mi - 1]((const int64_t *)&t);
+      }
+    }
+  }
+}
+
+/* Split panels x channel blocks into at least `want` tasks (as qmatmul's qm_plan): the packed panels are read
+   mtasks times and the weights ptasks times; the split with the least of both. */
+static void qc_plan(qc_job *j) {
+  const onnxopt_qconv_desc *d = j->d;
+  double ops = 2.0 * (double)j->panels * QC_PANEL * (double)d->cout * (double)d->k4, best = -1.0;
+  int64_t want = (int64_t)(ops / QC_TASK_MIN_OPS);
+  if (want > QC_TASKS) want = QC_TASKS;
+  if (want < 1) want = 1;
+  if (want > j->panels * j->mblocks) want = j->panels * j->mblocks;
+  j->ptasks = j->panels < want ? j->panels : want;
+  j->mtasks = 1;
+  for (int64_t pt = 1; pt <= j->panels; pt++) {
+    int64_t mt = (want + pt - 1) / pt;
+    if (mt > j->mblocks) continue;
+    double cost = (double)j->panels * QC_PANEL * (double)d->k4 * (double)mt + (double)d->cout * (double)d->k4 * pt;
+    if (best < 0.0 || cost < best) {
+      best = cost;
+      j->ptasks = pt;
+      j->mtasks = mt;
+    }
+    if (mt == 1) break;
+  }
+  j->group = QC_GROUP_BYTES / (d->k4 * QC_PANEL);
+  if (j->group < 1) j->group = 1;
+}
+
+static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *ctx) {
+  int64_t dims[MAX_RANK], other[MAX_RANK];
+  size_t rank, other_rank;
+  const void *data;
+  qc_job j;
+  memset(&j, 0, sizeof j);
+  j.d = d;
+  int in = 0;
+  CHECK(glue_input(ctx, in++, dims, &rank, &data));
+  if (rank != 4 || dims[1] != d->cin)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: qconv: the input is not N x C x H x W with the C it was built for");
+  j.x = (const uint8_t *)data;
+  j.n = dims[0];
+  j.h = dims[2];
+  j.w = dims[3];
+  CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+  j.za = *(const uint8_t *)data; /* the zero point's byte, as the input's bytes are stored */
+  j.proto.azp = d->act_signed ? (uint8_t)(j.za ^ 0x80u) : j.za;
+  CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+  j.proto.w = (const int8_t *)data;
+  CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+  j.proto.vsum = (const int32_t *)data;
+  if (d->has_asum) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.dvec = (const int32_t *)data;
+  }
+  if (d->has_fix) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.fix_offsets = (const int32_t *)data;
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.fix_entries = (const int32_t *)data;
+    in += 2; /* the fallback's ScatterND tables */
+  }
+  if (d->mode == 1) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.bias = (const int32_t *)data;
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.scale = (const float *)data;
+  }
+  j.oh = (j.h + d->pt + d->pb - (d->dh * (d->kh - 1) + 1)) / d->sh + 1;
+  j.ow = (j.w + d->pl + d->pr - (d->dw * (d->kw - 1) + 1)) / d->sw + 1;
+  if (j.oh < 1 || j.ow < 1) return fail(ORT_INVALID_ARGUMENT, "onnxopt: qconv: the input is smaller than the kernel");
+  j.pixels = j.oh * j.ow;
+  j.out_elems_per_image = d->cout * j.pixels;
+  for (int e = 0; e < d->n_extra; e++) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.extra[e] = (const float *)data;
+    int64_t count = 1;
+    for (size_t i = 0; i < other_rank; i++) count *= other[i];
+    int kind = d->extra_kind[e];
+    int64_t whole = kind == 0 ? j.n * j.out_elems_per_image : j.n * d->cout;
+    if (kind != 3 && (count == 0 || whole % count))
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: qconv: an epilogue input does not broadcast over the output");
+    j.proto.extra_count[e] = count;
+  }
+  int64_t odims[4] = {j.n, d->cout, j.oh, j.ow};
+  for (int o = 0; o < d->sig.n_out; o++) {
+    OrtValue *out;
+    CHECK(API(KernelContext_GetOutput)(ctx, o, odims, 4, &out));
+    CHECK(API(GetTensorMutableData)(out, &j.proto.out[o]));
+  }
+  if (j.n == 0 || d->cout == 0) return NULL;
+  j.cin4 = (d->cin + 3) / 4 * 4;
+  j.ppi = (j.pixels + QC_PANEL - 1) / QC_PANEL;
+  j.panels = j.n * j.ppi;
+  j.proto.k4q = d->k4 / 4;
+  j.proto.ohw = j.pixels;
+  j.packed = (uint8_t *)glue_bytes((size_t)(j.panels * d->k4 * QC_PANEL));
+  j.asum = d->has_asum ? (int32_t *)glue_bytes((size_t)(j.panels * QC_PANEL) * sizeof(int32_t)) : NULL;
+  OrtStatus *st = NULL;
+  if (!j.packed || (d->has_asum && !j.asum)) {
+    st = fail(ORT_FAIL, "onnxopt: qconv: out of memory");
+    goto done;
+  }
+  j.pack_tasks = j.panels < QC_TASKS ? j.panels : QC_TASKS;
+  if (j.pack_tasks > 1)
+    st = API(KernelContext_ParallelFor)(ctx, qc_pack_task, (size_t)j.pack_tasks, 0, &j);
+  else
+    qc_pack_task(&j, 0);
+  if (st) goto done;
+  j.mblocks = (d->cout + d->mr - 1) / d->mr;
+  qc_plan(&j);
+  int64_t tasks = j.ptasks * j.mtasks;
+  if (tasks == 1)
+    qc_gemm_task(&j, 0);
+  else
+    st = API(KernelContext_ParallelFor)(ctx, qc_gemm_task, (size_t)tasks, 0, &j);
+done:
+  glue_release(j.packed);
+  glue_release(j.asum);
+  return st;
+}

@@ -1,0 +1,374 @@
+"""Which int8 convolutions become an int8 conv kernel, and why the others do not.
+
+Two forms, the two onnxruntime's quantizer writes:
+
+    dynamic (quantize_dynamic):  ConvInteger(x u8, W const u8/s8, x_zero u8 scalar, W_zero const)
+                                   -> Cast(to float) -> Mul(scale) -> Add(bias) -> ...  (a float epilogue, FLOAT)
+    static QDQ (quantize_static): DequantizeLinear(x u8) -> Conv(DequantizeLinear(W s8, per channel), bias as
+                                   DequantizeLinear(int32)) -> [Relu | Clip] -> QuantizeLinear(u8 or s8)  (QUANT)
+
+Both are 2-D, group 1, with constant weights, on u8 or s8 activations (s8 ones are packed as u8, + 128, with their
+zero point: the same differences). The weights are laid out [cout][k4] (k = (kh, kw, c), channels padded
+to a multiple of 4), as s8: u8 weights less 128, the 128 coming back as a row term d[r] times the pixel's
+sum of activations (lower.py). Pairs that could saturate AVX2's vpmaddubsw are split (avx2_u8s8.split_pairs) into
+per-channel corrections (k, residual). The function fallback rebuilds the weights (Cast, ScatterND of the residuals,
+Reshape, Slice, Transpose) and runs the original nodes.
+
+A QDQ unit's Relu or Clip folds into the output's clamp, exactly: quantizing is monotone and maps 0 to the zero
+point. Its bias must be the quantizer's int32 one with scale x_scale * w_scale (then S + bias is QLinearConv's sum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnxopt.codegen.instructions.avx2_u8s8 import split_pairs
+from onnxopt.fusion.compute import ComputeRule
+from onnxopt.fusion.elementwise import _attr
+from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
+from onnxopt.graph.quantized import integer_product_units, quantized_nodes, qdq_conv_units
+
+from .params import FLOAT, QUANT, QConvParams
+
+_ONNX = ("", "ai.onnx")
+MAX_EXTRAS = 8  # glue.h QC_MAX_EXTRA
+MAX_OUTPUTS = 4  # glue.h QC_MAX_OUT
+MAX_K = 8192  # the exact reference's bound (measure.exact_integer_reference writes the weights in base 8)
+
+
+def pack(w: np.ndarray, w_zero: np.ndarray) -> dict[str, np.ndarray]:
+    """Weights [cout, cin, kh, kw] (u8 or s8) and their zero point (one value) for the kernel: "packed" [cout][k4]
+    s8 with k = tap * cin4 + channel (channels padded to a multiple of 4, so the 4 k of a group are 4 channels of one
+    tap and share the window's position: exec.c packs the activations in that order), pairs split so none
+    saturates; "vsum" int32 [cout] (sum of w - zw), "dvec" int32 [cout] (what each activation adds besides its
+    weight: 128 - zw for u8 weights, -zw for s8); the corrections ("fix_offsets" int32 [cout + 1], "fix_entries"
+    int32 [count, 2]: k, residual) and the same for the fallback's ScatterND ("fix_index" int64 [count, 2]:
+    channel, k; "fix_update" int32)."""
+    cout, cin, kh, kw = w.shape
+    cin4 = -(-cin // 4) * 4
+    zw = np.broadcast_to(np.asarray(w_zero, np.int32).reshape(-1), (cout,))
+    shift = 128 if w.dtype == np.uint8 else 0
+    by_tap = np.zeros((cout, kh, kw, cin4), np.int32)
+    by_tap[..., :cin] = w.transpose(0, 2, 3, 1).astype(np.int32) - shift
+    safe, where, residual = split_pairs(by_tap.reshape(cout, -1).astype(np.int8))
+    k4 = kh * kw * cin4
+    row, kk = np.divmod(where, k4)
+    order = np.lexsort((kk, row))
+    row, kk, residual = row[order], kk[order], residual[order]
+    flat = w.reshape(cout, -1).astype(np.int32)
+    return {"packed": safe, "vsum": (flat - zw[:, None]).sum(axis=1).astype(np.int32),
+            "dvec": (shift - zw).astype(np.int32),
+            "fix_offsets": np.searchsorted(row, np.arange(cout + 1)).astype(np.int32),
+            "fix_entries": np.stack([kk, residual], axis=1).astype(np.int32).reshape(-1, 2),
+            "fix_index": np.stack([row, kk], axis=1).astype(np.int64).reshape(-1, 2),
+            "fix_update": residual.astype(np.int32)}
+
+
+def _unpack_body(names: dict, w: np.ndarray, out: str, opset: int) -> list[onnx.NodeProto]:
+    """Nodes that rebuild the weights from their packed form and corrections (the function fallback's)."""
+    def const(name, arr, dtype=np.int64):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr, dtype), name))
+
+    body = [helper.make_node("Cast", [names["packed"]], [f"{out}_i"], to=onnx.TensorProto.INT32)]
+    x = f"{out}_i"
+    if "fix_index" in names:
+        body += [helper.make_node("Sub", [x, x], [f"{out}_zeros"]),
+                 helper.make_node("ScatterND", [f"{out}_zeros", names["fix_index"], names["fix_update"]],
+                                  [f"{out}_fix"]),
+                 helper.make_node("Add", [x, f"{out}_fix"], [f"{out}_f"])]
+        x = f"{out}_f"
+    if w.dtype == np.uint8:
+        body += [const(f"{out}_128", 128, np.int32), helper.make_node("Add", [x, f"{out}_128"], [f"{out}_u"])]
+        x = f"{out}_u"
+    cout, cin, kh, kw = w.shape
+    body += [const(f"{out}_taps", [cout, kh, kw, -(-cin // 4) * 4]),
+             helper.make_node("Reshape", [x, f"{out}_taps"], [f"{out}_t"])]
+    if opset >= 10:
+        body += [const(f"{out}_b", [0]), const(f"{out}_e", [cin]), const(f"{out}_a", [3]),
+                 helper.make_node("Slice", [f"{out}_t", f"{out}_b", f"{out}_e", f"{out}_a"], [f"{out}_s"])]
+    else:
+        body.append(helper.make_node("Slice", [f"{out}_t"], [f"{out}_s"], starts=[0], ends=[cin], axes=[3]))
+    body += [helper.make_node("Transpose", [f"{out}_s"], [f"{out}_r"], perm=[0, 3, 1, 2]),
+             helper.make_node("Cast", [f"{out}_r"], [out], to=onnx.helper.np_dtype_to_tensor_dtype(w.dtype))]
+    return body
+
+
+def _geometry(rule, node, w) -> tuple | str:
+    """(kernel, strides, pads, dilations) of a 2-D group-1 convolution, or why not."""
+    if w.ndim != 4:
+        return f"its weights have rank {w.ndim}; the int8 conv kernel is 2-D"
+    if int(_attr(node, "group", 1)) != 1:
+        return "it is grouped or depthwise (the int8 conv kernel takes group 1)"
+    auto = _attr(node, "auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto not in ("NOTSET", "VALID"):
+        return f"auto_pad {auto}"
+    pads = tuple(int(p) for p in _attr(node, "pads", [0, 0, 0, 0])) if auto == "NOTSET" else (0, 0, 0, 0)
+    strides = tuple(int(s) for s in _attr(node, "strides", [1, 1]))
+    dil = tuple(int(d) for d in _attr(node, "dilations", [1, 1]))
+    if w.shape[2] * w.shape[3] * (-(-w.shape[1] // 4) * 4) > MAX_K:
+        return f"its reduction is longer than {MAX_K}"
+    return (int(w.shape[2]), int(w.shape[3])), strides, (pads[0], pads[1], pads[2], pads[3]), dil
+
+
+class _Rule(ComputeRule):
+    def __init__(self, model):
+        super().__init__(model, mi=4)
+        graph = model.graph
+        # As qmatmul's rule: the epilogue leaves alone the nodes of quantized patterns other than an integer
+        # product's rescaling.
+        left = quantized_nodes(graph) - integer_product_units(graph) - qdq_conv_units(graph)
+        self.protected = {k for k, n in enumerate(self.index.nodes) if n.output and n.output[0] in left}
+        # A ConvInteger's epilogue stops at its rescaling (Cast, Mul, Add: the same float ops onnxruntime runs,
+        # so the same bits). onnxruntime fuses nothing around a ConvInteger, so its own result does not move
+        # between its optimization levels, and an activation (SiLU's Sigmoid) one ulp off feeds the next
+        # DynamicQuantizeLinear and moves values across its steps: YOLOv8n's output moved by 1.2% of its scale.
+        rescaling = integer_product_units(graph)
+        self.beyond_rescaling = {k for k, n in enumerate(self.index.nodes) if n.output and n.output[0] not in rescaling}
+
+    def producer(self, name):
+        i = self.index.producer.get(name)
+        return (i, self.index.nodes[i]) if i is not None else (None, None)
+
+    def only_consumer(self, name) -> int | None:
+        cons = self.index.consumers.get(name, [])
+        if len(cons) != 1 or name in self.index.graph_outputs:
+            return None
+        return cons[0]
+
+    def scalar(self, name, dtype=None):
+        v = self._const(name) if name else None
+        if v is None or v.size != 1 or (dtype is not None and v.dtype != dtype):
+            return None
+        return v.reshape(())
+
+
+def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
+    rule = None
+    regions = []
+    for i, node in enumerate(model.graph.node):
+        if node.domain not in _ONNX or i in claimed or node.op_type not in ("ConvInteger", "Conv"):
+            continue
+        rule = rule or _Rule(model)
+        if node.op_type == "Conv":
+            x_i, x_dq = rule.producer(node.input[0])
+            if x_dq is None or x_dq.op_type != "DequantizeLinear":
+                continue  # a float convolution: the compute rule's
+            found = _qdq_region(rule, i, claimed)
+        else:
+            found = _dynamic_region(rule, i, claimed)
+        if isinstance(found, str):
+            if rejected is not None:
+                rejected.append({"nodes": [node.name or node.output[0]], "reason": f"{node.op_type}: {found}"})
+            continue
+        regions.append(found)
+    return regions
+
+
+def _tables(rule, uid: str, w: np.ndarray, w_zero) -> tuple[dict, dict, bool, bool]:
+    tables = pack(w, w_zero)
+    has_fix = len(tables["fix_update"]) > 0
+    has_asum = bool(np.any(tables["dvec"] != 0))
+    keys = ["packed", "vsum"] + (["dvec"] if has_asum else []) + \
+        (["fix_offsets", "fix_entries", "fix_index", "fix_update"] if has_fix else [])
+    names = {key: f"{uid}__qc{key}" for key in keys}
+    return tables, names, has_fix, has_asum
+
+
+def _dynamic_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
+    idx = rule.index
+    node = idx.nodes[i]
+    x = node.input[0]
+    act = rule.ew.dtype_of(x)
+    if act not in ("uint8", "int8"):
+        return f"its input is {act}, not u8 or s8"
+    w = rule._const(node.input[1])
+    if w is None or w.dtype not in (np.uint8, np.int8):
+        return "its weights are not a constant u8 or s8 tensor"
+    geo = _geometry(rule, node, w)
+    if isinstance(geo, str):
+        return geo
+    has_azp = len(node.input) > 2 and bool(node.input[2])
+    if has_azp:
+        shape = rule.ew.shape_of(node.input[2])
+        if rule.ew.dtype_of(node.input[2]) != act or shape is None or int(np.prod(shape or [1])) != 1:
+            return "its input's zero point is not one value of its type"
+    w_zero = np.zeros((), np.int32)
+    if len(node.input) > 3 and node.input[3]:
+        w_zero = rule._const(node.input[3])
+        if w_zero is None or w_zero.size != 1:
+            return ("its weights' zero point is not one constant (onnxruntime's ConvInteger, the fallback, takes "
+                    "no other)")
+        if w.dtype == np.int8 and np.any(w_zero != 0):
+            return "s8 weights with a nonzero zero point"
+    cast_i = rule.only_consumer(node.output[0])
+    if cast_i is None or cast_i in claimed:
+        return "its int32 result is read by more than a Cast to float"
+    cast = idx.nodes[cast_i]
+    if cast.op_type != "Cast" or cast.domain not in _ONNX or rule.ew.dtype_of(cast.output[0]) != "float32":
+        return "its int32 result is not cast to float"
+    out_shape = rule.ew.shape_of(cast.output[0])
+    if out_shape is None or len(out_shape) != 4:
+        return "its output's shape is unknown"
+    members, values, extras, kinds = [i, cast_i], {cast.output[0]}, [], []
+    rule.grow_epilogue(i, claimed | rule.protected | rule.beyond_rescaling, members, values, extras, kinds, out_shape,
+                       "conv", MAX_EXTRAS)
+    group = set(members)
+    outputs = [o for m in sorted(members) if m != i for o in idx.nodes[m].output if idx.is_used_outside(o, group)]
+    if not outputs:
+        return "no output is used"
+    if len(outputs) > MAX_OUTPUTS:
+        return f"more than {MAX_OUTPUTS} outputs"
+    uid = node.output[0]
+    tables, names, has_fix, has_asum = _tables(rule, uid, w, w_zero)
+    consts: dict = {}
+    ops = [rule.ew._to_op(idx.nodes[m], consts) for m in sorted(members) if m != i]
+    program = EwProgram(inputs=[Value(node.output[0], "int32")] + [Value(e, "float32") for e in extras],
+                        consts=consts, ops=ops, outputs=[Value(o, "float32") for o in outputs])
+    inits = []
+    azp = node.input[2] if has_azp else f"{uid}__qczero"
+    if not has_azp:
+        inits.append(numpy_helper.from_array(np.zeros((), np.dtype(act)), azp))
+    unpacked = f"{uid}__unpacked_w"
+    conv = onnx.NodeProto()
+    conv.CopyFrom(node)
+    conv.input[1] = unpacked
+    body = _unpack_body(names, w, unpacked, rule.ew.opset) + [conv]
+    body += [_copy(idx.nodes[m]) for m in sorted(members) if m != i]
+    params = QConvParams(cin=int(w.shape[1]), cout=int(w.shape[0]), kernel=geo[0], strides=geo[1], pads=geo[2],
+                         dilations=geo[3], k4=int(tables["packed"].shape[1]), mode=FLOAT, has_asum=has_asum,
+                         has_fix=has_fix, act_signed=act == "int8", extra_kinds=tuple(kinds), body=tuple(body))
+    inputs = [x, azp] + list(names.values()) + extras
+    region = Region("qconv", [idx.nodes[m] for m in sorted(members)], inputs, outputs, program, list(out_shape),
+                    params=params)
+    region.initializers = inits + [numpy_helper.from_array(tables[key], name) for key, name in names.items()]
+    claimed.update(members)
+    return region
+
+
+def _copy(node):
+    c = onnx.NodeProto()
+    c.CopyFrom(node)
+    return c
+
+
+def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
+    """DequantizeLinear -> Conv -> [Relu | Clip] -> QuantizeLinear, as QUANT."""
+    idx = rule.index
+    node = idx.nodes[i]
+    x_i, x_dq = rule.producer(node.input[0])
+    w_i, w_dq = rule.producer(node.input[1])
+    if w_dq is None or w_dq.op_type != "DequantizeLinear":
+        return "its weights are not a DequantizeLinear of int8"
+    xq = x_dq.input[0]
+    act = rule.ew.dtype_of(xq)
+    if act not in ("uint8", "int8"):
+        return f"its input is {act}, not u8 or s8"
+    sx = rule.scalar(x_dq.input[1], np.float32)
+    zx = rule.scalar(x_dq.input[2], np.dtype(act)) if len(x_dq.input) > 2 and x_dq.input[2] else np.zeros((), act)
+    if sx is None or zx is None:
+        return "its input's scale or zero point is not a constant scalar"
+    w = rule._const(w_dq.input[0])
+    sw = rule._const(w_dq.input[1])
+    zw = rule._const(w_dq.input[2]) if len(w_dq.input) > 2 and w_dq.input[2] else np.zeros((), np.int8)
+    if w is None or w.dtype != np.int8 or sw is None or sw.dtype != np.float32 or zw is None:
+        return "its weights are not constant s8 with constant scales"
+    if np.any(zw != 0):
+        return "its weights' zero point is not 0"
+    cout = w.shape[0] if w.ndim == 4 else 0
+    if sw.size not in (1, cout) or (sw.size > 1 and int(_attr(w_dq, "axis", 1)) != 0):
+        return "its weights' scale is not per tensor or per output channel"
+    geo = _geometry(rule, node, w)
+    if isinstance(geo, str):
+        return geo
+    sw = np.broadcast_to(sw.reshape(-1), (cout,)).astype(np.float32)
+    members = [i, w_i]
+    bias = np.zeros(cout, np.int32)
+    if len(node.input) > 2 and node.input[2]:
+        b_i, b_dq = rule.producer(node.input[2])
+        b = rule._const(b_dq.input[0]) if b_dq is not None and b_dq.op_type == "DequantizeLinear" else None
+        if b is None or b.dtype != np.int32 or b.size != cout:
+            return "its bias is not the quantizer's int32 DequantizeLinear"
+        sb = rule._const(b_dq.input[1])
+        zb = rule._const(b_dq.input[2]) if len(b_dq.input) > 2 and b_dq.input[2] else np.zeros((), np.int32)
+        want = (np.float32(sx) * sw).astype(np.float32)
+        if sb is None or zb is None or np.any(zb != 0) or (np.any(b != 0) and  # a zero bias: any scale
+                                                           not np.allclose(np.broadcast_to(sb.reshape(-1), (cout,)),
+                                                                           want, rtol=1e-6, atol=0)):
+            return "its bias's scale is not x_scale * w_scale"
+        bias = b.reshape(-1).astype(np.int32)
+        if rule.only_consumer(b_dq.output[0]) == i:
+            members.append(b_i)
+    if rule.only_consumer(w_dq.output[0]) != i:
+        return "its weights' DequantizeLinear feeds another node too"
+    # The output: Conv [-> Relu | Clip] -> QuantizeLinear, each read by the next alone.
+    lo_f, hi_f = -np.inf, np.inf
+    cur = node
+    nxt = rule.only_consumer(cur.output[0])
+    if nxt is not None and idx.nodes[nxt].op_type in ("Relu", "Clip"):
+        clip = idx.nodes[nxt]
+        if clip.op_type == "Relu":
+            lo_f = 0.0
+        else:
+            lo = rule.scalar(clip.input[1]) if len(clip.input) > 1 and clip.input[1] else _attr(clip, "min", None)
+            hi = rule.scalar(clip.input[2]) if len(clip.input) > 2 and clip.input[2] else _attr(clip, "max", None)
+            if (len(clip.input) > 1 and clip.input[1] and lo is None) or (len(clip.input) > 2 and clip.input[2]
+                                                                        and hi is None):
+                return "its Clip's bounds are not constant"
+            lo_f = float(lo) if lo is not None else -np.inf
+            hi_f = float(hi) if hi is not None else np.inf
+        members.append(nxt)
+        cur = clip
+        nxt = rule.only_consumer(cur.output[0])
+    if nxt is None or idx.nodes[nxt].op_type != "QuantizeLinear" or nxt in claimed:
+        return "its result does not go to one QuantizeLinear alone"
+    q = idx.nodes[nxt]
+    sy = rule.scalar(q.input[1], np.float32)
+    zy = rule.scalar(q.input[2]) if len(q.input) > 2 and q.input[2] else np.uint8(0)
+    if sy is None or zy is None or zy.dtype not in (np.uint8, np.int8):
+        return "its output's scale or zero point is not a constant u8 or s8 scalar"
+    if any(a.name in ("saturate", "block_size", "output_dtype") for a in q.attribute):
+        return "its QuantizeLinear has attributes of opset 19 and later"
+    members.append(nxt)
+    qmin, qmax = (0, 255) if zy.dtype == np.uint8 else (-128, 127)
+    # Relu / Clip: clamp(q(y), q(lo), q(hi)), exact because quantizing is monotone.
+    lo_q = qmin if lo_f == -np.inf else int(np.clip(np.round(np.float32(lo_f) / sy) + int(zy), qmin, qmax))
+    hi_q = qmax if hi_f == np.inf else int(np.clip(np.round(np.float32(hi_f) / sy) + int(zy), qmin, qmax))
+    if rule.only_consumer(x_dq.output[0]) == i:
+        members.append(x_i)
+    if any(m in claimed for m in members):
+        return "part of it is fused elsewhere"
+    uid = node.output[0]
+    tables, names, has_fix, has_asum = _tables(rule, uid, w, 0)
+    scale = (np.float32(sx) * sw / np.float32(sy)).astype(np.float32)  # as onnxruntime's QLinearConv computes it
+    extra = {"bias": bias, "scale": scale}
+    enames = {key: f"{uid}__qc{key}" for key in extra}
+    out = q.output[0]
+    out_dtype = "int8" if zy.dtype == np.int8 else "uint8"
+    # Not lowered (QUANT's epilogue is lower.py's requantization); it names the output in the op type's signature.
+    program = EwProgram(inputs=[Value(uid, "int32")], consts={}, ops=[EwOp("Cast", (uid,), out, out_dtype)],
+                        outputs=[Value(out, out_dtype)])
+    zx_name = x_dq.input[2] if len(x_dq.input) > 2 and x_dq.input[2] else f"{uid}__qczero"
+    inits = [] if len(x_dq.input) > 2 and zx_name == x_dq.input[2] else \
+        [numpy_helper.from_array(np.zeros((), np.dtype(act)), zx_name)]
+    # The fallback: the same DequantizeLinear of the rebuilt weights, then the unit's own nodes.
+    unpacked = f"{uid}__unpacked_w"
+    wdq = _copy(w_dq)
+    wdq.input[0] = unpacked
+    body = _unpack_body(names, w, unpacked, rule.ew.opset) + [wdq]
+    body += [_copy(idx.nodes[m]) for m in sorted(members) if m != w_i]
+    params = QConvParams(cin=int(w.shape[1]), cout=cout, kernel=geo[0], strides=geo[1], pads=geo[2],
+                         dilations=geo[3], k4=int(tables["packed"].shape[1]), mode=QUANT, has_asum=has_asum,
+                         has_fix=has_fix, act_signed=act == "int8", out_signed=zy.dtype == np.int8,
+                         clamp=(lo_q, hi_q), out_zero=int(zy),
+                         body=tuple(body))
+    inputs = [xq, zx_name] + list(names.values()) + list(enames.values())
+    shape = rule.ew.shape_of(out)
+    region = Region("qconv", [idx.nodes[m] for m in sorted(members)], inputs, [out], program,
+                    list(shape) if shape is not None else None, params=params)
+    region.initializers = inits + [numpy_helper.from_array(tables[key], name) for key, name in names.items()] + \
+        [numpy_helper.from_array(extra[key], name) for key, name in enames.items()]
+    claimed.update(members)
+    return region

@@ -1,0 +1,43 @@
+/* An int8 convolution with its epilogue (onnxopt/kinds/qconv): ConvInteger -> Cast -> float ops, or a QDQ unit
+   DequantizeLinear -> Conv -> QuantizeLinear with its requantization. */
+#ifndef ONNXOPT_QCONV_H
+#define ONNXOPT_QCONV_H
+/* Included after glue.h (codegen/glue/kinds.py). */
+
+#define QC_MAX_OUT 4
+#define QC_MAX_EXTRA 8
+#define QC_MAX_MR 8
+
+typedef struct { /* mirrors the slots of lower.py */
+  const int8_t *w;       /* the packed weights: [cout][k4] */
+  const uint8_t *panel;  /* the packed activations of 16 output pixels: [k4 / 4][16][4] */
+  int64_t k4q, azp, m0;  /* k4 / 4, the activations' zero point, the first output channel */
+  const int32_t *vsum;   /* per channel: the sum of its weights less their zero point */
+  const int32_t *dvec;   /* per channel: what each activation adds besides its weight (has_asum), or NULL */
+  const int32_t *asum;   /* the panel's per-pixel sums of activations, or NULL */
+  int64_t ncols;         /* valid pixels in the panel */
+  int64_t out_off;       /* the element of (image, channel 0, the panel's first pixel) in the output */
+  int64_t ohw;           /* elements between channels of the output */
+  const int32_t *fix_offsets, *fix_entries; /* per channel [cout + 1]; (k, residual) pairs */
+  int64_t chan_base;     /* image * cout: a CHANNEL input's index is (chan_base + channel) % its count */
+  const int32_t *bias;   /* QUANT: the int32 bias per channel */
+  const float *scale;    /* QUANT: x_scale * w_scale / y_scale per channel */
+  void *out[QC_MAX_OUT];
+  const float *extra[QC_MAX_EXTRA];
+  int64_t extra_count[QC_MAX_EXTRA];
+} qc_tile;
+
+typedef void (*qconv_tile_fn)(const int64_t *tile);
+typedef struct {
+  onnxopt_sig sig;
+  int64_t cin, cout, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, k4;
+  int mode; /* 0 FLOAT, 1 QUANT */
+  int has_asum, has_fix;
+  int act_signed; /* s8 activations, packed as u8 by flipping their sign bit (their zero point too) */
+  int n_extra;
+  int extra_kind[QC_MAX_EXTRA]; /* 0 POSITION, 1 CHANNEL, 3 SCALAR */
+  int mr;
+  qconv_tile_fn tiles[QC_MAX_MR]; /* tiles[mi - 1]: mi output channels */
+} onnxopt_qconv_desc;
+
+#endif

@@ -1,0 +1,41 @@
+"""The qconv kind's parameters: the int8 convolution's geometry, its zero-point terms and its epilogue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from onnxopt.fusion.params import KindParams
+
+PANEL = 16  # output pixels per packed panel of activations: two AVX2 vectors of 8 s32 lanes, one AVX-512 vector
+POSITION, CHANNEL, SCALAR = 0, 1, 3  # how a float epilogue input broadcasts (fusion/compute.py's kinds)
+FLOAT, QUANT = 0, 1  # the epilogue: a float program (ConvInteger -> Cast -> ...) or a requantization (QDQ unit)
+
+
+@dataclass(frozen=True)
+class QConvParams(KindParams):
+    family: ClassVar[str] = "qconv"
+    cin: int
+    cout: int
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]  # top, left, bottom, right
+    dilations: tuple[int, int]
+    k4: int  # the reduction (cin * kh * kw) rounded up to a multiple of 4
+    mode: int  # FLOAT or QUANT
+    has_asum: bool  # a row term d[r] * (the pixel's sum of activations): weights with a zero point, or u8 weights
+    has_fix: bool  # weights split so that no pair saturates (avx2_u8s8.split_pairs): their corrections are inputs
+    act_signed: bool = False  # s8 activations: packed as u8 (+128, a flip of the sign bit) with their zero point
+    extra_kinds: tuple[int, ...] = ()  # FLOAT: per epilogue input, POSITION / CHANNEL / SCALAR
+    out_signed: bool = False  # QUANT: an s8 output (else u8)
+    clamp: tuple[int, int] = (0, 255)  # QUANT: the output's range after the Relu or Clip folded into it
+    out_zero: int = 0  # QUANT: the output's zero point
+    body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
+
+    def key(self) -> list:
+        return [self.cin, self.cout, list(self.kernel), list(self.strides), list(self.pads), list(self.dilations),
+                self.k4, self.mode, self.has_asum, self.has_fix, self.act_signed, list(self.extra_kinds),
+                self.out_signed, list(self.clamp), self.out_zero]
+
+    def fallback_body(self) -> list:
+        return list(self.body)

@@ -1,0 +1,281 @@
+"""The qconv kind: int8 convolutions, onnxruntime's dynamically quantized ConvInteger -> Cast -> scale -> bias and
+static QDQ units DequantizeLinear -> Conv -> [Relu] -> QuantizeLinear, on the target's dot-product instruction, exact
+in int32 and checked against exact integer arithmetic (numpy) and onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kind_harness import fuse_kind
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxopt.codegen.instructions import available
+from onnxopt.codegen.instructions.avx2_u8s8 import pairs_cannot_saturate
+from onnxopt.codegen.target import host_target
+from onnxopt.kinds import KINDS
+from onnxopt.kinds.qconv import KIND
+from onnxopt.kinds.qconv.find import find_regions, pack
+from onnxopt.measure import exact_integer_reference
+from onnxopt.timing import make_session
+from onnxopt.verify import STEP_BAND
+
+pytestmark = pytest.mark.skipif(not available(host_target(), ("u8", "s8")),
+                                reason="this CPU has no u8 x s8 dot-product instruction (AVX2 or VNNI)")
+
+
+def _conv_int(x, w, zx, zw, strides, pads, dil) -> np.ndarray:
+    """sum (x - zx)(w - zw) over each window, exact (int64); x [N, C, H, W], w [K, C, R, S], pads (t, l, b, r)."""
+    n, c, h, wd = x.shape
+    k, _, r, s = w.shape
+    xs = np.pad(x.astype(np.int64) - int(zx), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    ws = w.astype(np.int64) - np.broadcast_to(np.asarray(zw, np.int64).reshape(-1), (k,)).reshape(-1, 1, 1, 1)
+    oh = (h + pads[0] + pads[2] - dil[0] * (r - 1) - 1) // strides[0] + 1
+    ow = (wd + pads[1] + pads[3] - dil[1] * (s - 1) - 1) // strides[1] + 1
+    out = np.zeros((n, k, oh, ow), np.int64)
+    for i in range(r):
+        for j in range(s):
+            win = xs[:, :, i * dil[0]:i * dil[0] + strides[0] * (oh - 1) + 1:strides[0],
+                     j * dil[1]:j * dil[1] + strides[1] * (ow - 1) + 1:strides[1]]
+            out += np.einsum("nchw,kc->nkhw", win, ws[:, :, i, j])
+    return out
+
+
+def _model(nodes, ins, out_type, inits):
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", out_type, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def _conv_integer_model(w, wz, conv_attrs, xshape, x_type=TensorProto.UINT8):
+    """x u8 [N, C, H, W] -> ConvInteger(W, x's zero point an input, W's zero point) -> Cast -> Mul(scale) ->
+    Add(bias per channel): the dynamic form, with x given directly so that tests choose its values."""
+    k = w.shape[0]
+    ins = [helper.make_tensor_value_info("x", x_type, list(xshape)),
+           helper.make_tensor_value_info("zx", x_type, []),
+           helper.make_tensor_value_info("scale", TensorProto.FLOAT, [])]
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(wz, "wz"),
+             numpy_helper.from_array(np.linspace(-1, 1, k).astype(np.float32).reshape(k, 1, 1), "bias")]
+    nodes = [helper.make_node("ConvInteger", ["x", "W", "zx", "wz"], ["acc"], **conv_attrs),
+             helper.make_node("Cast", ["acc"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["f", "scale"], ["s"]), helper.make_node("Add", ["s", "bias"], ["y"])]
+    return _model(nodes, ins, TensorProto.FLOAT, inits)
+
+
+def _qdq_model(w, sw, bias, sx, zx, sy, zy, conv_attrs, xshape, relu):
+    """DequantizeLinear(x u8) -> Conv(DequantizeLinear(W s8, per channel), DequantizeLinear(bias int32)) -> [Relu]
+    -> QuantizeLinear(u8 or s8): the QDQ form onnxruntime's quantize_static writes, x given as u8."""
+    k = w.shape[0]
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(sw, "sw"),
+             numpy_helper.from_array(np.zeros(k, np.int8), "wz"), numpy_helper.from_array(bias, "B"),
+             numpy_helper.from_array((np.float32(sx) * sw).astype(np.float32), "sb"),
+             numpy_helper.from_array(np.zeros(k, np.int32), "bz"),
+             numpy_helper.from_array(np.float32(sx), "sx"), numpy_helper.from_array(zx, "zx"),
+             numpy_helper.from_array(np.float32(sy), "sy"), numpy_helper.from_array(zy, "zy")]
+    nodes = [helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
+             helper.make_node("DequantizeLinear", ["W", "sw", "wz"], ["wf"], axis=0),
+             helper.make_node("DequantizeLinear", ["B", "sb", "bz"], ["bf"], axis=0),
+             helper.make_node("Conv", ["x", "wf", "bf"], ["c"], **conv_attrs)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
+    nodes.append(helper.make_node("QuantizeLinear", ["r" if relu else "c", "sy", "zy"], ["y"]))
+    ins = [helper.make_tensor_value_info("xq", helper.np_dtype_to_tensor_dtype(zx.dtype), list(xshape))]
+    return _model(nodes, ins, TensorProto.INT8 if zy.dtype == np.int8 else TensorProto.UINT8, inits)
+
+
+_GEOMETRY = dict(cin=st.integers(1, 24), cout=st.integers(1, 21), r=st.integers(1, 3), s=st.integers(1, 3),
+                 stride=st.integers(1, 2), pad=st.integers(0, 2), dil=st.integers(1, 2), n=st.integers(1, 3),
+                 h=st.integers(1, 11), w=st.integers(1, 20), seed=st.integers(0, 2**16))
+
+
+def _attrs(r, s, stride, pad, dil, h, w):
+    """Conv attributes, or None where the window does not fit the padded input."""
+    if h + 2 * pad < dil * (r - 1) + 1 or w + 2 * pad < dil * (s - 1) + 1:
+        return None
+    return dict(kernel_shape=[r, s], strides=[stride, stride], pads=[pad, pad, pad, pad], dilations=[dil, dil])
+
+
+def test_the_kind_is_registered_first():
+    assert KIND in KINDS and KIND.first
+
+
+@settings(max_examples=12, deadline=None)
+@given(**_GEOMETRY, unsigned=st.booleans(), extreme=st.booleans(), zx=st.integers(0, 255), signed_in=st.booleans())
+def test_conv_integer_is_exact_on_drawn_shapes(tmp_path_factory, cin, cout, r, s, stride, pad, dil, n, h, w, seed,
+                                               unsigned, extreme, zx, signed_in):
+    """ConvInteger with u8 weights (and their zero point) or s8 ones, u8 or s8 activations, odd channels, padding,
+    strides, dilations and batches against exact integer arithmetic, then the same float rescaling."""
+    attrs = _attrs(r, s, stride, pad, dil, h, w)
+    if attrs is None:
+        return
+    rng = np.random.default_rng(seed)
+    if unsigned:
+        wt = rng.choice(np.array([0, 1, 255, 254], np.uint8), (cout, cin, r, s)) if extreme else \
+            rng.integers(0, 256, (cout, cin, r, s)).astype(np.uint8)
+        wz = np.array(rng.integers(0, 256), np.uint8)
+    else:
+        wt = rng.choice(np.array([-128, -127, 127, 100], np.int8), (cout, cin, r, s)) if extreme else \
+            rng.integers(-128, 128, (cout, cin, r, s)).astype(np.int8)
+        wz = np.zeros((), np.int8)
+    x = rng.choice(np.array([0, 255, 254], np.uint8), (n, cin, h, w)) if extreme else \
+        rng.integers(0, 256, (n, cin, h, w)).astype(np.uint8)
+    xt = np.int8 if signed_in else np.uint8
+    x, zx = (x.astype(np.int16) - 128).astype(np.int8) if signed_in else x, np.array(zx - 128 * signed_in, xt)
+    model = _conv_integer_model(wt, wz, attrs, (n, cin, h, w), helper.np_dtype_to_tensor_dtype(np.dtype(xt)))
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path_factory.mktemp("qc"))
+    assert [nd.op_type[:6] for nd in fused.graph.node] == ["qconv_"]
+    feeds = {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)}
+    exact = _conv_int(x, wt, zx, wz, attrs["strides"], attrs["pads"], attrs["dilations"])
+    want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
+        np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
+    got = make_session(fused, 2, library=lib).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, want)
+    reference = make_session(exact_integer_reference(model), 1, optimization="none").run(None, feeds)[0]
+    np.testing.assert_array_equal(reference, want)  # the driver's kernel check sums exactly too
+    alone = make_session(fused, 1).run(None, feeds)[0]  # the fallback: onnxruntime's ConvInteger, rebuilt weights
+    np.testing.assert_allclose(alone, make_session(model, 1, optimization="none").run(None, feeds)[0], rtol=1e-6)
+
+
+@settings(max_examples=12, deadline=None)
+@given(**_GEOMETRY, signed_out=st.booleans(), relu=st.booleans(), per_channel=st.booleans(), zx=st.integers(0, 255),
+       signed_in=st.booleans())
+def test_qdq_unit_requantizes_as_qlinearconv_on_drawn_shapes(tmp_path_factory, cin, cout, r, s, stride, pad, dil, n,
+                                                             h, w, seed, signed_out, relu, per_channel, zx, signed_in):
+    """A QDQ unit against the spec's exact sum requantized as onnxruntime's QLinearConv does (float(S + bias) *
+    (x_scale * w_scale / y_scale), rounded half to even, plus the zero point, saturated), bit for bit; and against
+    the float reference in quantization steps, as the driver checks it."""
+    attrs = _attrs(r, s, stride, pad, dil, h, w)
+    if attrs is None:
+        return
+    rng = np.random.default_rng(seed)
+    wt = rng.integers(-127, 128, (cout, cin, r, s)).astype(np.int8)
+    sw = (rng.uniform(0.5, 2.0, cout if per_channel else 1) * 0.01).astype(np.float32)
+    sw = np.broadcast_to(sw, (cout,)).astype(np.float32)
+    bias = rng.integers(-5000, 5000, cout).astype(np.int32)
+    sx, sy = np.float32(0.02), np.float32(0.05 * np.sqrt(cin * r * s))
+    zy = np.int8(rng.integers(-20, 20)) if signed_out else np.uint8(rng.integers(0, 256))
+    xt = np.int8 if signed_in else np.uint8
+    zx = np.array(zx - 128 * signed_in, xt)
+    model = _qdq_model(wt, sw, bias, sx, zx, sy, zy, attrs, (n, cin, h, w), relu)
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path_factory.mktemp("qd"))
+    assert [nd.op_type[:6] for nd in fused.graph.node] == ["qconv_"]
+    x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)
+    feeds = {"xq": x}
+    exact = _conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
+    scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
+    lo, hi = (-128, 127) if signed_out else (0, 255)
+    q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale).astype(np.int64)
+    q = q + int(zy)
+    if relu:
+        q = np.maximum(q, int(zy))
+    want = np.clip(q, lo, hi)
+    got = make_session(fused, 2, library=lib).run(None, feeds)[0]
+    assert got.dtype == (np.int8 if signed_out else np.uint8)
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+    steps = make_session(exact_integer_reference(model), 1, optimization="none").run(None, feeds)[0]
+    assert steps.dtype == np.float32 and np.all(np.abs(got - steps.astype(np.float64)) <= 0.5 + STEP_BAND)
+    alone = make_session(fused, 1, optimization="none").run(None, feeds)[0]  # the fallback's DQ -> Conv -> Q
+    plain = make_session(model, 1, optimization="none").run(None, feeds)[0]
+    np.testing.assert_array_equal(alone, plain)
+
+
+def test_quantize_static_model_is_fused_and_close_to_onnxruntime(tmp_path):
+    """onnxruntime's own quantizer's QDQ model (per-channel s8 weights, u8 activations): one qconv kernel for the
+    unit, within one step of the float reference everywhere, and of onnxruntime's QLinearConv but where that
+    saturates its 16-bit pair sums."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
+
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((24, 16, 3, 3)) * 0.1).astype(np.float32)
+    b = (rng.standard_normal(24) * 0.1).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
+    g = helper.make_graph([node, helper.make_node("Relu", ["c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "f.onnx")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.left = 3
+
+        def get_next(self):
+            self.left -= 1
+            return {"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)} if self.left >= 0 else None
+
+    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, per_channel=True)
+    q = onnx.shape_inference.infer_shapes(onnx.load(tmp_path / "q.onnx"))
+    fused, lib, region, _ = fuse_kind(KIND, q, tmp_path)
+    assert sum(nd.op_type.startswith("qconv_") for nd in fused.graph.node) == 1
+    feeds = {"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)}
+    got = make_session(fused, 2, library=lib).run(None, feeds)[0]
+    float_path = make_session(q, 1, optimization="none").run(None, feeds)[0]
+    step = float(numpy_helper.to_array([t for t in q.graph.initializer if t.name.endswith("y_scale")][0])) \
+        if any(t.name.endswith("y_scale") for t in q.graph.initializer) else float(np.abs(got - float_path).max())
+    assert np.abs(got - float_path).max() <= step * 1.001
+
+
+def test_packing_round_trips_and_no_pair_can_saturate():
+    rng = np.random.default_rng(3)
+    for w, zw in ((rng.integers(-128, 128, (9, 5, 3, 3)).astype(np.int8), np.zeros((), np.int8)),
+                  (rng.integers(0, 256, (9, 5, 3, 3)).astype(np.uint8), rng.integers(0, 256, 9).astype(np.uint8))):
+        t = pack(w, zw)
+        assert t["packed"].shape == (9, 72) and pairs_cannot_saturate(t["packed"])  # 9 taps x 8 channels
+        back = t["packed"].astype(np.int32)
+        back[t["fix_index"][:, 0], t["fix_index"][:, 1]] += t["fix_update"]
+        shift = 128 if w.dtype == np.uint8 else 0
+        by_tap = back.reshape(9, 3, 3, 8)
+        np.testing.assert_array_equal(by_tap[..., :5].transpose(0, 3, 1, 2) + shift, w)
+        assert np.all(by_tap[..., 5:] == 0)
+        v = w.reshape(9, -1).astype(np.int32) - np.broadcast_to(zw.astype(np.int32).reshape(-1), (9,))[:, None]
+        np.testing.assert_array_equal(t["vsum"], v.sum(axis=1))
+        np.testing.assert_array_equal(t["dvec"], shift - np.broadcast_to(zw.astype(np.int32), (9,)))
+        assert t["fix_offsets"][0] == 0 and t["fix_offsets"][-1] == len(t["fix_entries"])
+        for r in range(9):  # each channel's (k, residual) pairs, in order of k
+            e = t["fix_entries"][t["fix_offsets"][r]:t["fix_offsets"][r + 1]]
+            assert np.all(np.diff(e[:, 0]) > 0) and np.all(t["fix_index"][t["fix_offsets"][r]:t["fix_offsets"][r + 1], 0] == r)
+
+
+def test_refusals_say_why():
+    w = np.ones((4, 6, 3, 3), np.int8)
+    attrs = dict(kernel_shape=[3, 3], group=2)
+    rejected = []
+    assert find_regions(_conv_integer_model(np.ones((4, 3, 3, 3), np.int8), np.zeros((), np.int8), attrs,
+                                            (1, 6, 5, 5)),
+                        set(), rejected) == []
+    assert "group" in rejected[0]["reason"]
+    m = _conv_integer_model(w, np.zeros((), np.int8), dict(kernel_shape=[3, 3]), (1, 6, 5, 5))
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT16
+    rejected = []
+    assert find_regions(m, set(), rejected) == [] and "not u8 or s8" in rejected[0]["reason"]
+    m = _conv_integer_model(w, np.array(3, np.int8), dict(kernel_shape=[3, 3]), (1, 6, 5, 5))
+    rejected = []
+    assert find_regions(m, set(), rejected) == [] and "zero point" in rejected[0]["reason"]
+
+
+@pytest.mark.parametrize("spec,mnemonic,reg", [("cpu=x86-64-v4,+avx512vnni", "vpdpbusd", "zmm"),
+                                               ("cpu=x86-64-v3,+avxvnni", "{vex}\tvpdpbusd", "ymm"),
+                                               ("x86-64-v3", "vpmaddubsw", "ymm")])
+def test_the_tile_compiles_to_each_targets_instruction(spec, mnemonic, reg):
+    """The tiles of every x86 target, whether or not this CPU can run them: the target's best u8 x s8 instruction,
+    one per accumulator and K group, the weights' 4 bytes broadcast."""
+    from onnxopt.codegen.compile import compile_assembly, new_module
+    from onnxopt.codegen.target import parse_target
+    from onnxopt.kinds.qconv.lower import MR, define_tile
+    from onnxopt.kinds.qmatmul.lower import instruction_for
+
+    target = parse_target(spec)
+    model = _conv_integer_model(np.ones((8, 4, 3, 3), np.int8), np.zeros((), np.int8), dict(kernel_shape=[3, 3]),
+                                (1, 4, 6, 6))
+    (region,) = find_regions(model, set(), [])
+    ins = instruction_for(target)
+    module = new_module(target, "q")
+    define_tile(module, "tile", region.params, region.program, ins.emit, ins.lanes, MR)
+    asm = compile_assembly(str(module), target)
+    assert asm.count(mnemonic) >= MR * (16 // ins.lanes) and f"%{reg}" in asm and "vpbroadcastd" in asm
