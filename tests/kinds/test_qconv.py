@@ -17,7 +17,7 @@ from onnxopt.codegen.instructions.avx2_u8s8 import pairs_cannot_saturate
 from onnxopt.codegen.target import host_target
 from onnxopt.kinds import KINDS
 from onnxopt.kinds.qconv import KIND
-from onnxopt.kinds.qconv.find import find_regions, pack
+from onnxopt.kinds.qconv.find import TAP_SHIFT, find_regions, pack
 from onnxopt.measure import exact_integer_reference
 from onnxopt.timing import make_session
 from onnxopt.verify import STEP_BAND
@@ -223,23 +223,30 @@ def test_quantize_static_model_is_fused_and_close_to_onnxruntime(tmp_path):
 
 def test_packing_round_trips_and_no_pair_can_saturate():
     rng = np.random.default_rng(3)
-    for w, zw in ((rng.integers(-128, 128, (9, 5, 3, 3)).astype(np.int8), np.zeros((), np.int8)),
-                  (rng.integers(0, 256, (9, 5, 3, 3)).astype(np.uint8), rng.integers(0, 256, 9).astype(np.uint8))):
-        t = pack(w, zw)
+    cases = [(rng.integers(-128, 128, (9, 5, 3, 3)).astype(np.int8), np.zeros((), np.int8)),
+             (rng.integers(0, 256, (9, 5, 3, 3)).astype(np.uint8), np.array(77, np.uint8))]
+    for (w, zw), group_major in [(c, g) for c in cases for g in (False, True)]:
+        t = pack(w, zw, group_major)
         assert t["packed"].shape == (9, 72) and pairs_cannot_saturate(t["packed"])  # 9 taps x 8 channels
         back = t["packed"].astype(np.int32)
         back[t["fix_index"][:, 0], t["fix_index"][:, 1]] += t["fix_update"]
         shift = 128 if w.dtype == np.uint8 else 0
-        by_tap = back.reshape(9, 3, 3, 8)
+        # k = tap * 8 + channel, or (channel group * 9 + tap) * 4 + channel % 4
+        by_tap = back.reshape(9, 2, 3, 3, 4).transpose(0, 2, 3, 1, 4) if group_major else back
+        by_tap = by_tap.reshape(9, 3, 3, 8)
         np.testing.assert_array_equal(by_tap[..., :5].transpose(0, 3, 1, 2) + shift, w)
         assert np.all(by_tap[..., 5:] == 0)
-        v = w.reshape(9, -1).astype(np.int32) - np.broadcast_to(zw.astype(np.int32).reshape(-1), (9,))[:, None]
+        v = w.reshape(9, -1).astype(np.int32) - int(zw)
         np.testing.assert_array_equal(t["vsum"], v.sum(axis=1))
-        np.testing.assert_array_equal(t["dvec"], shift - np.broadcast_to(zw.astype(np.int32), (9,)))
+        np.testing.assert_array_equal(t["dvec"], np.full(9, shift - int(zw)))
         assert t["fix_offsets"][0] == 0 and t["fix_offsets"][-1] == len(t["fix_entries"])
         for r in range(9):  # each channel's (k, residual) pairs, in order of k
-            e = t["fix_entries"][t["fix_offsets"][r]:t["fix_offsets"][r + 1]]
-            assert np.all(np.diff(e[:, 0]) > 0) and np.all(t["fix_index"][t["fix_offsets"][r]:t["fix_offsets"][r + 1], 0] == r)
+            lo, hi = t["fix_offsets"][r], t["fix_offsets"][r + 1]
+            assert np.all(np.diff(t["fix_index"][lo:hi, 1]) > 0) and np.all(t["fix_index"][lo:hi, 0] == r)
+            np.testing.assert_array_equal(t["fix_entries"][lo:hi, 1], t["fix_update"][lo:hi])
+            k = t["fix_index"][lo:hi, 1]  # the kernel's k: group-major ones name the tap apart
+            want = (k // 4 % 9) << TAP_SHIFT | (k // 4 // 9) * 4 + k % 4 if group_major else k
+            np.testing.assert_array_equal(t["fix_entries"][lo:hi, 0], want)
 
 
 def test_refusals_say_why():
@@ -279,3 +286,52 @@ def test_the_tile_compiles_to_each_targets_instruction(spec, mnemonic, reg):
     define_tile(module, "tile", region.params, region.program, ins.emit, ins.lanes, MR)
     asm = compile_assembly(str(module), target)
     assert asm.count(mnemonic) >= MR * (16 // ins.lanes) and f"%{reg}" in asm and "vpbroadcastd" in asm
+
+
+@pytest.mark.parametrize("cin,cout,k,pad,dil,n,h,w,signed_in", [(5, 7, 3, 1, 1, 2, 5, 16, False),
+                                                                 (8, 9, 1, 0, 1, 1, 3, 30, True),
+                                                                 (3, 16, 3, 2, 2, 1, 9, 14, False),
+                                                                 (13, 4, 5, 2, 1, 3, 6, 45, True)])
+def test_implicit_form_reads_the_grouped_input_exactly(tmp_path, cin, cout, k, pad, dil, n, h, w, signed_in):
+    """Stride 1 with output rows that fill panels of 16 pixels: the tile reads the channel-grouped input per tap
+    (no im2col), the last panel of each row partial, with saturating pairs corrected and s8 activations."""
+    rng = np.random.default_rng(cin * w)
+    wt = rng.choice(np.array([-128, 127, 90, -3], np.int8), (cout, cin, k, k))
+    attrs = dict(kernel_shape=[k, k], pads=[pad] * 4, dilations=[dil, dil])
+    xt = np.int8 if signed_in else np.uint8
+    model = _conv_integer_model(wt, np.zeros((), np.int8), attrs, (n, cin, h, w),
+                                helper.np_dtype_to_tensor_dtype(np.dtype(xt)))
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
+    assert region.params.implicit and region.params.has_fix
+    x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)
+    zx = np.array(7 - 128 * signed_in, xt)
+    exact = _conv_int(x, wt, int(zx), 0, [1, 1], [pad] * 4, [dil, dil])
+    want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
+        np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
+    got = make_session(fused, 2, library=lib).run(None, {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)})[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_an_int32_bias_before_the_cast_is_added_to_the_sums(tmp_path):
+    """ConvInteger -> Add(int32 bias per channel) -> Cast -> Mul: quantize_dynamic's form with a bias (ddddocr's,
+    where the bias is computed per call from the input's scale), added exactly in int32 before the rescaling."""
+    rng = np.random.default_rng(11)
+    wt = rng.integers(-128, 128, (6, 5, 3, 3)).astype(np.int8)
+    model = _conv_integer_model(wt, np.zeros((), np.int8), dict(kernel_shape=[3, 3], pads=[1] * 4), (2, 5, 7, 9))
+    bias = rng.integers(-30000, 30000, (6, 1, 1)).astype(np.int32)
+    g = model.graph
+    g.initializer.append(numpy_helper.from_array(bias, "ibias"))
+    conv = g.node[0]
+    conv.output[0] = "acc0"
+    g.node.insert(1, helper.make_node("Add", ["acc0", "ibias"], ["acc"]))
+    del g.value_info[:]
+    model = onnx.shape_inference.infer_shapes(model)
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
+    assert region.params.int_bias and [n.op_type for n in region.nodes][:3] == ["ConvInteger", "Add", "Cast"]
+    x = rng.integers(0, 256, (2, 5, 7, 9)).astype(np.uint8)
+    feeds = {"x": x, "zx": np.array(131, np.uint8), "scale": np.array(0.01, np.float32)}
+    exact = _conv_int(x, wt, 131, 0, [1, 1], [1] * 4, [1, 1]) + bias.reshape(1, 6, 1, 1)
+    want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
+        np.linspace(-1, 1, 6).astype(np.float32).reshape(6, 1, 1)
+    np.testing.assert_array_equal(make_session(fused, 2, library=lib).run(None, feeds)[0], want)
+    np.testing.assert_array_equal(make_session(fused, 1).run(None, feeds)[0], want)  # the fallback

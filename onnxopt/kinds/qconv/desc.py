@@ -26,5 +26,5 @@ class QConvKernelDesc:
         kinds = ", ".join(str(k) for k in p.extra_kinds) or "0"
         return (f"{externs}{decls}static const onnxopt_qconv_desc {prefix}_desc = {{{sig}, "
                 f"{', '.join(str(v) for v in geometry)}, {p.mode}, {int(p.has_asum)}, {int(p.has_fix)}, "
-                f"{int(p.act_signed)}, "
+                f"{int(p.act_signed)}, {int(p.implicit)}, {int(p.int_bias)}, "
                 f"{len(p.extra_kinds)}, {{{kinds}}}, {self.mr}, {{{', '.join(self.tiles)}}}}};\n")

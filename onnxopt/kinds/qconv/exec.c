@@ -1,10 +1,12 @@
 /* The qconv kind's executor: each call packs the receptive fields of every panel of 16 output pixels (im2col into
-   [k4 / 4][16][4] u8, the tile's vector operand; padding reads the activations' zero point), then runs the tile over
-   output channels x panels in tasks over ORT's pool. */
+   [k4 / 4][16][4] u8, the tile's vector operand; padding reads the activations' zero point), or in the implicit form
+   lays the input out in channel groups [c / 4][h + pads][w + pads][4] and gives the tile each tap's window per
+   panel, then runs the tile over output channels x panels in tasks over ORT's pool. */
 #define QC_TASKS 16
 #define QC_TASK_MIN_OPS 262144.0
 #define QC_PANEL 16
 #define QC_GROUP_BYTES (128 * 1024) /* packed panels a task keeps in L2 while the weights stream past them */
+#define QC_MAX_TAPS 64              /* the implicit form's kernel windows (find.py IMPLICIT_MAX_TAPS) */
 
 typedef struct {
   const onnxopt_qconv_desc *d;
@@ -12,6 +14,9 @@ typedef struct {
   uint8_t za;
   int64_t n, h, w, oh, ow, pixels, ppi; /* ppi: panels per image */
   int64_t cin4;                          /* input channels rounded up to 4: k = tap * cin4 + channel */
+  /* implicit: the input laid out [n][cin4 / 4][hp][wp][4] with its padding, and output panels along rows */
+  uint8_t *grouped;
+  int64_t hp, wp, ppr, relayout_tasks; /* ppr: panels per output row */
   uint8_t *packed;
   int32_t *asum;
   int64_t panels, pack_tasks;
@@ -58,17 +63,22 @@ static void qc_pack_panel(const qc_job *j, int64_t panel) {
   uint32_t *o32 = (uint32_t *)dst;
   for (int64_t tap = 0; tap < d->kh * d->kw; tap++) {
     int64_t ky = (tap / d->kw) * d->dh, kx = (tap % d->kw) * d->dw;
-    /* Per run: where its window starts in a channel plane when it stays inside the image row (-1: it does not,
-       and off[t] has each pixel's position, -1 outside the image). */
-    int64_t run_at[QC_PANEL], off[QC_PANEL];
+    /* Per run: the pixels lo..hi - 1 whose window is inside the image, reading a channel plane from `at` on
+       (every sw-th byte); the others read the zero point. */
+    int lo[QC_PANEL], hi[QC_PANEL];
+    int64_t at[QC_PANEL];
     for (int sg = 0; sg < nseg; sg++) {
       int t0 = seg[sg], t1 = seg[sg + 1];
-      int64_t ih = ih0[t0] + ky, iw = iw0[t0] + kx, last = iw0[t1 - 1] + kx;
-      run_at[sg] = (ih >= 0 && ih < j->h && iw >= 0 && last < j->w) ? ih * j->w + iw : -1;
-      for (int t = t0; t < t1; t++) {
-        int64_t y = ih0[t] + ky, xx = iw0[t] + kx;
-        off[t] = (y >= 0 && y < j->h && xx >= 0 && xx < j->w) ? y * j->w + xx : -1;
-      }
+      int64_t ih = ih0[t0] + ky, iw = iw0[t0] + kx;
+      lo[sg] = hi[sg] = t0;
+      at[sg] = 0;
+      if (ih < 0 || ih >= j->h) continue;
+      int first = t0, last = t1;
+      while (first < t1 && iw0[first] + kx < 0) first++;
+      while (last > first && iw0[last - 1] + kx >= j->w) last--;
+      lo[sg] = first;
+      hi[sg] = last;
+      at[sg] = ih * j->w + iw + (int64_t)(first - t0) * d->sw;
     }
     for (int64_t c4 = 0; c4 < j->cin4; c4 += 4, o32 += QC_PANEL) {
       /* The 16 pixels' activations of each of the 4 channels, as 16 bytes in a row (in the image, or gathered
@@ -88,15 +98,17 @@ static void qc_pack_panel(const qc_job *j, int64_t panel) {
         uint8_t *col = cols[q];
         for (int sg = 0; sg < nseg; sg++) {
           int t0 = seg[sg], t1 = seg[sg + 1];
-          if (run_at[sg] >= 0) {
-            const uint8_t *row = plane + run_at[sg];
-            if (d->sw == 1 && row + QC_PANEL <= end) /* 16 bytes, whatever the run's length: one vector copy */
-              memcpy(col + t0, row, QC_PANEL);
-            else
-              for (int t = t0; t < t1; t++) col[t] = row[(t - t0) * d->sw];
-          } else {
-            for (int t = t0; t < t1; t++) col[t] = off[t] >= 0 ? plane[off[t]] : j->za;
+          const uint8_t *row = plane + at[sg];
+          if (lo[sg] == t0 && hi[sg] == t1 && d->sw == 1 && row + QC_PANEL <= end) {
+            memcpy(col + t0, row, QC_PANEL); /* 16 bytes, whatever the run's length: one vector copy */
+            continue;
           }
+          for (int t = t0; t < lo[sg]; t++) col[t] = j->za;
+          if (d->sw == 1)
+            memcpy(col + lo[sg], row, (size_t)(hi[sg] - lo[sg]));
+          else
+            for (int t = lo[sg]; t < hi[sg]; t++) col[t] = row[(t - lo[sg]) * d->sw];
+          for (int t = hi[sg]; t < t1; t++) col[t] = j->za;
         }
         for (int t = valid; t < QC_PANEL; t++) col[t] = 0; /* past the image's last pixel */
         src[q] = col;
@@ -120,6 +132,54 @@ static void qc_pack_panel(const qc_job *j, int64_t panel) {
   }
 }
 
+/* The implicit form's input: image `img`, channel group g as [hp][wp][4] u8 (after the sign flip of s8
+   activations), the padding the zero point, so that the window of 16 pixels of one output row at one tap is 64
+   contiguous bytes, the tile's operand as it is. */
+static void qc_relayout(const qc_job *j, int64_t img, int64_t g) {
+  const onnxopt_qconv_desc *d = j->d;
+  int64_t plane = j->h * j->w;
+  uint32_t za4 = 0x01010101u * (uint32_t)j->proto.azp, flip = 0;
+  uint32_t *out = (uint32_t *)(j->grouped + ((img * (j->cin4 / 4) + g) * j->hp * j->wp) * 4);
+  static const uint8_t fill[QC_PANEL];
+  const uint8_t *src[4];
+  for (int q = 0; q < 4; q++) {
+    int64_t c = 4 * g + q;
+    src[q] = c < d->cin ? j->x + (img * d->cin + c) * plane : NULL;
+    if (c < d->cin && d->act_signed) flip |= 0x80u << (8 * q);
+  }
+  for (int64_t r = 0; r < j->hp; r++, out += j->wp) {
+    int64_t y = r - d->pt;
+    if (y < 0 || y >= j->h) {
+      for (int64_t c = 0; c < j->wp; c++) out[c] = za4;
+      continue;
+    }
+    for (int64_t c = 0; c < d->pl; c++) out[c] = za4;
+    for (int64_t c = d->pl + j->w; c < j->wp; c++) out[c] = za4;
+    const uint8_t *rows[4];
+    for (int q = 0; q < 4; q++) rows[q] = src[q] ? src[q] + y * j->w : fill;
+    uint32_t *o = out + d->pl;
+    int64_t c = 0;
+    for (; c + QC_PANEL <= j->w; c += QC_PANEL)
+      qc_interleave(o + c, src[0] ? rows[0] + c : fill, src[1] ? rows[1] + c : fill, src[2] ? rows[2] + c : fill,
+                    src[3] ? rows[3] + c : fill);
+    for (; c < j->w; c++) {
+      uint32_t v = 0;
+      for (int q = 0; q < 4; q++)
+        if (src[q]) v |= (uint32_t)rows[q][c] << (8 * q);
+      o[c] = v;
+    }
+    if (flip)
+      for (c = 0; c < j->w; c++) o[c] ^= flip;
+  }
+}
+
+static void qc_relayout_task(void *usr, size_t index) {
+  const qc_job *j = (const qc_job *)usr;
+  int64_t items = j->n * (j->cin4 / 4);
+  int64_t i0 = (int64_t)index * items / j->relayout_tasks, i1 = ((int64_t)index + 1) * items / j->relayout_tasks;
+  for (int64_t i = i0; i < i1; i++) qc_relayout(j, i / (j->cin4 / 4), i % (j->cin4 / 4));
+}
+
 static void qc_pack_task(void *usr, size_t index) {
   const qc_job *j = (const qc_job *)usr;
   int64_t p0 = (int64_t)index * j->panels / j->pack_tasks, p1 = ((int64_t)index + 1) * j->panels / j->pack_tasks;
@@ -133,12 +193,25 @@ static void qc_gemm_task(void *usr, size_t index) {
   int64_t p0 = pt * j->panels / j->ptasks, p1 = (pt + 1) * j->panels / j->ptasks;
   int64_t b0 = mt * j->mblocks / j->mtasks, b1 = (mt + 1) * j->mblocks / j->mtasks;
   qc_tile t = j->proto;
+  const uint8_t *window[QC_MAX_TAPS];
   for (int64_t g0 = p0; g0 < p1; g0 += j->group) { /* panels in L2-sized groups, the weights streamed per group */
     int64_t g1 = g0 + j->group < p1 ? g0 + j->group : p1;
     for (int64_t mb = b0; mb < b1; mb++) {
       t.m0 = mb * d->mr;
       int64_t mi = d->cout - t.m0 < d->mr ? d->cout - t.m0 : d->mr;
       for (int64_t p = g0; p < g1; p++) {
+        if (d->implicit) { /* a panel is up to 16 pixels of one output row: its window's start per tap */
+          int64_t img = p / (j->oh * j->ppr), row = p % (j->oh * j->ppr) / j->ppr, col = p % j->ppr * QC_PANEL;
+          const uint8_t *base = j->grouped + img * (j->cin4 / 4) * j->hp * j->wp * 4;
+          for (int64_t tap = 0; tap < d->kh * d->kw; tap++)
+            window[tap] = base + ((row + tap / d->kw * d->dh) * j->wp + col + tap % d->kw * d->dw) * 4;
+          t.panel = (const uint8_t *)window;
+          t.ncols = j->ow - col < QC_PANEL ? j->ow - col : QC_PANEL;
+          t.out_off = img * j->out_elems_per_image + row * j->ow + col;
+          t.chan_base = img * d->cout;
+          d->tiles[mi - 1]((const int64_t *)&t);
+          continue;
+        }
         int64_t img = p / j->ppi, first = (p % j->ppi) * QC_PANEL;
         t.panel = j->packed + p * d->k4 * QC_PANEL;
         t.asum = j->asum ? j->asum + p * QC_PANEL : NULL;
@@ -210,6 +283,10 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
     j.proto.fix_entries = (const int32_t *)data;
     in += 2; /* the fallback's ScatterND tables */
   }
+  if (d->mode == 0 && d->int_bias) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.bias = (const int32_t *)data;
+  }
   if (d->mode == 1) {
     CHECK(glue_input(ctx, in++, other, &other_rank, &data));
     j.proto.bias = (const int32_t *)data;
@@ -240,23 +317,44 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
   }
   if (j.n == 0 || d->cout == 0) return NULL;
   j.cin4 = (d->cin + 3) / 4 * 4;
-  j.ppi = (j.pixels + QC_PANEL - 1) / QC_PANEL;
-  j.panels = j.n * j.ppi;
   j.proto.k4q = d->k4 / 4;
   j.proto.ohw = j.pixels;
-  j.packed = (uint8_t *)glue_bytes((size_t)(j.panels * d->k4 * QC_PANEL));
-  j.asum = d->has_asum ? (int32_t *)glue_bytes((size_t)(j.panels * QC_PANEL) * sizeof(int32_t)) : NULL;
   OrtStatus *st = NULL;
-  if (!j.packed || (d->has_asum && !j.asum)) {
-    st = fail(ORT_FAIL, "onnxopt: qconv: out of memory");
-    goto done;
+  if (d->implicit) {
+    j.hp = j.h + d->pt + d->pb;
+    j.wp = j.w + d->pl + d->pr;
+    j.ppr = (j.ow + QC_PANEL - 1) / QC_PANEL;
+    j.panels = j.n * j.oh * j.ppr;
+    j.proto.taps = d->kh * d->kw;
+    j.proto.plane4 = j.hp * j.wp * 4;
+    j.proto.cin4q = j.cin4 / 4;
+    /* + 64: a partial panel's last loads pass its row's end */
+    j.grouped = (uint8_t *)glue_bytes((size_t)(j.n * (j.cin4 / 4) * j.proto.plane4 + 64));
+    if (!j.grouped) return fail(ORT_FAIL, "onnxopt: qconv: out of memory");
+    memset(j.grouped + j.n * (j.cin4 / 4) * j.proto.plane4, 0, 64);
+    int64_t items = j.n * (j.cin4 / 4);
+    j.relayout_tasks = items < QC_TASKS ? items : QC_TASKS;
+    if (j.relayout_tasks > 1)
+      st = API(KernelContext_ParallelFor)(ctx, qc_relayout_task, (size_t)j.relayout_tasks, 0, &j);
+    else
+      qc_relayout_task(&j, 0);
+    if (st) goto done;
+  } else {
+    j.ppi = (j.pixels + QC_PANEL - 1) / QC_PANEL;
+    j.panels = j.n * j.ppi;
+    j.packed = (uint8_t *)glue_bytes((size_t)(j.panels * d->k4 * QC_PANEL));
+    j.asum = d->has_asum ? (int32_t *)glue_bytes((size_t)(j.panels * QC_PANEL) * sizeof(int32_t)) : NULL;
+    if (!j.packed || (d->has_asum && !j.asum)) {
+      st = fail(ORT_FAIL, "onnxopt: qconv: out of memory");
+      goto done;
+    }
+    j.pack_tasks = j.panels < QC_TASKS ? j.panels : QC_TASKS;
+    if (j.pack_tasks > 1)
+      st = API(KernelContext_ParallelFor)(ctx, qc_pack_task, (size_t)j.pack_tasks, 0, &j);
+    else
+      qc_pack_task(&j, 0);
+    if (st) goto done;
   }
-  j.pack_tasks = j.panels < QC_TASKS ? j.panels : QC_TASKS;
-  if (j.pack_tasks > 1)
-    st = API(KernelContext_ParallelFor)(ctx, qc_pack_task, (size_t)j.pack_tasks, 0, &j);
-  else
-    qc_pack_task(&j, 0);
-  if (st) goto done;
   j.mblocks = (d->cout + d->mr - 1) / d->mr;
   qc_plan(&j);
   int64_t tasks = j.ptasks * j.mtasks;
@@ -265,6 +363,7 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
   else
     st = API(KernelContext_ParallelFor)(ctx, qc_gemm_task, (size_t)tasks, 0, &j);
 done:
+  glue_release(j.grouped);
   glue_release(j.packed);
   glue_release(j.asum);
   return st;

@@ -36,37 +36,65 @@ _ONNX = ("", "ai.onnx")
 MAX_EXTRAS = 8  # glue.h QC_MAX_EXTRA
 MAX_OUTPUTS = 4  # glue.h QC_MAX_OUT
 MAX_K = 8192  # the exact reference's bound (measure.exact_integer_reference writes the weights in base 8)
+IMPLICIT_MAX_TAPS = 64  # exec.c QC_MAX_TAPS
+TAP_SHIFT = 20  # a group-major correction's k: tap << TAP_SHIFT | channel (channels < 2^20: MAX_K)
+IMPLICIT_MIN_USE = 0.8  # of the lanes of an output row's panels of 16 pixels (a 14-wide row: 0.875; 7-wide: 0.44)
+# Packing receptive fields costs per panel what the arithmetic costs per output channel, so it weighs most with few
+# of them; with many, the packed panels' one stream beats reading the input by taps (benchmarks/int8_convs.py).
+IMPLICIT_MAX_COUT = 64
 
 
-def pack(w: np.ndarray, w_zero: np.ndarray) -> dict[str, np.ndarray]:
+def implicit(geo, has_asum: bool, out_shape, cout: int) -> bool:
+    """Whether the tile reads the input in channel groups itself (stride 1: a tap's window over 16 pixels of an
+    output row is 64 contiguous bytes there) rather than packed receptive fields, whose packing costs as much as
+    the arithmetic for a few output channels. Its panels stay within an output row, so it needs rows that fill
+    them."""
+    kernel, strides = geo[0], geo[1]
+    if strides != (1, 1) or has_asum or kernel[0] * kernel[1] > IMPLICIT_MAX_TAPS or cout > IMPLICIT_MAX_COUT:
+        return False
+    ow = out_shape[-1] if out_shape is not None and len(out_shape) == 4 else None
+    if not isinstance(ow, int) or ow < 1:
+        return False
+    return ow / (16 * -(-ow // 16)) >= IMPLICIT_MIN_USE
+
+
+def pack(w: np.ndarray, w_zero: np.ndarray, group_major: bool = False) -> dict[str, np.ndarray]:
     """Weights [cout, cin, kh, kw] (u8 or s8) and their zero point (one value) for the kernel: "packed" [cout][k4]
     s8 with k = tap * cin4 + channel (channels padded to a multiple of 4, so the 4 k of a group are 4 channels of one
     tap and share the window's position: exec.c packs the activations in that order), pairs split so none
     saturates; "vsum" int32 [cout] (sum of w - zw), "dvec" int32 [cout] (what each activation adds besides its
     weight: 128 - zw for u8 weights, -zw for s8); the corrections ("fix_offsets" int32 [cout + 1], "fix_entries"
-    int32 [count, 2]: k, residual) and the same for the fallback's ScatterND ("fix_index" int64 [count, 2]:
-    channel, k; "fix_update" int32)."""
+    int32 [count, 2]: k, residual; group-major: tap << TAP_SHIFT | channel, residual) and the same for the
+    fallback's ScatterND ("fix_index" int64 [count, 2]:
+    channel, k; "fix_update" int32). `group_major` (the implicit form's): k = (channel group * taps + tap) * 4 +
+    channel % 4 instead, so that the tile's K loop takes a channel group's taps one after another."""
     cout, cin, kh, kw = w.shape
     cin4 = -(-cin // 4) * 4
     zw = np.broadcast_to(np.asarray(w_zero, np.int32).reshape(-1), (cout,))
     shift = 128 if w.dtype == np.uint8 else 0
     by_tap = np.zeros((cout, kh, kw, cin4), np.int32)
     by_tap[..., :cin] = w.transpose(0, 2, 3, 1).astype(np.int32) - shift
-    safe, where, residual = split_pairs(by_tap.reshape(cout, -1).astype(np.int8))
+    if group_major:
+        by_tap = by_tap.reshape(cout, kh * kw, cin4 // 4, 4).transpose(0, 2, 1, 3)
+    safe, where, residual = split_pairs(np.ascontiguousarray(by_tap).reshape(cout, -1).astype(np.int8))
     k4 = kh * kw * cin4
     row, kk = np.divmod(where, k4)
     order = np.lexsort((kk, row))
     row, kk, residual = row[order], kk[order], residual[order]
     flat = w.reshape(cout, -1).astype(np.int32)
+    # The kernel's k: group-major ones as tap << TAP_SHIFT | channel (the tile finds a tap's window without a
+    # division); the fallback's fix_index keeps the packed column.
+    group, q = np.divmod(kk, 4)
+    k_kernel = (group % (kh * kw)) << TAP_SHIFT | (group // (kh * kw)) * 4 + q if group_major else kk
     return {"packed": safe, "vsum": (flat - zw[:, None]).sum(axis=1).astype(np.int32),
             "dvec": (shift - zw).astype(np.int32),
             "fix_offsets": np.searchsorted(row, np.arange(cout + 1)).astype(np.int32),
-            "fix_entries": np.stack([kk, residual], axis=1).astype(np.int32).reshape(-1, 2),
+            "fix_entries": np.stack([k_kernel, residual], axis=1).astype(np.int32).reshape(-1, 2),
             "fix_index": np.stack([row, kk], axis=1).astype(np.int64).reshape(-1, 2),
             "fix_update": residual.astype(np.int32)}
 
 
-def _unpack_body(names: dict, w: np.ndarray, out: str, opset: int) -> list[onnx.NodeProto]:
+def _unpack_body(names: dict, w: np.ndarray, out: str, opset: int, group_major: bool) -> list[onnx.NodeProto]:
     """Nodes that rebuild the weights from their packed form and corrections (the function fallback's)."""
     def const(name, arr, dtype=np.int64):
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr, dtype), name))
@@ -83,7 +111,13 @@ def _unpack_body(names: dict, w: np.ndarray, out: str, opset: int) -> list[onnx.
         body += [const(f"{out}_128", 128, np.int32), helper.make_node("Add", [x, f"{out}_128"], [f"{out}_u"])]
         x = f"{out}_u"
     cout, cin, kh, kw = w.shape
-    body += [const(f"{out}_taps", [cout, kh, kw, -(-cin // 4) * 4]),
+    cin4 = -(-cin // 4) * 4
+    if group_major:  # [cout][group][tap][4] -> [cout][tap][group][4]
+        body += [const(f"{out}_groups", [cout, cin4 // 4, kh, kw, 4]),
+                 helper.make_node("Reshape", [x, f"{out}_groups"], [f"{out}_g"]),
+                 helper.make_node("Transpose", [f"{out}_g"], [f"{out}_gt"], perm=[0, 2, 3, 1, 4])]
+        x = f"{out}_gt"
+    body += [const(f"{out}_taps", [cout, kh, kw, cin4]),
              helper.make_node("Reshape", [x, f"{out}_taps"], [f"{out}_t"])]
     if opset >= 10:
         body += [const(f"{out}_b", [0]), const(f"{out}_e", [cin]), const(f"{out}_a", [3]),
@@ -167,8 +201,8 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
     return regions
 
 
-def _tables(rule, uid: str, w: np.ndarray, w_zero) -> tuple[dict, dict, bool, bool]:
-    tables = pack(w, w_zero)
+def _tables(rule, uid: str, w: np.ndarray, w_zero, group_major: bool) -> tuple[dict, dict, bool, bool]:
+    tables = pack(w, w_zero, group_major)
     has_fix = len(tables["fix_update"]) > 0
     has_asum = bool(np.any(tables["dvec"] != 0))
     keys = ["packed", "vsum"] + (["dvec"] if has_asum else []) + \
@@ -203,7 +237,22 @@ def _dynamic_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
                     "no other)")
         if w.dtype == np.int8 and np.any(w_zero != 0):
             return "s8 weights with a nonzero zero point"
+    # An int32 bias per channel may come first (ConvInteger -> Add(bias) -> Cast: an older quantizer's form).
+    members, int_bias = [i], None
     cast_i = rule.only_consumer(node.output[0])
+    if cast_i is not None and cast_i not in claimed and idx.nodes[cast_i].op_type == "Add":
+        add = idx.nodes[cast_i]
+        other = add.input[1] if add.input[0] == node.output[0] else add.input[0]
+        # The bias is a constant, or computed per call from the input's dynamic scale (quantize_dynamic's
+        # Round(bias / (x_scale * w_scale)) -> Cast -> Reshape): an input of the kernel either way.
+        cout = w.shape[0]
+        shape = rule.ew.shape_of(other)
+        full = tuple((1,) * (4 - len(shape)) + tuple(shape)) if shape is not None and len(shape) <= 4 else None
+        if rule.ew.dtype_of(other) != "int32" or full != (1, cout, 1, 1):
+            return "its int32 result gets an Add that is not an int32 bias per channel"
+        int_bias = other
+        members.append(cast_i)
+        cast_i = rule.only_consumer(add.output[0])
     if cast_i is None or cast_i in claimed:
         return "its int32 result is read by more than a Cast to float"
     cast = idx.nodes[cast_i]
@@ -212,20 +261,27 @@ def _dynamic_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     out_shape = rule.ew.shape_of(cast.output[0])
     if out_shape is None or len(out_shape) != 4:
         return "its output's shape is unknown"
-    members, values, extras, kinds = [i, cast_i], {cast.output[0]}, [], []
+    bias_i = members[1] if int_bias is not None else None
+    members, values, extras, kinds = members + [cast_i], {cast.output[0]}, [], []
     rule.grow_epilogue(i, claimed | rule.protected | rule.beyond_rescaling, members, values, extras, kinds, out_shape,
                        "conv", MAX_EXTRAS)
     group = set(members)
-    outputs = [o for m in sorted(members) if m != i for o in idx.nodes[m].output if idx.is_used_outside(o, group)]
+    if bias_i is not None and idx.is_used_outside(idx.nodes[bias_i].output[0], group):
+        return "its int32 sum with the bias is read by more than the Cast"
+    outputs = [o for m in sorted(members) if m not in (i, bias_i) for o in idx.nodes[m].output
+               if idx.is_used_outside(o, group)]
     if not outputs:
         return "no output is used"
     if len(outputs) > MAX_OUTPUTS:
         return f"more than {MAX_OUTPUTS} outputs"
     uid = node.output[0]
-    tables, names, has_fix, has_asum = _tables(rule, uid, w, w_zero)
+    has_asum = w.dtype == np.uint8 or bool(np.any(np.asarray(w_zero) != 0))
+    grouped = implicit(geo, has_asum, out_shape, int(w.shape[0]))
+    tables, names, has_fix, has_asum = _tables(rule, uid, w, w_zero, grouped)
     consts: dict = {}
-    ops = [rule.ew._to_op(idx.nodes[m], consts) for m in sorted(members) if m != i]
-    program = EwProgram(inputs=[Value(node.output[0], "int32")] + [Value(e, "float32") for e in extras],
+    head = idx.nodes[bias_i].output[0] if bias_i is not None else node.output[0]  # what the Cast reads
+    ops = [rule.ew._to_op(idx.nodes[m], consts) for m in sorted(members) if m not in (i, bias_i)]
+    program = EwProgram(inputs=[Value(head, "int32")] + [Value(e, "float32") for e in extras],
                         consts=consts, ops=ops, outputs=[Value(o, "float32") for o in outputs])
     inits = []
     azp = node.input[2] if has_azp else f"{uid}__qczero"
@@ -235,12 +291,13 @@ def _dynamic_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     conv = onnx.NodeProto()
     conv.CopyFrom(node)
     conv.input[1] = unpacked
-    body = _unpack_body(names, w, unpacked, rule.ew.opset) + [conv]
+    body = _unpack_body(names, w, unpacked, rule.ew.opset, grouped) + [conv]
     body += [_copy(idx.nodes[m]) for m in sorted(members) if m != i]
     params = QConvParams(cin=int(w.shape[1]), cout=int(w.shape[0]), kernel=geo[0], strides=geo[1], pads=geo[2],
                          dilations=geo[3], k4=int(tables["packed"].shape[1]), mode=FLOAT, has_asum=has_asum,
-                         has_fix=has_fix, act_signed=act == "int8", extra_kinds=tuple(kinds), body=tuple(body))
-    inputs = [x, azp] + list(names.values()) + extras
+                         has_fix=has_fix, act_signed=act == "int8", implicit=grouped,
+                         int_bias=int_bias is not None, extra_kinds=tuple(kinds), body=tuple(body))
+    inputs = [x, azp] + list(names.values()) + ([int_bias] if int_bias is not None else []) + extras
     region = Region("qconv", [idx.nodes[m] for m in sorted(members)], inputs, outputs, program, list(out_shape),
                     params=params)
     region.initializers = inits + [numpy_helper.from_array(tables[key], name) for key, name in names.items()]
@@ -341,7 +398,8 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     if any(m in claimed for m in members):
         return "part of it is fused elsewhere"
     uid = node.output[0]
-    tables, names, has_fix, has_asum = _tables(rule, uid, w, 0)
+    grouped = implicit(geo, False, rule.ew.shape_of(q.output[0]), cout)
+    tables, names, has_fix, has_asum = _tables(rule, uid, w, 0, grouped)
     scale = (np.float32(sx) * sw / np.float32(sy)).astype(np.float32)  # as onnxruntime's QLinearConv computes it
     extra = {"bias": bias, "scale": scale}
     enames = {key: f"{uid}__qc{key}" for key in extra}
@@ -357,11 +415,12 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     unpacked = f"{uid}__unpacked_w"
     wdq = _copy(w_dq)
     wdq.input[0] = unpacked
-    body = _unpack_body(names, w, unpacked, rule.ew.opset) + [wdq]
+    body = _unpack_body(names, w, unpacked, rule.ew.opset, grouped) + [wdq]
     body += [_copy(idx.nodes[m]) for m in sorted(members) if m != w_i]
     params = QConvParams(cin=int(w.shape[1]), cout=cout, kernel=geo[0], strides=geo[1], pads=geo[2],
                          dilations=geo[3], k4=int(tables["packed"].shape[1]), mode=QUANT, has_asum=has_asum,
-                         has_fix=has_fix, act_signed=act == "int8", out_signed=zy.dtype == np.int8,
+                         has_fix=has_fix, act_signed=act == "int8",
+                         implicit=grouped, out_signed=zy.dtype == np.int8,
                          clamp=(lo_q, hi_q), out_zero=int(zy),
                          body=tuple(body))
     inputs = [xq, zx_name] + list(names.values()) + list(enames.values())

@@ -10,7 +10,8 @@
 
 typedef struct { /* mirrors the slots of lower.py */
   const int8_t *w;       /* the packed weights: [cout][k4] */
-  const uint8_t *panel;  /* the packed activations of 16 output pixels: [k4 / 4][16][4] */
+  const uint8_t *panel;  /* the packed activations of 16 output pixels: [k4 / 4][16][4]; implicit: the panel's
+                            first pixel's window position per tap, const uint8_t *[taps] */
   int64_t k4q, azp, m0;  /* k4 / 4, the activations' zero point, the first output channel */
   const int32_t *vsum;   /* per channel: the sum of its weights less their zero point */
   const int32_t *dvec;   /* per channel: what each activation adds besides its weight (has_asum), or NULL */
@@ -20,8 +21,9 @@ typedef struct { /* mirrors the slots of lower.py */
   int64_t ohw;           /* elements between channels of the output */
   const int32_t *fix_offsets, *fix_entries; /* per channel [cout + 1]; (k, residual) pairs */
   int64_t chan_base;     /* image * cout: a CHANNEL input's index is (chan_base + channel) % its count */
-  const int32_t *bias;   /* QUANT: the int32 bias per channel */
+  const int32_t *bias;   /* QUANT, or FLOAT with int_bias: the int32 bias per channel */
   const float *scale;    /* QUANT: x_scale * w_scale / y_scale per channel */
+  int64_t taps, plane4, cin4q; /* implicit: kh * kw, bytes between channel groups of the input, cin4 / 4 */
   void *out[QC_MAX_OUT];
   const float *extra[QC_MAX_EXTRA];
   int64_t extra_count[QC_MAX_EXTRA];
@@ -34,6 +36,8 @@ typedef struct {
   int mode; /* 0 FLOAT, 1 QUANT */
   int has_asum, has_fix;
   int act_signed; /* s8 activations, packed as u8 by flipping their sign bit (their zero point too) */
+  int implicit;   /* stride 1: the tile reads the input laid out [c / 4][h + pads][w + pads][4] itself, no im2col */
+  int int_bias;   /* FLOAT: an int32 bias per channel input, added before the Cast */
   int n_extra;
   int extra_kind[QC_MAX_EXTRA]; /* 0 POSITION, 1 CHANNEL, 3 SCALAR */
   int mr;

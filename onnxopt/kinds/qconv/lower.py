@@ -4,14 +4,16 @@ dot-product instruction of codegen/instructions, then the zero-point terms, the 
     tile_m<mi>(const int64 *t)      t: the qc_tile record of glue.h, filled per call by exec.c
 
 The activations are the instruction's vector operand: exec.c packs each panel's receptive fields (im2col) as
-[k4 / 4][16 pixels][4] u8, so one load gives 8 (AVX2) or 16 (AVX-512) pixels their 4 consecutive k. The weights are
+[k4 / 4][16 pixels][4] u8, so one load gives 8 (AVX2) or 16 (AVX-512) pixels their 4 consecutive k. In the implicit
+form (stride 1, few output channels: find.py `implicit`) it lays the input out as [c / 4][h + pads][w + pads][4]
+instead, and the tile reads a tap's window over 16 pixels of an output row there, 64 contiguous bytes. The weights are
 the broadcast operand: a channel's 4 bytes at k are one i32 splat over the lanes (the inspector's broadcast of the
 weight along the pixel loop). Rows are output channels and lanes pixels, so the outputs are stored as NCHW rows.
 
 After the K loop, per channel r and pixel p:
     S = acc + d[r] * asum[p] - za * vsum[r] + (the corrections of r's split weight pairs) = sum (a - za)(w - zw)
 exactly, where w' = w - 128 for u8 weights and d[r] = 128 - zw[r] (u8 weights) or -zw[r] (s8), vsum[r] = sum
-(w - zw). FLOAT runs the program (Cast, the scale, the bias, SiLU...: find.py) on S; QUANT computes
+(w - zw). FLOAT runs the program (Cast, the scale, the bias: find.py) on S; QUANT computes
     q = clamp(round_half_even(float(S + bias[r]) * scale[r]) + y_zero, lo, hi)
 as onnxruntime's QLinearConv requantizes (scale = x_scale * w_scale[r] / y_scale in float32).
 """
@@ -29,6 +31,7 @@ from onnxopt.codegen.vmath.irutil import broadcast, for_range, intrinsic, masked
 from onnxopt.kinds.qmatmul.lower import instruction_for
 
 from .desc import QConvKernelDesc
+from .find import TAP_SHIFT
 from .params import CHANNEL, PANEL, POSITION, QUANT, SCALAR
 
 F32, I8, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -36,16 +39,17 @@ PTR = ir.PointerType()
 MR = 4  # output channels a tile: MR x NR s32 accumulators, NR activation vectors, one weight splat, temporaries
 # qc_tile slots (glue.h)
 (SLOT_W, SLOT_PANEL, SLOT_K4Q, SLOT_AZP, SLOT_M0, SLOT_VSUM, SLOT_DVEC, SLOT_ASUM, SLOT_NCOLS, SLOT_OUT_OFF,
- SLOT_OHW, SLOT_FIX_OFFSETS, SLOT_FIX_ENTRIES, SLOT_CHAN_BASE, SLOT_BIAS, SLOT_SCALE) = range(16)
+ SLOT_OHW, SLOT_FIX_OFFSETS, SLOT_FIX_ENTRIES, SLOT_CHAN_BASE, SLOT_BIAS, SLOT_SCALE, SLOT_TAPS, SLOT_PLANE4,
+ SLOT_CIN4Q) = range(19)
 MAX_OUT, MAX_EXTRA = 4, 8
-SLOT_OUT = 16
+SLOT_OUT = 19
 SLOT_EXTRA = SLOT_OUT + MAX_OUT
 SLOT_EXTRA_COUNT = SLOT_EXTRA + MAX_EXTRA
 
 
-def _corrections(b, acc: list, panel, offsets, entries, row, i: int, nr: int, lanes: int) -> list:
-    """Row i's accumulators plus its split pairs' residuals: acc += a[k] * residual for each (k, residual) of the
-    channel, a[k] of every pixel taken from the packed panel (byte k % 4 of each pixel's 4 at group k / 4)."""
+def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int) -> list:
+    """A row's accumulators plus its split pairs' residuals: acc += a[k] * residual for each (k, residual) of the
+    channel, a[k] of every pixel being byte k % 4 of its 4 at `group_at(k)` (the address of k's group of 4)."""
     acc_t = acc[0].type
     lo = b.sext(b.load(b.gep(offsets, [row], source_etype=I32), typ=I32), I64)
     hi = b.sext(b.load(b.gep(offsets, [b.add(row, ir.Constant(I64, 1))], source_etype=I32), typ=I32), I64)
@@ -55,13 +59,12 @@ def _corrections(b, acc: list, panel, offsets, entries, row, i: int, nr: int, la
         k = b.load(b.gep(entries, [b.mul(e, ir.Constant(I64, 2))], source_etype=I32), typ=I32)
         res = b.load(b.gep(entries, [b.add(b.mul(e, ir.Constant(I64, 2)), ir.Constant(I64, 1))], source_etype=I32),
                      typ=I32)
-        group = b.mul(b.sext(b.lshr(k, ir.Constant(I32, 2)), I64), ir.Constant(I64, PANEL * 4))
+        at = group_at(b.sext(k, I64))
         shift = broadcast(b, b.mul(b.and_(k, ir.Constant(I32, 3)), ir.Constant(I32, 8)), lanes)
         r = broadcast(b, res, lanes)
         out = []
         for j in range(nr):
-            v = b.load(b.gep(panel, [b.add(group, ir.Constant(I64, j * lanes * 4))], source_etype=I8),
-                       typ=acc_t, align=4)
+            v = b.load(b.gep(at, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=acc_t, align=4)
             out.append(b.add(carried[j], b.mul(b.and_(b.lshr(v, shift), byte), r)))
         return out
 
@@ -88,10 +91,10 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
     wrows = [b.gep(w, [b.mul(r, k4)], source_etype=I8) for r in rows]
     zero = ir.Constant(acc_t, [0] * lanes)
 
-    def k_step(g, acc):
-        base = b.mul(g, ir.Constant(I64, PANEL * 4))
-        av = [b.load(b.gep(panel, [b.add(base, ir.Constant(I64, j * lanes * 4))], source_etype=I8), typ=src_t,
-                     align=4) for j in range(nr)]
+    def step(act, g, acc):
+        """One group of 4 along K: the 16 pixels' 4 bytes at `act`, the weights' at group g of each row."""
+        av = [b.load(b.gep(act, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=src_t, align=4)
+              for j in range(nr)]
         out = list(acc)
         for i in range(mi):
             quad = b.load(b.gep(wrows[i], [b.mul(g, ir.Constant(I64, 4))], source_etype=I8), typ=I32, align=1)
@@ -100,12 +103,40 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
                 out[i * nr + j] = emit(b, acc[i * nr + j], av[j], wv)
         return out
 
-    acc = for_range(b, ir.Constant(I64, 0), k4q, ir.Constant(I64, 1), k_step, [zero] * (mi * nr))
+    one = ir.Constant(I64, 1)
+    if params.implicit:
+        # Per tap, the panel's window starts at panel[tap] in the channel-grouped input, whose groups are plane4
+        # bytes apart; the K loop takes a group's taps one after another (rows of the window in L1), the weights'
+        # groups in that order (find.py pack, group_major).
+        taps, plane4, cin4q = slot(SLOT_TAPS), slot(SLOT_PLANE4), slot(SLOT_CIN4Q)
+
+        def tap_at(tap):
+            return b.load(b.gep(panel, [tap], source_etype=PTR), typ=PTR)
+
+        def group_loop(c, acc):
+            offset = b.mul(c, plane4)
+            return for_range(b, ir.Constant(I64, 0), taps, one,
+                             lambda tap, a: step(b.gep(tap_at(tap), [offset], source_etype=I8),
+                                                 b.add(b.mul(c, taps), tap), a), acc)
+
+        acc = for_range(b, ir.Constant(I64, 0), cin4q, one, group_loop, [zero] * (mi * nr))
+
+        def group_at(k):  # k = tap << TAP_SHIFT | channel (find.py pack)
+            tap = b.ashr(k, ir.Constant(I64, TAP_SHIFT))
+            c4 = b.ashr(b.and_(k, ir.Constant(I64, (1 << TAP_SHIFT) - 1)), ir.Constant(I64, 2))
+            return b.gep(tap_at(tap), [b.mul(c4, plane4)], source_etype=I8)
+    else:
+        acc = for_range(b, ir.Constant(I64, 0), k4q, one,
+                        lambda g, a: step(b.gep(panel, [b.mul(g, ir.Constant(I64, PANEL * 4))], source_etype=I8),
+                                          g, a), [zero] * (mi * nr))
+
+        def group_at(k):
+            return b.gep(panel, [b.mul(b.ashr(k, ir.Constant(I64, 2)), ir.Constant(I64, PANEL * 4))], source_etype=I8)
     if params.has_fix:
         offsets, entries = slot(SLOT_FIX_OFFSETS, PTR), slot(SLOT_FIX_ENTRIES, PTR)
         for i in range(mi):
-            acc[i * nr:(i + 1) * nr] = _corrections(b, acc[i * nr:(i + 1) * nr], panel, offsets, entries, rows[i],
-                                                    i, nr, lanes)
+            acc[i * nr:(i + 1) * nr] = _corrections(b, acc[i * nr:(i + 1) * nr], group_at, offsets, entries, rows[i],
+                                                    nr, lanes)
     za = b.trunc(azp, I32)
     asums = []
     if params.has_asum:
@@ -114,7 +145,7 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
                  for j in range(nr)]
     masks = [lane_mask(b, b.sub(ncols, ir.Constant(I64, j * lanes)), lanes) for j in range(nr)]
     full = b.icmp_signed("==", ncols, ir.Constant(I64, PANEL))
-    fty = ir.VectorType(F32, lanes)
+    rows_sums = []
     for i in range(mi):
         r = rows[i]
         shift = b.mul(za, b.load(b.gep(vsum, [r], source_etype=I32), typ=I32))
@@ -125,13 +156,36 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
                 d = b.load(b.gep(dvec, [r], source_etype=I32), typ=I32)
                 s = b.add(s, b.mul(broadcast(b, d, lanes), asums[j]))
             sums.append(s)
+        if params.int_bias and params.mode != QUANT:
+            bias = b.load(b.gep(slot(SLOT_BIAS, PTR), [r], source_etype=I32), typ=I32)
+            sums = [b.add(v, broadcast(b, bias, lanes)) for v in sums]
+        rows_sums.append(sums)
+    if params.mode == QUANT:
+        for i in range(mi):
+            _requantize(b, params, slot, rows[i], rows_sums[i], b.add(out_off, b.mul(rows[i], ohw)), masks, full,
+                        lanes)
+    else:
+        # A whole panel loads and stores plain vectors; only the last, partial one goes through masks (masked
+        # stores are slow on AMD's cores).
+        with b.if_else(full) as (then, otherwise):
+            with then:
+                _float_epilogue(b, params, program, slot, rows, rows_sums, out_off, ohw, None, lanes)
+            with otherwise:
+                _float_epilogue(b, params, program, slot, rows, rows_sums, out_off, ohw, masks, lanes)
+    b.ret_void()
+
+
+def _float_epilogue(b, params, program, slot, rows, rows_sums, out_off, ohw, masks, lanes: int) -> None:
+    """FLOAT's epilogue: the program (Cast, the scale, the bias...) on each row's sums, and the stores; through
+    `masks` where given (a partial panel)."""
+    nr = PANEL // lanes
+    fty = ir.VectorType(F32, lanes)
+    extras = [slot(SLOT_EXTRA + e, PTR) for e in range(len(params.extra_kinds))]
+    counts = [slot(SLOT_EXTRA_COUNT + e) for e in range(len(params.extra_kinds))]
+    outs = [slot(SLOT_OUT + k, PTR) for k in range(len(program.outputs))]
+    chan_base = slot(SLOT_CHAN_BASE)
+    for r, sums in zip(rows, rows_sums):
         row_off = b.add(out_off, b.mul(r, ohw))
-        if params.mode == QUANT:
-            _requantize(b, params, slot, r, sums, row_off, masks, full, lanes)
-            continue
-        extras = [slot(SLOT_EXTRA + e, PTR) for e in range(len(params.extra_kinds))]
-        counts = [slot(SLOT_EXTRA_COUNT + e) for e in range(len(params.extra_kinds))]
-        outs = [slot(SLOT_OUT + k, PTR) for k in range(len(program.outputs))]
         for j in range(nr):
             pos = b.add(row_off, ir.Constant(I64, j * lanes))
             values = {program.inputs[0].name: sums[j]}
@@ -140,16 +194,20 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
                 if kind == SCALAR:
                     values[name] = broadcast(b, b.load(extras[e], typ=F32), lanes)
                 elif kind == CHANNEL:
-                    at = b.srem(b.add(slot(SLOT_CHAN_BASE), r), counts[e])
+                    at = b.srem(b.add(chan_base, r), counts[e])
                     values[name] = broadcast(b, b.load(b.gep(extras[e], [at], source_etype=F32), typ=F32), lanes)
                 else:
                     assert kind == POSITION
-                    values[name] = masked_load(b, b.gep(extras[e], [b.srem(pos, counts[e])], source_etype=F32),
-                                               fty, masks[j], 4)
+                    ptr = b.gep(extras[e], [b.srem(pos, counts[e])], source_etype=F32)
+                    values[name] = masked_load(b, ptr, fty, masks[j], 4) if masks else \
+                        b.load(ptr, typ=fty, align=4)
             emit_body(b, program, values, lanes)
             for k, v in enumerate(program.outputs):
-                masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j], 4)
-    b.ret_void()
+                ptr = b.gep(outs[k], [pos], source_etype=F32)
+                if masks:
+                    masked_store(b, values[v.name], ptr, masks[j], 4)
+                else:
+                    b.store(values[v.name], b.bitcast(ptr, fty.as_pointer()), align=4)
 
 
 def _requantize(b, params, slot, r, sums, row_off, masks, full, lanes: int) -> None:
@@ -200,6 +258,8 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     act = ONNX_ENUM["int8" if p.act_signed else "uint8"]
     in_types = [act, act, ONNX_ENUM["int8"], i32] + ([i32] if p.has_asum else []) + \
         ([i32, i32, ONNX_ENUM["int64"], i32] if p.has_fix else [])
+    if p.int_bias and p.mode != QUANT:
+        in_types.append(i32)
     if p.mode == QUANT:
         in_types += [i32, ONNX_ENUM["float32"]]
         out_types = [ONNX_ENUM["int8" if p.out_signed else "uint8"]]

@@ -26,6 +26,8 @@ class QConvParams(KindParams):
     has_asum: bool  # a row term d[r] * (the pixel's sum of activations): weights with a zero point, or u8 weights
     has_fix: bool  # weights split so that no pair saturates (avx2_u8s8.split_pairs): their corrections are inputs
     act_signed: bool = False  # s8 activations: packed as u8 (+128, a flip of the sign bit) with their zero point
+    implicit: bool = False  # stride 1: the tile reads a channel-grouped copy of the input per tap (exec.c), no im2col
+    int_bias: bool = False  # FLOAT: an int32 bias per channel added to the sums before the Cast (older quantizers')
     extra_kinds: tuple[int, ...] = ()  # FLOAT: per epilogue input, POSITION / CHANNEL / SCALAR
     out_signed: bool = False  # QUANT: an s8 output (else u8)
     clamp: tuple[int, int] = (0, 255)  # QUANT: the output's range after the Relu or Clip folded into it
@@ -34,7 +36,8 @@ class QConvParams(KindParams):
 
     def key(self) -> list:
         return [self.cin, self.cout, list(self.kernel), list(self.strides), list(self.pads), list(self.dilations),
-                self.k4, self.mode, self.has_asum, self.has_fix, self.act_signed, list(self.extra_kinds),
+                self.k4, self.mode, self.has_asum, self.has_fix, self.act_signed, self.implicit, self.int_bias,
+                list(self.extra_kinds),
                 self.out_signed, list(self.clamp), self.out_zero]
 
     def fallback_body(self) -> list:
