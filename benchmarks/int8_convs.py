@@ -18,7 +18,6 @@ int8 peak (chains of the target's dot-product instruction).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile
@@ -28,10 +27,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxopt import optimize
-from onnxopt.codegen.instructions import available
-from onnxopt.codegen.target import host_target
-from onnxopt.hardware.measure import load_machine
 from onnxopt.timing import make_session, time_interleaved
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from int8_gemms import geomeans, int8_peak, row  # noqa: E402
 
 # UNIT Table I: (C, input H = W, K, R = S, stride)
 TABLE_I = [(288, 35, 384, 3, 2), (160, 9, 224, 3, 1), (1056, 7, 192, 1, 1), (80, 73, 192, 3, 1),
@@ -74,13 +73,7 @@ def main(argv=None) -> int:
     p.add_argument("--min-time", type=float, default=2.0)
     p.add_argument("--shapes", default="", help="Table I numbers, 1-16 (default all)")
     a = p.parse_args(argv)
-    machine = load_machine()
-    ins = available(host_target(), ("u8", "s8"))
-    peak = machine.peak_flops.get("int8")
-    if peak:
-        peak *= min(a.threads, machine.cores) / machine.cores
-    print(f"instruction: {ins[0].name if ins else 'none'}; int8 peak for {a.threads} threads (machine model): "
-          f"{peak / 1e9:.0f} GOP/s" if peak else "no measured int8 peak")
+    peak = int8_peak(a.threads)
     picks = [int(s) for s in a.shapes.split(",") if s] or list(range(1, len(TABLE_I) + 1))
     ratios, vs_fp32 = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,17 +95,9 @@ def main(argv=None) -> int:
             t = [r_["median"] for r_ in time_interleaved(sessions, feeds, min_time=a.min_time, max_blocks=60)]
             o = (hw - r) // s + 1
             ops = 2.0 * k * o * o * c * r * r
-            ratios.append(t[2] / t[3])
-            vs_fp32.append(t[1] / t[3])
-            frac = f", {ops / t[3] / peak:4.0%} of int8 peak" if peak else ""
-            print(f"#{number:<2d} C {c:4d} HW {hw:2d} K {k:3d} R {r} s {s}  fp32: onnxruntime {t[0] * 1e3:6.3f} ms, "
-                  f"onnxopt {t[1] * 1e3:6.3f} ms;  int8: onnxruntime {t[2] * 1e3:6.3f} ms, onnxopt "
-                  f"{t[3] * 1e3:6.3f} ms ({ops / t[3] / 1e9:4.0f} GOP/s{frac});  vs onnxruntime int8 "
-                  f"{t[2] / t[3]:.3f}x, vs our fp32 {t[1] / t[3]:.3f}x", flush=True)
-    if ratios:
-        gm = lambda xs: math.exp(np.mean(np.log(xs)))  # noqa: E731
-        print(f"geomean: vs onnxruntime int8 {gm(ratios):.3f}x (min {min(ratios):.3f}), vs our fp32 kernel "
-              f"{gm(vs_fp32):.3f}x (min {min(vs_fp32):.3f})")
+            print(f"#{number:<2d} C {c:4d} HW {hw:2d} K {k:3d} R {r} s {s}  {row(t, ops, peak, ratios, vs_fp32)}",
+                  flush=True)
+    geomeans(ratios, vs_fp32)
     return 0
 
 

@@ -39,6 +39,35 @@ from transformer_gemms import gemm_model  # noqa: E402
 SHAPES = [(768, 768), (768, 3072), (3072, 768), (1024, 1024), (1024, 4096)]
 
 
+def int8_peak(threads: int):
+    """The machine model's int8 peak for `threads` (None when it has none), after printing it and the instruction."""
+    machine = load_machine()
+    ins = available(host_target(), ("u8", "s8"))
+    peak = machine.peak_flops.get("int8")
+    if peak:
+        peak *= min(threads, machine.cores) / machine.cores
+    print(f"instruction: {ins[0].name if ins else 'none'}; int8 peak for {threads} threads (machine model): "
+          f"{peak / 1e9:.0f} GOP/s" if peak else "no measured int8 peak")
+    return peak
+
+
+def row(t: list[float], ops: float, peak, ratios: list, vs_fp32: list) -> str:
+    """The timings' columns (onnxruntime fp32, onnxopt fp32, onnxruntime int8, onnxopt int8), their ratios appended."""
+    ratios.append(t[2] / t[3])
+    vs_fp32.append(t[1] / t[3])
+    frac = f", {ops / t[3] / peak:4.0%} of int8 peak" if peak else ""
+    return (f"fp32: onnxruntime {t[0] * 1e3:7.3f} ms, onnxopt {t[1] * 1e3:7.3f} ms;  int8: onnxruntime "
+            f"{t[2] * 1e3:7.3f} ms, onnxopt {t[3] * 1e3:7.3f} ms ({ops / t[3] / 1e9:5.0f} GOP/s{frac});  int8 vs "
+            f"onnxruntime int8 {t[2] / t[3]:.3f}x, vs our fp32 {t[1] / t[3]:.3f}x")
+
+
+def geomeans(ratios: list, vs_fp32: list) -> None:
+    if ratios:
+        gm = lambda xs: math.exp(np.mean(np.log(xs)))  # noqa: E731
+        print(f"geomean: vs onnxruntime int8 {gm(ratios):.3f}x (min {min(ratios):.3f}), vs our fp32 kernel "
+              f"{gm(vs_fp32):.3f}x (min {min(vs_fp32):.3f})")
+
+
 def main(argv=None) -> int:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -47,13 +76,7 @@ def main(argv=None) -> int:
     p.add_argument("--min-time", type=float, default=2.0)
     p.add_argument("--tokens", default="128,512")
     a = p.parse_args(argv)
-    machine = load_machine()
-    ins = available(host_target(), ("u8", "s8"))
-    peak = machine.peak_flops.get("int8")
-    if peak:
-        peak *= min(a.threads, machine.cores) / machine.cores
-    print(f"instruction: {ins[0].name if ins else 'none'}; int8 peak for {a.threads} threads (machine model): "
-          f"{peak / 1e9:.0f} GOP/s" if peak else "no measured int8 peak")
+    peak = int8_peak(a.threads)
     ratios, vs_fp32 = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for k, n in SHAPES:
@@ -73,17 +96,8 @@ def main(argv=None) -> int:
                 feeds = {"x": np.random.default_rng(tokens).standard_normal((1, tokens, k)).astype(np.float32)}
                 t = [r["median"] for r in time_interleaved(sessions, feeds, min_time=a.min_time, max_blocks=60)]
                 ops = 2.0 * tokens * k * n
-                ratios.append(t[2] / t[3])
-                vs_fp32.append(t[1] / t[3])
-                frac = f", {ops / t[3] / peak:4.0%} of int8 peak" if peak else ""
-                print(f"{k:5d}x{n:<5d} tokens {tokens:4d}  fp32: onnxruntime {t[0] * 1e3:7.3f} ms, onnxopt "
-                      f"{t[1] * 1e3:7.3f} ms;  int8: onnxruntime {t[2] * 1e3:7.3f} ms, onnxopt {t[3] * 1e3:7.3f} ms "
-                      f"({ops / t[3] / 1e9:5.0f} GOP/s{frac});  int8 vs onnxruntime int8 {t[2] / t[3]:.3f}x, "
-                      f"vs our fp32 {t[1] / t[3]:.3f}x", flush=True)
-    if ratios:
-        gm = lambda xs: math.exp(np.mean(np.log(xs)))  # noqa: E731
-        print(f"geomean: vs onnxruntime int8 {gm(ratios):.3f}x (min {min(ratios):.3f}), vs our fp32 kernel "
-              f"{gm(vs_fp32):.3f}x (min {min(vs_fp32):.3f})")
+                print(f"{k:5d}x{n:<5d} tokens {tokens:4d}  {row(t, ops, peak, ratios, vs_fp32)}", flush=True)
+    geomeans(ratios, vs_fp32)
     return 0
 
 

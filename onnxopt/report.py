@@ -50,7 +50,7 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
     if regions:
         rt = Table(title=f"Fused regions: {len(regions)}")
         for c in ("pattern", "count", "speedup (median)", "predicted µs", "measured µs", "GB/s", "% of level bw",
-                  "GFLOP/s (% of peak)"):
+                  "G(FL)OP/s (% of peak)"):
             rt.add_column(c, justify="right" if c != "pattern" else "left")
         groups = defaultdict(list)
         for r in regions:
@@ -63,9 +63,11 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
             frac = [r["bandwidth_fraction"] for r in rs if "bandwidth_fraction" in r]
             fl = [(r["achieved_flops"], r.get("peak_fraction", 0)) for r in rs if "achieved_flops" in r]
             best = max(fl) if fl else None
+            # int8 kernels' integer ops against the int8 peak: GOP/s, marked
+            unit = " int8" if any(r.get("arithmetic") == "int8" for r in rs) else ""
             rt.add_row(ops, str(len(rs)), f"{sp[len(sp) // 2]:.2f}x" if sp else "-", f"{pred:.1f}", f"{meas:.1f}",
                        f"{max(bw) / 1e9:.1f}" if bw else "-", f"{100 * max(frac):.0f}%" if frac else "-",
-                       f"{best[0] / 1e9:.1f} ({100 * best[1]:.0f}%)" if best else "-")
+                       f"{best[0] / 1e9:.1f}{unit} ({100 * best[1]:.0f}%)" if best else "-")
         console.print(rt)
     rejected = report.get("rejected", [])
     if rejected:

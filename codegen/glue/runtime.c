@@ -25,6 +25,32 @@ static double seq_inline_flops(void); /* CT_INLINE_FLOPS: lower inside a sequenc
 
 static OrtStatus *fail(int code, const char *msg) { return API(CreateStatus)(code, msg); }
 
+/* A GEMM's tasks (the int8 kinds'): `ops` of work on a grid of na column panels x nb row blocks, split into
+   *ta x *tb tasks, at least ops / min_ops of them (max_tasks at most, as the grid allows: a single row splits its
+   panels), with the least traffic: each of the *ta panel ranges reads `per_a` (the rows' data) and each of the *tb
+   row ranges reads `per_b` (the panels' data). */
+static void grid_split(double ops, double min_ops, int64_t max_tasks, int64_t na, int64_t nb, double per_a,
+                       double per_b, int64_t *ta, int64_t *tb) {
+  int64_t want = (int64_t)(ops / min_ops);
+  if (want > max_tasks) want = max_tasks;
+  if (want < 1) want = 1;
+  if (want > na * nb) want = na * nb;
+  *ta = na < want ? na : want;
+  *tb = 1;
+  double best = -1.0;
+  for (int64_t a = 1; a <= na; a++) {
+    int64_t b = (want + a - 1) / a;
+    if (b > nb) continue; /* too few tasks this way */
+    double cost = per_a * (double)a + per_b * (double)b;
+    if (best < 0.0 || cost < best) {
+      best = cost;
+      *ta = a;
+      *tb = b;
+    }
+    if (b == 1) break;
+  }
+}
+
 /* Input i of a call: its dims (at most MAX_RANK), its rank and its data (the kinds' executors). */
 static OrtStatus *glue_input(OrtKernelContext *ctx, int i, int64_t *dims, size_t *rank, const void **data) {
   const OrtValue *in;

@@ -162,3 +162,18 @@ def reduce_lanes(b, v, combine):
         hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half, n))))
         v, n = combine(b, lo, hi), half
     return b.extract_element(v, ir.Constant(I32, 0))
+
+
+def record_function(module: ir.Module, name: str):
+    """A `void name(const int64 *record)` function, as the int8 tiles are (their records are C structs of 8-byte
+    slots, glue.h): (its builder at the entry, slot(i, type) that loads slot i of the record)."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType()]), name=name)
+    fn.args[0].add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    record = fn.args[0]
+    i64 = ir.IntType(64)
+
+    def slot(i: int, ty=i64):
+        return b.load(b.gep(record, [ir.Constant(i64, i)], source_etype=i64), typ=ty)
+
+    return b, slot

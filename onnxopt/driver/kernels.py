@@ -384,6 +384,7 @@ class KernelStage:
                 flops = _region_flops(r, feeds, want)
                 if flops:
                     entry["flops"] = flops
+                    entry["arithmetic"] = _peak_dtype(r)  # int8: the flops are integer ops, against the int8 peak
                 if machine is not None:
                     level = machine.level_for(bytes_moved)
                     # Roofline: the slower of the arithmetic at peak and the bytes at the level's bandwidth.

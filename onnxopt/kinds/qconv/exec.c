@@ -224,28 +224,13 @@ static void qc_gemm_task(void *usr, size_t index) {
   }
 }
 
-/* Split panels x channel blocks into at least `want` tasks (as qmatmul's qm_plan): the packed panels are read
-   mtasks times and the weights ptasks times; the split with the least of both. */
+/* Panels x channel blocks in tasks (runtime.c grid_split): the weights are read once per panel range, the packed
+   panels once per channel range; a task walks its panels in L2-sized groups. */
 static void qc_plan(qc_job *j) {
   const onnxopt_qconv_desc *d = j->d;
-  double ops = 2.0 * (double)j->panels * QC_PANEL * (double)d->cout * (double)d->k4, best = -1.0;
-  int64_t want = (int64_t)(ops / QC_TASK_MIN_OPS);
-  if (want > QC_TASKS) want = QC_TASKS;
-  if (want < 1) want = 1;
-  if (want > j->panels * j->mblocks) want = j->panels * j->mblocks;
-  j->ptasks = j->panels < want ? j->panels : want;
-  j->mtasks = 1;
-  for (int64_t pt = 1; pt <= j->panels; pt++) {
-    int64_t mt = (want + pt - 1) / pt;
-    if (mt > j->mblocks) continue;
-    double cost = (double)j->panels * QC_PANEL * (double)d->k4 * (double)mt + (double)d->cout * (double)d->k4 * pt;
-    if (best < 0.0 || cost < best) {
-      best = cost;
-      j->ptasks = pt;
-      j->mtasks = mt;
-    }
-    if (mt == 1) break;
-  }
+  double panel_bytes = QC_PANEL * (double)d->k4;
+  grid_split(2.0 * (double)j->panels * panel_bytes * (double)d->cout, QC_TASK_MIN_OPS, QC_TASKS, j->panels,
+             j->mblocks, (double)d->cout * (double)d->k4, (double)j->panels * panel_bytes, &j->ptasks, &j->mtasks);
   j->group = QC_GROUP_BYTES / (d->k4 * QC_PANEL);
   if (j->group < 1) j->group = 1;
 }

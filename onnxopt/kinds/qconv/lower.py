@@ -27,7 +27,8 @@ from onnxopt.codegen.elementwise.lower import emit_body
 from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.microkernel.outer_product import lane_mask
 from onnxopt.codegen.target import Target
-from onnxopt.codegen.vmath.irutil import broadcast, for_range, intrinsic, masked_load, masked_store
+from onnxopt.codegen.vmath.irutil import (broadcast, for_range, intrinsic, masked_load, masked_store,
+                                           record_function)
 from onnxopt.kinds.qmatmul.lower import instruction_for
 
 from .desc import QConvKernelDesc
@@ -73,14 +74,7 @@ def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: 
 
 def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int) -> None:
     nr = PANEL // lanes
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
-    fn.args[0].add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    t = fn.args[0]
-
-    def slot(i, ty=I64):
-        return b.load(b.gep(t, [ir.Constant(I64, i)], source_etype=I64), typ=ty)
-
+    b, slot = record_function(module, name)
     w, panel, vsum = slot(SLOT_W, PTR), slot(SLOT_PANEL, PTR), slot(SLOT_VSUM, PTR)
     k4q, azp, m0, ncols, out_off, ohw = (slot(s) for s in (SLOT_K4Q, SLOT_AZP, SLOT_M0, SLOT_NCOLS, SLOT_OUT_OFF,
                                                            SLOT_OHW))

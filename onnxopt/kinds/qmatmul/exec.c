@@ -37,27 +37,11 @@ static void qm_task(void *usr, size_t index) {
   }
 }
 
-/* Split panels x row blocks into at least `want` tasks (QM_TASKS at most, fewer for a small product; a single row
-   splits its panels), A read ptasks times and B mtasks times: the split with the least of both. */
+/* Panels x row blocks in tasks (runtime.c grid_split): A is read once per panel range, B once per row range. */
 static void qm_plan(qm_job *j) {
-  double ops = 2.0 * (double)j->rows * (double)j->d->n * (double)j->d->k, best = -1.0;
-  int64_t want = (int64_t)(ops / QM_TASK_MIN_OPS);
-  if (want > QM_TASKS) want = QM_TASKS;
-  if (want < 1) want = 1;
-  if (want > j->panels * j->mblocks) want = j->panels * j->mblocks;
-  j->ptasks = j->panels < want ? j->panels : want;
-  j->mtasks = 1;
-  for (int64_t pt = 1; pt <= j->panels; pt++) {
-    int64_t mt = (want + pt - 1) / pt;
-    if (mt > j->mblocks) continue; /* too few tasks this way */
-    double cost = (double)j->rows * (double)pt + (double)j->d->n * (double)mt;
-    if (best < 0.0 || cost < best) {
-      best = cost;
-      j->ptasks = pt;
-      j->mtasks = mt;
-    }
-    if (pt * mt >= want && mt == 1) break;
-  }
+  double ops = 2.0 * (double)j->rows * (double)j->d->n * (double)j->d->k;
+  grid_split(ops, QM_TASK_MIN_OPS, QM_TASKS, j->panels, j->mblocks, (double)j->rows, (double)j->d->n, &j->ptasks,
+             &j->mtasks);
 }
 
 static OrtStatus *qmatmul_execute(const onnxopt_qmatmul_desc *d, OrtKernelContext *ctx) {

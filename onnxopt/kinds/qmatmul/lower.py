@@ -21,7 +21,7 @@ from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.instructions import available
 from onnxopt.codegen.microkernel.outer_product import lane_mask
 from onnxopt.codegen.target import Target
-from onnxopt.codegen.vmath.irutil import broadcast, for_range, masked_load, masked_store
+from onnxopt.codegen.vmath.irutil import broadcast, for_range, masked_load, masked_store, record_function
 
 from .desc import QMatMulKernelDesc
 from .params import CHANNEL, COLUMN, PANEL, POSITION, SCALAR
@@ -92,14 +92,7 @@ def _corrections(b: ir.IRBuilder, acc: list, rows: list, fix, nfix, mi: int, nr:
 
 def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int) -> None:
     nr = PANEL // lanes
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
-    fn.args[0].add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    t = fn.args[0]
-
-    def slot(i, ty=I64):
-        return b.load(b.gep(t, [ir.Constant(I64, i)], source_etype=I64), typ=ty)
-
+    b, slot = record_function(module, name)
     a, a_rs, bp, colsum = slot(SLOT_A, PTR), slot(SLOT_A_RS), slot(SLOT_B, PTR), slot(SLOT_COLSUM, PTR)
     k4, azp, m0, ldc, n0, ncols = (slot(s) for s in (SLOT_K4, SLOT_AZP, SLOT_M0, SLOT_LDC, SLOT_N0, SLOT_NCOLS))
     acc_t = ir.VectorType(I32, lanes)
