@@ -264,6 +264,13 @@ def test_refusals_say_why():
     m = _conv_integer_model(w, np.array(3, np.int8), dict(kernel_shape=[3, 3]), (1, 6, 5, 5))
     rejected = []
     assert find_regions(m, set(), rejected) == [] and "zero point" in rejected[0]["reason"]
+    # A QDQ unit whose input's DequantizeLinear another node reads too (the pipeline copies it for the unit first:
+    # graph/quantized.py dedicate_conv_dequantizers)
+    m = _qdq_model(w, np.full(4, 0.01, np.float32), np.zeros(4, np.int32), np.float32(0.1), np.array(3, np.uint8),
+                   np.float32(0.2), np.uint8(9), dict(kernel_shape=[3, 3]), (1, 6, 5, 5), False)
+    m.graph.output.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, None))
+    rejected = []
+    assert find_regions(m, set(), rejected) == [] and "feeds another node" in rejected[0]["reason"]
 
 
 @pytest.mark.parametrize("spec,mnemonic,reg", [("cpu=x86-64-v4,+avx512vnni", "vpdpbusd", "zmm"),

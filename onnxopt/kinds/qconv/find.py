@@ -356,8 +356,9 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
                                                                            want, rtol=1e-6, atol=0)):
             return "its bias's scale is not x_scale * w_scale"
         bias = b.reshape(-1).astype(np.int32)
-        if rule.only_consumer(b_dq.output[0]) == i:
-            members.append(b_i)
+        if rule.only_consumer(b_dq.output[0]) != i:
+            return "its bias's DequantizeLinear feeds another node too"
+        members.append(b_i)
     if rule.only_consumer(w_dq.output[0]) != i:
         return "its weights' DequantizeLinear feeds another node too"
     # The output: Conv [-> Relu | Clip] -> QuantizeLinear, each read by the next alone.
@@ -393,8 +394,10 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     # Relu / Clip: clamp(q(y), q(lo), q(hi)), exact because quantizing is monotone.
     lo_q = qmin if lo_f == -np.inf else int(np.clip(np.round(np.float32(lo_f) / sy) + int(zy), qmin, qmax))
     hi_q = qmax if hi_f == np.inf else int(np.clip(np.round(np.float32(hi_f) / sy) + int(zy), qmin, qmax))
-    if rule.only_consumer(x_dq.output[0]) == i:
-        members.append(x_i)
+    # The pipeline gives each unit dequantizers of its own first (graph/quantized.py, dedicate_conv_dequantizers).
+    if rule.only_consumer(x_dq.output[0]) != i:
+        return "its input's DequantizeLinear feeds another node too"
+    members.append(x_i)
     if any(m in claimed for m in members):
         return "part of it is fused elsewhere"
     uid = node.output[0]
