@@ -155,7 +155,9 @@ def _minus_zero(nodes: list, u: str, n: onnx.NodeProto, to: int, weights_axis) -
 def _steps(nodes: list, u: str, n: onnx.NodeProto, inits: dict, stepped: dict) -> str | None:
     """A QuantizeLinear with a constant scalar scale and zero point as x / scale + zero point clamped to the
     type's range, in float (appended to `nodes`); None (nothing appended) for any other."""
-    if len(n.input) < 3 or n.input[1] not in inits or n.input[2] not in inits or len(n.attribute):
+    # axis says nothing for one scale; saturate, block_size and output_dtype (opset 19+) would
+    if len(n.input) < 3 or n.input[1] not in inits or n.input[2] not in inits or \
+            any(a.name != "axis" for a in n.attribute):
         return None
     scale, zero = numpy_helper.to_array(inits[n.input[1]]), numpy_helper.to_array(inits[n.input[2]])
     if scale.size != 1 or zero.size != 1 or zero.dtype not in (np.uint8, np.int8):

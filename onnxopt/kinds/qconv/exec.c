@@ -6,7 +6,6 @@
 #define QC_TASK_MIN_OPS 262144.0
 #define QC_PANEL 16
 #define QC_GROUP_BYTES (128 * 1024) /* packed panels a task keeps in L2 while the weights stream past them */
-#define QC_MAX_TAPS 64              /* the implicit form's kernel windows (find.py IMPLICIT_MAX_TAPS) */
 
 typedef struct {
   const onnxopt_qconv_desc *d;
@@ -186,32 +185,45 @@ static void qc_pack_task(void *usr, size_t index) {
   for (int64_t p = p0; p < p1; p++) qc_pack_panel(j, p);
 }
 
+/* The implicit form's tasks: per panel (up to 16 pixels of one output row) its window's start per tap, computed
+   once, then every channel block of the task on it (at most 64 channels: their weights stay in L1). */
+static void qc_implicit_task(const qc_job *j, int64_t p0, int64_t p1, int64_t b0, int64_t b1) {
+  const onnxopt_qconv_desc *d = j->d;
+  qc_tile t = j->proto;
+  const uint8_t *window[QC_MAX_TAPS];
+  t.panel = (const uint8_t *)window;
+  for (int64_t p = p0; p < p1; p++) {
+    int64_t img = p / (j->oh * j->ppr), row = p % (j->oh * j->ppr) / j->ppr, col = p % j->ppr * QC_PANEL;
+    const uint8_t *base = j->grouped + img * (j->cin4 / 4) * j->hp * j->wp * 4;
+    for (int64_t tap = 0; tap < d->kh * d->kw; tap++)
+      window[tap] = base + ((row + tap / d->kw * d->dh) * j->wp + col + tap % d->kw * d->dw) * 4;
+    t.ncols = j->ow - col < QC_PANEL ? j->ow - col : QC_PANEL;
+    t.out_off = img * j->out_elems_per_image + row * j->ow + col;
+    t.chan_base = img * d->cout;
+    for (int64_t mb = b0; mb < b1; mb++) {
+      t.m0 = mb * d->mr;
+      d->tiles[(d->cout - t.m0 < d->mr ? d->cout - t.m0 : d->mr) - 1]((const int64_t *)&t);
+    }
+  }
+}
+
 static void qc_gemm_task(void *usr, size_t index) {
   const qc_job *j = (const qc_job *)usr;
   const onnxopt_qconv_desc *d = j->d;
   int64_t pt = (int64_t)index / j->mtasks, mt = (int64_t)index % j->mtasks;
   int64_t p0 = pt * j->panels / j->ptasks, p1 = (pt + 1) * j->panels / j->ptasks;
   int64_t b0 = mt * j->mblocks / j->mtasks, b1 = (mt + 1) * j->mblocks / j->mtasks;
+  if (d->implicit) {
+    qc_implicit_task(j, p0, p1, b0, b1);
+    return;
+  }
   qc_tile t = j->proto;
-  const uint8_t *window[QC_MAX_TAPS];
   for (int64_t g0 = p0; g0 < p1; g0 += j->group) { /* panels in L2-sized groups, the weights streamed per group */
     int64_t g1 = g0 + j->group < p1 ? g0 + j->group : p1;
     for (int64_t mb = b0; mb < b1; mb++) {
       t.m0 = mb * d->mr;
       int64_t mi = d->cout - t.m0 < d->mr ? d->cout - t.m0 : d->mr;
       for (int64_t p = g0; p < g1; p++) {
-        if (d->implicit) { /* a panel is up to 16 pixels of one output row: its window's start per tap */
-          int64_t img = p / (j->oh * j->ppr), row = p % (j->oh * j->ppr) / j->ppr, col = p % j->ppr * QC_PANEL;
-          const uint8_t *base = j->grouped + img * (j->cin4 / 4) * j->hp * j->wp * 4;
-          for (int64_t tap = 0; tap < d->kh * d->kw; tap++)
-            window[tap] = base + ((row + tap / d->kw * d->dh) * j->wp + col + tap % d->kw * d->dw) * 4;
-          t.panel = (const uint8_t *)window;
-          t.ncols = j->ow - col < QC_PANEL ? j->ow - col : QC_PANEL;
-          t.out_off = img * j->out_elems_per_image + row * j->ow + col;
-          t.chan_base = img * d->cout;
-          d->tiles[mi - 1]((const int64_t *)&t);
-          continue;
-        }
         int64_t img = p / j->ppi, first = (p % j->ppi) * QC_PANEL;
         t.panel = j->packed + p * d->k4 * QC_PANEL;
         t.asum = j->asum ? j->asum + p * QC_PANEL : NULL;

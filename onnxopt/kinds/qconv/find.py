@@ -20,10 +20,13 @@ point. Its bias must be the quantizer's int32 one with scale x_scale * w_scale (
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxopt.codegen.glue.kinds import c_define
 from onnxopt.codegen.instructions.avx2_u8s8 import split_pairs
 from onnxopt.fusion.compute import ComputeRule
 from onnxopt.fusion.elementwise import _attr
@@ -33,10 +36,11 @@ from onnxopt.graph.quantized import integer_product_units, quantized_nodes, qdq_
 from .params import FLOAT, QUANT, QConvParams
 
 _ONNX = ("", "ai.onnx")
-MAX_EXTRAS = 8  # glue.h QC_MAX_EXTRA
-MAX_OUTPUTS = 4  # glue.h QC_MAX_OUT
+_HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_EXTRAS = c_define("glue.h", "QC_MAX_EXTRA", _HERE)
+MAX_OUTPUTS = c_define("glue.h", "QC_MAX_OUT", _HERE)
 MAX_K = 8192  # the exact reference's bound (measure.exact_integer_reference writes the weights in base 8)
-IMPLICIT_MAX_TAPS = 64  # exec.c QC_MAX_TAPS
+IMPLICIT_MAX_TAPS = c_define("glue.h", "QC_MAX_TAPS", _HERE)
 TAP_SHIFT = 20  # a group-major correction's k: tap << TAP_SHIFT | channel (channels < 2^20: MAX_K)
 IMPLICIT_MIN_USE = 0.8  # of the lanes of an output row's panels of 16 pixels (a 14-wide row: 0.875; 7-wide: 0.44)
 # Packing receptive fields costs per panel what the arithmetic costs per output channel, so it weighs most with few

@@ -7,6 +7,7 @@
 #define QC_MAX_OUT 4
 #define QC_MAX_EXTRA 8
 #define QC_MAX_MR 8
+#define QC_MAX_TAPS 64 /* the implicit form's kernel windows (find.py) */
 
 typedef struct { /* mirrors the slots of lower.py */
   const int8_t *w;       /* the packed weights: [cout][k4] */

@@ -32,7 +32,7 @@ from onnxopt.codegen.vmath.irutil import (broadcast, for_range, intrinsic, maske
 from onnxopt.kinds.qmatmul.lower import instruction_for
 
 from .desc import QConvKernelDesc
-from .find import TAP_SHIFT
+from .find import MAX_EXTRAS, MAX_OUTPUTS, TAP_SHIFT
 from .params import CHANNEL, PANEL, POSITION, QUANT, SCALAR
 
 F32, I8, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -42,7 +42,7 @@ MR = 4  # output channels a tile: MR x NR s32 accumulators, NR activation vector
 (SLOT_W, SLOT_PANEL, SLOT_K4Q, SLOT_AZP, SLOT_M0, SLOT_VSUM, SLOT_DVEC, SLOT_ASUM, SLOT_NCOLS, SLOT_OUT_OFF,
  SLOT_OHW, SLOT_FIX_OFFSETS, SLOT_FIX_ENTRIES, SLOT_CHAN_BASE, SLOT_BIAS, SLOT_SCALE, SLOT_TAPS, SLOT_PLANE4,
  SLOT_CIN4Q) = range(19)
-MAX_OUT, MAX_EXTRA = 4, 8
+MAX_OUT, MAX_EXTRA = MAX_OUTPUTS, MAX_EXTRAS  # glue.h QC_MAX_OUT, QC_MAX_EXTRA
 SLOT_OUT = 19
 SLOT_EXTRA = SLOT_OUT + MAX_OUT
 SLOT_EXTRA_COUNT = SLOT_EXTRA + MAX_EXTRA
