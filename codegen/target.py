@@ -37,6 +37,13 @@ LLVM_TO_CPUINFO = {
     "amx-bf16": "amx_bf16",
 }
 
+# aarch64: LLVM feature name -> the flag Linux prints on the "Features" line of /proc/cpuinfo.
+AARCH64_TO_CPUINFO = {"neon": "asimd", "dotprod": "asimddp", "i8mm": "i8mm", "sve": "sve", "fp16": "fphp"}
+AARCH64_TRIPLE = "aarch64-unknown-linux-gnu"
+# `--target aarch64`: any Armv8-A Linux machine (NEON is part of the base); `aarch64-dotprod`: Armv8.2-A's dot
+# products as well (Neoverse N1, Cortex-A76, Graviton 2 and later), what the int8 kernels need.
+_AARCH64_PRESETS = {"aarch64": ("generic", ["neon"]), "aarch64-dotprod": ("neoverse-n1", ["neon", "dotprod"])}
+
 # The x86-64 micro-architecture levels, as LLVM knows them.
 _LEVELS = {
     "x86-64": [],
@@ -64,6 +71,16 @@ class Target:
         return feature in self.features
 
     @property
+    def arch(self) -> str:
+        """The instruction set: "x86_64" or "aarch64" (the triple's first part)."""
+        return self.triple.split("-")[0]
+
+    @property
+    def foreign(self) -> bool:
+        """Code for another architecture than this process's: it cannot run here (only under an emulator)."""
+        return self.arch != _host_arch()
+
+    @property
     def vector_bits(self) -> int:
         """Width of the vector registers the kernels are written for."""
         if self.has("avx512f"):
@@ -85,7 +102,8 @@ class Target:
     @property
     def required_cpu_flags(self) -> list[str]:
         """The /proc/cpuinfo flags a CPU needs to run this target's code."""
-        return sorted({LLVM_TO_CPUINFO[f] for f in self.features if f in LLVM_TO_CPUINFO})
+        names = AARCH64_TO_CPUINFO if self.arch == "aarch64" else LLVM_TO_CPUINFO
+        return sorted({names[f] for f in self.features if f in names})
 
     def to_dict(self) -> dict:
         return {"name": self.name, "triple": self.triple, "cpu": self.cpu, "features": list(self.features)}
@@ -101,7 +119,14 @@ def _llvm():
         pass
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    llvm.initialize_all_targets()  # --target aarch64 on an x86-64 host, and back
+    llvm.initialize_all_asmprinters()
     return llvm
+
+
+def _host_arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 
 
 # Run everything as if this host were an older x86-64 level: ONNXOPT_HOST_LEVEL=x86-64-v3 on an AVX-512 machine
@@ -148,27 +173,39 @@ def host_target() -> Target:
 
 
 def parse_target(spec: str | None) -> Target:
-    """`native` (default), an x86-64 level (`x86-64-v3`, `x86-64-v4`), or `cpu=NAME,+feat,+feat`."""
+    """`native` (default), an x86-64 level (`x86-64-v3`, `x86-64-v4`), `aarch64`, `aarch64-dotprod`, or
+    `cpu=NAME,+feat,+feat` (an x86-64 or an aarch64 CPU, as LLVM names them: `cpu=neoverse-n1,+dotprod`)."""
     if spec in (None, "", "native", "host"):
         return host_target()
-    if platform.machine() not in ("x86_64", "AMD64"):
-        raise UsageError(f"--target {spec}: only 'native' is supported on {platform.machine()} for now")
+    if spec in _AARCH64_PRESETS:
+        cpu, feats = _AARCH64_PRESETS[spec]
+        return Target(spec, AARCH64_TRIPLE, cpu, tuple(sorted(feats)))
+    if _host_arch() != "x86_64":
+        raise UsageError(f"--target {spec}: only 'native' and the aarch64 targets are supported on "
+                         f"{platform.machine()} for now")
     triple = host_target().triple
     if spec in _LEVELS:
         return Target(spec, triple, spec, tuple(sorted(_LEVELS[spec])))
     if spec.startswith("cpu="):
         parts = spec.split(",")
         cpu = parts[0][4:]
-        base = list(_LEVELS.get(cpu, []))
+        feats = []
         for p in parts[1:]:
             if not p.startswith("+") or len(p) < 2:
                 raise UsageError(f"--target {spec}: features are written '+name', got '{p}'")
-            base.append(p[1:])
-        target = Target(spec, triple, cpu, tuple(sorted(set(base))))
-        _check_llvm_knows(target)
-        return target
+            feats.append(p[1:])
+        x86 = Target(spec, triple, cpu, tuple(sorted(set(_LEVELS.get(cpu, []) + feats))))
+        complaint = _llvm_complaints(x86.triple, x86.cpu, x86.llvm_features)
+        if not complaint:
+            return x86
+        arm = Target(spec, AARCH64_TRIPLE, cpu, tuple(sorted(set(["neon"] + feats))))
+        if not _llvm_complaints(arm.triple, arm.cpu, arm.llvm_features):
+            return arm
+        raise UsageError(f"--target {spec}: LLVM does not accept it ({complaint.strip()}); give a CPU name "
+                         "LLVM knows (such as skylake-avx512, znver3, x86-64-v3, neoverse-n1) and features it knows")
     raise UsageError(
-        f"unknown --target '{spec}': use 'native', one of {', '.join(_LEVELS)}, or 'cpu=NAME,+feature,...'"
+        f"unknown --target '{spec}': use 'native', one of {', '.join(_LEVELS)}, 'aarch64', 'aarch64-dotprod', or "
+        "'cpu=NAME,+feature,...'"
     )
 
 
@@ -178,7 +215,7 @@ def _llvm_complaints(triple: str, cpu: str, features: str) -> str:
     stops the whole process on some of them (a CPU name it does not know)."""
     code = ("import llvmlite.binding as b\n"
             "try:\n    b.initialize()\nexcept Exception:\n    pass\n"
-            "b.initialize_native_target(); b.initialize_native_asmprinter()\n"
+            "b.initialize_all_targets(); b.initialize_all_asmprinters()\n"
             f"m = b.parse_assembly('target triple = \"{triple}\"\\ndefine i32 @f(i32 %x) {{\\n  ret i32 %x\\n}}\\n')\n"
             f"tm = b.Target.from_triple({triple!r}).create_target_machine(cpu={cpu!r}, features={features!r})\n"
             "tm.emit_object(m)\n")
@@ -190,13 +227,6 @@ def _llvm_complaints(triple: str, cpu: str, features: str) -> str:
     if r.returncode != 0:
         return said[-1] if said else f"LLVM exited with status {r.returncode}"
     return next((line for line in said if "not a recognized" in line), "")
-
-
-def _check_llvm_knows(target: Target) -> None:
-    complaint = _llvm_complaints(target.triple, target.cpu, target.llvm_features)
-    if complaint:
-        raise UsageError(f"--target {target.name}: LLVM does not accept it ({complaint.strip()}); give a CPU name "
-                         "LLVM knows (such as skylake-avx512, znver3, x86-64-v3) and features it knows")
 
 
 def host_cpu_flags() -> set[str]:

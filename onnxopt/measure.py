@@ -75,15 +75,17 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
       64 a + 8 b + c (digits within [-4, 7]), each exact below 2^24 (K * 255 * 7 for K up to 8192:
       onnxopt/kinds/qconv MAX_K), summed in int32.
     - QuantizeLinear (constant scale and zero point): x / scale + zero point, clamped to the type's range, as float:
-      a quantized output is then compared in steps (verify.compare)."""
-    ops = {"MatMulInteger", "ConvInteger", "QuantizeLinear"}
+      a quantized output is then compared in steps (verify.compare).
+    - QLinearConv (constant weights and scales): the ConvInteger above plus its int32 bias, times x_scale *
+      w_scale / y_scale, plus the zero point, clamped, in steps as a QuantizeLinear's."""
+    ops = {"MatMulInteger", "ConvInteger", "QuantizeLinear", "QLinearConv"}
     if not any(n.op_type in ops for n in model.graph.node):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = {t.name: t for t in model.graph.initializer}
     nodes, stepped = [], {}
-    for k, n in enumerate(model.graph.node):
+    for k, n in enumerate(_qlinear_conv_in_steps(out, inits, stepped)):
         u = f"__exact{k}"
         if n.op_type == "MatMulInteger":
             a, b = _minus_zero(nodes, u, n, onnx.TensorProto.INT32, weights_axis=None)
@@ -125,6 +127,48 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
         if o.name in stepped:
             o.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     return out
+
+
+def _qlinear_conv_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -> list:
+    """`model`'s nodes with each QLinearConv of constant weights and scales as ConvInteger -> Add(bias) -> Cast ->
+    Mul(x_scale * w_scale / y_scale) -> Add(zero point) -> Max -> Min: its result in steps before rounding (float;
+    recorded in `stepped`). Initializers it needs are added to `model` and `inits`."""
+    from onnxopt.graph.quantized import qlinear_conv_params
+
+    nodes = []
+    for k, n in enumerate(model.graph.node):
+        p = qlinear_conv_params(n, inits) if n.op_type == "QLinearConv" else None
+        if p is None:
+            nodes.append(n)
+            continue
+        u = f"__qlinear_steps{k}"
+        cout = p["w"].shape[0]
+        scale = (np.float32(p["sx"]) * np.broadcast_to(p["sw"].astype(np.float32).reshape(-1), (cout,)) /
+                 np.float32(p["sy"])).astype(np.float32)
+        zy = p["zy"] if p["zy"] is not None else np.uint8(0)
+        lo, hi = (0.0, 255.0) if zy.dtype == np.uint8 else (-128.0, 127.0)
+        consts = {"scale": scale.reshape(-1, 1, 1), "zy": np.float32(zy), "lo": np.float32(lo),
+                  "hi": np.float32(hi)}
+        if p["bias"] is not None:
+            consts["bias"] = p["bias"].astype(np.int32).reshape(-1, 1, 1)
+        for key, v in consts.items():
+            t = numpy_helper.from_array(np.asarray(v), f"{u}_{key}")
+            model.graph.initializer.append(t)
+            inits[t.name] = t
+        acc = f"{u}_acc"
+        nodes.append(helper.make_node("ConvInteger", [n.input[0], n.input[3], n.input[2], n.input[5]], [acc],
+                                      name=n.name))
+        nodes[-1].attribute.extend(n.attribute)
+        if p["bias"] is not None:
+            nodes.append(helper.make_node("Add", [acc, f"{u}_bias"], [f"{u}_biased"]))
+            acc = f"{u}_biased"
+        nodes += [helper.make_node("Cast", [acc], [f"{u}_f"], to=onnx.TensorProto.FLOAT),
+                  helper.make_node("Mul", [f"{u}_f", f"{u}_scale"], [f"{u}_s"]),
+                  helper.make_node("Add", [f"{u}_s", f"{u}_zy"], [f"{u}_z"]),
+                  helper.make_node("Max", [f"{u}_z", f"{u}_lo"], [f"{u}_m"]),
+                  helper.make_node("Min", [f"{u}_m", f"{u}_hi"], [n.output[0]])]
+        stepped[n.output[0]] = True
+    return nodes
 
 
 def _minus_zero(nodes: list, u: str, n: onnx.NodeProto, to: int, weights_axis) -> tuple[str, str]:

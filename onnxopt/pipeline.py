@@ -88,6 +88,9 @@ class Options:
     sequences: bool = True
     # Run the written model without the library too (its function bodies, as a host without it does) and compare.
     verify_fallback: bool = True
+    # A target of another architecture (--target aarch64-dotprod on x86-64): check the written model with its
+    # library in onnxruntime under emulation where it is set up (hardware/emulator.py).
+    emulate: bool = True
     input_files: tuple = ()  # files read besides the model (--check-input): never written over
     also_writes: tuple = ()  # files the caller writes besides the outputs (the CLI's --report)
 
@@ -127,6 +130,7 @@ def optimize(model, output: str | None = None, **kwargs) -> Result:
         sequences=bool(kwargs.pop("sequences", True)),
         winograd=str(kwargs.pop("winograd", "auto")),
         verify_fallback=bool(kwargs.pop("verify_fallback", True)),
+        emulate=bool(kwargs.pop("emulate", True)),
     )
     _check_numbers(opts)
     if opts.winograd not in WINOGRAD_MODES:
@@ -162,7 +166,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         self.bindings: dict[str, int] = {}  # values for symbolic dims in the checks (_choose_bindings)
         # Cross-compiling for a CPU with instructions this one lacks: the kernels cannot run here, so they are
         # accepted on the strength of their codegen tests, and the model is verified through its function bodies.
-        self.cannot_run = missing_cpu_flags(opts.target.required_cpu_flags)
+        self.cannot_run = [f"the {opts.target.arch} instruction set"] if opts.target.foreign else \
+            missing_cpu_flags(opts.target.required_cpu_flags)
         self.costs = None  # the CostCache, opened on first use (_cost_cache)
         self.inline_flops = INLINE_FLOPS  # the emitted library's CT_INLINE_FLOPS (_inline_choice)
         self.sequence_libraries: dict[tuple, str] = {}  # (library, sequence op types) -> linked path (_plan_session)

@@ -56,16 +56,17 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
         for r in regions:
             groups[r["ops"]].append(r)
         for ops, rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-            sp = sorted(r.get("speedup", 0) for r in rs)
+            sp = sorted(r["speedup"] for r in rs if "speedup" in r)
             pred = sum(r.get("predicted_s", 0) for r in rs) * 1e6
-            meas = sum(r.get("measured_fused_s", 0) for r in rs) * 1e6
+            timed = [r["measured_fused_s"] for r in rs if "measured_fused_s" in r]  # none where not run here
             bw = [r["achieved_bandwidth"] for r in rs if "achieved_bandwidth" in r]
             frac = [r["bandwidth_fraction"] for r in rs if "bandwidth_fraction" in r]
             fl = [(r["achieved_flops"], r.get("peak_fraction", 0)) for r in rs if "achieved_flops" in r]
             best = max(fl) if fl else None
             # int8 kernels' integer ops against the int8 peak: GOP/s, marked
             unit = " int8" if any(r.get("arithmetic") == "int8" for r in rs) else ""
-            rt.add_row(ops, str(len(rs)), f"{sp[len(sp) // 2]:.2f}x" if sp else "-", f"{pred:.1f}", f"{meas:.1f}",
+            rt.add_row(ops, str(len(rs)), f"{sp[len(sp) // 2]:.2f}x" if sp else "-", f"{pred:.1f}",
+                       f"{sum(timed) * 1e6:.1f}" if timed else "-",
                        f"{max(bw) / 1e9:.1f}" if bw else "-", f"{100 * max(frac):.0f}%" if frac else "-",
                        f"{best[0] / 1e9:.1f}{unit} ({100 * best[1]:.0f}%)" if best else "-")
         console.print(rt)
@@ -78,15 +79,22 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
         for reason, n in reasons.most_common(None if verbose else 10):
             rj.add_row(reason, str(n))
         console.print(rj)
-    if report.get("kernels_not_run"):
-        console.print(f"[yellow]cross-compiled[/yellow]: {report['kernels_not_run']}. No kernel of the library ran "
-                      "here; only the function bodies (the original ops) were checked")
     v = report.get("verification")
+    if report.get("kernels_not_run"):
+        if v and v.get("emulated"):
+            console.print(f"[yellow]cross-compiled[/yellow]: {report['kernels_not_run']}; the whole model ran with "
+                          f"its library under emulation ({v['emulated']})")
+        else:
+            console.print(f"[yellow]cross-compiled[/yellow]: {report['kernels_not_run']}. No kernel of the library "
+                          "ran here; only the function bodies (the original ops) were checked"
+                          + (f" ({report['emulation']})" if report.get("emulation") else ""))
     if report.get("unchanged"):
         v = None  # the written model is the original: nothing of ours to vouch for
     if v and "outputs" in v:
         worst = max((o["max_abs"] for o in v["outputs"]), default=0.0)
         how = "with the kernel library" if v.get("library") else "through the function bodies, without the library"
+        if v.get("emulated"):
+            how = f"with the kernel library under {v['emulated']}"
         console.print(f"[green]verified[/green] {how}: {len(v['outputs'])} outputs match the original "
                       f"(max abs diff {worst:.3g})" if v["ok"] else "[red]verification failed[/red]")
     fb = report.get("fallback_verification")

@@ -9,10 +9,10 @@ from onnxopt.codegen.target import host_target
 from onnxopt.emit.model import build_fused_model
 
 
-def fuse_kind(kind, model, tmp_path, name: str | None = None):
+def fuse_kind(kind, model, tmp_path, name: str | None = None, target=None):
     """(the fused model, its library's path, the region, the kernel's LLVM IR) for the one region `kind` finds in
-    `model` (shapes already inferred)."""
-    target = host_target()
+    `model` (shapes already inferred), built for `target` (default: this host)."""
+    target = target or host_target()
     regions = kind.find(model, set(), [])
     assert len(regions) == 1, regions
     region = regions[0]

@@ -24,6 +24,14 @@
 #define CHUNK_MIN_ELEMENTS 16384
 #define MAX_CHUNKS 256
 
+/* A loop the compiler writes once per x86 vector width and picks when the library loads; one plain copy on
+   other architectures (aarch64's NEON is their baseline). */
+#if defined(__x86_64__)
+#define X86_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define X86_CLONES
+#endif
+
 typedef void OrtStatus;
 typedef void OrtValue;
 typedef void OrtKernelContext;

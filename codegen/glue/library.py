@@ -162,10 +162,25 @@ def library_source(kernels: list, target: Target, inline_flops: float = INLINE_F
     parts.append(f"const int onnxopt_n_ops = {len(kernels)};\n")
     parts.append(f"const double onnxopt_inline_flops = {float(inline_flops)!r};\n")
     parts.append(f'const char onnxopt_execution_provider[] = "{target.execution_provider}";\n')
+    parts.append(_cpu_check(target))
+    return headers_source() + "".join(parts)
+
+
+# aarch64 features -> their bit in the auxiliary vector (AT_HWCAP, AT_HWCAP2), as Linux's asm/hwcap.h numbers them.
+_AARCH64_HWCAPS = {"neon": ("AT_HWCAP", 1 << 1), "dotprod": ("AT_HWCAP", 1 << 20), "sve": ("AT_HWCAP", 1 << 22),
+                   "fp16": ("AT_HWCAP", 1 << 9), "i8mm": ("AT_HWCAP2", 1 << 13)}
+
+
+def _cpu_check(target: Target) -> str:
+    """onnxopt_cpu_ok(): whether this CPU has every feature the kernels use (gcc's CPU model on x86-64, the kernel's
+    hardware capabilities on aarch64)."""
+    if target.arch == "aarch64":
+        checks = [_AARCH64_HWCAPS[f] for f in target.features if f in _AARCH64_HWCAPS]
+        cond = " && ".join(f"(getauxval({at}) & {bit}ul)" for at, bit in checks) or "1"
+        return f"#include <sys/auxv.h>\nint onnxopt_cpu_ok(void) {{\n  return {cond};\n}}\n"
     checks = [f for f in target.features if f in _GCC_CPU_NAMES]
     cond = " && ".join(f'__builtin_cpu_supports("{f}")' for f in checks) or "1"
-    parts.append(f"int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n")
-    return headers_source() + "".join(parts)
+    return f"int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n"
 
 
 def _sequence_source(i: int, k: SeqKernelDesc, sig_of: dict[str, str]) -> str:
@@ -202,7 +217,16 @@ def runtime_source() -> str:
     return runtime_translation_unit()
 
 
-def _cc() -> str:
+def _cc(target: Target | None = None) -> str:
+    """The C compiler for `target`'s machines: the system's, or for a foreign target (aarch64 on an x86-64 host) its
+    cross compiler, $CC_<ARCH> (CC_AARCH64) or Debian's `<arch>-linux-gnu-gcc`."""
+    if target is not None and target.foreign:
+        cross = f"{target.arch}-linux-gnu-gcc"
+        for name in (os.environ.get(f"CC_{target.arch.upper()}"), cross):
+            if name and shutil.which(name):
+                return name
+        raise ToolchainError(f"no C compiler for {target.arch} found ({cross}): install Debian's "
+                             f"gcc-{target.arch.replace('_', '-')}-linux-gnu, or point $CC_{target.arch.upper()} at one")
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
@@ -222,7 +246,7 @@ def link_library(kernels: list, objects: list, target: Target, output: str,
     kernels below it run on the calling thread."""
     if not inline_flops >= 0:
         raise ValueError(f"inline_flops must be a number >= 0, not {inline_flops!r}")
-    cc = _cc()
+    cc = _cc(target)
     flat = [o for entry in objects for o in ((entry,) if isinstance(entry, (bytes, bytearray)) else entry)]
     objects = list(dict.fromkeys(bytes(o) for o in flat))
     with tempfile.TemporaryDirectory(prefix="onnxopt-link-") as tmp:

@@ -253,7 +253,7 @@ static inline __attribute__((always_inline)) void pool_blocked_row_l(const pool_
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void pool_blocked_rows(
+X86_CLONES static void pool_blocked_rows(
     const pool_blocked_job *j, int64_t r0, int64_t r1) {
   if (j->d->blocked == 16) {
     for (int64_t r = r0; r < r1; r++) pool_blocked_row_l(j, r, 16);
@@ -318,7 +318,7 @@ static inline __attribute__((always_inline)) void pool_blocked_global_l(const po
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void pool_blocked_globals(
+X86_CLONES static void pool_blocked_globals(
     const pool_blocked_job *j, int64_t u0, int64_t u1) {
   /* L and the op as constants: each of the four loops below is its own vector loop */
   int is_max = j->d->op == POOL_GMAX;

@@ -67,6 +67,46 @@ def complete_output_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> 
             o.type.tensor_type.shape.CopyFrom(shapes[o.name].tensor_type.shape)
 
 
+# onnxruntime's QOperator contrib ops (com.microsoft) as the standard op whose output has the same shape and type:
+# op -> (standard op, the inputs it keeps, the attributes it keeps). onnx's inference does not know them, and the
+# tensors after the first QLinearConcat of a QOperator model would otherwise have no shape.
+_QLINEAR_TWINS = {
+    "QLinearConcat": ("Concat", slice(2, None, 3), ("axis",)),
+    "QLinearAdd": ("Add", (0, 3), ()),
+    "QLinearMul": ("Mul", (0, 3), ()),
+    "QLinearSigmoid": ("Identity", (0,), ()),
+    "QLinearLeakyRelu": ("Identity", (0,), ()),
+    "QLinearSoftmax": ("Identity", (0,), ()),
+    "QLinearGlobalAveragePool": ("GlobalAveragePool", (0,), ()),
+    "QLinearAveragePool": ("AveragePool", (0,), ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape",
+                                                 "pads", "strides")),
+}
+
+
+def _standard_twin(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its QOperator contrib ops replaced by their shape twins (_QLINEAR_TWINS), for inference only;
+    `model` itself where it has none. Channels-last pools keep no twin (their layout differs)."""
+    def twin(n):
+        if n.domain != "com.microsoft" or n.op_type not in _QLINEAR_TWINS:
+            return None
+        if any(a.name == "channels_last" and a.i for a in n.attribute):
+            return None
+        op, keep, attrs = _QLINEAR_TWINS[n.op_type]
+        inputs = list(n.input)[keep] if isinstance(keep, slice) else [n.input[k] for k in keep]
+        t = onnx.helper.make_node(op, inputs, list(n.output)[:1], name=n.name)
+        t.attribute.extend(a for a in n.attribute if a.name in attrs)
+        return t
+
+    if not any(twin(n) is not None for n in model.graph.node):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = [twin(n) or n for n in out.graph.node]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
 def infer(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx's shape inference, then onnxruntime's symbolic one where onnx lost dims (Shape/Slice arithmetic on
     symbolic dims, common in exported transformers). The symbolic pass assumes broadcast symbolic dims are equal;
@@ -76,6 +116,8 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
     the value_info is copied back."""
     light = model_bytes(model) > ANALYSE_LIGHT_BYTES
     analysed = light_copy(model) if light else model
+    twin = _standard_twin(analysed)
+    twinned, analysed = twin is not analysed, twin
     try:
         analysed = onnx.shape_inference.infer_shapes(analysed, check_type=False, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - shapes are an optimization aid; without them nothing is fused
@@ -88,7 +130,7 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
         value_info = _symbolic_shapes(analysed) or value_info
     value_info = list(value_info)
     out = analysed
-    if light or analysed is model:  # never the caller's model, and never the light copy
+    if light or twinned or analysed is model:  # never the caller's model, the light copy or the twin
         out = onnx.ModelProto()
         out.CopyFrom(model)
     del out.graph.value_info[:]

@@ -12,6 +12,7 @@ GEMM kind (onnxopt/kinds/qmatmul) runs whole: exact sums, then the same float Ca
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 # Ops that carry quantized tensors or are onnxruntime's own quantized kernels (ai.onnx and com.microsoft).
@@ -111,6 +112,9 @@ def qdq_conv_units(graph: onnx.GraphProto) -> set[str]:
         return p if p is not None and p.op_type == "DequantizeLinear" else None
 
     for n in graph.node:
+        if n.op_type == "QLinearConv":  # the QOperator format's unit is one node
+            units.add(n.output[0])
+            continue
         if n.op_type != "Conv" or len(n.input) < 2 or dq(n.input[0]) is None or dq(n.input[1]) is None:
             continue
         chain = [n]
@@ -163,3 +167,60 @@ def dedicate_conv_dequantizers(model: onnx.ModelProto) -> int:
         del graph.node[:]
         graph.node.extend(nodes)
     return made
+
+
+def qlinear_conv_params(n: onnx.NodeProto, inits: dict) -> dict | None:
+    """A QLinearConv's constants as arrays (x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias), or None
+    where one of them is not an initializer."""
+    from onnx import numpy_helper
+
+    keys = ("sx", "zx", "w", "sw", "zw", "sy", "zy", "bias")
+    out = {}
+    for k, name in zip(keys, list(n.input[1:]) + [""] * 9):
+        if not name:
+            out[k] = None
+        elif name in inits:
+            out[k] = numpy_helper.to_array(inits[name])
+        else:
+            return None
+    if out["w"] is None or out["sx"] is None or out["sw"] is None or out["sy"] is None:
+        return None
+    return out
+
+
+def qlinear_conv_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with each QLinearConv of constant weights and scales run as the spec defines it, in float:
+    DequantizeLinear(x) -> Conv(the dequantized weights and bias) -> QuantizeLinear, which onnxruntime's graph
+    optimizations fuse back into a QLinearConv (on AVX2 one whose 16-bit pair sums saturate) unless they are off;
+    the model itself when it has none. The whole-model check's reference for onnxruntime's own spread."""
+    from onnx import helper, numpy_helper
+
+    if not any(n.op_type == "QLinearConv" for n in model.graph.node):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes = []
+    for k, n in enumerate(model.graph.node):
+        p = qlinear_conv_params(n, inits) if n.op_type == "QLinearConv" else None
+        if p is None:
+            nodes.append(n)
+            continue
+        u = f"__qlinear_float{k}"
+        cout = p["w"].shape[0]
+        sw = np.broadcast_to(p["sw"].astype(np.float32).reshape(-1), (cout,))
+        zw = np.broadcast_to((p["zw"] if p["zw"] is not None else np.zeros(1)).astype(np.float32).reshape(-1), (cout,))
+        wf = ((p["w"].astype(np.float32) - zw.reshape(-1, 1, 1, 1)) * sw.reshape(-1, 1, 1, 1)).astype(np.float32)
+        conv_in = [f"{u}_x", f"{u}_w"]
+        out.graph.initializer.append(numpy_helper.from_array(wf, f"{u}_w"))
+        if p["bias"] is not None:
+            bf = (p["bias"].astype(np.float32) * (np.float32(p["sx"]) * sw)).astype(np.float32)
+            out.graph.initializer.append(numpy_helper.from_array(bf, f"{u}_b"))
+            conv_in.append(f"{u}_b")
+        conv = helper.make_node("Conv", conv_in, [f"{u}_y"], name=n.name)
+        conv.attribute.extend(n.attribute)
+        nodes += [helper.make_node("DequantizeLinear", [n.input[0], n.input[1], n.input[2]], [f"{u}_x"]), conv,
+                  helper.make_node("QuantizeLinear", [f"{u}_y", n.input[6], n.input[7]], list(n.output))]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out

@@ -9,6 +9,7 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from int8_models import conv_attrs, conv_int, conv_integer_model, qdq_conv_model
 from kind_harness import fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
@@ -26,76 +27,9 @@ pytestmark = pytest.mark.skipif(not available(host_target(), ("u8", "s8")),
                                 reason="this CPU has no u8 x s8 dot-product instruction (AVX2 or VNNI)")
 
 
-def _conv_int(x, w, zx, zw, strides, pads, dil) -> np.ndarray:
-    """sum (x - zx)(w - zw) over each window, exact (int64); x [N, C, H, W], w [K, C, R, S], pads (t, l, b, r)."""
-    n, c, h, wd = x.shape
-    k, _, r, s = w.shape
-    xs = np.pad(x.astype(np.int64) - int(zx), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    ws = w.astype(np.int64) - np.broadcast_to(np.asarray(zw, np.int64).reshape(-1), (k,)).reshape(-1, 1, 1, 1)
-    oh = (h + pads[0] + pads[2] - dil[0] * (r - 1) - 1) // strides[0] + 1
-    ow = (wd + pads[1] + pads[3] - dil[1] * (s - 1) - 1) // strides[1] + 1
-    out = np.zeros((n, k, oh, ow), np.int64)
-    for i in range(r):
-        for j in range(s):
-            win = xs[:, :, i * dil[0]:i * dil[0] + strides[0] * (oh - 1) + 1:strides[0],
-                     j * dil[1]:j * dil[1] + strides[1] * (ow - 1) + 1:strides[1]]
-            out += np.einsum("nchw,kc->nkhw", win, ws[:, :, i, j])
-    return out
-
-
-def _model(nodes, ins, out_type, inits):
-    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", out_type, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return onnx.shape_inference.infer_shapes(m)
-
-
-def _conv_integer_model(w, wz, conv_attrs, xshape, x_type=TensorProto.UINT8):
-    """x u8 [N, C, H, W] -> ConvInteger(W, x's zero point an input, W's zero point) -> Cast -> Mul(scale) ->
-    Add(bias per channel): the dynamic form, with x given directly so that tests choose its values."""
-    k = w.shape[0]
-    ins = [helper.make_tensor_value_info("x", x_type, list(xshape)),
-           helper.make_tensor_value_info("zx", x_type, []),
-           helper.make_tensor_value_info("scale", TensorProto.FLOAT, [])]
-    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(wz, "wz"),
-             numpy_helper.from_array(np.linspace(-1, 1, k).astype(np.float32).reshape(k, 1, 1), "bias")]
-    nodes = [helper.make_node("ConvInteger", ["x", "W", "zx", "wz"], ["acc"], **conv_attrs),
-             helper.make_node("Cast", ["acc"], ["f"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", ["f", "scale"], ["s"]), helper.make_node("Add", ["s", "bias"], ["y"])]
-    return _model(nodes, ins, TensorProto.FLOAT, inits)
-
-
-def _qdq_model(w, sw, bias, sx, zx, sy, zy, conv_attrs, xshape, relu):
-    """DequantizeLinear(x u8) -> Conv(DequantizeLinear(W s8, per channel), DequantizeLinear(bias int32)) -> [Relu]
-    -> QuantizeLinear(u8 or s8): the QDQ form onnxruntime's quantize_static writes, x given as u8."""
-    k = w.shape[0]
-    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(sw, "sw"),
-             numpy_helper.from_array(np.zeros(k, np.int8), "wz"), numpy_helper.from_array(bias, "B"),
-             numpy_helper.from_array((np.float32(sx) * sw).astype(np.float32), "sb"),
-             numpy_helper.from_array(np.zeros(k, np.int32), "bz"),
-             numpy_helper.from_array(np.float32(sx), "sx"), numpy_helper.from_array(zx, "zx"),
-             numpy_helper.from_array(np.float32(sy), "sy"), numpy_helper.from_array(zy, "zy")]
-    nodes = [helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
-             helper.make_node("DequantizeLinear", ["W", "sw", "wz"], ["wf"], axis=0),
-             helper.make_node("DequantizeLinear", ["B", "sb", "bz"], ["bf"], axis=0),
-             helper.make_node("Conv", ["x", "wf", "bf"], ["c"], **conv_attrs)]
-    if relu:
-        nodes.append(helper.make_node("Relu", ["c"], ["r"]))
-    nodes.append(helper.make_node("QuantizeLinear", ["r" if relu else "c", "sy", "zy"], ["y"]))
-    ins = [helper.make_tensor_value_info("xq", helper.np_dtype_to_tensor_dtype(zx.dtype), list(xshape))]
-    return _model(nodes, ins, TensorProto.INT8 if zy.dtype == np.int8 else TensorProto.UINT8, inits)
-
-
 _GEOMETRY = dict(cin=st.integers(1, 24), cout=st.integers(1, 21), r=st.integers(1, 3), s=st.integers(1, 3),
                  stride=st.integers(1, 2), pad=st.integers(0, 2), dil=st.integers(1, 2), n=st.integers(1, 3),
                  h=st.integers(1, 11), w=st.integers(1, 20), seed=st.integers(0, 2**16))
-
-
-def _attrs(r, s, stride, pad, dil, h, w):
-    """Conv attributes, or None where the window does not fit the padded input."""
-    if h + 2 * pad < dil * (r - 1) + 1 or w + 2 * pad < dil * (s - 1) + 1:
-        return None
-    return dict(kernel_shape=[r, s], strides=[stride, stride], pads=[pad, pad, pad, pad], dilations=[dil, dil])
 
 
 def test_the_kind_is_registered_first():
@@ -108,7 +42,7 @@ def test_conv_integer_is_exact_on_drawn_shapes(tmp_path_factory, cin, cout, r, s
                                                unsigned, extreme, zx, signed_in):
     """ConvInteger with u8 weights (and their zero point) or s8 ones, u8 or s8 activations, odd channels, padding,
     strides, dilations and batches against exact integer arithmetic, then the same float rescaling."""
-    attrs = _attrs(r, s, stride, pad, dil, h, w)
+    attrs = conv_attrs(r, s, stride, pad, dil, h, w)
     if attrs is None:
         return
     rng = np.random.default_rng(seed)
@@ -124,11 +58,11 @@ def test_conv_integer_is_exact_on_drawn_shapes(tmp_path_factory, cin, cout, r, s
         rng.integers(0, 256, (n, cin, h, w)).astype(np.uint8)
     xt = np.int8 if signed_in else np.uint8
     x, zx = (x.astype(np.int16) - 128).astype(np.int8) if signed_in else x, np.array(zx - 128 * signed_in, xt)
-    model = _conv_integer_model(wt, wz, attrs, (n, cin, h, w), helper.np_dtype_to_tensor_dtype(np.dtype(xt)))
+    model = conv_integer_model(wt, wz, attrs, (n, cin, h, w), helper.np_dtype_to_tensor_dtype(np.dtype(xt)))
     fused, lib, region, _ = fuse_kind(KIND, model, tmp_path_factory.mktemp("qc"))
     assert [nd.op_type[:6] for nd in fused.graph.node] == ["qconv_"]
     feeds = {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)}
-    exact = _conv_int(x, wt, zx, wz, attrs["strides"], attrs["pads"], attrs["dilations"])
+    exact = conv_int(x, wt, zx, wz, attrs["strides"], attrs["pads"], attrs["dilations"])
     want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
         np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
     got = make_session(fused, 2, library=lib).run(None, feeds)[0]
@@ -147,7 +81,7 @@ def test_qdq_unit_requantizes_as_qlinearconv_on_drawn_shapes(tmp_path_factory, c
     """A QDQ unit against the spec's exact sum requantized as onnxruntime's QLinearConv does (float(S + bias) *
     (x_scale * w_scale / y_scale), rounded half to even, plus the zero point, saturated), bit for bit; and against
     the float reference in quantization steps, as the driver checks it."""
-    attrs = _attrs(r, s, stride, pad, dil, h, w)
+    attrs = conv_attrs(r, s, stride, pad, dil, h, w)
     if attrs is None:
         return
     rng = np.random.default_rng(seed)
@@ -159,12 +93,12 @@ def test_qdq_unit_requantizes_as_qlinearconv_on_drawn_shapes(tmp_path_factory, c
     zy = np.int8(rng.integers(-20, 20)) if signed_out else np.uint8(rng.integers(0, 256))
     xt = np.int8 if signed_in else np.uint8
     zx = np.array(zx - 128 * signed_in, xt)
-    model = _qdq_model(wt, sw, bias, sx, zx, sy, zy, attrs, (n, cin, h, w), relu)
+    model = qdq_conv_model(wt, sw, bias, sx, zx, sy, zy, attrs, (n, cin, h, w), relu)
     fused, lib, region, _ = fuse_kind(KIND, model, tmp_path_factory.mktemp("qd"))
     assert [nd.op_type[:6] for nd in fused.graph.node] == ["qconv_"]
     x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)
     feeds = {"xq": x}
-    exact = _conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
+    exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
     scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
     lo, hi = (-128, 127) if signed_out else (0, 255)
     q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale).astype(np.int64)
@@ -256,20 +190,20 @@ def test_refusals_say_why():
     w = np.ones((4, 6, 3, 3), np.int8)
     attrs = dict(kernel_shape=[3, 3], group=2)
     rejected = []
-    assert find_regions(_conv_integer_model(np.ones((4, 3, 3, 3), np.int8), np.zeros((), np.int8), attrs,
+    assert find_regions(conv_integer_model(np.ones((4, 3, 3, 3), np.int8), np.zeros((), np.int8), attrs,
                                             (1, 6, 5, 5)),
                         set(), rejected) == []
     assert "group" in rejected[0]["reason"]
-    m = _conv_integer_model(w, np.zeros((), np.int8), dict(kernel_shape=[3, 3]), (1, 6, 5, 5))
+    m = conv_integer_model(w, np.zeros((), np.int8), dict(kernel_shape=[3, 3]), (1, 6, 5, 5))
     m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT16
     rejected = []
     assert find_regions(m, set(), rejected) == [] and "not u8 or s8" in rejected[0]["reason"]
-    m = _conv_integer_model(w, np.array(3, np.int8), dict(kernel_shape=[3, 3]), (1, 6, 5, 5))
+    m = conv_integer_model(w, np.array(3, np.int8), dict(kernel_shape=[3, 3]), (1, 6, 5, 5))
     rejected = []
     assert find_regions(m, set(), rejected) == [] and "zero point" in rejected[0]["reason"]
     # A QDQ unit whose input's DequantizeLinear another node reads too (the pipeline copies it for the unit first:
     # graph/quantized.py dedicate_conv_dequantizers)
-    m = _qdq_model(w, np.full(4, 0.01, np.float32), np.zeros(4, np.int32), np.float32(0.1), np.array(3, np.uint8),
+    m = qdq_conv_model(w, np.full(4, 0.01, np.float32), np.zeros(4, np.int32), np.float32(0.1), np.array(3, np.uint8),
                    np.float32(0.2), np.uint8(9), dict(kernel_shape=[3, 3]), (1, 6, 5, 5), False)
     m.graph.output.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, None))
     rejected = []
@@ -288,7 +222,7 @@ def test_the_tile_compiles_to_each_targets_instruction(spec, mnemonic, reg):
     from onnxopt.kinds.qmatmul.lower import instruction_for
 
     target = parse_target(spec)
-    model = _conv_integer_model(np.ones((8, 4, 3, 3), np.int8), np.zeros((), np.int8), dict(kernel_shape=[3, 3]),
+    model = conv_integer_model(np.ones((8, 4, 3, 3), np.int8), np.zeros((), np.int8), dict(kernel_shape=[3, 3]),
                                 (1, 4, 6, 6))
     (region,) = find_regions(model, set(), [])
     ins = instruction_for(target)
@@ -309,13 +243,13 @@ def test_implicit_form_reads_the_grouped_input_exactly(tmp_path, cin, cout, k, p
     wt = rng.choice(np.array([-128, 127, 90, -3], np.int8), (cout, cin, k, k))
     attrs = dict(kernel_shape=[k, k], pads=[pad] * 4, dilations=[dil, dil])
     xt = np.int8 if signed_in else np.uint8
-    model = _conv_integer_model(wt, np.zeros((), np.int8), attrs, (n, cin, h, w),
+    model = conv_integer_model(wt, np.zeros((), np.int8), attrs, (n, cin, h, w),
                                 helper.np_dtype_to_tensor_dtype(np.dtype(xt)))
     fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
     assert region.params.implicit and region.params.has_fix
     x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)
     zx = np.array(7 - 128 * signed_in, xt)
-    exact = _conv_int(x, wt, int(zx), 0, [1, 1], [pad] * 4, [dil, dil])
+    exact = conv_int(x, wt, int(zx), 0, [1, 1], [pad] * 4, [dil, dil])
     want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
         np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
     got = make_session(fused, 2, library=lib).run(None, {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)})[0]
@@ -327,7 +261,7 @@ def test_an_int32_bias_before_the_cast_is_added_to_the_sums(tmp_path):
     where the bias is computed per call from the input's scale), added exactly in int32 before the rescaling."""
     rng = np.random.default_rng(11)
     wt = rng.integers(-128, 128, (6, 5, 3, 3)).astype(np.int8)
-    model = _conv_integer_model(wt, np.zeros((), np.int8), dict(kernel_shape=[3, 3], pads=[1] * 4), (2, 5, 7, 9))
+    model = conv_integer_model(wt, np.zeros((), np.int8), dict(kernel_shape=[3, 3], pads=[1] * 4), (2, 5, 7, 9))
     bias = rng.integers(-30000, 30000, (6, 1, 1)).astype(np.int32)
     g = model.graph
     g.initializer.append(numpy_helper.from_array(bias, "ibias"))
@@ -340,8 +274,86 @@ def test_an_int32_bias_before_the_cast_is_added_to_the_sums(tmp_path):
     assert region.params.int_bias and [n.op_type for n in region.nodes][:3] == ["ConvInteger", "Add", "Cast"]
     x = rng.integers(0, 256, (2, 5, 7, 9)).astype(np.uint8)
     feeds = {"x": x, "zx": np.array(131, np.uint8), "scale": np.array(0.01, np.float32)}
-    exact = _conv_int(x, wt, 131, 0, [1, 1], [1] * 4, [1, 1]) + bias.reshape(1, 6, 1, 1)
+    exact = conv_int(x, wt, 131, 0, [1, 1], [1] * 4, [1, 1]) + bias.reshape(1, 6, 1, 1)
     want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
         np.linspace(-1, 1, 6).astype(np.float32).reshape(6, 1, 1)
     np.testing.assert_array_equal(make_session(fused, 2, library=lib).run(None, feeds)[0], want)
     np.testing.assert_array_equal(make_session(fused, 1).run(None, feeds)[0], want)  # the fallback
+
+
+def _qlinear_conv_model(w, sw, bias, sx, zx, sy, zy, attrs, xshape):
+    """One QLinearConv (the QOperator format), x given as u8 or s8."""
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(sw, "sw"),
+             numpy_helper.from_array(np.zeros(w.shape[0], np.int8), "wz"), numpy_helper.from_array(bias, "B"),
+             numpy_helper.from_array(np.float32(sx), "sx"), numpy_helper.from_array(zx, "zx"),
+             numpy_helper.from_array(np.float32(sy), "sy"), numpy_helper.from_array(zy, "zy")]
+    node = helper.make_node("QLinearConv", ["xq", "sx", "zx", "W", "sw", "wz", "sy", "zy", "B"], ["y"], **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("xq", helper.np_dtype_to_tensor_dtype(zx.dtype),
+                                                                      list(xshape))],
+                          [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(zy.dtype), None)],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return onnx.shape_inference.infer_shapes(m)
+
+
+@pytest.mark.parametrize("cin,cout,k,stride,pad,signed_in,signed_out", [
+    (5, 7, 3, 1, 1, False, False), (16, 70, 3, 2, 1, True, True), (24, 9, 1, 1, 0, False, False)])
+def test_qlinearconv_requantizes_exactly(tmp_path, cin, cout, k, stride, pad, signed_in, signed_out):
+    """The QOperator format's QLinearConv: the same kernel and requantization as a QDQ unit, clamped to the output
+    type's range, bit for bit against exact integer arithmetic; the fallback is the QLinearConv on rebuilt weights."""
+    rng = np.random.default_rng(cin * cout)
+    wt = rng.integers(-127, 128, (cout, cin, k, k)).astype(np.int8)
+    sw = (rng.uniform(0.5, 2.0, cout) * 0.01).astype(np.float32)
+    bias = rng.integers(-5000, 5000, cout).astype(np.int32)
+    sx, sy = np.float32(0.02), np.float32(0.04 * np.sqrt(cin * k * k))
+    xt = np.int8 if signed_in else np.uint8
+    zx = np.array(9 - 128 * signed_in, xt)
+    zy = np.array(-3 if signed_out else 120, np.int8 if signed_out else np.uint8)
+    attrs = dict(kernel_shape=[k, k], strides=[stride] * 2, pads=[pad] * 4)
+    model = _qlinear_conv_model(wt, sw, bias, sx, zx, sy, zy, attrs, (2, cin, 9, 11))
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
+    assert [nd.op_type[:6] for nd in fused.graph.node] == ["qconv_"]
+    x = (rng.integers(0, 256, (2, cin, 9, 11)) - 128 * signed_in).astype(xt)
+    exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], [1, 1])
+    scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
+    q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale) + int(zy)
+    want = np.clip(q, *((-128, 127) if signed_out else (0, 255))).astype(zy.dtype)
+    got = make_session(fused, 2, library=lib).run(None, {"xq": x})[0]
+    np.testing.assert_array_equal(got, want)
+    alone = make_session(fused, 1, optimization="none").run(None, {"xq": x})[0]
+    np.testing.assert_array_equal(alone, make_session(model, 1, optimization="none").run(None, {"xq": x})[0])
+
+
+def test_a_qoperator_model_is_fused_whole(tmp_path):
+    """quantize_static in the QOperator format (QLinearConv, and QLinearAdd, a contrib op whose output shape only
+    the graph's shape twins give: graph/infer.py): every QLinearConv becomes a kernel, the model checks out."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from onnxopt import optimize
+
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n)
+             for n, s in (("w1", (8, 8, 3, 3)), ("b1", (8,)), ("w2", (8, 8, 1, 1)), ("b2", (8,)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Add", ["r1", "x"], ["s"]), helper.make_node("Conv", ["s", "w2", "b2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "f.onnx")
+
+    class Reader(CalibrationDataReader):
+        left = 4
+
+        def get_next(self):
+            self.left -= 1
+            return {"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)} if self.left >= 0 else None
+
+    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QOperator,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True)
+    ops = [n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node]
+    assert ops.count("QLinearConv") == 2 and "QLinearAdd" in ops
+    result = optimize(str(tmp_path / "q.onnx"), str(tmp_path / "out.onnx"), measure=False)
+    assert sum(r["op_type"].startswith("qconv_") for r in result.report["regions"]) == 2
+    assert result.report["verification"]["ok"] and result.report["fallback_verification"]["ok"]

@@ -9,6 +9,7 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from int8_models import matmul_exact, matmul_integer_model
 from kind_harness import fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
@@ -81,32 +82,6 @@ def test_quantize_dynamic_output_matches_onnxruntime(tmp_path, epilogue, k, n):
     np.testing.assert_allclose(alone, ort_own, rtol=1e-5, atol=1e-6)
 
 
-def _matmul_integer_model(k, n, w, lead, za_input=True):
-    """A u8 [*lead, M, K] x W s8 -> Cast -> Mul(scale, an input) -> Add(bias): the kernel's pattern, with A given
-    directly so that tests choose its values."""
-    dims = [f"d{i}" for i in range(len(lead))] + ["m", k]
-    ins = [helper.make_tensor_value_info("a", TensorProto.UINT8, dims),
-           helper.make_tensor_value_info("scale", TensorProto.FLOAT, [])]
-    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.zeros((), np.int8), "wz"),
-             numpy_helper.from_array(np.linspace(-1, 1, n).astype(np.float32), "bias")]
-    if za_input:
-        ins.append(helper.make_tensor_value_info("za", TensorProto.UINT8, []))
-    else:
-        inits.append(numpy_helper.from_array(np.array(0, np.uint8), "za"))
-    nodes = [helper.make_node("MatMulInteger", ["a", "W", "za", "wz"], ["acc"]),
-             helper.make_node("Cast", ["acc"], ["f"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", ["f", "scale"], ["s"]), helper.make_node("Add", ["s", "bias"], ["y"])]
-    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    m.ir_version = 8
-    return onnx.shape_inference.infer_shapes(m)
-
-
-def _exact(a, w, za, scale, n):
-    acc = (a.astype(np.int64) - int(za)) @ w.astype(np.int64)
-    return acc.astype(np.int32).astype(np.float32) * np.float32(scale) + np.linspace(-1, 1, n).astype(np.float32)
-
-
 @settings(max_examples=20, deadline=None)
 @given(k4=st.integers(1, 200), n=st.integers(1, 70), m=st.integers(1, 40), lead=st.lists(st.integers(1, 3), max_size=2),
        za=st.integers(0, 255), extreme=st.booleans(), seed=st.integers(0, 2**16))
@@ -122,15 +97,15 @@ def test_exact_integer_sums_on_drawn_shapes(tmp_path_factory, k4, n, m, lead, za
         w = rng.integers(-128, 128, (k, n)).astype(np.int8)
         a = rng.integers(0, 256, (*lead, m, k)).astype(np.uint8)
     tmp = tmp_path_factory.mktemp("q")
-    model = _matmul_integer_model(k, n, w, lead)
+    model = matmul_integer_model(k, n, w, lead)
     fused, lib, region, _ = fuse_kind(KIND, model, tmp)
     feeds = {"a": a, "scale": np.array(0.01, np.float32), "za": np.array(za, np.uint8)}
     got = make_session(fused, 2, library=lib).run(None, feeds)[0]
-    np.testing.assert_array_equal(got, _exact(a, w, za, 0.01, n))
+    np.testing.assert_array_equal(got, matmul_exact(a, w, za, 0.01, n))
     alone = make_session(fused, 1).run(None, feeds)[0]
     np.testing.assert_allclose(alone, make_session(model, 1, optimization="none").run(None, feeds)[0], rtol=1e-6)
     exact = make_session(exact_integer_reference(model), 1, optimization="none").run(None, feeds)[0]
-    np.testing.assert_array_equal(exact, _exact(a, w, za, 0.01, n))  # the driver's reference is the exact sum
+    np.testing.assert_array_equal(exact, matmul_exact(a, w, za, 0.01, n))  # the driver's reference is the exact sum
 
 
 def test_packing_round_trips_and_no_pair_can_saturate():
@@ -152,13 +127,13 @@ def test_packing_round_trips_and_no_pair_can_saturate():
 def test_refusals_say_why():
     w = np.ones((6, 5), np.int8)
     rejected = []
-    assert find_regions(_matmul_integer_model(6, 5, w, []), set(), rejected) == []
+    assert find_regions(matmul_integer_model(6, 5, w, []), set(), rejected) == []
     assert "multiple of 4" in rejected[0]["reason"]
-    m = _matmul_integer_model(8, 5, np.ones((8, 5), np.int8), [])
+    m = matmul_integer_model(8, 5, np.ones((8, 5), np.int8), [])
     m.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array(3, np.int8), "wz"))
     rejected = []
     assert find_regions(m, set(), rejected) == [] and "zero point" in rejected[0]["reason"]
-    m = _matmul_integer_model(8, 5, np.ones((8, 5), np.int8), [])
+    m = matmul_integer_model(8, 5, np.ones((8, 5), np.int8), [])
     m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT8
     rejected = []
     assert find_regions(m, set(), rejected) == [] and "u8 activations" in rejected[0]["reason"]

@@ -16,6 +16,7 @@ class QConvKernelDesc:
     mr: int  # output channels of the largest tile; tiles[mi - 1] takes mi
     tiles: list[str]
     instruction: str  # what the K loop runs on (the report's)
+    packed_signed: bool = False  # the instruction takes s8 activations (sdot): they are packed as s8
 
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_qconv_desc, glue.h)."""
@@ -26,5 +27,5 @@ class QConvKernelDesc:
         kinds = ", ".join(str(k) for k in p.extra_kinds) or "0"
         return (f"{externs}{decls}static const onnxopt_qconv_desc {prefix}_desc = {{{sig}, "
                 f"{', '.join(str(v) for v in geometry)}, {p.mode}, {int(p.has_asum)}, {int(p.has_fix)}, "
-                f"{int(p.act_signed)}, {int(p.implicit)}, {int(p.int_bias)}, "
+                f"{int(p.act_signed != self.packed_signed)}, {int(self.packed_signed)}, {int(p.implicit)}, {int(p.int_bias)}, "
                 f"{len(p.extra_kinds)}, {{{kinds}}}, {self.mr}, {{{', '.join(self.tiles)}}}}};\n")

@@ -113,7 +113,7 @@ static void qc_pack_panel(const qc_job *j, int64_t panel) {
         src[q] = col;
       }
       qc_interleave(o32, src[0], src[1], src[2], src[3]);
-      if (d->act_signed) { /* s8 -> u8: a + 128 flips the sign bit; only the real channels' bytes */
+      if (d->flip) { /* s8 <-> u8: a +- 128 flips the top bit; only the real channels' bytes */
         uint32_t flip = 0;
         for (int q = 0; q < 4 && c4 + q < d->cin; q++) flip |= 0x80u << (8 * q);
         for (int t = 0; t < QC_PANEL; t++) o32[t] ^= flip;
@@ -126,7 +126,10 @@ static void qc_pack_panel(const qc_job *j, int64_t panel) {
     for (int64_t g = 0; g < d->k4 / 4; g++)
       for (int t = 0; t < QC_PANEL; t++) {
         const uint8_t *q = dst + g * QC_PANEL * 4 + 4 * t;
-        s[t] += (int32_t)q[0] + q[1] + q[2] + q[3];
+        if (d->packed_signed)
+          s[t] += (int32_t)(int8_t)q[0] + (int8_t)q[1] + (int8_t)q[2] + (int8_t)q[3];
+        else
+          s[t] += (int32_t)q[0] + q[1] + q[2] + q[3];
       }
   }
 }
@@ -137,14 +140,14 @@ static void qc_pack_panel(const qc_job *j, int64_t panel) {
 static void qc_relayout(const qc_job *j, int64_t img, int64_t g) {
   const onnxopt_qconv_desc *d = j->d;
   int64_t plane = j->h * j->w;
-  uint32_t za4 = 0x01010101u * (uint32_t)j->proto.azp, flip = 0;
+  uint32_t za4 = 0x01010101u * (uint8_t)j->proto.azp, flip = 0;
   uint32_t *out = (uint32_t *)(j->grouped + ((img * (j->cin4 / 4) + g) * j->hp * j->wp) * 4);
   static const uint8_t fill[QC_PANEL];
   const uint8_t *src[4];
   for (int q = 0; q < 4; q++) {
     int64_t c = 4 * g + q;
     src[q] = c < d->cin ? j->x + (img * d->cin + c) * plane : NULL;
-    if (c < d->cin && d->act_signed) flip |= 0x80u << (8 * q);
+    if (c < d->cin && d->flip) flip |= 0x80u << (8 * q);
   }
   for (int64_t r = 0; r < j->hp; r++, out += j->wp) {
     int64_t y = r - d->pt;
@@ -264,7 +267,8 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
   j.w = dims[3];
   CHECK(glue_input(ctx, in++, other, &other_rank, &data));
   j.za = *(const uint8_t *)data; /* the zero point's byte, as the input's bytes are stored */
-  j.proto.azp = d->act_signed ? (uint8_t)(j.za ^ 0x80u) : j.za;
+  uint8_t packed_za = d->flip ? (uint8_t)(j.za ^ 0x80u) : j.za;
+  j.proto.azp = d->packed_signed ? (int64_t)(int8_t)packed_za : (int64_t)packed_za;
   CHECK(glue_input(ctx, in++, other, &other_rank, &data));
   j.proto.w = (const int8_t *)data;
   CHECK(glue_input(ctx, in++, other, &other_rank, &data));

@@ -1,14 +1,16 @@
 """Which int8 convolutions become an int8 conv kernel, and why the others do not.
 
-Two forms, the two onnxruntime's quantizer writes:
+The forms onnxruntime's quantizer writes:
 
     dynamic (quantize_dynamic):  ConvInteger(x u8, W const u8/s8, x_zero u8 scalar, W_zero const)
                                    -> Cast(to float) -> Mul(scale) -> Add(bias) -> ...  (a float epilogue, FLOAT)
     static QDQ (quantize_static): DequantizeLinear(x u8) -> Conv(DequantizeLinear(W s8, per channel), bias as
                                    DequantizeLinear(int32)) -> [Relu | Clip] -> QuantizeLinear(u8 or s8)  (QUANT)
+    static QOperator:             QLinearConv(x, its scale and zero point, W s8, its scales, y's scale and zero point,
+                                   B int32)  (QUANT, the same requantization)
 
-Both are 2-D, group 1, with constant weights, on u8 or s8 activations (s8 ones are packed as u8, + 128, with their
-zero point: the same differences). The weights are laid out [cout][k4] (k = (kh, kw, c), channels padded
+All are 2-D, group 1, with constant weights, on u8 or s8 activations (packed with the instruction's signedness,
+their top bit flipped where it differs, with their zero point: the same differences). The weights are laid out [cout][k4] (k = (kh, kw, c), channels padded
 to a multiple of 4), as s8: u8 weights less 128, the 128 coming back as a row term d[r] times the pixel's
 sum of activations (lower.py). Pairs that could saturate AVX2's vpmaddubsw are split (avx2_u8s8.split_pairs) into
 per-channel corrections (k, residual). The function fallback rebuilds the weights (Cast, ScatterND of the residuals,
@@ -187,7 +189,7 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
     rule = None
     regions = []
     for i, node in enumerate(model.graph.node):
-        if node.domain not in _ONNX or i in claimed or node.op_type not in ("ConvInteger", "Conv"):
+        if node.domain not in _ONNX or i in claimed or node.op_type not in ("ConvInteger", "Conv", "QLinearConv"):
             continue
         rule = rule or _Rule(model)
         if node.op_type == "Conv":
@@ -195,6 +197,8 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
             if x_dq is None or x_dq.op_type != "DequantizeLinear":
                 continue  # a float convolution: the compute rule's
             found = _qdq_region(rule, i, claimed)
+        elif node.op_type == "QLinearConv":
+            found = _qlinear_region(rule, i, claimed)
         else:
             found = _dynamic_region(rule, i, claimed)
         if isinstance(found, str):
@@ -404,37 +408,98 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     members.append(x_i)
     if any(m in claimed for m in members):
         return "part of it is fused elsewhere"
+    zx_name = x_dq.input[2] if len(x_dq.input) > 2 and x_dq.input[2] else None
+
+    def fallback(unpacked: str) -> list:
+        """The same DequantizeLinear of the rebuilt weights, then the unit's own nodes."""
+        wdq = _copy(w_dq)
+        wdq.input[0] = unpacked
+        return [wdq] + [_copy(idx.nodes[m]) for m in sorted(members) if m != w_i]
+
+    region = _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy, (lo_q, hi_q), q.output[0],
+                           geo, fallback)
+    claimed.update(members)
+    return region
+
+
+def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy, clamp, out, geo, fallback):
+    """The QUANT region of a quantized convolution (a QDQ unit or a QLinearConv): its weights packed, its
+    requantization's tables made; `fallback(the rebuilt weights' name)` gives the function body's nodes after the
+    weights are rebuilt."""
+    idx = rule.index
+    cout = int(w.shape[0])
     uid = node.output[0]
-    grouped = implicit(geo, False, rule.ew.shape_of(q.output[0]), cout)
+    grouped = implicit(geo, False, rule.ew.shape_of(out), cout)
     tables, names, has_fix, has_asum = _tables(rule, uid, w, 0, grouped)
     scale = (np.float32(sx) * sw / np.float32(sy)).astype(np.float32)  # as onnxruntime's QLinearConv computes it
     extra = {"bias": bias, "scale": scale}
     enames = {key: f"{uid}__qc{key}" for key in extra}
-    out = q.output[0]
     out_dtype = "int8" if zy.dtype == np.int8 else "uint8"
     # Not lowered (QUANT's epilogue is lower.py's requantization); it names the output in the op type's signature.
     program = EwProgram(inputs=[Value(uid, "int32")], consts={}, ops=[EwOp("Cast", (uid,), out, out_dtype)],
                         outputs=[Value(out, out_dtype)])
-    zx_name = x_dq.input[2] if len(x_dq.input) > 2 and x_dq.input[2] else f"{uid}__qczero"
-    inits = [] if len(x_dq.input) > 2 and zx_name == x_dq.input[2] else \
-        [numpy_helper.from_array(np.zeros((), np.dtype(act)), zx_name)]
-    # The fallback: the same DequantizeLinear of the rebuilt weights, then the unit's own nodes.
+    inits = []
+    if zx_name is None:
+        zx_name = f"{uid}__qczero"
+        inits.append(numpy_helper.from_array(np.zeros((), np.dtype(act)), zx_name))
     unpacked = f"{uid}__unpacked_w"
-    wdq = _copy(w_dq)
-    wdq.input[0] = unpacked
-    body = _unpack_body(names, w, unpacked, rule.ew.opset, grouped) + [wdq]
-    body += [_copy(idx.nodes[m]) for m in sorted(members) if m != w_i]
+    body = _unpack_body(names, w, unpacked, rule.ew.opset, grouped) + fallback(unpacked)
     params = QConvParams(cin=int(w.shape[1]), cout=cout, kernel=geo[0], strides=geo[1], pads=geo[2],
                          dilations=geo[3], k4=int(tables["packed"].shape[1]), mode=QUANT, has_asum=has_asum,
-                         has_fix=has_fix, act_signed=act == "int8",
-                         implicit=grouped, out_signed=zy.dtype == np.int8,
-                         clamp=(lo_q, hi_q), out_zero=int(zy),
-                         body=tuple(body))
+                         has_fix=has_fix, act_signed=act == "int8", implicit=grouped, out_signed=zy.dtype == np.int8,
+                         clamp=clamp, out_zero=int(zy), body=tuple(body))
     inputs = [xq, zx_name] + list(names.values()) + list(enames.values())
     shape = rule.ew.shape_of(out)
     region = Region("qconv", [idx.nodes[m] for m in sorted(members)], inputs, [out], program,
                     list(shape) if shape is not None else None, params=params)
     region.initializers = inits + [numpy_helper.from_array(tables[key], name) for key, name in names.items()] + \
         [numpy_helper.from_array(extra[key], name) for key, name in enames.items()]
-    claimed.update(members)
+    return region
+
+
+def _qlinear_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
+    """QLinearConv, the QOperator format (x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+    y_zero_point[, B int32]), as QUANT: the same requantization, clamped to the output type's range."""
+    node = rule.index.nodes[i]
+    xq = node.input[0]
+    sx = rule.scalar(node.input[1], np.float32)
+    zx = rule.scalar(node.input[2]) if node.input[2] else None
+    # The zero point's type is the input's (shape inference leaves contrib ops' outputs, QLinearConcat's, untyped).
+    act = str(zx.dtype) if zx is not None else rule.ew.dtype_of(xq)
+    if act not in ("uint8", "int8"):
+        return f"its input is {act}, not u8 or s8"
+    if sx is None or (node.input[2] and zx is None):
+        return "its input's scale or zero point is not a constant scalar"
+    w, sw, zw = (rule._const(node.input[k]) if node.input[k] else None for k in (3, 4, 5))
+    if w is None or w.dtype != np.int8 or sw is None or sw.dtype != np.float32:
+        return "its weights are not constant s8 with constant scales"
+    if zw is not None and np.any(zw != 0):
+        return "its weights' zero point is not 0"
+    geo = _geometry(rule, node, w)
+    if isinstance(geo, str):
+        return geo
+    cout = int(w.shape[0])
+    if sw.size not in (1, cout):
+        return "its weights' scale is not per tensor or per output channel"
+    sw = np.broadcast_to(sw.reshape(-1), (cout,)).astype(np.float32)
+    sy = rule.scalar(node.input[6], np.float32)
+    zy = rule.scalar(node.input[7]) if len(node.input) > 7 and node.input[7] else np.uint8(0)
+    if sy is None or zy is None or zy.dtype not in (np.uint8, np.int8):
+        return "its output's scale or zero point is not a constant u8 or s8 scalar"
+    bias = np.zeros(cout, np.int32)
+    if len(node.input) > 8 and node.input[8]:
+        b = rule._const(node.input[8])
+        if b is None or b.dtype != np.int32 or b.size != cout:
+            return "its bias is not a constant int32 per output channel"
+        bias = b.reshape(-1).astype(np.int32)
+    clamp = (0, 255) if zy.dtype == np.uint8 else (-128, 127)
+
+    def fallback(unpacked: str) -> list:
+        conv = _copy(node)
+        conv.input[3] = unpacked
+        return [conv]
+
+    region = _quant_region(rule, node, [i], xq, act, node.input[2] or None, w, sw, bias, sx, sy, zy, clamp,
+                           node.output[0], geo, fallback)
+    claimed.add(i)
     return region

@@ -13,7 +13,7 @@ typedef struct { /* mirrors the slots of lower.py */
   const int8_t *w;       /* the packed weights: [cout][k4] */
   const uint8_t *panel;  /* the packed activations of 16 output pixels: [k4 / 4][16][4]; implicit: the panel's
                             first pixel's window position per tap, const uint8_t *[taps] */
-  int64_t k4q, azp, m0;  /* k4 / 4, the activations' zero point, the first output channel */
+  int64_t k4q, azp, m0;  /* k4 / 4, the packed activations' zero point, the first output channel */
   const int32_t *vsum;   /* per channel: the sum of its weights less their zero point */
   const int32_t *dvec;   /* per channel: what each activation adds besides its weight (has_asum), or NULL */
   const int32_t *asum;   /* the panel's per-pixel sums of activations, or NULL */
@@ -36,7 +36,9 @@ typedef struct {
   int64_t cin, cout, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, k4;
   int mode; /* 0 FLOAT, 1 QUANT */
   int has_asum, has_fix;
-  int act_signed; /* s8 activations, packed as u8 by flipping their sign bit (their zero point too) */
+  int flip;          /* the activations' top bit is flipped while packing (their zero point's too): s8 ones for a
+                        u8 x s8 instruction, u8 ones for sdot (a - 128) */
+  int packed_signed; /* the packed activations are s8 (sdot): sums and the zero point read them signed */
   int implicit;   /* stride 1: the tile reads the input laid out [c / 4][h + pads][w + pads][4] itself, no im2col */
   int int_bias;   /* FLOAT: an int32 bias per channel input, added before the Cast */
   int n_extra;

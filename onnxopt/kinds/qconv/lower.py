@@ -29,7 +29,7 @@ from onnxopt.codegen.microkernel.outer_product import lane_mask
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.irutil import (broadcast, for_range, intrinsic, masked_load, masked_store,
                                            record_function)
-from onnxopt.kinds.qmatmul.lower import instruction_for
+from onnxopt.kinds.qmatmul.lower import instruction_for, signed_operand
 
 from .desc import QConvKernelDesc
 from .find import MAX_EXTRAS, MAX_OUTPUTS, TAP_SHIFT
@@ -48,31 +48,38 @@ SLOT_EXTRA = SLOT_OUT + MAX_OUT
 SLOT_EXTRA_COUNT = SLOT_EXTRA + MAX_EXTRA
 
 
-def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int) -> list:
+def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int, signed: bool) -> list:
     """A row's accumulators plus its split pairs' residuals: acc += a[k] * residual for each (k, residual) of the
-    channel, a[k] of every pixel being byte k % 4 of its 4 at `group_at(k)` (the address of k's group of 4)."""
+    channel, a[k] of every pixel being byte k % 4 of its 4 at `group_at(k)` (the address of k's group of 4), read
+    as s8 where the packed activations are (`signed`)."""
     acc_t = acc[0].type
     lo = b.sext(b.load(b.gep(offsets, [row], source_etype=I32), typ=I32), I64)
     hi = b.sext(b.load(b.gep(offsets, [b.add(row, ir.Constant(I64, 1))], source_etype=I32), typ=I32), I64)
-    byte = broadcast(b, ir.Constant(I32, 255), lanes)
+    top = ir.Constant(I32, 24)
 
     def entry(e, carried):
         k = b.load(b.gep(entries, [b.mul(e, ir.Constant(I64, 2))], source_etype=I32), typ=I32)
         res = b.load(b.gep(entries, [b.add(b.mul(e, ir.Constant(I64, 2)), ir.Constant(I64, 1))], source_etype=I32),
                      typ=I32)
         at = group_at(b.sext(k, I64))
-        shift = broadcast(b, b.mul(b.and_(k, ir.Constant(I32, 3)), ir.Constant(I32, 8)), lanes)
+        # byte k % 4 of each lane moved to the top, then down again with or without its sign
+        up = broadcast(b, b.mul(b.sub(ir.Constant(I32, 3), b.and_(k, ir.Constant(I32, 3))), ir.Constant(I32, 8)),
+                       lanes)
+        down = broadcast(b, top, lanes)
         r = broadcast(b, res, lanes)
         out = []
         for j in range(nr):
-            v = b.load(b.gep(at, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=acc_t, align=4)
-            out.append(b.add(carried[j], b.mul(b.and_(b.lshr(v, shift), byte), r)))
+            v = b.shl(b.load(b.gep(at, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=acc_t, align=4), up)
+            a = b.ashr(v, down) if signed else b.lshr(v, down)
+            out.append(b.add(carried[j], b.mul(a, r)))
         return out
 
     return for_range(b, lo, hi, ir.Constant(I64, 1), entry, acc)
 
 
-def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int) -> None:
+def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int,
+                signed: bool = False) -> None:
+    """`signed`: the instruction takes s8 activations (sdot), packed so by exec.c."""
     nr = PANEL // lanes
     b, slot = record_function(module, name)
     w, panel, vsum = slot(SLOT_W, PTR), slot(SLOT_PANEL, PTR), slot(SLOT_VSUM, PTR)
@@ -130,7 +137,7 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
         offsets, entries = slot(SLOT_FIX_OFFSETS, PTR), slot(SLOT_FIX_ENTRIES, PTR)
         for i in range(mi):
             acc[i * nr:(i + 1) * nr] = _corrections(b, acc[i * nr:(i + 1) * nr], group_at, offsets, entries, rows[i],
-                                                    nr, lanes)
+                                                    nr, lanes, signed)
     za = b.trunc(azp, I32)
     asums = []
     if params.has_asum:
@@ -245,7 +252,7 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     names = []
     for mi in range(1, MR + 1):
         names.append(f"{region.op_type}_m{mi}")
-        define_tile(module, names[-1], p, region.program, ins.emit, ins.lanes, mi)
+        define_tile(module, names[-1], p, region.program, ins.emit, ins.lanes, mi, signed_operand(ins))
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     i32 = ONNX_ENUM["int32"]
@@ -261,5 +268,5 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
         in_types += [ONNX_ENUM["float32"]] * len(p.extra_kinds)
         out_types = [ONNX_ENUM["float32"]] * len(region.outputs)
     desc = QConvKernelDesc(op_type=region.op_type, in_types=in_types, out_types=out_types, params=p, mr=MR,
-                           tiles=names, instruction=ins.name)
+                           tiles=names, instruction=ins.name, packed_signed=signed_operand(ins))
     return obj, desc, ir_text

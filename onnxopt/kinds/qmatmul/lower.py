@@ -39,14 +39,22 @@ SLOT_EXTRA_ROWS = SLOT_EXTRA + MAX_EXTRA
 
 
 def instruction_for(target: Target):
-    """The best u8 x s8 dot-product instruction this target has."""
-    found = available(target, ("u8", "s8"))
+    """The best dot-product instruction for activations x s8 weights on this target: u8 x s8 (x86's VNNI and AVX2
+    sequence), else s8 x s8 (aarch64's sdot), which takes u8 activations moved to s8 (`signed_operand`)."""
+    found = available(target, ("u8", "s8")) or available(target, ("s8", "s8"))
     if not found:
-        raise ValueError(f"target {target.name} has no u8 x s8 dot-product instruction (AVX2 or VNNI)")
+        raise ValueError(f"target {target.name} has no int8 dot-product instruction (VNNI, AVX2 or aarch64 dotprod)")
     return found[0]
 
 
-def _corrections(b: ir.IRBuilder, acc: list, rows: list, fix, nfix, mi: int, nr: int, lanes: int) -> list:
+def signed_operand(ins) -> bool:
+    """Whether `ins` multiplies s8 activations: then u8 ones go in as a - 128 (their top bit flipped), their zero
+    point too, which leaves every sum of (a - za) * w as it was."""
+    return ins.source_dtypes[0] == "s8"
+
+
+def _corrections(b: ir.IRBuilder, acc: list, rows: list, fix, nfix, mi: int, nr: int, lanes: int,
+                 flip: bool) -> list:
     """acc with the panel's corrections added: acc[i][column] += a[row i][k] * residual for each (k, column,
     residual), through a stack copy of the tile (a column is a lane known only at run time); only for panels that
     have any."""
@@ -72,6 +80,8 @@ def _corrections(b: ir.IRBuilder, acc: list, rows: list, fix, nfix, mi: int, nr:
                      b.srem(col, ir.Constant(I64, lanes)))
         for i in range(mi):
             a = b.zext(b.load(b.gep(rows[i], [k], source_etype=I8), typ=I8), I32)
+            if flip:  # the activation as the instruction saw it
+                a = b.sub(a, ir.Constant(I32, 128))
             slot = b.gep(buf, [b.add(ir.Constant(I64, i * nr * lanes), lane)])
             b.store(b.add(b.load(slot, typ=I32), b.mul(a, b.trunc(res, I32))), slot)
         return []
@@ -90,7 +100,9 @@ def _corrections(b: ir.IRBuilder, acc: list, rows: list, fix, nfix, mi: int, nr:
     return out
 
 
-def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int) -> None:
+def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int,
+                flip: bool = False) -> None:
+    """`flip`: the instruction takes s8 activations (signed_operand): A's bytes go in with their top bit flipped."""
     nr = PANEL // lanes
     b, slot = record_function(module, name)
     a, a_rs, bp, colsum = slot(SLOT_A, PTR), slot(SLOT_A_RS), slot(SLOT_B, PTR), slot(SLOT_COLSUM, PTR)
@@ -107,6 +119,8 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
         out = list(acc)
         for i in range(mi):
             quad = b.load(b.gep(rows[i], [b.mul(g, ir.Constant(I64, 4))], source_etype=I8), typ=I32, align=1)
+            if flip:
+                quad = b.xor(quad, ir.Constant(I32, 0x80808080))
             av = b.bitcast(broadcast(b, quad, lanes), src_t)
             for j in range(nr):
                 out[i * nr + j] = emit(b, acc[i * nr + j], av, bv[j])
@@ -114,8 +128,11 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
 
     acc = for_range(b, ir.Constant(I64, 0), k4, ir.Constant(I64, 1), k_step, [zero] * (mi * nr))
     if params.has_fix:
-        acc = _corrections(b, acc, rows, slot(SLOT_FIX, PTR), slot(SLOT_NFIX), mi, nr, lanes)
-    za = broadcast(b, b.trunc(azp, I32), lanes)
+        acc = _corrections(b, acc, rows, slot(SLOT_FIX, PTR), slot(SLOT_NFIX), mi, nr, lanes, flip)
+    za = b.trunc(azp, I32)
+    if flip:
+        za = b.sub(za, ir.Constant(I32, 128))
+    za = broadcast(b, za, lanes)
     corr = [b.mul(za, b.load(b.gep(colsum, [ir.Constant(I64, j * lanes)], source_etype=I32), typ=acc_t, align=4))
             for j in range(nr)]
     masks = [lane_mask(b, b.sub(ncols, ir.Constant(I64, j * lanes)), lanes) for j in range(nr)]
@@ -154,7 +171,7 @@ def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
     names = []
     for mi in range(1, MR + 1):
         names.append(f"{region.op_type}_m{mi}")
-        define_tile(module, names[-1], p, region.program, emit, lanes, mi)
+        define_tile(module, names[-1], p, region.program, emit, lanes, mi, signed_operand(ins))
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     in_types = [ONNX_ENUM["uint8"]] + ([ONNX_ENUM["uint8"]] if p.has_azp else []) + \

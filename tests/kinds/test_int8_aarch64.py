@@ -1,0 +1,251 @@
+"""The int8 kinds for aarch64 (`--target aarch64-dotprod`): their tiles on sdot, the library cross-linked, and every
+kernel run in onnxruntime's own aarch64 build under qemu-aarch64 (onnxopt/hardware/emulator.py) against exact
+integer arithmetic, on shapes drawn from the same ranges as the x86 tests (test_qconv.py, test_qmatmul.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from int8_models import conv_attrs, conv_int, conv_integer_model, matmul_exact, matmul_integer_model, qdq_conv_model
+from kind_harness import fuse_kind
+from onnx import TensorProto, helper
+
+from onnxopt.codegen.compile import compile_assembly
+from onnxopt.codegen.glue.library import _cc
+from onnxopt.codegen.target import parse_target
+from onnxopt.errors import ToolchainError
+from onnxopt.hardware import emulator
+from onnxopt.kinds.qconv import KIND as QCONV
+from onnxopt.kinds.qmatmul import KIND as QMATMUL
+from onnxopt.kinds.qmatmul.lower import instruction_for
+from onnxopt.timing import make_session
+
+TARGET = parse_target("aarch64-dotprod")
+
+
+def _cross_cc() -> str | None:
+    try:
+        return _cc(TARGET)
+    except ToolchainError as e:
+        return str(e)
+
+
+needs_cross_cc = pytest.mark.skipif(not _cross_cc().endswith("gcc"), reason="no aarch64 cross compiler "
+                                    "(Debian's gcc-aarch64-linux-gnu; scripts/aarch64_sysroot.sh installs it)")
+needs_qemu = pytest.mark.skipif(emulator.unavailable() is not None, reason=str(emulator.unavailable()))
+
+
+def test_aarch64_targets():
+    for spec in ("aarch64-dotprod", "cpu=neoverse-n1,+dotprod"):
+        t = parse_target(spec)
+        assert (t.arch, t.cpu, t.foreign, t.vector_bits) == ("aarch64", "neoverse-n1", True, 128)
+        assert t.required_cpu_flags == ["asimd", "asimddp"]
+        assert instruction_for(t).name == "arm_sdot"
+    plain = parse_target("aarch64")
+    assert plain.features == ("neon",) and plain.required_cpu_flags == ["asimd"]
+    with pytest.raises(ValueError, match="no int8 dot-product instruction"):
+        instruction_for(plain)  # Armv8.0 has none: the int8 units stay onnxruntime's
+
+
+def _qdq_case(rng, cin, cout, r, s, stride, pad, dil, n, h, w, signed_in, signed_out, relu, per_channel):
+    attrs = conv_attrs(r, s, stride, pad, dil, h, w)
+    if attrs is None:
+        return None
+    wt = rng.integers(-127, 128, (cout, cin, r, s)).astype(np.int8)
+    sw = np.broadcast_to((rng.uniform(0.5, 2.0, cout if per_channel else 1) * 0.01).astype(np.float32),
+                         (cout,)).astype(np.float32)
+    bias = rng.integers(-5000, 5000, cout).astype(np.int32)
+    sx, sy = np.float32(0.02), np.float32(0.05 * np.sqrt(cin * r * s))
+    zy = np.int8(rng.integers(-20, 20)) if signed_out else np.uint8(rng.integers(0, 256))
+    xt = np.int8 if signed_in else np.uint8
+    zx = np.array(int(rng.integers(0, 256)) - 128 * signed_in, xt)
+    model = qdq_conv_model(wt, sw, bias, sx, zx, sy, zy, attrs, (n, cin, h, w), relu)
+    x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)
+    exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
+    scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
+    q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale).astype(np.int64)
+    q = q + int(zy)
+    if relu:
+        q = np.maximum(q, int(zy))
+    lo, hi = (-128, 127) if signed_out else (0, 255)
+    return model, {"xq": x}, np.clip(q, lo, hi).astype(np.int8 if signed_out else np.uint8)
+
+
+def _conv_integer_case(rng, cin, cout, r, s, stride, pad, dil, n, h, w, signed_in, unsigned_w, extreme):
+    attrs = conv_attrs(r, s, stride, pad, dil, h, w)
+    if attrs is None:
+        return None
+    if unsigned_w:
+        wt = rng.choice(np.array([0, 1, 255, 254], np.uint8), (cout, cin, r, s)) if extreme else \
+            rng.integers(0, 256, (cout, cin, r, s)).astype(np.uint8)
+        wz = np.array(rng.integers(0, 256), np.uint8)
+    else:
+        wt = rng.choice(np.array([-128, -127, 127, 100], np.int8), (cout, cin, r, s)) if extreme else \
+            rng.integers(-128, 128, (cout, cin, r, s)).astype(np.int8)
+        wz = np.zeros((), np.int8)
+    x = rng.choice(np.array([0, 255, 254], np.uint8), (n, cin, h, w)) if extreme else \
+        rng.integers(0, 256, (n, cin, h, w)).astype(np.uint8)
+    zx = int(rng.integers(0, 256))
+    if signed_in:
+        x, zx = (x.astype(np.int16) - 128).astype(np.int8), np.array(zx - 128, np.int8)
+    else:
+        zx = np.array(zx, np.uint8)
+    model = conv_integer_model(wt, wz, attrs, (n, cin, h, w), helper.np_dtype_to_tensor_dtype(x.dtype))
+    exact = conv_int(x, wt, zx, wz, attrs["strides"], attrs["pads"], attrs["dilations"])
+    want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
+        np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
+    return model, {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)}, want
+
+
+def _matmul_case(rng, k, n, m, lead, extreme, za_input):
+    if extreme:
+        w = rng.choice(np.array([-128, -127, 127, 100, -100], np.int8), (k, n))
+        a = rng.choice(np.array([0, 254, 255], np.uint8), (*lead, m, k))
+    else:
+        w = rng.integers(-128, 128, (k, n)).astype(np.int8)
+        a = rng.integers(0, 256, (*lead, m, k)).astype(np.uint8)
+    za = int(rng.integers(0, 256)) if za_input else 0
+    model = matmul_integer_model(k, n, w, lead, za_input)
+    feeds = {"a": a, "scale": np.array(0.01, np.float32)}
+    if za_input:
+        feeds["za"] = np.array(za, np.uint8)
+    return model, feeds, matmul_exact(a, w, za, 0.01, n)
+
+
+def _cases(seed: int = 7) -> list:
+    """(kind, model, feeds, exact result): the x86 tests' ranges (odd channels, padding, strides, dilations, batch
+    1-3, u8 and s8 activations and weights, corner values, per-channel scales, Relu, s8 outputs), and both qconv
+    forms (stride 1 with few output channels reads the input in place, the rest packs it)."""
+    rng = np.random.default_rng(seed)
+    cases = []
+
+    def geometry():
+        return dict(cin=int(rng.integers(1, 25)), cout=int(rng.integers(1, 22)), r=int(rng.integers(1, 4)),
+                    s=int(rng.integers(1, 4)), stride=int(rng.integers(1, 3)), pad=int(rng.integers(0, 3)),
+                    dil=int(rng.integers(1, 3)), n=int(rng.integers(1, 4)), h=int(rng.integers(1, 12)),
+                    w=int(rng.integers(1, 21)))
+
+    def flag():
+        return bool(rng.integers(0, 2))
+
+    while len([c for c in cases if c[0] == "qdq"]) < 12:
+        case = _qdq_case(rng, **geometry(), signed_in=flag(), signed_out=flag(), relu=flag(),
+                         per_channel=flag())
+        if case:
+            cases.append(("qdq", *case))
+    while len([c for c in cases if c[0] == "conv_integer"]) < 12:
+        g = geometry()
+        case = _conv_integer_case(rng, **g, signed_in=flag(), unsigned_w=flag(), extreme=flag())
+        if case:
+            cases.append(("conv_integer", *case))
+    # the packed form past 64 output channels, and a deep implicit one
+    cases.append(("qdq", *_qdq_case(rng, 40, 70, 3, 3, 1, 1, 1, 1, 9, 13, False, False, True, True)))
+    cases.append(("qdq", *_qdq_case(rng, 96, 24, 3, 3, 1, 1, 1, 2, 10, 18, True, False, False, True)))
+    for i in range(10):
+        cases.append(("matmul", *_matmul_case(rng, 4 * int(rng.integers(1, 200)), int(rng.integers(1, 71)),
+                                              int(rng.integers(1, 41)), [int(v) for v in rng.integers(1, 4, i % 3)],
+                                              extreme=i % 3 == 1, za_input=i != 4)))
+    return cases
+
+
+@needs_cross_cc
+def test_the_tiles_run_on_sdot_and_the_library_is_aarch64(tmp_path):
+    model, _, _ = _qdq_case(np.random.default_rng(0), 8, 12, 3, 3, 1, 1, 1, 1, 9, 13, False, False, True, True)
+    fused, lib, region, ir_text = fuse_kind(QCONV, model, tmp_path, target=TARGET)
+    asm = compile_assembly(ir_text, TARGET)
+    assert "sdot\tv" in asm and "vpmaddubsw" not in asm
+    with open(lib, "rb") as f:
+        header = f.read(20)
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64
+    assert b"getauxval" in open(lib, "rb").read()  # the library's CPU check reads the kernel's hardware caps
+    mm, _, _ = _matmul_case(np.random.default_rng(1), 64, 40, 5, [], False, True)
+    _, _, _, mm_ir = fuse_kind(QMATMUL, mm, tmp_path, name="mm.so", target=TARGET)
+    assert "sdot\tv" in compile_assembly(mm_ir, TARGET)
+
+
+@needs_qemu
+def test_int8_kernels_are_exact_under_qemu(tmp_path):
+    """Every case's kernel, alone in its model (the function bodies removed, so that only the kernel can run the
+    node), in onnxruntime under qemu-aarch64 on an emulated Neoverse N1: bit for bit the exact integer result."""
+    jobs, wants, implicit = [], [], set()
+    for i, (kind, model, feeds, want) in enumerate(_cases()):
+        fused, lib, region, _ = fuse_kind(QMATMUL if kind == "matmul" else QCONV, model, tmp_path,
+                                          name=f"case{i}.so", target=TARGET)
+        if kind != "matmul":
+            implicit.add(region.params.implicit)
+        del fused.functions[:]
+        path = str(tmp_path / f"case{i}.onnx")
+        onnx.save(fused, path)
+        jobs.append({"model": path, "library": lib, "inputs": feeds, "threads": 1 + i % 2})
+        wants.append(want)
+    assert implicit == {True, False}  # both forms of the conv kernel are among the cases
+    for i, (got, want) in enumerate(zip(emulator.run_sessions(jobs), wants)):
+        assert got[0].dtype == want.dtype, i
+        np.testing.assert_array_equal(got[0], want, err_msg=f"case {i}")
+
+
+@needs_qemu
+def test_a_core_without_dot_products_runs_the_function_bodies(tmp_path):
+    """On an emulated Cortex-A53 (Armv8.0, no sdot) the library's CPU check registers nothing: the model runs its
+    function bodies and gives the same answer, and without them the node has no implementation (no SIGILL)."""
+    model, feeds, want = _qdq_case(np.random.default_rng(3), 8, 12, 3, 3, 1, 1, 1, 1, 9, 13, False, False, True,
+                                   True)
+    fused, lib, _, _ = fuse_kind(QCONV, model, tmp_path, target=TARGET)
+    onnx.save(fused, tmp_path / "with.onnx")
+    del fused.functions[:]
+    onnx.save(fused, tmp_path / "without.onnx")
+    (got,) = emulator.run_sessions([{"model": str(tmp_path / "with.onnx"), "library": lib, "inputs": feeds}],
+                                   cpu="cortex-a53")[0]
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ToolchainError, match="is not a registered function/op"):
+        emulator.run_sessions([{"model": str(tmp_path / "without.onnx"), "library": lib, "inputs": feeds}],
+                              cpu="cortex-a53")
+
+
+@needs_qemu
+def test_the_cli_cross_compiles_and_checks_the_model_under_qemu(tmp_path):
+    """onnxruntime's quantize_static on a small CNN, optimized with --target aarch64-dotprod: an aarch64 library
+    whose int8 kernels were not run here, and the whole model checked with it under emulation."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
+
+    rng = np.random.default_rng(5)
+    inits = [onnx.numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n)
+             for n, s in (("w1", (16, 3, 3, 3)), ("b1", (16,)), ("w2", (24, 16, 3, 3)), ("b2", (24,)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4, strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1] * 4),
+             helper.make_node("Relu", ["c2"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "f.onnx")
+
+    class Reader(CalibrationDataReader):
+        left = 4
+
+        def get_next(self):
+            self.left -= 1
+            return {"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} if self.left >= 0 else None
+
+    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, per_channel=True)
+    out = tmp_path / "fused.onnx"
+    r = subprocess.run([sys.executable, "-m", "onnxopt", str(tmp_path / "q.onnx"), "-o", str(out), "--target",
+                        "aarch64-dotprod", "--report", str(tmp_path / "report.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["target"]["triple"].startswith("aarch64") and "kernels_not_run" in report
+    v = report["verification"]
+    assert v["ok"] and v["library"] and v["emulated"].startswith("qemu-aarch64 -cpu neoverse-n1")
+    assert sum(r["op_type"].startswith("qconv_") for r in report["regions"]) == 2
+    with open(f"{out}.so", "rb") as f:
+        assert int.from_bytes(f.read(20)[18:20], "little") == 183
+    assert os.path.exists(out) and "under qemu-aarch64" in r.stdout + r.stderr
