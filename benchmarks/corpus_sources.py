@@ -214,6 +214,9 @@ class _RandomReader:
         pass
 
 
+QOPERATOR_HOW = "QOperator (QLinearConv, QLinearAdd...) after quant_pre_process"
+
+
 def quantized(name, base, mode, small=False, base_shape=None, torch=False):
     def build(dst, ctx):
         import logging
@@ -243,7 +246,7 @@ def quantized(name, base, mode, small=False, base_shape=None, torch=False):
                                   activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
                                   per_channel=True)
     how = ("quantize_dynamic (int8 weights, MatMulInteger/ConvInteger)" if mode == "dynamic"
-           else f"quantize_static {'QOperator (QLinearConv, QLinearAdd...) after quant_pre_process' if mode == 'qoperator' else 'QDQ'}, "
+           else f"quantize_static {QOPERATOR_HOW if mode == 'qoperator' else 'QDQ'}, "
                 "per-channel int8 weights, uint8 activations, 4 random calibration inputs")
     return Spec(name, None, f"ort-quantize:{mode} of {base}", build, small=small, input_shape=base_shape,
                 torch=torch, needs=[base], notes=f"onnxruntime {ONNX_TESTED['onnxruntime']} {how}; a base below "

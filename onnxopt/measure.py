@@ -133,14 +133,9 @@ def _qlinear_conv_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -
     """`model`'s nodes with each QLinearConv of constant weights and scales as ConvInteger -> Add(bias) -> Cast ->
     Mul(x_scale * w_scale / y_scale) -> Add(zero point) -> Max -> Min: its result in steps before rounding (float;
     recorded in `stepped`). Initializers it needs are added to `model` and `inits`."""
-    from onnxopt.graph.quantized import qlinear_conv_params
+    from onnxopt.graph.quantized import expand_qlinear_convs
 
-    nodes = []
-    for k, n in enumerate(model.graph.node):
-        p = qlinear_conv_params(n, inits) if n.op_type == "QLinearConv" else None
-        if p is None:
-            nodes.append(n)
-            continue
+    def expand(k, n, p):
         u = f"__qlinear_steps{k}"
         cout = p["w"].shape[0]
         scale = (np.float32(p["sx"]) * np.broadcast_to(p["sw"].astype(np.float32).reshape(-1), (cout,)) /
@@ -156,8 +151,8 @@ def _qlinear_conv_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -
             model.graph.initializer.append(t)
             inits[t.name] = t
         acc = f"{u}_acc"
-        nodes.append(helper.make_node("ConvInteger", [n.input[0], n.input[3], n.input[2], n.input[5]], [acc],
-                                      name=n.name))
+        nodes = [helper.make_node("ConvInteger", [n.input[0], n.input[3], n.input[2], n.input[5]], [acc],
+                                  name=n.name)]
         nodes[-1].attribute.extend(n.attribute)
         if p["bias"] is not None:
             nodes.append(helper.make_node("Add", [acc, f"{u}_bias"], [f"{u}_biased"]))
@@ -168,7 +163,9 @@ def _qlinear_conv_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -
                   helper.make_node("Max", [f"{u}_z", f"{u}_lo"], [f"{u}_m"]),
                   helper.make_node("Min", [f"{u}_m", f"{u}_hi"], [n.output[0]])]
         stepped[n.output[0]] = True
-    return nodes
+        return nodes
+
+    return expand_qlinear_convs(model, expand)
 
 
 def _minus_zero(nodes: list, u: str, n: onnx.NodeProto, to: int, weights_axis) -> tuple[str, str]:

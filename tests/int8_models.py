@@ -8,8 +8,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def conv_int(x, w, zx, zw, strides, pads, dil) -> np.ndarray:
-    """sum (x - zx)(w - zw) over each window, exact (int64); x [N, C, H, W], w [K, C, R, S], pads (t, l, b, r)."""
+def conv_int(x, w, zx, zw, strides, pads, dil, group: int = 1) -> np.ndarray:
+    """sum (x - zx)(w - zw) over each window, exact (int64); x [N, C, H, W], w [K, C / group, R, S], pads (t, l, b,
+    r), channels in `group` independent groups."""
+    if group > 1:
+        cin_g, cout_g = w.shape[1], w.shape[0] // group
+        zw = np.broadcast_to(np.asarray(zw).reshape(-1), (w.shape[0],))
+        return np.concatenate([conv_int(x[:, g * cin_g:(g + 1) * cin_g], w[g * cout_g:(g + 1) * cout_g], zx,
+                                        zw[g * cout_g:(g + 1) * cout_g], strides, pads, dil)
+                               for g in range(group)], axis=1)
     n, c, h, wd = x.shape
     k, _, r, s = w.shape
     xs = np.pad(x.astype(np.int64) - int(zx), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
@@ -23,6 +30,18 @@ def conv_int(x, w, zx, zw, strides, pads, dil) -> np.ndarray:
                      j * dil[1]:j * dil[1] + strides[1] * (ow - 1) + 1:strides[1]]
             out += np.einsum("nchw,kc->nkhw", win, ws[:, :, i, j])
     return out
+
+
+def grouping(kind: str, cin: int, cout: int) -> tuple[int, int, int]:
+    """(cin, cout, group) for a drawn grouping: "one" (group 1), "depthwise" (one channel a group), "depthwise_x2"
+    (two output channels per input channel) or "two" (two groups)."""
+    if kind == "depthwise":
+        return cin, cin, cin
+    if kind == "depthwise_x2":
+        return cin, 2 * cin, cin
+    if kind == "two":
+        return 2 * -(-cin // 2), 2 * -(-cout // 2), 2
+    return cin, cout, 1
 
 
 def small_model(nodes, ins, out_type, inits):
@@ -68,11 +87,14 @@ def qdq_conv_model(w, sw, bias, sx, zx, sy, zy, attrs, xshape, relu):
     return small_model(nodes, ins, TensorProto.INT8 if zy.dtype == np.int8 else TensorProto.UINT8, inits)
 
 
-def conv_attrs(r, s, stride, pad, dil, h, w):
+def conv_attrs(r, s, stride, pad, dil, h, w, group: int = 1):
     """Conv attributes, or None where the window does not fit the padded input."""
     if h + 2 * pad < dil * (r - 1) + 1 or w + 2 * pad < dil * (s - 1) + 1:
         return None
-    return dict(kernel_shape=[r, s], strides=[stride, stride], pads=[pad, pad, pad, pad], dilations=[dil, dil])
+    attrs = dict(kernel_shape=[r, s], strides=[stride, stride], pads=[pad, pad, pad, pad], dilations=[dil, dil])
+    if group > 1:
+        attrs["group"] = group
+    return attrs
 
 
 def matmul_integer_model(k, n, w, lead, za_input=True):
@@ -99,3 +121,56 @@ def matmul_integer_model(k, n, w, lead, za_input=True):
 def matmul_exact(a, w, za, scale, n):
     acc = (a.astype(np.int64) - int(za)) @ w.astype(np.int64)
     return acc.astype(np.int32).astype(np.float32) * np.float32(scale) + np.linspace(-1, 1, n).astype(np.float32)
+
+
+def matmul_operands(rng, k: int, n: int, lead: list, m: int, extreme: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(A u8 [*lead, m, k], W s8 [k, n]): uniform, or at the corners of their ranges (where onnxruntime's AVX2
+    kernel saturates its 16-bit pair sums)."""
+    if extreme:
+        return (rng.choice(np.array([0, 254, 255], np.uint8), (*lead, m, k)),
+                rng.choice(np.array([-128, -127, 127, 100, -100], np.int8), (k, n)))
+    return rng.integers(0, 256, (*lead, m, k)).astype(np.uint8), rng.integers(-128, 128, (k, n)).astype(np.int8)
+
+
+def quantized_cnn(folder, nodes, weights: dict, xshape, rng, qoperator: bool = False) -> str:
+    """A float model of `nodes` (input "x" of `xshape`, output "y", `weights` by name) quantized by onnxruntime's
+    quantize_static (u8 activations, per-channel s8 weights, 4 random calibration inputs; QDQ, or the QOperator
+    format); returns the quantized model's path."""
+    import os
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xshape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    fpath, qpath = os.path.join(folder, "f.onnx"), os.path.join(folder, "q.onnx")
+    onnx.save(m, fpath)
+
+    class Reader(CalibrationDataReader):
+        left = 4
+
+        def get_next(self):
+            self.left -= 1
+            return {"x": rng.standard_normal(xshape).astype(np.float32)} if self.left >= 0 else None
+
+    quantize_static(fpath, qpath, Reader(), quant_format=QuantFormat.QOperator if qoperator else QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True)
+    return qpath
+
+
+def conv_integer_operands(rng, wshape, xshape, unsigned_w: bool, extreme: bool):
+    """(weights, their zero point, u8 activations) for ConvInteger: u8 weights with a drawn zero point or s8 ones
+    with none, uniform or at the corners of their ranges."""
+    if unsigned_w:
+        wt = rng.choice(np.array([0, 1, 255, 254], np.uint8), wshape) if extreme else \
+            rng.integers(0, 256, wshape).astype(np.uint8)
+        wz = np.array(rng.integers(0, 256), np.uint8)
+    else:
+        wt = rng.choice(np.array([-128, -127, 127, 100], np.int8), wshape) if extreme else \
+            rng.integers(-128, 128, wshape).astype(np.int8)
+        wz = np.zeros((), np.int8)
+    x = rng.choice(np.array([0, 255, 254], np.uint8), xshape) if extreme else \
+        rng.integers(0, 256, xshape).astype(np.uint8)
+    return wt, wz, x

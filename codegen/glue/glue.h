@@ -31,6 +31,12 @@
 #else
 #define X86_CLONES
 #endif
+/* gcc vectorizes loops at -O3 only (the glue is built -O2): for the few plain loops that convert whole planes. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define VECTORIZE __attribute__((optimize("tree-vectorize")))
+#else
+#define VECTORIZE
+#endif
 
 typedef void OrtStatus;
 typedef void OrtValue;

@@ -225,8 +225,9 @@ def _cc(target: Target | None = None) -> str:
         for name in (os.environ.get(f"CC_{target.arch.upper()}"), cross):
             if name and shutil.which(name):
                 return name
-        raise ToolchainError(f"no C compiler for {target.arch} found ({cross}): install Debian's "
-                             f"gcc-{target.arch.replace('_', '-')}-linux-gnu, or point $CC_{target.arch.upper()} at one")
+        package = f"gcc-{target.arch.replace('_', '-')}-linux-gnu"
+        raise ToolchainError(f"no C compiler for {target.arch} found ({cross}): install Debian's {package}, or "
+                             f"point $CC_{target.arch.upper()} at one")
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name

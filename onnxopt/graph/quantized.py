@@ -188,6 +188,17 @@ def qlinear_conv_params(n: onnx.NodeProto, inits: dict) -> dict | None:
     return out
 
 
+def expand_qlinear_convs(model: onnx.ModelProto, expand) -> list[onnx.NodeProto]:
+    """`model`'s nodes with each QLinearConv of constant weights and scales replaced by expand(index, node, its
+    qlinear_conv_params) (a list of nodes)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes = []
+    for k, n in enumerate(model.graph.node):
+        p = qlinear_conv_params(n, inits) if n.op_type == "QLinearConv" else None
+        nodes.extend([n] if p is None else expand(k, n, p))
+    return nodes
+
+
 def qlinear_conv_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with each QLinearConv of constant weights and scales run as the spec defines it, in float:
     DequantizeLinear(x) -> Conv(the dequantized weights and bias) -> QuantizeLinear, which onnxruntime's graph
@@ -199,13 +210,8 @@ def qlinear_conv_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    inits = {t.name: t for t in model.graph.initializer}
-    nodes = []
-    for k, n in enumerate(model.graph.node):
-        p = qlinear_conv_params(n, inits) if n.op_type == "QLinearConv" else None
-        if p is None:
-            nodes.append(n)
-            continue
+
+    def expand(k, n, p):
         u = f"__qlinear_float{k}"
         cout = p["w"].shape[0]
         sw = np.broadcast_to(p["sw"].astype(np.float32).reshape(-1), (cout,))
@@ -219,8 +225,10 @@ def qlinear_conv_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
             conv_in.append(f"{u}_b")
         conv = helper.make_node("Conv", conv_in, [f"{u}_y"], name=n.name)
         conv.attribute.extend(n.attribute)
-        nodes += [helper.make_node("DequantizeLinear", [n.input[0], n.input[1], n.input[2]], [f"{u}_x"]), conv,
-                  helper.make_node("QuantizeLinear", [f"{u}_y", n.input[6], n.input[7]], list(n.output))]
+        return [helper.make_node("DequantizeLinear", [n.input[0], n.input[1], n.input[2]], [f"{u}_x"]), conv,
+                helper.make_node("QuantizeLinear", [f"{u}_y", n.input[6], n.input[7]], list(n.output))]
+
+    nodes = expand_qlinear_convs(model, expand)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out

@@ -2,7 +2,8 @@
 
 Standalone on purpose: the emulated side has only numpy and onnxruntime. argv[1] is a folder holding jobs.json, a
 list of {"model", "library" (or null), "inputs": {name: .npy file}, "outputs": [.npy file per model output],
-"threads", "optimization" ("all" or "none")}; each job's outputs are written there, and the files name the folder's own paths."""
+"threads", "optimization" ("all" or "none")}; each job's outputs are written there, and the files name the
+folder's own paths."""
 
 import json
 import os

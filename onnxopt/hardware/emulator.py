@@ -43,8 +43,9 @@ def unavailable(arch: str = "aarch64") -> str | None:
 
 def run_sessions(jobs: list[dict], cpu: str = "neoverse-n1", timeout: float = 1800.0) -> list[list[np.ndarray]]:
     """Runs each job, {"model": path, "library": path or None, "inputs": {name: array}, "threads": n (default 1),
-    "optimization": "all" (default) or "none" (onnxruntime's graph optimizations off)}, in onnxruntime under qemu-aarch64 emulating `cpu`, all in one emulated process (its start, about 5 s, is
-    the cost); returns each job's outputs."""
+    "optimization": "all" (default) or "none" (onnxruntime's graph optimizations off)}, in onnxruntime under
+    qemu-aarch64 emulating `cpu`, all in one emulated process (its start, about 5 s, is the cost); returns each
+    job's outputs."""
     why = unavailable("aarch64")
     if why:
         raise ToolchainError(f"cannot run aarch64 code here: {why}")

@@ -12,9 +12,10 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from int8_models import conv_attrs, conv_int, conv_integer_model, matmul_exact, matmul_integer_model, qdq_conv_model
+from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, grouping, matmul_exact,
+                         matmul_integer_model, matmul_operands, qdq_conv_model, quantized_cnn)
 from kind_harness import fuse_kind
-from onnx import TensorProto, helper
+from onnx import helper
 
 from onnxopt.codegen.compile import compile_assembly
 from onnxopt.codegen.glue.library import _cc
@@ -24,7 +25,6 @@ from onnxopt.hardware import emulator
 from onnxopt.kinds.qconv import KIND as QCONV
 from onnxopt.kinds.qmatmul import KIND as QMATMUL
 from onnxopt.kinds.qmatmul.lower import instruction_for
-from onnxopt.timing import make_session
 
 TARGET = parse_target("aarch64-dotprod")
 
@@ -53,11 +53,12 @@ def test_aarch64_targets():
         instruction_for(plain)  # Armv8.0 has none: the int8 units stay onnxruntime's
 
 
-def _qdq_case(rng, cin, cout, r, s, stride, pad, dil, n, h, w, signed_in, signed_out, relu, per_channel):
-    attrs = conv_attrs(r, s, stride, pad, dil, h, w)
+def _qdq_case(rng, cin, cout, r, s, stride, pad, dil, n, h, w, signed_in, signed_out, relu, per_channel, groups="one"):
+    cin, cout, group = grouping(groups, cin, cout)
+    attrs = conv_attrs(r, s, stride, pad, dil, h, w, group)
     if attrs is None:
         return None
-    wt = rng.integers(-127, 128, (cout, cin, r, s)).astype(np.int8)
+    wt = rng.integers(-127, 128, (cout, cin // group, r, s)).astype(np.int8)
     sw = np.broadcast_to((rng.uniform(0.5, 2.0, cout if per_channel else 1) * 0.01).astype(np.float32),
                          (cout,)).astype(np.float32)
     bias = rng.integers(-5000, 5000, cout).astype(np.int32)
@@ -67,7 +68,7 @@ def _qdq_case(rng, cin, cout, r, s, stride, pad, dil, n, h, w, signed_in, signed
     zx = np.array(int(rng.integers(0, 256)) - 128 * signed_in, xt)
     model = qdq_conv_model(wt, sw, bias, sx, zx, sy, zy, attrs, (n, cin, h, w), relu)
     x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)
-    exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
+    exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"], group)
     scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
     q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale).astype(np.int64)
     q = q + int(zy)
@@ -77,39 +78,27 @@ def _qdq_case(rng, cin, cout, r, s, stride, pad, dil, n, h, w, signed_in, signed
     return model, {"xq": x}, np.clip(q, lo, hi).astype(np.int8 if signed_out else np.uint8)
 
 
-def _conv_integer_case(rng, cin, cout, r, s, stride, pad, dil, n, h, w, signed_in, unsigned_w, extreme):
-    attrs = conv_attrs(r, s, stride, pad, dil, h, w)
+def _conv_integer_case(rng, cin, cout, r, s, stride, pad, dil, n, h, w, signed_in, unsigned_w, extreme, groups="one"):
+    cin, cout, group = grouping(groups, cin, cout)
+    attrs = conv_attrs(r, s, stride, pad, dil, h, w, group)
     if attrs is None:
         return None
-    if unsigned_w:
-        wt = rng.choice(np.array([0, 1, 255, 254], np.uint8), (cout, cin, r, s)) if extreme else \
-            rng.integers(0, 256, (cout, cin, r, s)).astype(np.uint8)
-        wz = np.array(rng.integers(0, 256), np.uint8)
-    else:
-        wt = rng.choice(np.array([-128, -127, 127, 100], np.int8), (cout, cin, r, s)) if extreme else \
-            rng.integers(-128, 128, (cout, cin, r, s)).astype(np.int8)
-        wz = np.zeros((), np.int8)
-    x = rng.choice(np.array([0, 255, 254], np.uint8), (n, cin, h, w)) if extreme else \
-        rng.integers(0, 256, (n, cin, h, w)).astype(np.uint8)
+    wshape = (cout, cin // group, r, s)
+    wt, wz, x = conv_integer_operands(rng, wshape, (n, cin, h, w), unsigned_w, extreme)
     zx = int(rng.integers(0, 256))
     if signed_in:
         x, zx = (x.astype(np.int16) - 128).astype(np.int8), np.array(zx - 128, np.int8)
     else:
         zx = np.array(zx, np.uint8)
     model = conv_integer_model(wt, wz, attrs, (n, cin, h, w), helper.np_dtype_to_tensor_dtype(x.dtype))
-    exact = conv_int(x, wt, zx, wz, attrs["strides"], attrs["pads"], attrs["dilations"])
+    exact = conv_int(x, wt, zx, wz, attrs["strides"], attrs["pads"], attrs["dilations"], group)
     want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
         np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
     return model, {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)}, want
 
 
 def _matmul_case(rng, k, n, m, lead, extreme, za_input):
-    if extreme:
-        w = rng.choice(np.array([-128, -127, 127, 100, -100], np.int8), (k, n))
-        a = rng.choice(np.array([0, 254, 255], np.uint8), (*lead, m, k))
-    else:
-        w = rng.integers(-128, 128, (k, n)).astype(np.int8)
-        a = rng.integers(0, 256, (*lead, m, k)).astype(np.uint8)
+    a, w = matmul_operands(rng, k, n, lead, m, extreme)
     za = int(rng.integers(0, 256)) if za_input else 0
     model = matmul_integer_model(k, n, w, lead, za_input)
     feeds = {"a": a, "scale": np.array(0.01, np.float32)}
@@ -119,9 +108,10 @@ def _matmul_case(rng, k, n, m, lead, extreme, za_input):
 
 
 def _cases(seed: int = 7) -> list:
-    """(kind, model, feeds, exact result): the x86 tests' ranges (odd channels, padding, strides, dilations, batch
-    1-3, u8 and s8 activations and weights, corner values, per-channel scales, Relu, s8 outputs), and both qconv
-    forms (stride 1 with few output channels reads the input in place, the rest packs it)."""
+    """(kind, model, feeds, exact result): the x86 tests' ranges (odd channels, groups and depthwise, padding,
+    strides, dilations, batch 1-3, u8 and s8 activations and weights, corner values, per-channel scales, Relu, s8
+    outputs), and every qconv form (stride 1 with few output channels reads the input in place, depthwise has its
+    own tile, the rest packs it)."""
     rng = np.random.default_rng(seed)
     cases = []
 
@@ -129,7 +119,8 @@ def _cases(seed: int = 7) -> list:
         return dict(cin=int(rng.integers(1, 25)), cout=int(rng.integers(1, 22)), r=int(rng.integers(1, 4)),
                     s=int(rng.integers(1, 4)), stride=int(rng.integers(1, 3)), pad=int(rng.integers(0, 3)),
                     dil=int(rng.integers(1, 3)), n=int(rng.integers(1, 4)), h=int(rng.integers(1, 12)),
-                    w=int(rng.integers(1, 21)))
+                    w=int(rng.integers(1, 21)),
+                    groups=str(rng.choice(["one", "one", "depthwise", "depthwise_x2", "two"])))
 
     def flag():
         return bool(rng.integers(0, 2))
@@ -173,18 +164,19 @@ def test_the_tiles_run_on_sdot_and_the_library_is_aarch64(tmp_path):
 def test_int8_kernels_are_exact_under_qemu(tmp_path):
     """Every case's kernel, alone in its model (the function bodies removed, so that only the kernel can run the
     node), in onnxruntime under qemu-aarch64 on an emulated Neoverse N1: bit for bit the exact integer result."""
-    jobs, wants, implicit = [], [], set()
+    jobs, wants, forms = [], [], set()
     for i, (kind, model, feeds, want) in enumerate(_cases()):
         fused, lib, region, _ = fuse_kind(QMATMUL if kind == "matmul" else QCONV, model, tmp_path,
                                           name=f"case{i}.so", target=TARGET)
         if kind != "matmul":
-            implicit.add(region.params.implicit)
+            forms.add("implicit" if region.params.implicit else "depthwise" if region.params.depthwise else
+                      "grouped" if region.params.group > 1 else "packed")
         del fused.functions[:]
         path = str(tmp_path / f"case{i}.onnx")
         onnx.save(fused, path)
         jobs.append({"model": path, "library": lib, "inputs": feeds, "threads": 1 + i % 2})
         wants.append(want)
-    assert implicit == {True, False}  # both forms of the conv kernel are among the cases
+    assert forms == {"implicit", "depthwise", "grouped", "packed"}  # every form of the conv kernel is among them
     for i, (got, want) in enumerate(zip(emulator.run_sessions(jobs), wants)):
         assert got[0].dtype == want.dtype, i
         np.testing.assert_array_equal(got[0], want, err_msg=f"case {i}")
@@ -212,32 +204,16 @@ def test_a_core_without_dot_products_runs_the_function_bodies(tmp_path):
 def test_the_cli_cross_compiles_and_checks_the_model_under_qemu(tmp_path):
     """onnxruntime's quantize_static on a small CNN, optimized with --target aarch64-dotprod: an aarch64 library
     whose int8 kernels were not run here, and the whole model checked with it under emulation."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
-
     rng = np.random.default_rng(5)
-    inits = [onnx.numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n)
-             for n, s in (("w1", (16, 3, 3, 3)), ("b1", (16,)), ("w2", (24, 16, 3, 3)), ("b2", (24,)))]
+    weights = {n: (rng.standard_normal(s) * 0.2).astype(np.float32)
+               for n, s in (("w1", (16, 3, 3, 3)), ("b1", (16,)), ("w2", (24, 16, 3, 3)), ("b2", (24,)))}
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4, strides=[2, 2]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1] * 4),
              helper.make_node("Relu", ["c2"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, tmp_path / "f.onnx")
-
-    class Reader(CalibrationDataReader):
-        left = 4
-
-        def get_next(self):
-            self.left -= 1
-            return {"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)} if self.left >= 0 else None
-
-    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, per_channel=True)
+    qpath = quantized_cnn(str(tmp_path), nodes, weights, (1, 3, 32, 32), rng)
     out = tmp_path / "fused.onnx"
-    r = subprocess.run([sys.executable, "-m", "onnxopt", str(tmp_path / "q.onnx"), "-o", str(out), "--target",
+    r = subprocess.run([sys.executable, "-m", "onnxopt", qpath, "-o", str(out), "--target",
                         "aarch64-dotprod", "--report", str(tmp_path / "report.json")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -9,7 +9,8 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from int8_models import conv_attrs, conv_int, conv_integer_model, qdq_conv_model
+from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, grouping, qdq_conv_model,
+                         quantized_cnn)
 from kind_harness import fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.skipif(not available(host_target(), ("u8", "s8")),
 
 _GEOMETRY = dict(cin=st.integers(1, 24), cout=st.integers(1, 21), r=st.integers(1, 3), s=st.integers(1, 3),
                  stride=st.integers(1, 2), pad=st.integers(0, 2), dil=st.integers(1, 2), n=st.integers(1, 3),
-                 h=st.integers(1, 11), w=st.integers(1, 20), seed=st.integers(0, 2**16))
+                 h=st.integers(1, 11), w=st.integers(1, 20), seed=st.integers(0, 2**16),
+                 groups=st.sampled_from(["one", "one", "depthwise", "depthwise_x2", "two"]))
 
 
 def test_the_kind_is_registered_first():
@@ -39,30 +41,25 @@ def test_the_kind_is_registered_first():
 @settings(max_examples=12, deadline=None)
 @given(**_GEOMETRY, unsigned=st.booleans(), extreme=st.booleans(), zx=st.integers(0, 255), signed_in=st.booleans())
 def test_conv_integer_is_exact_on_drawn_shapes(tmp_path_factory, cin, cout, r, s, stride, pad, dil, n, h, w, seed,
-                                               unsigned, extreme, zx, signed_in):
-    """ConvInteger with u8 weights (and their zero point) or s8 ones, u8 or s8 activations, odd channels, padding,
-    strides, dilations and batches against exact integer arithmetic, then the same float rescaling."""
-    attrs = conv_attrs(r, s, stride, pad, dil, h, w)
+                                               groups, unsigned, extreme, zx, signed_in):
+    """ConvInteger with u8 weights (and their zero point) or s8 ones, u8 or s8 activations, odd channels, groups
+    (depthwise too), padding, strides, dilations and batches against exact integer arithmetic, then the same float
+    rescaling."""
+    cin, cout, group = grouping(groups, cin, cout)
+    attrs = conv_attrs(r, s, stride, pad, dil, h, w, group)
     if attrs is None:
         return
     rng = np.random.default_rng(seed)
-    if unsigned:
-        wt = rng.choice(np.array([0, 1, 255, 254], np.uint8), (cout, cin, r, s)) if extreme else \
-            rng.integers(0, 256, (cout, cin, r, s)).astype(np.uint8)
-        wz = np.array(rng.integers(0, 256), np.uint8)
-    else:
-        wt = rng.choice(np.array([-128, -127, 127, 100], np.int8), (cout, cin, r, s)) if extreme else \
-            rng.integers(-128, 128, (cout, cin, r, s)).astype(np.int8)
-        wz = np.zeros((), np.int8)
-    x = rng.choice(np.array([0, 255, 254], np.uint8), (n, cin, h, w)) if extreme else \
-        rng.integers(0, 256, (n, cin, h, w)).astype(np.uint8)
+    wshape = (cout, cin // group, r, s)
+    wt, wz, x = conv_integer_operands(rng, wshape, (n, cin, h, w), unsigned, extreme)
     xt = np.int8 if signed_in else np.uint8
     x, zx = (x.astype(np.int16) - 128).astype(np.int8) if signed_in else x, np.array(zx - 128 * signed_in, xt)
     model = conv_integer_model(wt, wz, attrs, (n, cin, h, w), helper.np_dtype_to_tensor_dtype(np.dtype(xt)))
     fused, lib, region, _ = fuse_kind(KIND, model, tmp_path_factory.mktemp("qc"))
     assert [nd.op_type[:6] for nd in fused.graph.node] == ["qconv_"]
     feeds = {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)}
-    exact = conv_int(x, wt, zx, wz, attrs["strides"], attrs["pads"], attrs["dilations"])
+    assert region.params.group == group and region.params.depthwise == (cin == group == cout)
+    exact = conv_int(x, wt, zx, wz, attrs["strides"], attrs["pads"], attrs["dilations"], group)
     want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
         np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
     got = make_session(fused, 2, library=lib).run(None, feeds)[0]
@@ -77,19 +74,21 @@ def test_conv_integer_is_exact_on_drawn_shapes(tmp_path_factory, cin, cout, r, s
 @given(**_GEOMETRY, signed_out=st.booleans(), relu=st.booleans(), per_channel=st.booleans(), zx=st.integers(0, 255),
        signed_in=st.booleans())
 def test_qdq_unit_requantizes_as_qlinearconv_on_drawn_shapes(tmp_path_factory, cin, cout, r, s, stride, pad, dil, n,
-                                                             h, w, seed, signed_out, relu, per_channel, zx, signed_in):
+                                                             h, w, seed, groups, signed_out, relu, per_channel, zx,
+                                                             signed_in):
     """A QDQ unit against the spec's exact sum requantized as onnxruntime's QLinearConv does (float(S + bias) *
     (x_scale * w_scale / y_scale), rounded half to even, plus the zero point, saturated), bit for bit; and against
     the float reference in quantization steps, as the driver checks it."""
-    attrs = conv_attrs(r, s, stride, pad, dil, h, w)
+    cin, cout, group = grouping(groups, cin, cout)
+    attrs = conv_attrs(r, s, stride, pad, dil, h, w, group)
     if attrs is None:
         return
     rng = np.random.default_rng(seed)
-    wt = rng.integers(-127, 128, (cout, cin, r, s)).astype(np.int8)
+    wt = rng.integers(-127, 128, (cout, cin // group, r, s)).astype(np.int8)
     sw = (rng.uniform(0.5, 2.0, cout if per_channel else 1) * 0.01).astype(np.float32)
     sw = np.broadcast_to(sw, (cout,)).astype(np.float32)
     bias = rng.integers(-5000, 5000, cout).astype(np.int32)
-    sx, sy = np.float32(0.02), np.float32(0.05 * np.sqrt(cin * r * s))
+    sx, sy = np.float32(0.02), np.float32(0.05 * np.sqrt(cin // group * r * s))
     zy = np.int8(rng.integers(-20, 20)) if signed_out else np.uint8(rng.integers(0, 256))
     xt = np.int8 if signed_in else np.uint8
     zx = np.array(zx - 128 * signed_in, xt)
@@ -98,7 +97,7 @@ def test_qdq_unit_requantizes_as_qlinearconv_on_drawn_shapes(tmp_path_factory, c
     assert [nd.op_type[:6] for nd in fused.graph.node] == ["qconv_"]
     x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)
     feeds = {"xq": x}
-    exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
+    exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"], group)
     scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
     lo, hi = (-128, 127) if signed_out else (0, 255)
     q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale).astype(np.int64)
@@ -120,30 +119,12 @@ def test_quantize_static_model_is_fused_and_close_to_onnxruntime(tmp_path):
     """onnxruntime's own quantizer's QDQ model (per-channel s8 weights, u8 activations): one qconv kernel for the
     unit, within one step of the float reference everywhere, and of onnxruntime's QLinearConv but where that
     saturates its 16-bit pair sums."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
-
     rng = np.random.default_rng(5)
-    w = (rng.standard_normal((24, 16, 3, 3)) * 0.1).astype(np.float32)
-    b = (rng.standard_normal(24) * 0.1).astype(np.float32)
-    node = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
-    g = helper.make_graph([node, helper.make_node("Relu", ["c"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, tmp_path / "f.onnx")
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.left = 3
-
-        def get_next(self):
-            self.left -= 1
-            return {"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)} if self.left >= 0 else None
-
-    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, per_channel=True)
+    weights = {"w": (rng.standard_normal((24, 16, 3, 3)) * 0.1).astype(np.float32),
+               "b": (rng.standard_normal(24) * 0.1).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    quantized_cnn(str(tmp_path), nodes, weights, (1, 16, 12, 12), rng)
     q = onnx.shape_inference.infer_shapes(onnx.load(tmp_path / "q.onnx"))
     fused, lib, region, _ = fuse_kind(KIND, q, tmp_path)
     assert sum(nd.op_type.startswith("qconv_") for nd in fused.graph.node) == 1
@@ -190,10 +171,14 @@ def test_refusals_say_why():
     w = np.ones((4, 6, 3, 3), np.int8)
     attrs = dict(kernel_shape=[3, 3], group=2)
     rejected = []
-    assert find_regions(conv_integer_model(np.ones((4, 3, 3, 3), np.int8), np.zeros((), np.int8), attrs,
-                                            (1, 6, 5, 5)),
-                        set(), rejected) == []
-    assert "group" in rejected[0]["reason"]
+    bad = conv_integer_model(np.ones((4, 3, 3, 3), np.int8), np.zeros((), np.int8), attrs, (1, 6, 5, 5))
+    bad.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 5  # 5 input channels in 2 groups of 3
+    assert find_regions(bad, set(), rejected) == []
+    assert "group 2 does not divide" in rejected[0]["reason"]
+    rejected = []
+    big = conv_integer_model(np.ones((4, 1, 9, 9), np.int8), np.zeros((), np.int8), dict(kernel_shape=[9, 9], group=4),
+                             (1, 4, 12, 12))
+    assert find_regions(big, set(), rejected) == [] and "more than 64 taps" in rejected[0]["reason"]
     m = conv_integer_model(w, np.zeros((), np.int8), dict(kernel_shape=[3, 3]), (1, 6, 5, 5))
     m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT16
     rejected = []
@@ -328,30 +313,15 @@ def test_qlinearconv_requantizes_exactly(tmp_path, cin, cout, k, stride, pad, si
 def test_a_qoperator_model_is_fused_whole(tmp_path):
     """quantize_static in the QOperator format (QLinearConv, and QLinearAdd, a contrib op whose output shape only
     the graph's shape twins give: graph/infer.py): every QLinearConv becomes a kernel, the model checks out."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     from onnxopt import optimize
 
     rng = np.random.default_rng(8)
-    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n)
-             for n, s in (("w1", (8, 8, 3, 3)), ("b1", (8,)), ("w2", (8, 8, 1, 1)), ("b2", (8,)))]
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4), helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Add", ["r1", "x"], ["s"]), helper.make_node("Conv", ["s", "w2", "b2"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, tmp_path / "f.onnx")
-
-    class Reader(CalibrationDataReader):
-        left = 4
-
-        def get_next(self):
-            self.left -= 1
-            return {"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)} if self.left >= 0 else None
-
-    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(), quant_format=QuantFormat.QOperator,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True)
+    weights = {n: (rng.standard_normal(s) * 0.2).astype(np.float32)
+               for n, s in (("w1", (8, 8, 3, 3)), ("b1", (8,)), ("w2", (8, 8, 1, 1)), ("b2", (8,)))}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1] * 4),
+             helper.make_node("Relu", ["c1"], ["r1"]), helper.make_node("Add", ["r1", "x"], ["s"]),
+             helper.make_node("Conv", ["s", "w2", "b2"], ["y"])]
+    quantized_cnn(str(tmp_path), nodes, weights, (1, 8, 16, 16), rng, qoperator=True)
     ops = [n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node]
     assert ops.count("QLinearConv") == 2 and "QLinearAdd" in ops
     result = optimize(str(tmp_path / "q.onnx"), str(tmp_path / "out.onnx"), measure=False)

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from int8_models import matmul_exact, matmul_integer_model
+from int8_models import matmul_exact, matmul_integer_model, matmul_operands
 from kind_harness import fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
@@ -90,12 +90,7 @@ def test_exact_integer_sums_on_drawn_shapes(tmp_path_factory, k4, n, m, lead, za
     (where onnxruntime's own AVX2 kernel saturates its 16-bit pair sums, this kernel does not)."""
     k = 4 * k4
     rng = np.random.default_rng(seed)
-    if extreme:
-        w = rng.choice(np.array([-128, -127, 127, 100, -100], np.int8), (k, n))
-        a = rng.choice(np.array([0, 254, 255], np.uint8), (*lead, m, k))
-    else:
-        w = rng.integers(-128, 128, (k, n)).astype(np.int8)
-        a = rng.integers(0, 256, (*lead, m, k)).astype(np.uint8)
+    a, w = matmul_operands(rng, k, n, lead, m, extreme)
     tmp = tmp_path_factory.mktemp("q")
     model = matmul_integer_model(k, n, w, lead)
     fused, lib, region, _ = fuse_kind(KIND, model, tmp)

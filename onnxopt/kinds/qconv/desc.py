@@ -23,9 +23,10 @@ class QConvKernelDesc:
         p = self.params
         decls, sig = c_signature(prefix, self.op_type, "KIND_QCONV", self.in_types, self.out_types)
         externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles)
-        geometry = [p.cin, p.cout, *p.kernel, *p.strides, *p.pads, *p.dilations, p.k4]
+        geometry = [p.cin, p.cout, *p.kernel, *p.strides, *p.pads, *p.dilations, p.k4, p.group]
         kinds = ", ".join(str(k) for k in p.extra_kinds) or "0"
         return (f"{externs}{decls}static const onnxopt_qconv_desc {prefix}_desc = {{{sig}, "
                 f"{', '.join(str(v) for v in geometry)}, {p.mode}, {int(p.has_asum)}, {int(p.has_fix)}, "
-                f"{int(p.act_signed != self.packed_signed)}, {int(self.packed_signed)}, {int(p.implicit)}, {int(p.int_bias)}, "
+                f"{int(p.act_signed != self.packed_signed)}, {int(self.packed_signed)}, {int(p.implicit)}, "
+                f"{int(p.depthwise)}, {int(p.int_bias)}, "
                 f"{len(p.extra_kinds)}, {{{kinds}}}, {self.mr}, {{{', '.join(self.tiles)}}}}};\n")

@@ -1,7 +1,9 @@
 /* The qconv kind's executor: each call packs the receptive fields of every panel of 16 output pixels (im2col into
    [k4 / 4][16][4] u8, the tile's vector operand; padding reads the activations' zero point), or in the implicit form
    lays the input out in channel groups [c / 4][h + pads][w + pads][4] and gives the tile each tap's window per
-   panel, then runs the tile over output channels x panels in tasks over ORT's pool. */
+   panel, then runs the tile over output channels x panels in tasks over ORT's pool. Grouped convolutions pack
+   each group's panels and run each group's output channels on them; a depthwise one runs its own tile on each
+   channel's padded plane (qc_depthwise). */
 #define QC_TASKS 16
 #define QC_TASK_MIN_OPS 262144.0
 #define QC_PANEL 16
@@ -12,7 +14,8 @@ typedef struct {
   const uint8_t *x;
   uint8_t za;
   int64_t n, h, w, oh, ow, pixels, ppi; /* ppi: panels per image */
-  int64_t cin4;                          /* input channels rounded up to 4: k = tap * cin4 + channel */
+  int64_t cin_g, cout_g;                 /* channels a group */
+  int64_t cin4;                          /* a group's input channels rounded up to 4: k = tap * cin4 + channel */
   /* implicit: the input laid out [n][cin4 / 4][hp][wp][4] with its padding, and output panels along rows */
   uint8_t *grouped;
   int64_t hp, wp, ppr, relayout_tasks; /* ppr: panels per output row */
@@ -21,7 +24,7 @@ typedef struct {
   int64_t panels, pack_tasks;
   /* the GEMM */
   qc_tile proto;
-  int64_t mblocks, ptasks, mtasks, group;
+  int64_t mblocks, bpg, ptasks, mtasks, group; /* bpg: blocks of output channels a channel group */
   int64_t out_elems_per_image;
 } qc_job;
 
@@ -32,96 +35,133 @@ static void qc_interleave(uint32_t *restrict out, const uint8_t *restrict r0, co
     out[t] = (uint32_t)r0[t] | (uint32_t)r1[t] << 8 | (uint32_t)r2[t] << 16 | (uint32_t)r3[t] << 24;
 }
 
-/* One panel's receptive fields: packed[g][t][q] = the activation at k = 4g + q for pixel t, where k = tap * cin4 +
-   channel (find.py's weight order: the 4 k of a group are 4 channels of one tap, so they share the window's
-   position); the activations' zero point where the window leaves the image, 0 past the channels or past the
-   image's last pixel. asum[t]: their sum over k. */
-static void qc_pack_panel(const qc_job *j, int64_t panel) {
-  const onnxopt_qconv_desc *d = j->d;
-  int64_t img = panel / j->ppi, p0 = (panel % j->ppi) * QC_PANEL, plane_size = j->h * j->w;
-  const uint8_t *x = j->x + img * d->cin * plane_size, *end = j->x + j->n * d->cin * plane_size;
-  uint8_t *dst = j->packed + panel * d->k4 * QC_PANEL;
+/* One output row's run of a panel at one tap: the pixels lo..hi - 1 whose window is inside the image, reading a
+   channel plane from `at` on (every sw-th byte); the run's others read the zero point. */
+typedef struct {
+  int seg[QC_PANEL + 1], nseg, valid; /* the panel's pixels in runs along one output row: seg[s] .. seg[s + 1] - 1 */
   int64_t ih0[QC_PANEL], iw0[QC_PANEL];
-  int valid = 0;
-  /* The panel's pixels in runs along one output row: seg[s] .. seg[s + 1] - 1 */
-  int seg[QC_PANEL + 1], nseg = 0;
+  int lo[QC_PANEL], hi[QC_PANEL];
+  int64_t at[QC_PANEL];
+} qc_runs;
+
+static void qc_panel_runs(const qc_job *j, int64_t p0, qc_runs *r) {
+  const onnxopt_qconv_desc *d = j->d;
+  r->valid = r->nseg = 0;
   for (int t = 0; t < QC_PANEL; t++) {
     int64_t p = p0 + t;
-    if (p < j->pixels) valid++;
+    if (p < j->pixels) r->valid++;
     int64_t q = p < j->pixels ? p : j->pixels - 1;
-    ih0[t] = (q / j->ow) * d->sh - d->pt;
-    iw0[t] = (q % j->ow) * d->sw - d->pl;
-    if (t < valid && (t == 0 || ih0[t] != ih0[t - 1])) seg[nseg++] = t;
+    r->ih0[t] = (q / j->ow) * d->sh - d->pt;
+    r->iw0[t] = (q % j->ow) * d->sw - d->pl;
+    if (t < r->valid && (t == 0 || r->ih0[t] != r->ih0[t - 1])) r->seg[r->nseg++] = t;
   }
-  seg[nseg] = valid;
-  /* A 1 x 1 convolution of stride 1 without padding reads the panel's pixels as one run of each channel plane. */
-  int plain = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !d->pt && !d->pl && !d->pb && !d->pr &&
-              valid == QC_PANEL;
-  static const uint8_t zeros[QC_PANEL];
-  uint8_t cols[4][2 * QC_PANEL]; /* a run's copy may write 16 bytes past its start; the next run's overwrites them */
-  uint32_t *o32 = (uint32_t *)dst;
-  for (int64_t tap = 0; tap < d->kh * d->kw; tap++) {
-    int64_t ky = (tap / d->kw) * d->dh, kx = (tap % d->kw) * d->dw;
-    /* Per run: the pixels lo..hi - 1 whose window is inside the image, reading a channel plane from `at` on
-       (every sw-th byte); the others read the zero point. */
-    int lo[QC_PANEL], hi[QC_PANEL];
-    int64_t at[QC_PANEL];
-    for (int sg = 0; sg < nseg; sg++) {
-      int t0 = seg[sg], t1 = seg[sg + 1];
-      int64_t ih = ih0[t0] + ky, iw = iw0[t0] + kx;
-      lo[sg] = hi[sg] = t0;
-      at[sg] = 0;
-      if (ih < 0 || ih >= j->h) continue;
-      int first = t0, last = t1;
-      while (first < t1 && iw0[first] + kx < 0) first++;
-      while (last > first && iw0[last - 1] + kx >= j->w) last--;
-      lo[sg] = first;
-      hi[sg] = last;
-      at[sg] = ih * j->w + iw + (int64_t)(first - t0) * d->sw;
+  r->seg[r->nseg] = r->valid;
+}
+
+static void qc_tap_runs(const qc_job *j, int64_t tap, qc_runs *r) {
+  const onnxopt_qconv_desc *d = j->d;
+  int64_t ky = (tap / d->kw) * d->dh, kx = (tap % d->kw) * d->dw;
+  for (int sg = 0; sg < r->nseg; sg++) {
+    int t0 = r->seg[sg], t1 = r->seg[sg + 1];
+    int64_t ih = r->ih0[t0] + ky, iw = r->iw0[t0] + kx;
+    r->lo[sg] = r->hi[sg] = t0;
+    r->at[sg] = 0;
+    if (ih < 0 || ih >= j->h) continue;
+    int first = t0, last = t1;
+    while (first < t1 && r->iw0[first] + kx < 0) first++;
+    while (last > first && r->iw0[last - 1] + kx >= j->w) last--;
+    r->lo[sg] = first;
+    r->hi[sg] = last;
+    r->at[sg] = ih * j->w + iw + (int64_t)(first - t0) * d->sw;
+  }
+}
+
+/* The panel's 16 activations of one channel plane at the tap whose runs `r` holds, as 16 bytes in a row: in the
+   image itself where they are (returned), else gathered into `col` (32 bytes: a run's copy may write 16 bytes past
+   its start; the next run's overwrites them). */
+static const uint8_t *qc_gather(const qc_job *j, const qc_runs *r, const uint8_t *plane, const uint8_t *end,
+                                uint8_t *col) {
+  const onnxopt_qconv_desc *d = j->d;
+  for (int sg = 0; sg < r->nseg; sg++) {
+    int t0 = r->seg[sg], t1 = r->seg[sg + 1];
+    const uint8_t *row = plane + r->at[sg];
+    if (r->lo[sg] == t0 && r->hi[sg] == t1 && d->sw == 1 && row + QC_PANEL <= end) {
+      memcpy(col + t0, row, QC_PANEL); /* 16 bytes, whatever the run's length: one vector copy */
+      continue;
     }
-    for (int64_t c4 = 0; c4 < j->cin4; c4 += 4, o32 += QC_PANEL) {
-      /* The 16 pixels' activations of each of the 4 channels, as 16 bytes in a row (in the image, or gathered
-         into cols[q]), then interleaved into the tile's 4-byte groups. */
-      const uint8_t *src[4];
-      for (int q = 0; q < 4; q++) {
-        int64_t c = c4 + q;
-        if (c >= d->cin) {
-          src[q] = zeros;
-          continue;
-        }
-        const uint8_t *plane = x + c * plane_size;
-        if (plain) {
-          src[q] = plane + p0;
-          continue;
-        }
-        uint8_t *col = cols[q];
-        for (int sg = 0; sg < nseg; sg++) {
-          int t0 = seg[sg], t1 = seg[sg + 1];
-          const uint8_t *row = plane + at[sg];
-          if (lo[sg] == t0 && hi[sg] == t1 && d->sw == 1 && row + QC_PANEL <= end) {
-            memcpy(col + t0, row, QC_PANEL); /* 16 bytes, whatever the run's length: one vector copy */
-            continue;
-          }
-          for (int t = t0; t < lo[sg]; t++) col[t] = j->za;
-          if (d->sw == 1)
-            memcpy(col + lo[sg], row, (size_t)(hi[sg] - lo[sg]));
-          else
-            for (int t = lo[sg]; t < hi[sg]; t++) col[t] = row[(t - lo[sg]) * d->sw];
-          for (int t = hi[sg]; t < t1; t++) col[t] = j->za;
-        }
-        for (int t = valid; t < QC_PANEL; t++) col[t] = 0; /* past the image's last pixel */
-        src[q] = col;
-      }
-      qc_interleave(o32, src[0], src[1], src[2], src[3]);
-      if (d->flip) { /* s8 <-> u8: a +- 128 flips the top bit; only the real channels' bytes */
+    for (int t = t0; t < r->lo[sg]; t++) col[t] = j->za;
+    if (d->sw == 1)
+      memcpy(col + r->lo[sg], row, (size_t)(r->hi[sg] - r->lo[sg]));
+    else
+      for (int t = r->lo[sg]; t < r->hi[sg]; t++) col[t] = row[(t - r->lo[sg]) * d->sw];
+    for (int t = r->hi[sg]; t < t1; t++) col[t] = j->za;
+  }
+  for (int t = r->valid; t < QC_PANEL; t++) col[t] = 0; /* past the image's last pixel */
+  return col;
+}
+
+/* One panel's receptive fields in channel group `grp`: packed[g][t][q] = the activation at k = 4g + q for pixel
+   t, where k = tap * cin4 + channel (find.py's weight order: the 4 k of a group are 4 channels of one tap, so they
+   share the window's position), or k = tap for one input channel a group (depthwise); the activations' zero point
+   where the window leaves the image, 0 past the channels, the taps or the image's last pixel. asum[t]: their sum
+   over k. */
+static void qc_pack_panel(const qc_job *j, int64_t grp, int64_t panel) {
+  const onnxopt_qconv_desc *d = j->d;
+  int64_t img = panel / j->ppi, p0 = (panel % j->ppi) * QC_PANEL, plane_size = j->h * j->w;
+  const uint8_t *x = j->x + (img * d->cin + grp * j->cin_g) * plane_size, *end = j->x + j->n * d->cin * plane_size;
+  uint8_t *dst = j->packed + (grp * j->panels + panel) * d->k4 * QC_PANEL;
+  static const uint8_t zeros[QC_PANEL];
+  qc_runs r;
+  qc_panel_runs(j, p0, &r);
+  uint32_t *o32 = (uint32_t *)dst;
+  if (j->cin_g == 1) { /* k = tap: each group of 4 k is 4 taps of the one channel */
+    uint8_t cols[QC_MAX_TAPS][2 * QC_PANEL];
+    const uint8_t *src[QC_MAX_TAPS + 4];
+    int64_t taps = d->kh * d->kw;
+    for (int64_t tap = 0; tap < taps; tap++) {
+      qc_tap_runs(j, tap, &r);
+      src[tap] = qc_gather(j, &r, x, end, cols[tap]);
+    }
+    for (int64_t tap = taps; tap < d->k4; tap++) src[tap] = zeros;
+    for (int64_t g = 0; g < d->k4; g += 4, o32 += QC_PANEL) {
+      qc_interleave(o32, src[g], src[g + 1], src[g + 2], src[g + 3]);
+      if (d->flip) { /* s8 <-> u8: a +- 128 flips the top bit; only the real taps' bytes */
         uint32_t flip = 0;
-        for (int q = 0; q < 4 && c4 + q < d->cin; q++) flip |= 0x80u << (8 * q);
+        for (int q = 0; q < 4 && g + q < taps; q++) flip |= 0x80u << (8 * q);
         for (int t = 0; t < QC_PANEL; t++) o32[t] ^= flip;
+      }
+    }
+  } else {
+    /* A 1 x 1 convolution of stride 1 without padding reads the panel's pixels as one run of each channel plane. */
+    int plain = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !d->pt && !d->pl && !d->pb && !d->pr &&
+                r.valid == QC_PANEL;
+    uint8_t cols[4][2 * QC_PANEL];
+    for (int64_t tap = 0; tap < d->kh * d->kw; tap++) {
+      qc_tap_runs(j, tap, &r);
+      for (int64_t c4 = 0; c4 < j->cin4; c4 += 4, o32 += QC_PANEL) {
+        /* The 16 pixels' activations of each of the 4 channels, as 16 bytes in a row, then interleaved into the
+           tile's 4-byte groups. */
+        const uint8_t *src[4];
+        for (int q = 0; q < 4; q++) {
+          int64_t c = c4 + q;
+          if (c >= j->cin_g)
+            src[q] = zeros;
+          else if (plain)
+            src[q] = x + c * plane_size + p0;
+          else
+            src[q] = qc_gather(j, &r, x + c * plane_size, end, cols[q]);
+        }
+        qc_interleave(o32, src[0], src[1], src[2], src[3]);
+        if (d->flip) { /* s8 <-> u8: a +- 128 flips the top bit; only the real channels' bytes */
+          uint32_t flip = 0;
+          for (int q = 0; q < 4 && c4 + q < j->cin_g; q++) flip |= 0x80u << (8 * q);
+          for (int t = 0; t < QC_PANEL; t++) o32[t] ^= flip;
+        }
       }
     }
   }
   if (j->asum) {
-    int32_t *s = j->asum + panel * QC_PANEL;
+    int32_t *s = j->asum + (grp * j->panels + panel) * QC_PANEL;
     for (int t = 0; t < QC_PANEL; t++) s[t] = 0;
     for (int64_t g = 0; g < d->k4 / 4; g++)
       for (int t = 0; t < QC_PANEL; t++) {
@@ -184,8 +224,9 @@ static void qc_relayout_task(void *usr, size_t index) {
 
 static void qc_pack_task(void *usr, size_t index) {
   const qc_job *j = (const qc_job *)usr;
-  int64_t p0 = (int64_t)index * j->panels / j->pack_tasks, p1 = ((int64_t)index + 1) * j->panels / j->pack_tasks;
-  for (int64_t p = p0; p < p1; p++) qc_pack_panel(j, p);
+  int64_t items = j->d->group * j->panels;
+  int64_t i0 = (int64_t)index * items / j->pack_tasks, i1 = ((int64_t)index + 1) * items / j->pack_tasks;
+  for (int64_t i = i0; i < i1; i++) qc_pack_panel(j, i / j->panels, i % j->panels);
 }
 
 /* The implicit form's tasks: per panel (up to 16 pixels of one output row) its window's start per tap, computed
@@ -224,12 +265,13 @@ static void qc_gemm_task(void *usr, size_t index) {
   for (int64_t g0 = p0; g0 < p1; g0 += j->group) { /* panels in L2-sized groups, the weights streamed per group */
     int64_t g1 = g0 + j->group < p1 ? g0 + j->group : p1;
     for (int64_t mb = b0; mb < b1; mb++) {
-      t.m0 = mb * d->mr;
-      int64_t mi = d->cout - t.m0 < d->mr ? d->cout - t.m0 : d->mr;
+      int64_t grp = mb / j->bpg, in_group = (mb % j->bpg) * d->mr; /* blocks never straddle channel groups */
+      t.m0 = grp * j->cout_g + in_group;
+      int64_t mi = j->cout_g - in_group < d->mr ? j->cout_g - in_group : d->mr;
       for (int64_t p = g0; p < g1; p++) {
         int64_t img = p / j->ppi, first = (p % j->ppi) * QC_PANEL;
-        t.panel = j->packed + p * d->k4 * QC_PANEL;
-        t.asum = j->asum ? j->asum + p * QC_PANEL : NULL;
+        t.panel = j->packed + (grp * j->panels + p) * d->k4 * QC_PANEL;
+        t.asum = j->asum ? j->asum + (grp * j->panels + p) * QC_PANEL : NULL;
         t.ncols = j->pixels - first < QC_PANEL ? j->pixels - first : QC_PANEL;
         t.out_off = img * j->out_elems_per_image + first;
         t.chan_base = img * d->cout;
@@ -237,6 +279,88 @@ static void qc_gemm_task(void *usr, size_t index) {
       }
     }
   }
+}
+
+/* Depthwise: each channel's plane is padded with the zero point and written as float ([n][c][hp][wp], slack past
+   the end for a last panel's loads), then the tile runs the channel's output rows on it; tasks take ranges of
+   (image, channel). */
+/* One row of a plane as float, s8 or u8: a loop the compiler vectorizes. */
+X86_CLONES VECTORIZE static void qc_row_to_float(float *restrict out, const uint8_t *restrict in, int64_t n,
+                                                int is_signed) {
+  if (is_signed)
+    for (int64_t c = 0; c < n; c++) out[c] = (float)(int8_t)in[c];
+  else
+    for (int64_t c = 0; c < n; c++) out[c] = (float)in[c];
+}
+
+/* Channel i = image * cout + c of the input, padded, as float, into its plane of j->grouped. */
+static void qc_dw_pad(const qc_job *j, int64_t i) {
+  const onnxopt_qconv_desc *d = j->d;
+  int act_signed = d->flip != d->packed_signed;
+  float za = act_signed ? (float)(int8_t)j->za : (float)j->za;
+  float *out = (float *)j->grouped + i * j->hp * j->wp;
+  const uint8_t *in = j->x + i * j->h * j->w;
+  for (int64_t y = 0; y < j->hp; y++) {
+    float *row = out + y * j->wp;
+    int64_t iy = y - d->pt;
+    if (iy < 0 || iy >= j->h) {
+      for (int64_t c = 0; c < j->wp; c++) row[c] = za;
+      continue;
+    }
+    for (int64_t c = 0; c < d->pl; c++) row[c] = za;
+    qc_row_to_float(row + d->pl, in + iy * j->w, j->w, act_signed);
+    for (int64_t c = d->pl + j->w; c < j->wp; c++) row[c] = za;
+  }
+}
+
+/* A task's channels, each padded then convolved: one parallel section, and the plane still in cache. */
+static void qc_dw_task(void *usr, size_t index) {
+  const qc_job *j = (const qc_job *)usr;
+  const onnxopt_qconv_desc *d = j->d;
+  int64_t items = j->n * d->cout;
+  int64_t i0 = (int64_t)index * items / j->ptasks, i1 = ((int64_t)index + 1) * items / j->ptasks;
+  qc_tile t = j->proto;
+  for (int64_t i = i0; i < i1; i++) {
+    int64_t img = i / d->cout;
+    qc_dw_pad(j, i);
+    t.m0 = i % d->cout;
+    t.dw_in = (const uint8_t *)((const float *)j->grouped + i * j->hp * j->wp);
+    t.out_off = img * j->out_elems_per_image;
+    t.chan_base = img * d->cout;
+    d->tiles[0]((const int64_t *)&t);
+  }
+}
+
+static OrtStatus *qc_depthwise(qc_job *j, OrtKernelContext *ctx) {
+  const onnxopt_qconv_desc *d = j->d;
+  OrtStatus *st = NULL;
+  int act_signed = d->flip != d->packed_signed; /* the input is s8 */
+  j->proto.azp = act_signed ? (int64_t)(int8_t)j->za : (int64_t)j->za; /* the tile widens with the sign */
+  j->hp = j->h + d->pt + d->pb;
+  /* a row long enough for every panel's loads: the last panel reads 16 outputs' windows */
+  int64_t need = ((j->ow + QC_PANEL - 1) / QC_PANEL * QC_PANEL - 1) * d->sw + (d->kw - 1) * d->dw + 1;
+  j->wp = j->w + d->pl + d->pr;
+  if (j->wp < need) j->wp = need;
+  size_t bytes = (size_t)(j->n * d->cout * j->hp * j->wp) * sizeof(float);
+  j->grouped = (uint8_t *)glue_bytes(bytes + 256); /* + a stride-2 panel's last loads past the end */
+  if (!j->grouped) return fail(ORT_FAIL, "onnxopt: qconv: out of memory");
+  memset(j->grouped + bytes, 0, 256);
+  int64_t items = j->n * d->cout;
+  j->proto.dw_wp = j->wp;
+  j->proto.dw_y0 = 0;
+  j->proto.dw_y1 = j->oh;
+  j->proto.dw_ow = j->ow;
+  double ops = 2.0 * (double)items * (double)j->pixels * (double)(d->kh * d->kw);
+  int64_t tasks = (int64_t)(ops / QC_TASK_MIN_OPS);
+  if (tasks > QC_TASKS) tasks = QC_TASKS;
+  if (tasks > items) tasks = items;
+  j->ptasks = tasks < 1 ? 1 : tasks;
+  if (j->ptasks > 1)
+    st = API(KernelContext_ParallelFor)(ctx, qc_dw_task, (size_t)j->ptasks, 0, j);
+  else
+    qc_dw_task(j, 0);
+  glue_release(j->grouped);
+  return st;
 }
 
 /* Panels x channel blocks in tasks (runtime.c grid_split): the weights are read once per panel range, the packed
@@ -273,6 +397,10 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
   j.proto.w = (const int8_t *)data;
   CHECK(glue_input(ctx, in++, other, &other_rank, &data));
   j.proto.vsum = (const int32_t *)data;
+  if (d->depthwise) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.proto.dw_w = (const int32_t *)data;
+  }
   if (d->has_asum) {
     CHECK(glue_input(ctx, in++, other, &other_rank, &data));
     j.proto.dvec = (const int32_t *)data;
@@ -317,10 +445,13 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
     CHECK(API(GetTensorMutableData)(out, &j.proto.out[o]));
   }
   if (j.n == 0 || d->cout == 0) return NULL;
-  j.cin4 = (d->cin + 3) / 4 * 4;
+  j.cin_g = d->cin / d->group;
+  j.cout_g = d->cout / d->group;
+  j.cin4 = (j.cin_g + 3) / 4 * 4;
   j.proto.k4q = d->k4 / 4;
   j.proto.ohw = j.pixels;
   OrtStatus *st = NULL;
+  if (d->depthwise) return qc_depthwise(&j, ctx);
   if (d->implicit) {
     j.hp = j.h + d->pt + d->pb;
     j.wp = j.w + d->pl + d->pr;
@@ -343,20 +474,21 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
   } else {
     j.ppi = (j.pixels + QC_PANEL - 1) / QC_PANEL;
     j.panels = j.n * j.ppi;
-    j.packed = (uint8_t *)glue_bytes((size_t)(j.panels * d->k4 * QC_PANEL));
-    j.asum = d->has_asum ? (int32_t *)glue_bytes((size_t)(j.panels * QC_PANEL) * sizeof(int32_t)) : NULL;
+    j.packed = (uint8_t *)glue_bytes((size_t)(d->group * j.panels * d->k4 * QC_PANEL));
+    j.asum = d->has_asum ? (int32_t *)glue_bytes((size_t)(d->group * j.panels * QC_PANEL) * sizeof(int32_t)) : NULL;
     if (!j.packed || (d->has_asum && !j.asum)) {
       st = fail(ORT_FAIL, "onnxopt: qconv: out of memory");
       goto done;
     }
-    j.pack_tasks = j.panels < QC_TASKS ? j.panels : QC_TASKS;
+    j.pack_tasks = d->group * j.panels < QC_TASKS ? d->group * j.panels : QC_TASKS;
     if (j.pack_tasks > 1)
       st = API(KernelContext_ParallelFor)(ctx, qc_pack_task, (size_t)j.pack_tasks, 0, &j);
     else
       qc_pack_task(&j, 0);
     if (st) goto done;
   }
-  j.mblocks = (d->cout + d->mr - 1) / d->mr;
+  j.bpg = (j.cout_g + d->mr - 1) / d->mr;
+  j.mblocks = d->group * j.bpg;
   qc_plan(&j);
   int64_t tasks = j.ptasks * j.mtasks;
   if (tasks == 1)

@@ -9,12 +9,14 @@ The forms onnxruntime's quantizer writes:
     static QOperator:             QLinearConv(x, its scale and zero point, W s8, its scales, y's scale and zero point,
                                    B int32)  (QUANT, the same requantization)
 
-All are 2-D, group 1, with constant weights, on u8 or s8 activations (packed with the instruction's signedness,
-their top bit flipped where it differs, with their zero point: the same differences). The weights are laid out [cout][k4] (k = (kh, kw, c), channels padded
-to a multiple of 4), as s8: u8 weights less 128, the 128 coming back as a row term d[r] times the pixel's
-sum of activations (lower.py). Pairs that could saturate AVX2's vpmaddubsw are split (avx2_u8s8.split_pairs) into
-per-channel corrections (k, residual). The function fallback rebuilds the weights (Cast, ScatterND of the residuals,
-Reshape, Slice, Transpose) and runs the original nodes.
+All are 2-D, any group, with constant weights, on u8 or s8 activations (packed with the instruction's signedness,
+their top bit flipped where it differs, with their zero point: the same differences). Grouped convolutions pack
+per group; with one input channel a group the K order is the taps; a depthwise one (one input channel per output
+channel) runs on its own tile (lower.py), with its weights also as int32 [cout][taps]. The weights are laid out
+[cout][k4] (k = (kh, kw, c), channels padded to a multiple of 4), as s8: u8 weights less 128, the 128 coming back
+as a row term d[r] times the pixel's sum of activations (lower.py). Pairs that could saturate AVX2's vpmaddubsw are
+split (avx2_u8s8.split_pairs) into per-channel corrections (k, residual). The function fallback rebuilds the weights
+(Cast, ScatterND of the residuals, Reshape, Slice, Transpose) and runs the original nodes.
 
 A QDQ unit's Relu or Clip folds into the output's clamp, exactly: quantizing is monotone and maps 0 to the zero
 point. Its bias must be the quantizer's int32 one with scale x_scale * w_scale (then S + bias is QLinearConv's sum).
@@ -50,13 +52,15 @@ IMPLICIT_MIN_USE = 0.8  # of the lanes of an output row's panels of 16 pixels (a
 IMPLICIT_MAX_COUT = 64
 
 
-def implicit(geo, has_asum: bool, out_shape, cout: int) -> bool:
+def implicit(geo, has_asum: bool, out_shape, cout: int, cin_g: int) -> bool:
     """Whether the tile reads the input in channel groups itself (stride 1: a tap's window over 16 pixels of an
     output row is 64 contiguous bytes there) rather than packed receptive fields, whose packing costs as much as
     the arithmetic for a few output channels. Its panels stay within an output row, so it needs rows that fill
-    them."""
+    them. Only ungrouped convolutions of more than one input channel (the others' K runs over taps)."""
     kernel, strides = geo[0], geo[1]
     if strides != (1, 1) or has_asum or kernel[0] * kernel[1] > IMPLICIT_MAX_TAPS or cout > IMPLICIT_MAX_COUT:
+        return False
+    if geo[4] != 1 or cin_g == 1:
         return False
     ow = out_shape[-1] if out_shape is not None and len(out_shape) == 4 else None
     if not isinstance(ow, int) or ow < 1:
@@ -65,9 +69,10 @@ def implicit(geo, has_asum: bool, out_shape, cout: int) -> bool:
 
 
 def pack(w: np.ndarray, w_zero: np.ndarray, group_major: bool = False) -> dict[str, np.ndarray]:
-    """Weights [cout, cin, kh, kw] (u8 or s8) and their zero point (one value) for the kernel: "packed" [cout][k4]
-    s8 with k = tap * cin4 + channel (channels padded to a multiple of 4, so the 4 k of a group are 4 channels of one
-    tap and share the window's position: exec.c packs the activations in that order), pairs split so none
+    """Weights [cout, cin, kh, kw] (u8 or s8; cin per group) and their zero point (one value) for the kernel:
+    "packed" [cout][k4] s8 with k = tap * cin4 + channel (channels padded to a multiple of 4, so the 4 k of a group
+    are 4 channels of one tap and share the window's position: exec.c packs the activations in that order), or with
+    one input channel (depthwise) k = tap, taps padded to a multiple of 4; pairs split so none
     saturates; "vsum" int32 [cout] (sum of w - zw), "dvec" int32 [cout] (what each activation adds besides its
     weight: 128 - zw for u8 weights, -zw for s8); the corrections ("fix_offsets" int32 [cout + 1], "fix_entries"
     int32 [count, 2]: k, residual; group-major: tap << TAP_SHIFT | channel, residual) and the same for the
@@ -78,12 +83,16 @@ def pack(w: np.ndarray, w_zero: np.ndarray, group_major: bool = False) -> dict[s
     cin4 = -(-cin // 4) * 4
     zw = np.broadcast_to(np.asarray(w_zero, np.int32).reshape(-1), (cout,))
     shift = 128 if w.dtype == np.uint8 else 0
-    by_tap = np.zeros((cout, kh, kw, cin4), np.int32)
-    by_tap[..., :cin] = w.transpose(0, 2, 3, 1).astype(np.int32) - shift
+    if cin == 1:  # one input channel (per group: depthwise): k = tap, padded to a multiple of 4
+        by_tap = np.zeros((cout, -(-kh * kw // 4) * 4), np.int32)
+        by_tap[:, :kh * kw] = w.reshape(cout, -1).astype(np.int32) - shift
+    else:
+        by_tap = np.zeros((cout, kh, kw, cin4), np.int32)
+        by_tap[..., :cin] = w.transpose(0, 2, 3, 1).astype(np.int32) - shift
     if group_major:
         by_tap = by_tap.reshape(cout, kh * kw, cin4 // 4, 4).transpose(0, 2, 1, 3)
     safe, where, residual = split_pairs(np.ascontiguousarray(by_tap).reshape(cout, -1).astype(np.int8))
-    k4 = kh * kw * cin4
+    k4 = by_tap.size // cout
     row, kk = np.divmod(where, k4)
     order = np.lexsort((kk, row))
     row, kk, residual = row[order], kk[order], residual[order]
@@ -118,6 +127,15 @@ def _unpack_body(names: dict, w: np.ndarray, out: str, opset: int, group_major: 
         x = f"{out}_u"
     cout, cin, kh, kw = w.shape
     cin4 = -(-cin // 4) * 4
+    if cin == 1:  # k = tap: the first kh * kw columns are the weights
+        body += [const(f"{out}_b", [0]), const(f"{out}_e", [kh * kw]), const(f"{out}_a", [1]),
+                 helper.make_node("Slice", [x, f"{out}_b", f"{out}_e", f"{out}_a"], [f"{out}_s"])
+                 if opset >= 10 else
+                 helper.make_node("Slice", [x], [f"{out}_s"], starts=[0], ends=[kh * kw], axes=[1]),
+                 const(f"{out}_shape", [cout, 1, kh, kw]),
+                 helper.make_node("Reshape", [f"{out}_s", f"{out}_shape"], [f"{out}_r"]),
+                 helper.make_node("Cast", [f"{out}_r"], [out], to=onnx.helper.np_dtype_to_tensor_dtype(w.dtype))]
+        return body
     if group_major:  # [cout][group][tap][4] -> [cout][tap][group][4]
         body += [const(f"{out}_groups", [cout, cin4 // 4, kh, kw, 4]),
                  helper.make_node("Reshape", [x, f"{out}_groups"], [f"{out}_g"]),
@@ -136,11 +154,14 @@ def _unpack_body(names: dict, w: np.ndarray, out: str, opset: int, group_major: 
 
 
 def _geometry(rule, node, w) -> tuple | str:
-    """(kernel, strides, pads, dilations) of a 2-D group-1 convolution, or why not."""
+    """(kernel, strides, pads, dilations, group) of a 2-D convolution, or why not."""
     if w.ndim != 4:
         return f"its weights have rank {w.ndim}; the int8 conv kernel is 2-D"
-    if int(_attr(node, "group", 1)) != 1:
-        return "it is grouped or depthwise (the int8 conv kernel takes group 1)"
+    group = int(_attr(node, "group", 1))
+    cin = rule.ew.shape_of(node.input[0])
+    cin = cin[1] if cin is not None and len(cin) == 4 and isinstance(cin[1], int) else None
+    if group < 1 or w.shape[0] % group or (cin is not None and cin != w.shape[1] * group):
+        return f"its group {group} does not divide its channels"
     auto = _attr(node, "auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     if auto not in ("NOTSET", "VALID"):
@@ -150,7 +171,9 @@ def _geometry(rule, node, w) -> tuple | str:
     dil = tuple(int(d) for d in _attr(node, "dilations", [1, 1]))
     if w.shape[2] * w.shape[3] * (-(-w.shape[1] // 4) * 4) > MAX_K:
         return f"its reduction is longer than {MAX_K}"
-    return (int(w.shape[2]), int(w.shape[3])), strides, (pads[0], pads[1], pads[2], pads[3]), dil
+    if w.shape[1] == 1 and w.shape[2] * w.shape[3] > IMPLICIT_MAX_TAPS:
+        return f"one input channel a group and more than {IMPLICIT_MAX_TAPS} taps (exec.c packs at most that many)"
+    return (int(w.shape[2]), int(w.shape[3])), strides, (pads[0], pads[1], pads[2], pads[3]), dil, group
 
 
 class _Rule(ComputeRule):
@@ -209,11 +232,21 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
     return regions
 
 
-def _tables(rule, uid: str, w: np.ndarray, w_zero, group_major: bool) -> tuple[dict, dict, bool, bool]:
+def depthwise(w: np.ndarray, group: int) -> bool:
+    """One input channel per output channel: the depthwise tile's (lower.py), not the packed panels'."""
+    return w.shape[1] == 1 and w.shape[0] == group
+
+
+def _tables(rule, uid: str, w: np.ndarray, w_zero, group_major: bool, group: int = 1) -> tuple[dict, dict, bool,
+                                                                                                   bool]:
     tables = pack(w, w_zero, group_major)
     has_fix = len(tables["fix_update"]) > 0
     has_asum = bool(np.any(tables["dvec"] != 0))
-    keys = ["packed", "vsum"] + (["dvec"] if has_asum else []) + \
+    dw = depthwise(w, group)
+    if dw:  # the depthwise tile's weights: int32 [cout][taps], less their zero point (the packed ones rebuild W)
+        tables["dwtaps"] = (w.reshape(w.shape[0], -1).astype(np.int32) -
+                            np.asarray(w_zero, np.int32).reshape(-1, 1)).astype(np.int32)
+    keys = ["packed", "vsum"] + (["dwtaps"] if dw else []) + (["dvec"] if has_asum else []) + \
         (["fix_offsets", "fix_entries", "fix_index", "fix_update"] if has_fix else [])
     names = {key: f"{uid}__qc{key}" for key in keys}
     return tables, names, has_fix, has_asum
@@ -284,8 +317,8 @@ def _dynamic_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
         return f"more than {MAX_OUTPUTS} outputs"
     uid = node.output[0]
     has_asum = w.dtype == np.uint8 or bool(np.any(np.asarray(w_zero) != 0))
-    grouped = implicit(geo, has_asum, out_shape, int(w.shape[0]))
-    tables, names, has_fix, has_asum = _tables(rule, uid, w, w_zero, grouped)
+    grouped = implicit(geo, has_asum, out_shape, int(w.shape[0]), int(w.shape[1]))
+    tables, names, has_fix, has_asum = _tables(rule, uid, w, w_zero, grouped, geo[4])
     consts: dict = {}
     head = idx.nodes[bias_i].output[0] if bias_i is not None else node.output[0]  # what the Cast reads
     ops = [rule.ew._to_op(idx.nodes[m], consts) for m in sorted(members) if m not in (i, bias_i)]
@@ -301,10 +334,12 @@ def _dynamic_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     conv.input[1] = unpacked
     body = _unpack_body(names, w, unpacked, rule.ew.opset, grouped) + [conv]
     body += [_copy(idx.nodes[m]) for m in sorted(members) if m != i]
-    params = QConvParams(cin=int(w.shape[1]), cout=int(w.shape[0]), kernel=geo[0], strides=geo[1], pads=geo[2],
-                         dilations=geo[3], k4=int(tables["packed"].shape[1]), mode=FLOAT, has_asum=has_asum,
+    params = QConvParams(cin=int(w.shape[1]) * geo[4], cout=int(w.shape[0]), kernel=geo[0], strides=geo[1],
+                         pads=geo[2], dilations=geo[3], group=geo[4], k4=int(tables["packed"].shape[1]), mode=FLOAT,
+                         has_asum=has_asum,
                          has_fix=has_fix, act_signed=act == "int8", implicit=grouped,
-                         int_bias=int_bias is not None, extra_kinds=tuple(kinds), body=tuple(body))
+                         depthwise=depthwise(w, geo[4]), int_bias=int_bias is not None, extra_kinds=tuple(kinds),
+                         body=tuple(body))
     inputs = [x, azp] + list(names.values()) + ([int_bias] if int_bias is not None else []) + extras
     region = Region("qconv", [idx.nodes[m] for m in sorted(members)], inputs, outputs, program, list(out_shape),
                     params=params)
@@ -429,8 +464,8 @@ def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy
     idx = rule.index
     cout = int(w.shape[0])
     uid = node.output[0]
-    grouped = implicit(geo, False, rule.ew.shape_of(out), cout)
-    tables, names, has_fix, has_asum = _tables(rule, uid, w, 0, grouped)
+    grouped = implicit(geo, False, rule.ew.shape_of(out), cout, int(w.shape[1]))
+    tables, names, has_fix, has_asum = _tables(rule, uid, w, 0, grouped, geo[4])
     scale = (np.float32(sx) * sw / np.float32(sy)).astype(np.float32)  # as onnxruntime's QLinearConv computes it
     extra = {"bias": bias, "scale": scale}
     enames = {key: f"{uid}__qc{key}" for key in extra}
@@ -444,9 +479,11 @@ def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy
         inits.append(numpy_helper.from_array(np.zeros((), np.dtype(act)), zx_name))
     unpacked = f"{uid}__unpacked_w"
     body = _unpack_body(names, w, unpacked, rule.ew.opset, grouped) + fallback(unpacked)
-    params = QConvParams(cin=int(w.shape[1]), cout=cout, kernel=geo[0], strides=geo[1], pads=geo[2],
-                         dilations=geo[3], k4=int(tables["packed"].shape[1]), mode=QUANT, has_asum=has_asum,
-                         has_fix=has_fix, act_signed=act == "int8", implicit=grouped, out_signed=zy.dtype == np.int8,
+    params = QConvParams(cin=int(w.shape[1]) * geo[4], cout=cout, kernel=geo[0], strides=geo[1], pads=geo[2],
+                         dilations=geo[3], group=geo[4], k4=int(tables["packed"].shape[1]), mode=QUANT,
+                         has_asum=has_asum,
+                         has_fix=has_fix, act_signed=act == "int8", implicit=grouped, depthwise=depthwise(w, geo[4]),
+                         out_signed=zy.dtype == np.int8,
                          clamp=clamp, out_zero=int(zy), body=tuple(body))
     inputs = [xq, zx_name] + list(names.values()) + list(enames.values())
     shape = rule.ew.shape_of(out)

@@ -28,18 +28,25 @@ typedef struct { /* mirrors the slots of lower.py */
   void *out[QC_MAX_OUT];
   const float *extra[QC_MAX_EXTRA];
   int64_t extra_count[QC_MAX_EXTRA];
+  /* depthwise: the channel's input plane padded with the zero point, the weights [cout][taps] less their zero point,
+     the padded plane's row length, the output rows [y0, y1), the output's width */
+  const uint8_t *dw_in;
+  const int32_t *dw_w;
+  int64_t dw_wp, dw_y0, dw_y1, dw_ow;
 } qc_tile;
 
 typedef void (*qconv_tile_fn)(const int64_t *tile);
 typedef struct {
   onnxopt_sig sig;
   int64_t cin, cout, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, k4;
+  int64_t group; /* channels in independent groups; k4 is a group's reduction (k = tap with one input channel) */
   int mode; /* 0 FLOAT, 1 QUANT */
   int has_asum, has_fix;
   int flip;          /* the activations' top bit is flipped while packing (their zero point's too): s8 ones for a
                         u8 x s8 instruction, u8 ones for sdot (a - 128) */
   int packed_signed; /* the packed activations are s8 (sdot): sums and the zero point read them signed */
   int implicit;   /* stride 1: the tile reads the input laid out [c / 4][h + pads][w + pads][4] itself, no im2col */
+  int depthwise;  /* one input channel per output channel: tiles[0] runs a channel's rows on its padded plane */
   int int_bias;   /* FLOAT: an int32 bias per channel input, added before the Cast */
   int n_extra;
   int extra_kind[QC_MAX_EXTRA]; /* 0 POSITION, 1 CHANNEL, 3 SCALAR */

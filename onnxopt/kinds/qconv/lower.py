@@ -16,6 +16,9 @@ exactly, where w' = w - 128 for u8 weights and d[r] = 128 - zw[r] (u8 weights) o
 (w - zw). FLOAT runs the program (Cast, the scale, the bias: find.py) on S; QUANT computes
     q = clamp(round_half_even(float(S + bias[r]) * scale[r]) + y_zero, lo, hi)
 as onnxruntime's QLinearConv requantizes (scale = x_scale * w_scale[r] / y_scale in float32).
+
+A depthwise convolution has its own tile (define_depthwise_tile): a channel's rows on its padded plane, a product
+per tap and pixel, then the same epilogues.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ MAX_OUT, MAX_EXTRA = MAX_OUTPUTS, MAX_EXTRAS  # glue.h QC_MAX_OUT, QC_MAX_EXTRA
 SLOT_OUT = 19
 SLOT_EXTRA = SLOT_OUT + MAX_OUT
 SLOT_EXTRA_COUNT = SLOT_EXTRA + MAX_EXTRA
+# the depthwise tile's slots (glue.h): the channel's padded input plane, the weights [cout][taps] (int32, less their
+# zero point), the padded plane's row length, the output rows [y0, y1) and the output's width
+SLOT_DW_IN, SLOT_DW_W, SLOT_DW_WP, SLOT_DW_Y0, SLOT_DW_Y1, SLOT_DW_OW = range(SLOT_EXTRA_COUNT + MAX_EXTRA,
+                                                                         SLOT_EXTRA_COUNT + MAX_EXTRA + 6)
 
 
 def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int, signed: bool) -> list:
@@ -244,21 +251,98 @@ def _requantize(b, params, slot, r, sums, row_off, masks, full, lanes: int) -> N
             store(True)
 
 
+def define_depthwise_tile(module: ir.Module, name: str, params, program, lanes: int) -> None:
+    """A depthwise convolution's channel m0 (one input channel per output channel), over output rows [y0, y1) in
+    panels of 16 pixels: per tap, the panel's activations times the tap's weight into 16 / lanes accumulators, no
+    packing and no dot-product instruction (a tap is one product per pixel). exec.c lays the channel's plane out
+    padded with the zero point and as float, so that a tap is one multiply-add with a memory operand; exact, as
+    |a * w| <= 2^15 and at most 64 taps keep every sum below 2^24. Then S = acc - za * vsum[m0] in int32 and the
+    kind's epilogue."""
+    b, slot = record_function(module, name)
+    nr = PANEL // lanes
+    kh, kw = params.kernel
+    sh, sw = params.strides
+    dh, dw = params.dilations
+    src, wt, wp = slot(SLOT_DW_IN, PTR), slot(SLOT_DW_W, PTR), slot(SLOT_DW_WP)
+    y0, y1, ow = slot(SLOT_DW_Y0), slot(SLOT_DW_Y1), slot(SLOT_DW_OW)
+    m0, out_off, ohw, azp = slot(SLOT_M0), slot(SLOT_OUT_OFF), slot(SLOT_OHW), slot(SLOT_AZP)
+    fty = ir.VectorType(F32, lanes)
+    load_t = ir.VectorType(F32, lanes * sw)
+    taps = kh * kw
+    weights = [b.sitofp(b.load(b.gep(wt, [b.add(b.mul(m0, ir.Constant(I64, taps)), ir.Constant(I64, t))],
+                                     source_etype=I32), typ=I32), F32) for t in range(taps)]
+    shift = b.mul(b.trunc(azp, I32), b.load(b.gep(slot(SLOT_VSUM, PTR), [m0], source_etype=I32), typ=I32))
+    one = ir.Constant(I64, 1)
+
+    def row(y, _):
+        base_row = b.mul(b.mul(y, ir.Constant(I64, sh)), wp)
+
+        def panel(x0, _):
+            acc = [ir.Constant(fty, [0.0] * lanes) for _ in range(nr)]
+            for t in range(taps):
+                dy, dx = (t // kw) * dh, (t % kw) * dw
+                at = b.add(b.add(base_row, b.mul(ir.Constant(I64, dy), wp)),
+                           b.add(b.mul(x0, ir.Constant(I64, sw)), ir.Constant(I64, dx)))
+                wv = broadcast(b, weights[t], lanes)
+                for j in range(nr):
+                    ptr = b.gep(src, [b.add(at, ir.Constant(I64, j * lanes * sw))], source_etype=F32)
+                    v = b.load(ptr, typ=load_t, align=4)
+                    if sw > 1:
+                        v = b.shuffle_vector(v, ir.Constant(load_t, None),
+                                             ir.Constant(ir.VectorType(I32, lanes), [k * sw for k in range(lanes)]))
+                    # contract: one fused multiply-add; exact either way (integers below 2^24)
+                    acc[j] = b.fadd(acc[j], b.fmul(v, wv, flags=("contract",)), flags=("contract",))
+            ity = ir.VectorType(I32, lanes)
+            sums = [b.sub(b.fptosi(a, ity), broadcast(b, shift, lanes)) for a in acc]
+            if params.int_bias and params.mode != QUANT:
+                bias = b.load(b.gep(slot(SLOT_BIAS, PTR), [m0], source_etype=I32), typ=I32)
+                sums = [b.add(v, broadcast(b, bias, lanes)) for v in sums]
+            ncols = b.sub(ow, x0)
+            masks = [lane_mask(b, b.sub(ncols, ir.Constant(I64, j * lanes)), lanes) for j in range(nr)]
+            full = b.icmp_signed(">=", ncols, ir.Constant(I64, PANEL))
+            at_out = b.add(out_off, b.add(b.mul(y, ow), x0))  # the panel's first pixel in channel 0
+            if params.mode == QUANT:
+                _requantize(b, params, slot, m0, sums, b.add(at_out, b.mul(m0, ohw)), masks, full, lanes)
+            else:
+                with b.if_else(full) as (then, otherwise):
+                    with then:
+                        _float_epilogue(b, params, program, slot, [m0], [sums], at_out, ohw, None, lanes)
+                    with otherwise:
+                        _float_epilogue(b, params, program, slot, [m0], [sums], at_out, ohw, masks, lanes)
+            return []
+
+        for_range(b, ir.Constant(I64, 0), ow, ir.Constant(I64, PANEL), panel)
+        return []
+
+    for_range(b, y0, y1, one, row)
+    b.ret_void()
+
+
 def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     """Returns (object code, the glue's description, LLVM IR text)."""
     p = region.params
-    ins = instruction_for(target)
+    try:
+        ins = instruction_for(target)
+    except ValueError:
+        if not p.depthwise:
+            raise
+        ins = None  # the depthwise tile needs no dot-product instruction
     module = new_module(target, region.op_type)
     names = []
+    if p.depthwise:  # its own tile: no dot-product instruction, a product per tap and pixel
+        names.append(f"{region.op_type}_dw")
+        define_depthwise_tile(module, names[-1], p, region.program, target.vector_bits // 32)
     for mi in range(1, MR + 1):
+        if p.depthwise:
+            break
         names.append(f"{region.op_type}_m{mi}")
         define_tile(module, names[-1], p, region.program, ins.emit, ins.lanes, mi, signed_operand(ins))
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     i32 = ONNX_ENUM["int32"]
     act = ONNX_ENUM["int8" if p.act_signed else "uint8"]
-    in_types = [act, act, ONNX_ENUM["int8"], i32] + ([i32] if p.has_asum else []) + \
-        ([i32, i32, ONNX_ENUM["int64"], i32] if p.has_fix else [])
+    in_types = [act, act, ONNX_ENUM["int8"], i32] + ([i32] if p.depthwise else []) + \
+        ([i32] if p.has_asum else []) + ([i32, i32, ONNX_ENUM["int64"], i32] if p.has_fix else [])
     if p.int_bias and p.mode != QUANT:
         in_types.append(i32)
     if p.mode == QUANT:
@@ -267,6 +351,8 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     else:
         in_types += [ONNX_ENUM["float32"]] * len(p.extra_kinds)
         out_types = [ONNX_ENUM["float32"]] * len(region.outputs)
-    desc = QConvKernelDesc(op_type=region.op_type, in_types=in_types, out_types=out_types, params=p, mr=MR,
-                           tiles=names, instruction=ins.name, packed_signed=signed_operand(ins))
+    desc = QConvKernelDesc(op_type=region.op_type, in_types=in_types, out_types=out_types, params=p,
+                           mr=1 if p.depthwise else MR,
+                           tiles=names, instruction=ins.name if ins else "s32 products",
+                           packed_signed=ins is not None and signed_operand(ins))
     return obj, desc, ir_text

@@ -21,12 +21,14 @@ class QConvParams(KindParams):
     strides: tuple[int, int]
     pads: tuple[int, int, int, int]  # top, left, bottom, right
     dilations: tuple[int, int]
-    k4: int  # the reduction (cin * kh * kw) rounded up to a multiple of 4
+    k4: int  # the reduction of a group (cin / group * kh * kw, or kh * kw with one input channel a group) padded
+    group: int  # input and output channels in `group` independent groups (depthwise: cin)
     mode: int  # FLOAT or QUANT
     has_asum: bool  # a row term d[r] * (the pixel's sum of activations): weights with a zero point, or u8 weights
     has_fix: bool  # weights split so that no pair saturates (avx2_u8s8.split_pairs): their corrections are inputs
     act_signed: bool = False  # s8 activations: packed as u8 (+128, a flip of the sign bit) with their zero point
     implicit: bool = False  # stride 1: the tile reads a channel-grouped copy of the input per tap (exec.c), no im2col
+    depthwise: bool = False  # one input channel per output channel: its own tile, on the padded input (lower.py)
     int_bias: bool = False  # FLOAT: an int32 bias per channel added to the sums before the Cast (older quantizers')
     extra_kinds: tuple[int, ...] = ()  # FLOAT: per epilogue input, POSITION / CHANNEL / SCALAR
     out_signed: bool = False  # QUANT: an s8 output (else u8)
@@ -36,7 +38,8 @@ class QConvParams(KindParams):
 
     def key(self) -> list:
         return [self.cin, self.cout, list(self.kernel), list(self.strides), list(self.pads), list(self.dilations),
-                self.k4, self.mode, self.has_asum, self.has_fix, self.act_signed, self.implicit, self.int_bias,
+                self.k4, self.group, self.mode, self.has_asum, self.has_fix, self.act_signed, self.implicit,
+                self.depthwise, self.int_bias,
                 list(self.extra_kinds),
                 self.out_signed, list(self.clamp), self.out_zero]
 
