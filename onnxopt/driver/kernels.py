@@ -207,6 +207,7 @@ class KernelStage:
         if t_tiles is None:  # no region for the tile search: the bands get what the Winograd choices left
             t_tiles = time.perf_counter()
             rest = max(self.opts.tune_budget - (t_tiles - t), self.opts.tune_budget / 3)
+        self._search_int8_schedules(work, regions, info, t_tiles, rest * tile_share, split, done)
         self._search_bands(work, regions, info, t_tiles, rest, split)
         wins = [v["winograd"] for v in self.tile_info.values() if "winograd" in v]
         if wins:
@@ -231,6 +232,34 @@ class KernelStage:
         self.report["timings"]["tile_search_build_s"] = split["build_s"]
         self.report["timings"]["tile_search_measure_s"] = split["measure_s"]
 
+    def _search_int8_schedules(self, work, regions, info, t_tiles: float, budget: float, split: dict, done: dict):
+        """The schedule of each int8 GEMM and convolution region (mr, the parallel extent), by measurement
+        (onnxopt/tune/int8_schedule.py), in what the register tiles left of their share of the tuning budget; the
+        winner replaces the region's parameters (a new op type)."""
+        from onnxopt.tune.int8_schedule import FAMILIES, search_schedule
+
+        for r in [r for r in regions if r.params.family in FAMILIES]:
+            feeds_key = ("int8", r.op_type, tuple(tuple(d if isinstance(d, int) else self.bindings.get(d, d)
+                                                        for d in (info[x].shape if x in info else ()))
+                                                  for x in runtime_inputs(r, work)))
+            over = f"the tuning budget ({self.opts.tune_budget:g} s) is spent" \
+                if time.perf_counter() - t_tiles > budget else None
+            res = self._once(r, feeds_key, done, split, "schedule_search", lambda r=r, over=over: search_schedule(
+                r, work, self.opts.target, self.opts.threads or os.cpu_count() or 1, info=info,
+                bindings=self._bindings(), seed=self.opts.seed, cache_only=over))
+            if res is None:
+                continue
+            if res.params != r.params:
+                r.params = res.params
+                r.compute_op_type(r.op_type_key)
+            self.tile_info[id(r)] = {"schedule_search": res.to_report()}
+        searched = [v["schedule_search"] for v in self.tile_info.values() if "schedule_search" in v]
+        if searched:
+            self.report["int8_schedule_search"] = {
+                "searched": sum(1 for x in searched if not x.get("skipped")),
+                "changed": sum(1 for x in searched if not x.get("skipped") and x["chosen"] != {"mr": 4, "tasks": 16}),
+                "skipped": sum(1 for x in searched if x.get("skipped"))}
+
     def _once(self, r: Region, key, done: dict, split: dict, report_key: str, search):
         """`search()` once per key (regions with the same op type and shapes share the result): its build and
         measurement time go into `split`, the kernels it compiled into the prebuilt set. None when it failed, the
@@ -239,7 +268,8 @@ class KernelStage:
         try:
             res = done.get(key) or search()
         except Exception as e:  # noqa: BLE001
-            self.tile_info[id(r)] = {"tile": self._tile_of(r), report_key: {"skipped": f"{type(e).__name__}: {e}"[:300]}}
+            tile = self._tile_of(r) if r.compute is not None else None
+            self.tile_info[id(r)] = {"tile": tile, report_key: {"skipped": f"{type(e).__name__}: {e}"[:300]}}
             return None
         if key not in done:
             split["build_s"] += res.build_s
@@ -394,6 +424,8 @@ class KernelStage:
                     entry["level_bandwidth"] = level.bandwidth
                 if r.compute is not None:
                     entry.update(self.tile_info.get(id(r)) or {"tile": self._tile_of(r)})
+                elif id(r) in self.tile_info:  # an int8 kind's schedule search
+                    entry.update(self.tile_info[id(r)])
                 kind = kind_of(r)
                 if kind is not None and kind.report is not None:
                     try:
@@ -465,6 +497,8 @@ class KernelStage:
                      checked_as="the same kernel and shapes in another region")
         if r.compute is not None:
             entry.update(self.tile_info.get(id(r)) or {"tile": self._tile_of(r)})
+        elif id(r) in self.tile_info:
+            entry.update(self.tile_info[id(r)])
         r.measured = entry
         self.report["regions"].append(entry)
         accepted.append(r)

@@ -203,7 +203,7 @@ def test_the_tile_compiles_to_each_targets_instruction(spec, mnemonic, reg):
     one per accumulator and K group, the weights' 4 bytes broadcast."""
     from onnxopt.codegen.compile import compile_assembly, new_module
     from onnxopt.codegen.target import parse_target
-    from onnxopt.kinds.qconv.lower import MR, define_tile
+    from onnxopt.kinds.qconv.lower import define_tile
     from onnxopt.kinds.qmatmul.lower import instruction_for
 
     target = parse_target(spec)
@@ -212,9 +212,9 @@ def test_the_tile_compiles_to_each_targets_instruction(spec, mnemonic, reg):
     (region,) = find_regions(model, set(), [])
     ins = instruction_for(target)
     module = new_module(target, "q")
-    define_tile(module, "tile", region.params, region.program, ins.emit, ins.lanes, MR)
+    define_tile(module, "tile", region.params, region.program, ins.emit, ins.lanes, region.params.mr)
     asm = compile_assembly(str(module), target)
-    assert asm.count(mnemonic) >= MR * (16 // ins.lanes) and f"%{reg}" in asm and "vpbroadcastd" in asm
+    assert asm.count(mnemonic) >= region.params.mr * (16 // ins.lanes) and f"%{reg}" in asm and "vpbroadcastd" in asm
 
 
 @pytest.mark.parametrize("cin,cout,k,pad,dil,n,h,w,signed_in", [(5, 7, 3, 1, 1, 2, 5, 16, False),

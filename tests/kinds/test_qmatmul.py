@@ -142,14 +142,14 @@ def test_the_tile_compiles_to_each_targets_instruction(tmp_path, spec, mnemonic,
     vpdpbusd): each takes the target's best u8 x s8 instruction, one per accumulator and K group."""
     from onnxopt.codegen.compile import compile_assembly, new_module
     from onnxopt.codegen.target import parse_target
-    from onnxopt.kinds.qmatmul.lower import MR, define_tile, instruction_for
+    from onnxopt.kinds.qmatmul.lower import define_tile, instruction_for
 
     target = parse_target(spec)
     q = _quantized(tmp_path, _fp32_model(64, 40, "gelu"))
     (region,) = find_regions(q, set(), [])
     ins = instruction_for(target)
     module = new_module(target, "q")
-    define_tile(module, "tile", region.params, region.program, ins.emit, ins.lanes, MR)
+    define_tile(module, "tile", region.params, region.program, ins.emit, ins.lanes, region.params.mr)
     asm = compile_assembly(str(module), target)
-    per_step = MR * (16 // ins.lanes)  # accumulators of the MR-row tile
+    per_step = region.params.mr * (16 // ins.lanes)  # accumulators of the mr-row tile
     assert asm.count(mnemonic) >= per_step and f"%{reg}" in asm

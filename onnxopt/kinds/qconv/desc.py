@@ -29,4 +29,4 @@ class QConvKernelDesc:
                 f"{', '.join(str(v) for v in geometry)}, {p.mode}, {int(p.has_asum)}, {int(p.has_fix)}, "
                 f"{int(p.act_signed != self.packed_signed)}, {int(self.packed_signed)}, {int(p.implicit)}, "
                 f"{int(p.depthwise)}, {int(p.int_bias)}, "
-                f"{len(p.extra_kinds)}, {{{kinds}}}, {self.mr}, {{{', '.join(self.tiles)}}}}};\n")
+                f"{len(p.extra_kinds)}, {{{kinds}}}, {self.mr}, {p.tasks}, {{{', '.join(self.tiles)}}}}};\n")

@@ -4,7 +4,6 @@
    panel, then runs the tile over output channels x panels in tasks over ORT's pool. Grouped convolutions pack
    each group's panels and run each group's output channels on them; a depthwise one runs its own tile on each
    channel's padded plane (qc_depthwise). */
-#define QC_TASKS 16
 #define QC_TASK_MIN_OPS 262144.0
 #define QC_PANEL 16
 #define QC_GROUP_BYTES (128 * 1024) /* packed panels a task keeps in L2 while the weights stream past them */
@@ -352,7 +351,7 @@ static OrtStatus *qc_depthwise(qc_job *j, OrtKernelContext *ctx) {
   j->proto.dw_ow = j->ow;
   double ops = 2.0 * (double)items * (double)j->pixels * (double)(d->kh * d->kw);
   int64_t tasks = (int64_t)(ops / QC_TASK_MIN_OPS);
-  if (tasks > QC_TASKS) tasks = QC_TASKS;
+  if (tasks > d->tasks) tasks = d->tasks;
   if (tasks > items) tasks = items;
   j->ptasks = tasks < 1 ? 1 : tasks;
   if (j->ptasks > 1)
@@ -368,7 +367,7 @@ static OrtStatus *qc_depthwise(qc_job *j, OrtKernelContext *ctx) {
 static void qc_plan(qc_job *j) {
   const onnxopt_qconv_desc *d = j->d;
   double panel_bytes = QC_PANEL * (double)d->k4;
-  grid_split(2.0 * (double)j->panels * panel_bytes * (double)d->cout, QC_TASK_MIN_OPS, QC_TASKS, j->panels,
+  grid_split(2.0 * (double)j->panels * panel_bytes * (double)d->cout, QC_TASK_MIN_OPS, d->tasks, j->panels,
              j->mblocks, (double)d->cout * (double)d->k4, (double)j->panels * panel_bytes, &j->ptasks, &j->mtasks);
   j->group = QC_GROUP_BYTES / (d->k4 * QC_PANEL);
   if (j->group < 1) j->group = 1;
@@ -465,7 +464,7 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
     if (!j.grouped) return fail(ORT_FAIL, "onnxopt: qconv: out of memory");
     memset(j.grouped + j.n * (j.cin4 / 4) * j.proto.plane4, 0, 64);
     int64_t items = j.n * (j.cin4 / 4);
-    j.relayout_tasks = items < QC_TASKS ? items : QC_TASKS;
+    j.relayout_tasks = items < d->tasks ? items : d->tasks;
     if (j.relayout_tasks > 1)
       st = API(KernelContext_ParallelFor)(ctx, qc_relayout_task, (size_t)j.relayout_tasks, 0, &j);
     else
@@ -480,7 +479,7 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
       st = fail(ORT_FAIL, "onnxopt: qconv: out of memory");
       goto done;
     }
-    j.pack_tasks = d->group * j.panels < QC_TASKS ? d->group * j.panels : QC_TASKS;
+    j.pack_tasks = d->group * j.panels < d->tasks ? d->group * j.panels : d->tasks;
     if (j.pack_tasks > 1)
       st = API(KernelContext_ParallelFor)(ctx, qc_pack_task, (size_t)j.pack_tasks, 0, &j);
     else

@@ -51,6 +51,7 @@ typedef struct {
   int n_extra;
   int extra_kind[QC_MAX_EXTRA]; /* 0 POSITION, 1 CHANNEL, 3 SCALAR */
   int mr;
+  int tasks; /* most tasks a call is split into */
   qconv_tile_fn tiles[QC_MAX_MR]; /* tiles[mi - 1]: mi output channels */
 } onnxopt_qconv_desc;
 

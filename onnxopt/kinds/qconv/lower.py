@@ -1,4 +1,4 @@
-"""The int8 convolution tile in LLVM IR: MR output channels x one panel of 16 output pixels, the K loop on a
+"""The int8 convolution tile in LLVM IR: mr output channels x one panel of 16 output pixels, the K loop on a
 dot-product instruction of codegen/instructions, then the zero-point terms, the corrections and the epilogue.
 
     tile_m<mi>(const int64 *t)      t: the qc_tile record of glue.h, filled per call by exec.c
@@ -40,7 +40,8 @@ from .params import CHANNEL, PANEL, POSITION, QUANT, SCALAR
 
 F32, I8, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
-MR = 4  # output channels a tile: MR x NR s32 accumulators, NR activation vectors, one weight splat, temporaries
+# A tile: p.mr output channels (4 by default; onnxopt/tune/int8_schedule.py times others) x NR s32 accumulators,
+# NR activation vectors, one weight splat and temporaries
 # qc_tile slots (glue.h)
 (SLOT_W, SLOT_PANEL, SLOT_K4Q, SLOT_AZP, SLOT_M0, SLOT_VSUM, SLOT_DVEC, SLOT_ASUM, SLOT_NCOLS, SLOT_OUT_OFF,
  SLOT_OHW, SLOT_FIX_OFFSETS, SLOT_FIX_ENTRIES, SLOT_CHAN_BASE, SLOT_BIAS, SLOT_SCALE, SLOT_TAPS, SLOT_PLANE4,
@@ -332,7 +333,7 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     if p.depthwise:  # its own tile: no dot-product instruction, a product per tap and pixel
         names.append(f"{region.op_type}_dw")
         define_depthwise_tile(module, names[-1], p, region.program, target.vector_bits // 32)
-    for mi in range(1, MR + 1):
+    for mi in range(1, p.mr + 1):
         if p.depthwise:
             break
         names.append(f"{region.op_type}_m{mi}")
@@ -352,7 +353,7 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
         in_types += [ONNX_ENUM["float32"]] * len(p.extra_kinds)
         out_types = [ONNX_ENUM["float32"]] * len(region.outputs)
     desc = QConvKernelDesc(op_type=region.op_type, in_types=in_types, out_types=out_types, params=p,
-                           mr=1 if p.depthwise else MR,
+                           mr=1 if p.depthwise else p.mr,
                            tiles=names, instruction=ins.name if ins else "s32 products",
                            packed_signed=ins is not None and signed_operand(ins))
     return obj, desc, ir_text

@@ -34,6 +34,8 @@ class QConvParams(KindParams):
     out_signed: bool = False  # QUANT: an s8 output (else u8)
     clamp: tuple[int, int] = (0, 255)  # QUANT: the output's range after the Relu or Clip folded into it
     out_zero: int = 0  # QUANT: the output's zero point
+    mr: int = 4  # the schedule (onnxopt/tune/int8_schedule.py): output channels a tile (the unrolled rows)
+    tasks: int = 16  # the schedule: most tasks a call is split into (the parallel extent)
     body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
 
     def key(self) -> list:
@@ -41,7 +43,7 @@ class QConvParams(KindParams):
                 self.k4, self.group, self.mode, self.has_asum, self.has_fix, self.act_signed, self.implicit,
                 self.depthwise, self.int_bias,
                 list(self.extra_kinds),
-                self.out_signed, list(self.clamp), self.out_zero]
+                self.out_signed, list(self.clamp), self.out_zero, self.mr, self.tasks]
 
     def fallback_body(self) -> list:
         return list(self.body)

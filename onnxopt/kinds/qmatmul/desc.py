@@ -21,6 +21,7 @@ class QMatMulKernelDesc:
     mr: int  # rows of the largest tile; tiles[mi - 1] takes mi rows
     tiles: list[str]
     instruction: str  # what the K loop runs on (the report's)
+    tasks: int = 16  # most tasks a call is split into
 
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_qmatmul_desc, glue.h)."""
@@ -29,4 +30,5 @@ class QMatMulKernelDesc:
         kinds = ", ".join(str(k) for k in self.extra_kinds) or "0"
         tiles = ", ".join(self.tiles)
         return (f"{externs}{decls}static const onnxopt_qmatmul_desc {prefix}_desc = {{{sig}, {self.k}, {self.n}, "
-                f"{PANEL}, {int(self.has_azp)}, {int(self.has_fix)}, {len(self.extra_kinds)}, {{{kinds}}}, {self.mr}, {{{tiles}}}}};\n")
+                f"{PANEL}, {int(self.has_azp)}, {int(self.has_fix)}, {len(self.extra_kinds)}, {{{kinds}}}, "
+                f"{self.mr}, {self.tasks}, {{{tiles}}}}};\n")

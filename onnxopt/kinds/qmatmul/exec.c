@@ -1,7 +1,6 @@
 /* The qmatmul kind's executor: A's rows (every leading dim flattened) x B's panels, split into tasks over ORT's
    pool with the least traffic (each task reads its rows of A once and its panels once; as compute_exec.c's packed
    GEMM), each task calling the tile per (panel, block of rows). */
-#define QM_TASKS 16
 #define QM_TASK_MIN_OPS 262144.0
 
 typedef struct {
@@ -40,7 +39,7 @@ static void qm_task(void *usr, size_t index) {
 /* Panels x row blocks in tasks (runtime.c grid_split): A is read once per panel range, B once per row range. */
 static void qm_plan(qm_job *j) {
   double ops = 2.0 * (double)j->rows * (double)j->d->n * (double)j->d->k;
-  grid_split(ops, QM_TASK_MIN_OPS, QM_TASKS, j->panels, j->mblocks, (double)j->rows, (double)j->d->n, &j->ptasks,
+  grid_split(ops, QM_TASK_MIN_OPS, j->d->tasks, j->panels, j->mblocks, (double)j->rows, (double)j->d->n, &j->ptasks,
              &j->mtasks);
 }
 

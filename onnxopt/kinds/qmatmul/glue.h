@@ -30,6 +30,7 @@ typedef struct {
   int n_extra;
   int extra_kind[QM_MAX_EXTRA]; /* 0 POSITION, 1 CHANNEL, 2 COLUMN, 3 SCALAR */
   int mr;
+  int tasks; /* most tasks a call is split into */
   qmatmul_tile_fn tiles[QM_MAX_MR]; /* tiles[mi - 1]: mi rows */
 } onnxopt_qmatmul_desc;
 

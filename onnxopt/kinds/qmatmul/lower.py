@@ -1,4 +1,4 @@
-"""The int8 GEMM tile in LLVM IR: MR rows of A x one panel of B (16 columns), the K loop on a dot-product
+"""The int8 GEMM tile in LLVM IR: mr rows of A x one panel of B (16 columns), the K loop on a dot-product
 instruction of codegen/instructions, then A's zero point, the float epilogue and the stores.
 
     tile_m<mi>(const int64 *t)      t: the qm_tile record of glue.h, filled per call by exec.c
@@ -6,7 +6,8 @@ instruction of codegen/instructions, then A's zero point, the float epilogue and
 Per group of 4 along K, each row's 4 bytes of A are loaded as one i32 and splat over the lanes (the operand the
 inspector finds broadcast along the instruction's lanes), the panel's 16 x 4 bytes are one or two vector loads, and
 the instruction adds the 4 products of every lane into its s32 accumulator: MR x NR accumulators, independent
-chains that hide the instruction's latency (UNIT's unrolled parallel tile under the reduction loop). Then
+chains that hide the instruction's latency (UNIT's unrolled parallel tile under the reduction loop; its mr and the
+call's parallel extent are the schedule that onnxopt/tune/int8_schedule.py times). Then
 acc - za * colsum(B) is the exact sum of (a - za) b; the program (Cast, the scale, the bias, GELU, the residual:
 find.py) runs on it in registers, and every output is stored with the panel's column mask.
 """
@@ -28,7 +29,8 @@ from .params import CHANNEL, COLUMN, PANEL, POSITION, SCALAR
 
 F32, I8, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
-MR = 4  # rows a tile: MR x NR s32 accumulators, NR panel vectors, one splat of A and the sequence's temporaries
+# A tile: p.mr rows (4 by default; onnxopt/tune/int8_schedule.py times others) x NR s32 accumulators, NR panel
+# vectors, one splat of A and the sequence's temporaries
 # qm_tile slots (glue.h)
 SLOT_A, SLOT_A_RS, SLOT_B, SLOT_COLSUM, SLOT_K4, SLOT_AZP, SLOT_M0, SLOT_LDC, SLOT_N0, SLOT_NCOLS = range(10)
 SLOT_FIX, SLOT_NFIX = 10, 11  # the panel's corrections: (k, column, residual) int32 triples, and their count
@@ -169,7 +171,7 @@ def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
     emit, lanes = ins.emit, ins.lanes
     module = new_module(target, region.op_type)
     names = []
-    for mi in range(1, MR + 1):
+    for mi in range(1, p.mr + 1):
         names.append(f"{region.op_type}_m{mi}")
         define_tile(module, names[-1], p, region.program, emit, lanes, mi, signed_operand(ins))
     ir_text = str(module)
@@ -180,6 +182,6 @@ def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
         [ONNX_ENUM["float32"]] * len(p.extra_kinds)
     desc = QMatMulKernelDesc(op_type=region.op_type, in_types=in_types,
                              out_types=[ONNX_ENUM["float32"]] * len(region.outputs), k=p.k, n=p.n,
-                             has_azp=p.has_azp, has_fix=p.has_fix, extra_kinds=list(p.extra_kinds), mr=MR,
-                             tiles=names, instruction=ins.name)
+                             has_azp=p.has_azp, has_fix=p.has_fix, extra_kinds=list(p.extra_kinds), mr=p.mr,
+                             tiles=names, instruction=ins.name, tasks=p.tasks)
     return obj, desc, ir_text

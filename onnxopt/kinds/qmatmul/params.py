@@ -19,10 +19,12 @@ class QMatMulParams(KindParams):
     has_azp: bool  # input 1 is A's zero point (a u8 scalar); else it is 0
     extra_kinds: tuple[int, ...]  # per float epilogue input, POSITION / CHANNEL / COLUMN / SCALAR
     has_fix: bool  # B has corrections (pairs split so that none saturates: find.py); their tables are inputs
+    mr: int = 4  # the schedule (onnxopt/tune/int8_schedule.py): rows of A a tile (the unrolled rows)
+    tasks: int = 16  # the schedule: most tasks a call is split into (the parallel extent)
     body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
 
     def key(self) -> list:
-        return [self.k, self.n, self.has_azp, list(self.extra_kinds), self.has_fix]
+        return [self.k, self.n, self.has_azp, list(self.extra_kinds), self.has_fix, self.mr, self.tasks]
 
     def fallback_body(self) -> list:
         return list(self.body)
