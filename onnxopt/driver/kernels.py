@@ -257,7 +257,8 @@ class KernelStage:
         if searched:
             self.report["int8_schedule_search"] = {
                 "searched": sum(1 for x in searched if not x.get("skipped")),
-                "changed": sum(1 for x in searched if not x.get("skipped") and x["chosen"] != {"mr": 4, "tasks": 16}),
+                "changed": sum(1 for x in searched
+                               if not x.get("skipped") and x["chosen"] != {"mr": 4, "tasks": 16}),
                 "skipped": sum(1 for x in searched if x.get("skipped"))}
 
     def _once(self, r: Region, key, done: dict, split: dict, report_key: str, search):
