@@ -76,16 +76,16 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
       onnxopt/kinds/qconv MAX_K), summed in int32.
     - QuantizeLinear (constant scale and zero point): x / scale + zero point, clamped to the type's range, as float:
       a quantized output is then compared in steps (verify.compare).
-    - QLinearConv (constant weights and scales): the ConvInteger above plus its int32 bias, times x_scale *
-      w_scale / y_scale, plus the zero point, clamped, in steps as a QuantizeLinear's."""
-    ops = {"MatMulInteger", "ConvInteger", "QuantizeLinear", "QLinearConv"}
+    - QLinearConv and QLinearMatMul (constant weights and scales): the ConvInteger or MatMulInteger above plus the
+      int32 bias, times x_scale * w_scale / y_scale, plus the zero point, clamped, in steps as a QuantizeLinear's."""
+    ops = {"MatMulInteger", "ConvInteger", "QuantizeLinear", "QLinearConv", "QLinearMatMul"}
     if not any(n.op_type in ops for n in model.graph.node):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = {t.name: t for t in model.graph.initializer}
     nodes, stepped = [], {}
-    for k, n in enumerate(_qlinear_conv_in_steps(out, inits, stepped)):
+    for k, n in enumerate(_qlinear_in_steps(out, inits, stepped)):
         u = f"__exact{k}"
         if n.op_type == "MatMulInteger":
             a, b = _minus_zero(nodes, u, n, onnx.TensorProto.INT32, weights_axis=None)
@@ -129,20 +129,22 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _qlinear_conv_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -> list:
-    """`model`'s nodes with each QLinearConv of constant weights and scales as ConvInteger -> Add(bias) -> Cast ->
-    Mul(x_scale * w_scale / y_scale) -> Add(zero point) -> Max -> Min: its result in steps before rounding (float;
-    recorded in `stepped`). Initializers it needs are added to `model` and `inits`."""
-    from onnxopt.graph.quantized import expand_qlinear_convs
+def _qlinear_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -> list:
+    """`model`'s nodes with each QLinearConv (QLinearMatMul) of constant weights and scales as ConvInteger
+    (MatMulInteger) -> Add(bias) -> Cast -> Mul(x_scale * w_scale / y_scale) -> Add(zero point) -> Max -> Min: its
+    result in steps before rounding (float; recorded in `stepped`). Initializers it needs are added to `model` and
+    `inits`."""
+    from onnxopt.graph.quantized import expand_qlinear_products
 
     def expand(k, n, p):
         u = f"__qlinear_steps{k}"
-        cout = p["w"].shape[0]
+        conv = n.op_type == "QLinearConv"
+        cout = p["w"].shape[0 if conv else 1]
         scale = (np.float32(p["sx"]) * np.broadcast_to(p["sw"].astype(np.float32).reshape(-1), (cout,)) /
                  np.float32(p["sy"])).astype(np.float32)
         zy = p["zy"] if p["zy"] is not None else np.uint8(0)
         lo, hi = (0.0, 255.0) if zy.dtype == np.uint8 else (-128.0, 127.0)
-        consts = {"scale": scale.reshape(-1, 1, 1), "zy": np.float32(zy), "lo": np.float32(lo),
+        consts = {"scale": scale.reshape(-1, 1, 1) if conv else scale, "zy": np.float32(zy), "lo": np.float32(lo),
                   "hi": np.float32(hi)}
         if p["bias"] is not None:
             consts["bias"] = p["bias"].astype(np.int32).reshape(-1, 1, 1)
@@ -151,8 +153,8 @@ def _qlinear_conv_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -
             model.graph.initializer.append(t)
             inits[t.name] = t
         acc = f"{u}_acc"
-        nodes = [helper.make_node("ConvInteger", [n.input[0], n.input[3], n.input[2], n.input[5]], [acc],
-                                  name=n.name)]
+        nodes = [helper.make_node("ConvInteger" if conv else "MatMulInteger",
+                                  [n.input[0], n.input[3], n.input[2], n.input[5]], [acc], name=n.name)]
         nodes[-1].attribute.extend(n.attribute)
         if p["bias"] is not None:
             nodes.append(helper.make_node("Add", [acc, f"{u}_bias"], [f"{u}_biased"]))
@@ -165,7 +167,7 @@ def _qlinear_conv_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -
         stepped[n.output[0]] = True
         return nodes
 
-    return expand_qlinear_convs(model, expand)
+    return expand_qlinear_products(model, expand)
 
 
 def _minus_zero(nodes: list, u: str, n: onnx.NodeProto, to: int, weights_axis) -> tuple[str, str]:

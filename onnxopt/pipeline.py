@@ -35,8 +35,8 @@ from onnxopt.graph.infer import static_shapes as _static_shapes
 from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.large import SharedWeights, check_model, inference_session
-from onnxopt.graph.quantized import (dedicate_conv_dequantizers, integer_product_units, is_quantized,
-                                     qdq_conv_units, quantized_nodes)
+from onnxopt.graph.quantized import (dedicate_unit_dequantizers, integer_product_units, is_quantized,
+                                     qdq_conv_units, qdq_matmul_units, quantized_nodes)
 from onnxopt.timing import make_session
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
 from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
@@ -286,14 +286,15 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         # but one that makes each QDQ convolution unit whole, and no region that touches a unit but the int8 kinds'.
         if is_quantized(work):
             rewrites = {"skipped": "the model is quantized",
-                        "dequantizers_per_conv": dedicate_conv_dequantizers(work)}
+                        "dequantizers_per_unit": dedicate_unit_dequantizers(work)}
         else:
             rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
                         "unary_through_concats": push_unary_through_concats(work),
                         "classifiers_as_convs": classifiers_as_convs(work, static)}
         self.report["rewrites"] = rewrites
         self.quantized = quantized_nodes(work.graph)
-        self.int8_units = integer_product_units(work.graph) | qdq_conv_units(work.graph)
+        self.int8_units = integer_product_units(work.graph) | qdq_conv_units(work.graph) | \
+            qdq_matmul_units(work.graph)
         if rewrites.get("unary_through_concats"):
             self.report["merged_nodes"] += eliminate_common_subexpressions(work)
         self.emit_base = work  # the folded graph as it is: what fused.onnx is built from

@@ -174,3 +174,22 @@ def conv_integer_operands(rng, wshape, xshape, unsigned_w: bool, extreme: bool):
     x = rng.choice(np.array([0, 255, 254], np.uint8), xshape) if extreme else \
         rng.integers(0, 256, xshape).astype(np.uint8)
     return wt, wz, x
+
+
+def qlinear_matmul_case(rng, k: int, n: int, lead: list, per_column: bool):
+    """(a QLinearMatMul model, its feeds, the spec's result): A u8 [*lead, k] x B s8 [k, n] constant, u8 output."""
+    w = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    sw = (rng.uniform(0.5, 2, n if per_column else 1) * 0.01).astype(np.float32)
+    sa, za, sy, zy = np.float32(0.02), np.uint8(9), np.float32(0.04 * np.sqrt(k)), np.uint8(120)
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(sw, "sw"),
+             numpy_helper.from_array(np.zeros(sw.shape, np.int8), "zw"), numpy_helper.from_array(sa, "sa"),
+             numpy_helper.from_array(np.array(za), "za"), numpy_helper.from_array(sy, "sy"),
+             numpy_helper.from_array(np.array(zy), "zy")]
+    node = helper.make_node("QLinearMatMul", ["a", "sa", "za", "W", "sw", "zw", "sy", "zy"], ["y"])
+    model = small_model([node], [helper.make_tensor_value_info("a", TensorProto.UINT8, list(lead) + [k])],
+                        TensorProto.UINT8, inits)
+    a = rng.integers(0, 256, list(lead) + [k]).astype(np.uint8)
+    s = (a.astype(np.int64) - int(za)) @ w.astype(np.int64)
+    scale = (sa * np.broadcast_to(sw, (n,)) / sy).astype(np.float32)
+    want = np.clip(np.rint(s.astype(np.int32).astype(np.float32) * scale) + int(zy), 0, 255).astype(np.uint8)
+    return model, {"a": a}, want

@@ -134,19 +134,47 @@ def qdq_conv_units(graph: onnx.GraphProto) -> set[str]:
     return units
 
 
-def dedicate_conv_dequantizers(model: onnx.ModelProto) -> int:
-    """Give every convolution of a QDQ unit DequantizeLinear nodes of its own (in place): a copy of each one it
-    reads that another node reads too (a block's input that the residual Add also dequantizes; equal zero biases
-    that common-subexpression elimination merged) or reads through Identity nodes. The same tensors, so the same results; a unit is then whole, for
-    the int8 conv kind and for onnxruntime alike (onnxruntime's EnsureUniqueDQForNodeUnit does the same). Returns
-    how many copies were made."""
+def qdq_matmul_units(graph: onnx.GraphProto) -> set[str]:
+    """The static QDQ matmul units, DequantizeLinear(A) -> MatMul(DequantizeLinear(B constant)) -> QuantizeLinear,
+    by first output (the MatMul, its quantizer, B's dequantizer and A's where the MatMul is its only reader), and the
+    QOperator format's QLinearMatMul nodes: the int8 GEMM kind (onnxopt/kinds/qmatmul) runs them whole."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    consumers = _consumers(graph)
+    consts = {t.name for t in graph.initializer}
+    units: set[str] = set()
+    for n in graph.node:
+        if n.op_type == "QLinearMatMul":
+            units.add(n.output[0])
+            continue
+        if n.op_type != "MatMul" or len(n.input) < 2:
+            continue
+        a, b = producer.get(n.input[0]), producer.get(n.input[1])
+        if a is None or b is None or a.op_type != "DequantizeLinear" or b.op_type != "DequantizeLinear" \
+                or b.input[0] not in consts:
+            continue
+        nxt = consumers.get(n.output[0], [])
+        if len(nxt) != 1 or nxt[0].op_type != "QuantizeLinear":
+            continue
+        units.update(m.output[0] for m in (n, nxt[0], b))
+        if len(consumers.get(n.input[0], [])) == 1:
+            units.add(a.output[0])
+    return units
+
+
+def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
+    """Give every convolution and matmul of a QDQ unit DequantizeLinear nodes of its own (in place): a copy of each
+    one it reads that another node reads too (a block's input that the residual Add also dequantizes, a layer's
+    input that Q, K and V's projections share; equal zero biases that common-subexpression elimination merged) or
+    reads through Identity nodes. The same tensors, so the same results; a unit is then whole, for the int8 kinds
+    and for onnxruntime alike (onnxruntime's EnsureUniqueDQForNodeUnit does the same). Returns how many copies were
+    made."""
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output if o}
     consumers = _consumers(graph)
     outputs = {o.name for o in graph.output}
     nodes, made = [], 0
     for n in graph.node:
-        if n.op_type == "Conv" and n.domain in ("", "ai.onnx") and n.output:
+        if n.op_type in ("Conv", "MatMul") and n.domain in ("", "ai.onnx") and n.output:
             for k, x in enumerate(n.input):
                 p, hops = producer.get(x), 0
                 while p is not None and p.op_type == "Identity" and p.input:  # exporters' DQ -> Identity -> Conv
@@ -169,9 +197,12 @@ def dedicate_conv_dequantizers(model: onnx.ModelProto) -> int:
     return made
 
 
-def qlinear_conv_params(n: onnx.NodeProto, inits: dict) -> dict | None:
-    """A QLinearConv's constants as arrays (x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias), or None
-    where one of them is not an initializer."""
+QLINEAR_PRODUCTS = ("QLinearConv", "QLinearMatMul")
+
+
+def qlinear_params(n: onnx.NodeProto, inits: dict) -> dict | None:
+    """A QLinearConv's or QLinearMatMul's constants as arrays (x_scale, x_zero, w, w_scale, w_zero, y_scale,
+    y_zero, bias), or None where one of them is not an initializer."""
     from onnx import numpy_helper
 
     keys = ("sx", "zx", "w", "sw", "zw", "sy", "zy", "bias")
@@ -188,47 +219,50 @@ def qlinear_conv_params(n: onnx.NodeProto, inits: dict) -> dict | None:
     return out
 
 
-def expand_qlinear_convs(model: onnx.ModelProto, expand) -> list[onnx.NodeProto]:
-    """`model`'s nodes with each QLinearConv of constant weights and scales replaced by expand(index, node, its
-    qlinear_conv_params) (a list of nodes)."""
+def expand_qlinear_products(model: onnx.ModelProto, expand) -> list[onnx.NodeProto]:
+    """`model`'s nodes with each QLinearConv and QLinearMatMul of constant weights and scales replaced by
+    expand(index, node, its qlinear_params) (a list of nodes)."""
     inits = {t.name: t for t in model.graph.initializer}
     nodes = []
     for k, n in enumerate(model.graph.node):
-        p = qlinear_conv_params(n, inits) if n.op_type == "QLinearConv" else None
+        p = qlinear_params(n, inits) if n.op_type in QLINEAR_PRODUCTS else None
         nodes.extend([n] if p is None else expand(k, n, p))
     return nodes
 
 
-def qlinear_conv_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with each QLinearConv of constant weights and scales run as the spec defines it, in float:
-    DequantizeLinear(x) -> Conv(the dequantized weights and bias) -> QuantizeLinear, which onnxruntime's graph
-    optimizations fuse back into a QLinearConv (on AVX2 one whose 16-bit pair sums saturate) unless they are off;
-    the model itself when it has none. The whole-model check's reference for onnxruntime's own spread."""
+def qlinear_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with each QLinearConv and QLinearMatMul of constant weights and scales run as the spec defines it, in
+    float: DequantizeLinear(x) -> Conv or MatMul (the dequantized weights, and bias) -> QuantizeLinear, which
+    onnxruntime's graph optimizations fuse back (on AVX2 into kernels whose 16-bit pair sums saturate) unless they
+    are off; the model itself when it has none. The whole-model check's reference for onnxruntime's own spread."""
     from onnx import helper, numpy_helper
 
-    if not any(n.op_type == "QLinearConv" for n in model.graph.node):
+    if not any(n.op_type in QLINEAR_PRODUCTS for n in model.graph.node):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
 
     def expand(k, n, p):
         u = f"__qlinear_float{k}"
-        cout = p["w"].shape[0]
+        conv = n.op_type == "QLinearConv"
+        cout = p["w"].shape[0 if conv else 1]
+        # the weights' scale and zero point run along the output channels: axis 0 of a conv's, 1 of a matmul's
+        along = (-1, 1, 1, 1) if conv else (1, -1)
         sw = np.broadcast_to(p["sw"].astype(np.float32).reshape(-1), (cout,))
         zw = np.broadcast_to((p["zw"] if p["zw"] is not None else np.zeros(1)).astype(np.float32).reshape(-1), (cout,))
-        wf = ((p["w"].astype(np.float32) - zw.reshape(-1, 1, 1, 1)) * sw.reshape(-1, 1, 1, 1)).astype(np.float32)
-        conv_in = [f"{u}_x", f"{u}_w"]
+        wf = ((p["w"].astype(np.float32) - zw.reshape(along)) * sw.reshape(along)).astype(np.float32)
+        ins = [f"{u}_x", f"{u}_w"]
         out.graph.initializer.append(numpy_helper.from_array(wf, f"{u}_w"))
         if p["bias"] is not None:
             bf = (p["bias"].astype(np.float32) * (np.float32(p["sx"]) * sw)).astype(np.float32)
             out.graph.initializer.append(numpy_helper.from_array(bf, f"{u}_b"))
-            conv_in.append(f"{u}_b")
-        conv = helper.make_node("Conv", conv_in, [f"{u}_y"], name=n.name)
-        conv.attribute.extend(n.attribute)
-        return [helper.make_node("DequantizeLinear", [n.input[0], n.input[1], n.input[2]], [f"{u}_x"]), conv,
+            ins.append(f"{u}_b")
+        product = helper.make_node("Conv" if conv else "MatMul", ins, [f"{u}_y"], name=n.name)
+        product.attribute.extend(n.attribute)
+        return [helper.make_node("DequantizeLinear", [n.input[0], n.input[1], n.input[2]], [f"{u}_x"]), product,
                 helper.make_node("QuantizeLinear", [f"{u}_y", n.input[6], n.input[7]], list(n.output))]
 
-    nodes = expand_qlinear_convs(model, expand)
+    nodes = expand_qlinear_products(model, expand)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxopt
-from onnxopt.graph.quantized import (QUANTIZATION_OPS, dedicate_conv_dequantizers, integer_product_units,
+from onnxopt.graph.quantized import (QUANTIZATION_OPS, dedicate_unit_dequantizers, integer_product_units,
                                      qdq_conv_units, quantized_nodes)
 
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -80,7 +80,7 @@ def test_quantized_structure_passes_through(quantized, name, tmp_path):
     fused = onnx.load(out)
     # Every quantization op is still there, as many as before, but for those of the units our int8 kinds run
     # (onnxopt/kinds/qmatmul, qconv): no DequantizeLinear of a weight folded to float. Dequantizers copied so that
-    # each convolution has its own (graph/quantized.py, dedicate_conv_dequantizers) stay where no kernel took them.
+    # each convolution has its own (graph/quantized.py, dedicate_unit_dequantizers) stay where no kernel took them.
     types = {}
     for n in original.graph.node:
         types[n.name or n.output[0]] = types[n.output[0]] = n.op_type
@@ -88,7 +88,7 @@ def test_quantized_structure_passes_through(quantized, name, tmp_path):
                     for x in e["nodes"] if types.get(x) in QUANTIZATION_OPS)
     want_counts = _quant_counts(original) - taken
     got = _quant_counts(fused)
-    copies = res.report["rewrites"].get("dequantizers_per_conv", 0)
+    copies = res.report["rewrites"].get("dequantizers_per_unit", 0)
     assert not (want_counts - got) and got - want_counts <= Counter(DequantizeLinear=copies)
     assert _quant_counts(original) and taken  # the int8 kinds took this model's units
     # The weights, scales and zero points the remaining quantization ops read are still initializers of their
@@ -187,7 +187,7 @@ def test_a_model_written_unchanged_keeps_its_declared_input_dims(tmp_path):
 
 def test_each_qdq_convolution_gets_dequantizers_of_its_own(quantized):
     """A DequantizeLinear that a convolution shares with another reader, or reads through Identity nodes, is copied
-    for it (dedicate_conv_dequantizers): the same values, and every convolution a whole QDQ unit."""
+    for it (dedicate_unit_dequantizers): the same values, and every convolution a whole QDQ unit."""
     model = onnx.load(quantized / "qdq.onnx")
     conv = next(n for n in model.graph.node if n.op_type == "Conv")
     dq = next(n for n in model.graph.node if n.output[0] == conv.input[0])
@@ -199,7 +199,7 @@ def test_each_qdq_convolution_gets_dequantizers_of_its_own(quantized):
     conv.input[1] = "w_via"
     x = np.random.default_rng(4).standard_normal((1, 8, 16, 16)).astype(np.float32)
     before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    assert dedicate_conv_dequantizers(model) == 2
+    assert dedicate_unit_dequantizers(model) == 2
     producer = {o: n for n in model.graph.node for o in n.output}
     readers = Counter(i for n in model.graph.node for i in n.input)
     for c in (n for n in model.graph.node if n.op_type == "Conv"):
@@ -208,4 +208,4 @@ def test_each_qdq_convolution_gets_dequantizers_of_its_own(quantized):
     after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for a, b in zip(before, after):
         np.testing.assert_array_equal(a, b)
-    assert dedicate_conv_dequantizers(model) == 0
+    assert dedicate_unit_dequantizers(model) == 0

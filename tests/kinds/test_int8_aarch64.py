@@ -13,7 +13,8 @@ import numpy as np
 import onnx
 import pytest
 from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, grouping, matmul_exact,
-                         matmul_integer_model, matmul_operands, qdq_conv_model, quantized_cnn)
+                         matmul_integer_model, matmul_operands, qdq_conv_model, qlinear_matmul_case,
+                         quantized_cnn)
 from kind_harness import fuse_kind
 from onnx import helper
 
@@ -142,6 +143,8 @@ def _cases(seed: int = 7) -> list:
         cases.append(("matmul", *_matmul_case(rng, 4 * int(rng.integers(1, 200)), int(rng.integers(1, 71)),
                                               int(rng.integers(1, 41)), [int(v) for v in rng.integers(1, 4, i % 3)],
                                               extreme=i % 3 == 1, za_input=i != 4)))
+    for k, n, lead, per_column in ((64, 40, [2, 7], True), (132, 19, [5], False)):
+        cases.append(("matmul", *qlinear_matmul_case(rng, k, n, lead, per_column)))
     return cases
 
 

@@ -187,7 +187,7 @@ def test_refusals_say_why():
     rejected = []
     assert find_regions(m, set(), rejected) == [] and "zero point" in rejected[0]["reason"]
     # A QDQ unit whose input's DequantizeLinear another node reads too (the pipeline copies it for the unit first:
-    # graph/quantized.py dedicate_conv_dequantizers)
+    # graph/quantized.py dedicate_unit_dequantizers)
     m = qdq_conv_model(w, np.full(4, 0.01, np.float32), np.zeros(4, np.int32), np.float32(0.1), np.array(3, np.uint8),
                    np.float32(0.2), np.uint8(9), dict(kernel_shape=[3, 3]), (1, 6, 5, 5), False)
     m.graph.output.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, None))

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from int8_models import matmul_exact, matmul_integer_model, matmul_operands
+from int8_models import matmul_exact, matmul_integer_model, matmul_operands, qlinear_matmul_case, quantized_cnn
 from kind_harness import fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
@@ -19,6 +19,7 @@ from onnxopt.codegen.target import host_target
 from onnxopt.kinds import KINDS
 from onnxopt.kinds.qmatmul import KIND
 from onnxopt.kinds.qmatmul.find import find_regions, pack
+from onnxopt.kinds.qmatmul.params import QUANT
 from onnxopt.measure import exact_integer_reference
 from onnxopt.timing import make_session
 
@@ -153,3 +154,39 @@ def test_the_tile_compiles_to_each_targets_instruction(tmp_path, spec, mnemonic,
     asm = compile_assembly(str(module), target)
     per_step = region.params.mr * (16 // ins.lanes)  # accumulators of the mr-row tile
     assert asm.count(mnemonic) >= per_step and f"%{reg}" in asm
+
+
+@pytest.mark.parametrize("k,n,lead,per_column", [(64, 40, [2, 7], True), (128, 33, [5], False), (12, 3, [1, 3], True)])
+def test_qlinearmatmul_requantizes_exactly(tmp_path, k, n, lead, per_column):
+    """The QOperator format's QLinearMatMul: the int8 GEMM with QLinearMatMul's requantization per column, bit for
+    bit the spec's result (onnxruntime's AVX2 kernel saturates its pair sums and is off by up to 32 steps here); the
+    fallback is the QLinearMatMul on the rebuilt B."""
+    model, feeds, want = qlinear_matmul_case(np.random.default_rng(k + n), k, n, lead, per_column)
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
+    assert [nd.op_type[:8] for nd in fused.graph.node] == ["qmatmul_"] and region.params.mode == QUANT
+    np.testing.assert_array_equal(make_session(fused, 2, library=lib).run(None, feeds)[0], want)
+    np.testing.assert_array_equal(make_session(fused, 1).run(None, feeds)[0],
+                                  make_session(model, 1).run(None, feeds)[0])
+    steps = make_session(exact_integer_reference(model), 1, optimization="none").run(None, feeds)[0]
+    assert np.all(np.abs(want - steps.astype(np.float64)) <= 0.5 + 1e-3)  # the driver's stepped reference
+
+
+@pytest.mark.parametrize("qoperator", [False, True])
+def test_a_statically_quantized_mlp_is_fused_in_either_format(tmp_path, qoperator):
+    """quantize_static of MatMul -> Add -> Relu -> MatMul: QDQ MatMul units (their DequantizeLinear -> MatMul ->
+    QuantizeLinear) or QLinearMatMuls, each one int8 GEMM kernel; the model checks out against onnxruntime's own
+    spread from the spec."""
+    from onnxopt import optimize
+
+    rng = np.random.default_rng(3)
+    weights = {"w1": (rng.standard_normal((64, 48)) * 0.2).astype(np.float32),
+               "b1": (rng.standard_normal(48) * 0.1).astype(np.float32),
+               "w2": (rng.standard_normal((48, 32)) * 0.2).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Relu", ["a1"], ["r1"]), helper.make_node("MatMul", ["r1", "w2"], ["y"])]
+    qpath = quantized_cnn(str(tmp_path), nodes, weights, (2, 16, 64), rng, qoperator=qoperator)
+    ops = [nd.op_type for nd in onnx.load(qpath).graph.node]
+    assert ops.count("QLinearMatMul" if qoperator else "MatMul") == 2
+    result = optimize(qpath, str(tmp_path / "out.onnx"), measure=False)
+    assert sum(r["op_type"].startswith("qmatmul_") for r in result.report["regions"]) == 2
+    assert result.report["verification"]["ok"] and result.report["fallback_verification"]["ok"]

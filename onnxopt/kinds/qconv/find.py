@@ -437,7 +437,7 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     # Relu / Clip: clamp(q(y), q(lo), q(hi)), exact because quantizing is monotone.
     lo_q = qmin if lo_f == -np.inf else int(np.clip(np.round(np.float32(lo_f) / sy) + int(zy), qmin, qmax))
     hi_q = qmax if hi_f == np.inf else int(np.clip(np.round(np.float32(hi_f) / sy) + int(zy), qmin, qmax))
-    # The pipeline gives each unit dequantizers of its own first (graph/quantized.py, dedicate_conv_dequantizers).
+    # The pipeline gives each unit dequantizers of its own first (graph/quantized.py, dedicate_unit_dequantizers).
     if rule.only_consumer(x_dq.output[0]) != i:
         return "its input's DequantizeLinear feeds another node too"
     members.append(x_i)

@@ -7,6 +7,7 @@ typedef struct {
   const onnxopt_qmatmul_desc *d;
   qm_tile proto;
   const int32_t *fix_offsets, *fix_entries;
+  const float *qscale; /* QUANT: per column, padded to whole panels */
   int64_t rows, panels, mblocks, ptasks, mtasks;
 } qm_job;
 
@@ -22,6 +23,7 @@ static void qm_task(void *usr, size_t index) {
   for (int64_t p = p0; p < p1; p++) {
     t.b = b + p * d->k * d->panel;
     t.colsum = colsum + p * d->panel;
+    if (j->qscale) t.qscale = j->qscale + p * d->panel;
     t.n0 = p * d->panel;
     t.ncols = d->n - t.n0 < d->panel ? d->n - t.n0 : d->panel;
     if (j->fix_offsets) {
@@ -72,6 +74,10 @@ static OrtStatus *qmatmul_execute(const onnxopt_qmatmul_desc *d, OrtKernelContex
     CHECK(glue_input(ctx, in++, other, &other_rank, &data));
     j.fix_entries = (const int32_t *)data;
     in += 2; /* the fallback's ScatterND tables */
+  }
+  if (d->mode == 1) {
+    CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+    j.qscale = (const float *)data;
   }
   j.proto.k4 = d->k / 4;
   j.proto.ldc = d->n;

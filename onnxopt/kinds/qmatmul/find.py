@@ -1,6 +1,8 @@
 """Which int8 matmuls become an int8 GEMM kernel, and why the others do not.
 
-The form is the one onnxruntime's `quantize_dynamic` writes for a transformer's projections and FFN (and what
+The static forms, QDQ units DequantizeLinear(A u8) -> MatMul(DequantizeLinear(B s8 constant)) -> QuantizeLinear and
+the QOperator format's QLinearMatMul, run whole with QLinearMatMul's requantization per column (QUANT: lower.py).
+The dynamic form is the one onnxruntime's `quantize_dynamic` writes for a transformer's projections and FFN (and what
 `MatMulIntegerToFloat` fuses in onnxruntime):
 
     MatMulInteger(A u8 [.., M, K], B s8 [K, N] constant, a_zero_point u8 scalar, b_zero_point 0)
@@ -26,9 +28,9 @@ from onnx import helper, numpy_helper
 from onnxopt.codegen.instructions.avx2_u8s8 import split_pairs
 from onnxopt.fusion.compute import ComputeRule
 from onnxopt.graph.quantized import integer_product_units, quantized_nodes
-from onnxopt.fusion.region import EwProgram, Region, Value
+from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 
-from .params import PANEL, QMatMulParams
+from .params import PANEL, QUANT, QMatMulParams
 
 _ONNX = ("", "ai.onnx")
 MAX_EXTRAS = 8  # glue.h QM_MAX_EXTRA
@@ -95,6 +97,10 @@ class _Rule(ComputeRule):
         left = quantized_nodes(model.graph) - integer_product_units(model.graph)
         self.protected = {k for k, n in enumerate(self.index.nodes) if n.output and n.output[0] in left}
 
+    def producer(self, name):
+        i = self.index.producer.get(name)
+        return (i, self.index.nodes[i]) if i is not None else (None, None)
+
     def refusal(self, i: int) -> str | None:
         node = self.index.nodes[i]
         a, b = node.input[0], node.input[1]
@@ -130,6 +136,18 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
     rule = None
     regions = []
     for i, node in enumerate(model.graph.node):
+        if node.op_type in ("QLinearMatMul", "MatMul") and node.domain in _ONNX and i not in claimed:
+            rule = rule or _Rule(model)
+            found = (_qlinear_region if node.op_type == "QLinearMatMul" else _qdq_region)(rule, i, claimed)
+            if found is None:  # a float MatMul
+                continue
+            if isinstance(found, str):
+                if rejected is not None:
+                    rejected.append({"nodes": [node.name or node.output[0]], "reason": f"{node.op_type}: {found}"})
+                continue
+            regions.append(found)
+            claimed.update(_members(rule, found))
+            continue
         if node.op_type != "MatMulInteger" or node.domain not in _ONNX or i in claimed:
             continue
         rule = rule or _Rule(model)
@@ -165,13 +183,8 @@ def _region(rule: _Rule, i: int, cast_i: int, claimed: set[int]) -> Region | str
         return f"more than {MAX_OUTPUTS} outputs"
     w = rule._const(node.input[1])
     k, n = w.shape
-    tables = pack(w)
     uid = node.output[0]
-    names = {key: f"{uid}__q{key}" for key in tables}
-    has_fix = len(tables["fix_update"]) > 0
-    if not has_fix:
-        for key in ("fix_offsets", "fix_entries", "fix_index", "fix_update"):
-            del names[key]
+    tables, names, has_fix = _tables(w, uid)
     has_azp = len(node.input) > 2 and bool(node.input[2])
     consts: dict = {}
     ops = [rule.ew._to_op(idx.nodes[m], consts) for m in sorted(members) if m != i]
@@ -194,3 +207,160 @@ def _region(rule: _Rule, i: int, cast_i: int, claimed: set[int]) -> Region | str
     region.initializers = [numpy_helper.from_array(tables[key], name) for key, name in names.items()]
     claimed.update(members)
     return region
+
+
+def _tables(w: np.ndarray, uid: str) -> tuple[dict, dict, bool]:
+    """(B's packed tables, their initializer names, whether it has corrections): names only for the corrections'
+    tables where there are any."""
+    tables = pack(w)
+    names = {key: f"{uid}__q{key}" for key in tables}
+    has_fix = len(tables["fix_update"]) > 0
+    if not has_fix:
+        for key in ("fix_offsets", "fix_entries", "fix_index", "fix_update"):
+            del names[key]
+    return tables, names, has_fix
+
+
+def _members(rule, region) -> set[int]:
+    """The node indices of `region`'s nodes."""
+    ids = {id(n) for n in region.nodes}
+    return {k for k, n in enumerate(rule.index.nodes) if id(n) in ids}
+
+
+def _scalar(rule, name, dtype=None):
+    v = rule._const(name) if name else None
+    if v is None or v.size != 1 or (dtype is not None and v.dtype != dtype):
+        return None
+    return v.reshape(())
+
+
+def _quant_region(rule, i: int, members: list, a: str, za: str | None, w, sw, sa, sy, zy, out: str,
+                  fallback) -> Region | str:
+    """The QUANT region of a quantized matmul (a QLinearMatMul or a QDQ unit): B packed, the scales per column
+    (a_scale * b_scale / y_scale, as onnxruntime computes QLinearMatMul's) made; `fallback(the rebuilt B's name)`
+    gives the function body's nodes after B is rebuilt."""
+    idx = rule.index
+    node = idx.nodes[i]
+    k, n = w.shape
+    if k % 4:
+        return f"K = {k} is not a multiple of 4 (the dot-product instructions sum 4 products)"
+    ashape = rule.ew.shape_of(a)
+    out_shape = rule.ew.shape_of(out)
+    if ashape is None or len(ashape) < 2 or out_shape is None:
+        return "A's or the output's shape is unknown, or A's rank is below 2"
+    uid = node.output[0]
+    tables, names, has_fix = _tables(w, uid)
+    pn = -(-n // PANEL)
+    scale = np.zeros(pn * PANEL, np.float32)
+    scale[:n] = (np.float32(sa) * np.broadcast_to(sw.reshape(-1), (n,)).astype(np.float32) /
+                 np.float32(sy)).astype(np.float32)
+    names["qscale"] = f"{uid}__qscale"
+    tables["qscale"] = scale
+    out_dtype = "int8" if zy.dtype == np.int8 else "uint8"
+    # Not lowered (QUANT's epilogue is lower.py's requantization); it names the output in the op type's signature.
+    program = EwProgram(inputs=[Value(uid, "int32")], consts={}, ops=[EwOp("Cast", (uid,), out, out_dtype)],
+                        outputs=[Value(out, out_dtype)])
+    unpacked = f"{uid}__unpacked_b"
+    body = _unpack_body(names, k, n, unpacked, rule.ew.opset) + fallback(unpacked)
+    params = QMatMulParams(k=k, n=n, has_azp=za is not None, extra_kinds=(), has_fix=has_fix, mode=QUANT,
+                           out_signed=zy.dtype == np.int8, out_zero=int(zy), body=tuple(body))
+    inputs = [a] + ([za] if za is not None else []) + list(names.values())
+    region = Region("qmatmul", [idx.nodes[m] for m in sorted(members)], inputs, [out], program, list(out_shape),
+                    params=params)
+    region.initializers = [numpy_helper.from_array(tables[key], name) for key, name in names.items()]
+    return region
+
+
+def _qlinear_region(rule, i: int, claimed: set[int]) -> Region | str:
+    """QLinearMatMul (a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point), B constant s8."""
+    node = rule.index.nodes[i]
+    a = node.input[0]
+    za = _scalar(rule, node.input[2]) if node.input[2] else None
+    act = str(za.dtype) if za is not None else rule.ew.dtype_of(a)
+    if act != "uint8":
+        return f"its A is {act}; the int8 kernels take u8 activations (the quantizer's default)"
+    sa, sy = _scalar(rule, node.input[1], np.float32), _scalar(rule, node.input[6], np.float32)
+    zy = _scalar(rule, node.input[7]) if len(node.input) > 7 and node.input[7] else np.uint8(0)
+    w, sw = rule._const(node.input[3]), rule._const(node.input[4])
+    zw = rule._const(node.input[5]) if node.input[5] else None
+    if sa is None or sy is None or zy is None or zy.dtype not in (np.uint8, np.int8) or \
+            (node.input[2] and za is None):
+        return "its scales or zero points are not constant scalars"
+    if w is None or w.dtype != np.int8 or w.ndim != 2 or sw is None or sw.dtype != np.float32 or \
+            sw.size not in (1, w.shape[1]):
+        return "its B is not a constant s8 matrix with a scale per tensor or per column"
+    if zw is not None and np.any(zw != 0):
+        return "B's zero point is not 0"
+
+    def fallback(unpacked):
+        mm = onnx.NodeProto()
+        mm.CopyFrom(node)
+        mm.input[3] = unpacked
+        return [mm]
+
+    return _quant_region(rule, i, [i], a, node.input[2] or None, w, sw, sa, sy, zy, node.output[0], fallback)
+
+
+def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
+    """DequantizeLinear(A u8) -> MatMul(DequantizeLinear(B constant s8, per tensor or per column)) ->
+    QuantizeLinear(u8 or s8), run whole."""
+    idx = rule.index
+    node = idx.nodes[i]
+    a_i, a_dq = rule.producer(node.input[0])
+    b_i, b_dq = rule.producer(node.input[1])
+    if a_dq is None or b_dq is None or a_dq.op_type != "DequantizeLinear" or b_dq.op_type != "DequantizeLinear":
+        return None  # a float MatMul: the compute rule's
+    a = a_dq.input[0]
+    za = _scalar(rule, a_dq.input[2]) if len(a_dq.input) > 2 and a_dq.input[2] else None
+    act = str(za.dtype) if za is not None else rule.ew.dtype_of(a)
+    if act != "uint8":
+        return f"its A is {act}; the int8 kernels take u8 activations (the quantizer's default)"
+    sa = _scalar(rule, a_dq.input[1], np.float32)
+    w, sw = rule._const(b_dq.input[0]), rule._const(b_dq.input[1])
+    zw = rule._const(b_dq.input[2]) if len(b_dq.input) > 2 and b_dq.input[2] else None
+    if sa is None or (len(a_dq.input) > 2 and a_dq.input[2] and za is None):
+        return "A's scale or zero point is not a constant scalar"
+    if w is None or w.dtype != np.int8 or w.ndim != 2 or sw is None or sw.dtype != np.float32 or \
+            sw.size not in (1, w.shape[1]) or (sw.size > 1 and int(_attr(b_dq, "axis", 1)) not in (1, -1)):
+        return "its B is not a constant s8 matrix with a scale per tensor or per column"
+    if zw is not None and np.any(zw != 0):
+        return "B's zero point is not 0"
+    cons = idx.consumers.get(node.output[0], [])
+    if len(cons) != 1 or node.output[0] in idx.graph_outputs or idx.nodes[cons[0]].op_type != "QuantizeLinear":
+        return "its result does not go to one QuantizeLinear alone"
+    q_i = cons[0]
+    q = idx.nodes[q_i]
+    sy = _scalar(rule, q.input[1], np.float32)
+    zy = _scalar(rule, q.input[2]) if len(q.input) > 2 and q.input[2] else np.uint8(0)
+    if sy is None or zy is None or zy.dtype not in (np.uint8, np.int8):
+        return "its output's scale or zero point is not a constant u8 or s8 scalar"
+    if any(at.name in ("saturate", "block_size", "output_dtype") for at in q.attribute):
+        return "its QuantizeLinear has attributes of opset 19 and later"
+    for dq in (a_dq, b_dq):
+        if len(idx.consumers.get(dq.output[0], [])) != 1:
+            return "a DequantizeLinear of it feeds another node too"
+    members = [i, a_i, b_i, q_i]
+    if any(m in claimed for m in members):
+        return "part of it is fused elsewhere"
+
+    def fallback(unpacked):
+        bdq = onnx.NodeProto()
+        bdq.CopyFrom(b_dq)
+        bdq.input[0] = unpacked
+        rest = []
+        for m in sorted(members):
+            if m != b_i:
+                c = onnx.NodeProto()
+                c.CopyFrom(idx.nodes[m])
+                rest.append(c)
+        return [bdq] + rest
+
+    za_name = a_dq.input[2] if len(a_dq.input) > 2 and a_dq.input[2] else None
+    return _quant_region(rule, i, members, a, za_name, w, sw, sa, sy, zy, q.output[0], fallback)
+
+
+def _attr(node, name, default):
+    for at in node.attribute:
+        if at.name == name:
+            return helper.get_attribute_value(at)
+    return default

@@ -22,10 +22,11 @@ from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.instructions import available
 from onnxopt.codegen.microkernel.outer_product import lane_mask
 from onnxopt.codegen.target import Target
-from onnxopt.codegen.vmath.irutil import broadcast, for_range, masked_load, masked_store, record_function
+from onnxopt.codegen.vmath.irutil import (broadcast, for_range, intrinsic, masked_load, masked_store,
+                                           record_function)
 
 from .desc import QMatMulKernelDesc
-from .params import CHANNEL, COLUMN, PANEL, POSITION, SCALAR
+from .params import CHANNEL, COLUMN, PANEL, QUANT, SCALAR
 
 F32, I8, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -38,6 +39,7 @@ MAX_OUT, MAX_EXTRA = 4, 8
 SLOT_OUT = 12
 SLOT_EXTRA = SLOT_OUT + MAX_OUT
 SLOT_EXTRA_ROWS = SLOT_EXTRA + MAX_EXTRA
+SLOT_QSCALE = SLOT_EXTRA_ROWS + MAX_EXTRA  # QUANT: the panel's scales per column
 
 
 def instruction_for(target: Target):
@@ -142,6 +144,27 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
     extras = [slot(SLOT_EXTRA + e, PTR) for e in range(len(params.extra_kinds))]
     extra_rows = [slot(SLOT_EXTRA_ROWS + e) for e in range(len(params.extra_kinds))]
     fty = ir.VectorType(F32, lanes)
+    if params.mode == QUANT:  # q = clamp(round_half_even(float(S) * scale[col]) + zero point), as QLinearMatMul
+        qscale = slot(SLOT_QSCALE, PTR)
+        scales = [b.load(b.gep(qscale, [ir.Constant(I64, j * lanes)], source_etype=F32), typ=fty, align=4)
+                  for j in range(nr)]
+        lo, hi = (-128, 127) if params.out_signed else (0, 255)
+        ity = ir.VectorType(I32, lanes)
+        for i in range(mi):
+            row = b.add(m0, ir.Constant(I64, i))
+            for j in range(nr):
+                x = b.fmul(b.sitofp(b.sub(acc[i * nr + j], corr[j]), fty), scales[j])
+                q = b.add(b.fptosi(intrinsic(b, f"llvm.roundeven.v{lanes}f32", fty, [x]), ity),
+                          broadcast(b, ir.Constant(I32, params.out_zero), lanes))
+                q = b.select(b.icmp_signed("<", q, broadcast(b, ir.Constant(I32, lo), lanes)),
+                             broadcast(b, ir.Constant(I32, lo), lanes), q)
+                q = b.select(b.icmp_signed(">", q, broadcast(b, ir.Constant(I32, hi), lanes)),
+                             broadcast(b, ir.Constant(I32, hi), lanes), q)
+                pos = b.add(b.mul(row, ldc), b.add(n0, ir.Constant(I64, j * lanes)))
+                masked_store(b, b.trunc(q, ir.VectorType(I8, lanes)), b.gep(outs[0], [pos], source_etype=I8),
+                             masks[j], 1)
+        b.ret_void()
+        return
     for i in range(mi):
         row = b.add(m0, ir.Constant(I64, i))
         for j in range(nr):
@@ -179,9 +202,11 @@ def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
     in_types = [ONNX_ENUM["uint8"]] + ([ONNX_ENUM["uint8"]] if p.has_azp else []) + \
         [ONNX_ENUM["int8"], ONNX_ENUM["int32"]] + \
         ([ONNX_ENUM["int32"], ONNX_ENUM["int32"], ONNX_ENUM["int64"], ONNX_ENUM["int32"]] if p.has_fix else []) + \
-        [ONNX_ENUM["float32"]] * len(p.extra_kinds)
+        ([ONNX_ENUM["float32"]] if p.mode == QUANT else [ONNX_ENUM["float32"]] * len(p.extra_kinds))
+    out_types = [ONNX_ENUM["int8" if p.out_signed else "uint8"]] if p.mode == QUANT else \
+        [ONNX_ENUM["float32"]] * len(region.outputs)
     desc = QMatMulKernelDesc(op_type=region.op_type, in_types=in_types,
-                             out_types=[ONNX_ENUM["float32"]] * len(region.outputs), k=p.k, n=p.n,
+                             out_types=out_types, k=p.k, n=p.n,
                              has_azp=p.has_azp, has_fix=p.has_fix, extra_kinds=list(p.extra_kinds), mr=p.mr,
-                             tiles=names, instruction=ins.name, tasks=p.tasks)
+                             tiles=names, instruction=ins.name, tasks=p.tasks, mode=p.mode)
     return obj, desc, ir_text
