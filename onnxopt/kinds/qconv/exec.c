@@ -280,9 +280,6 @@ static void qc_gemm_task(void *usr, size_t index) {
   }
 }
 
-/* Depthwise: each channel's plane is padded with the zero point and written as float ([n][c][hp][wp], slack past
-   the end for a last panel's loads), then the tile runs the channel's output rows on it; tasks take ranges of
-   (image, channel). */
 /* One row of a plane as float, s8 or u8: a loop the compiler vectorizes. */
 X86_CLONES VECTORIZE static void qc_row_to_float(float *restrict out, const uint8_t *restrict in, int64_t n,
                                                 int is_signed) {
@@ -292,6 +289,9 @@ X86_CLONES VECTORIZE static void qc_row_to_float(float *restrict out, const uint
     for (int64_t c = 0; c < n; c++) out[c] = (float)in[c];
 }
 
+/* Depthwise: each channel's plane is padded with the zero point and written as float ([n][c][hp][wp], slack past
+   the end for a last panel's loads), then the tile runs the channel's output rows on it; tasks take ranges of
+   (image, channel). */
 /* Channel i = image * cout + c of the input, padded, as float, into its plane of j->grouped. */
 static void qc_dw_pad(const qc_job *j, int64_t i) {
   const onnxopt_qconv_desc *d = j->d;
