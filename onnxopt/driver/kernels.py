@@ -238,7 +238,11 @@ class KernelStage:
         winner replaces the region's parameters (a new op type)."""
         from onnxopt.tune.int8_schedule import FAMILIES, search_schedule
 
-        for r in [r for r in regions if r.params.family in FAMILIES]:
+        def ops(r):  # outputs x reduction: largest first, as the tile search goes
+            dims = [d if isinstance(d, int) else int(self.bindings.get(d, 1)) for d in (r.shape or [])]
+            return int(np.prod(dims or [0])) * getattr(r.params, "k4", getattr(r.params, "k", 1))
+
+        for r in sorted((r for r in regions if r.params.family in FAMILIES), key=ops, reverse=True):
             feeds_key = ("int8", r.op_type, tuple(tuple(d if isinstance(d, int) else self.bindings.get(d, d)
                                                         for d in (info[x].shape if x in info else ()))
                                                   for x in runtime_inputs(r, work)))
