@@ -9,16 +9,18 @@ from onnxopt.codegen.target import host_target
 from onnxopt.emit.model import build_fused_model
 
 
-def fuse_kind(kind, model, tmp_path, name: str | None = None, target=None, params=None):
+def fuse_kind(kind, model, tmp_path, name: str | None = None, target=None, params=None, convert=None):
     """(the fused model, its library's path, the region, the kernel's LLVM IR) for the one region `kind` finds in
     `model` (shapes already inferred), built for `target` (default: this host); `params(p)` changes the region's
-    parameters first (another schedule, say)."""
+    parameters first (another schedule, say), `convert(region)` the region itself (a blocked layout)."""
     target = target or host_target()
     regions = kind.find(model, set(), [])
     assert len(regions) == 1, regions
     region = regions[0]
     if params is not None:
         region.params = params(region.params)
+    if convert is not None:
+        convert(region)
     region.compute_op_type(target.name + target.llvm_features)
     obj, desc, ir_text = kind.build(region, target)
     lib = os.path.join(str(tmp_path), name or f"{kind.name}.so")

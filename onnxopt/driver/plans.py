@@ -61,6 +61,9 @@ class PlanStage:
                     break
         blocked = assign_blocked_layouts(plan, rule.index, ew.shape_of, mk.lanes, mk.tile.ni, ew.opset, passthrough,
                                          exits)
+        for kind in KINDS:  # the kinds' own blocked tensors (int8 ones between qconv kernels)
+            if kind.layouts is not None and kind.name not in self.opts.skip_fusion:
+                blocked += kind.layouts(plan, rule.index, ew.shape_of, ew.opset)
         if not blocked:
             return []
         if self.opts.winograd not in ("auto", "off") and winograd.check_opset(work) is None:

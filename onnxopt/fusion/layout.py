@@ -26,7 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .compute import POSITION
-from .params import ComputeParams, CopyParams, ElementwiseParams, PoolParams, RelayoutParams
+from .params import ComputeParams, CopyParams, ElementwiseParams, KindParams, PoolParams, RelayoutParams
 from .region import Region
 
 
@@ -63,6 +63,8 @@ def blocked_inputs(region: Region) -> set[str]:
                 extras = region.inputs[len(region.inputs) - len(c.extra_kinds):]
                 names |= {x for x, k in zip(extras, c.extra_kinds) if k == POSITION}
             return names
+        case KindParams() as p:  # a registered kind's (kinds/qconv/layout.py)
+            return {region.inputs[0]} if p.blocked_io()[0] else set()
     return set()
 
 
@@ -78,6 +80,8 @@ def blocked_outputs(region: Region) -> set[str]:
             return set().union(*(blocked_outputs(p) for p in c.parts))
         case ComputeParams() as c:
             return set(region.outputs) if c.attrs.get("out_blocked") else set()
+        case KindParams() as p:
+            return set(region.outputs) if p.blocked_io()[1] else set()
     return set()
 
 

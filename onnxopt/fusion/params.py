@@ -32,6 +32,11 @@ class KindParams:
         """The lanes of the blocked tensors the kernel reads and writes; 0 when it works on plain ones."""
         return 0
 
+    def blocked_io(self) -> tuple[bool, bool]:
+        """A registered kind's: (whether it reads its first input, whether it writes its outputs) in the blocked
+        layout of tensor_lanes() (fusion/layout.py)."""
+        return False, False
+
     def fallback_body(self) -> list:
         """The nodes of the function fallback when they are not the region's own ([]: the region's nodes)."""
         return []

@@ -36,3 +36,6 @@ class Kind:
     # report(region, feeds, desc) -> dict: more for the region's entry in the report, at the shapes it was checked
     # on (`feeds`, the region's inputs), with the glue's description its build returned
     report: Callable | None = None
+    # layouts(regions, index, shape_of, opset) -> the regions it converted: in the blocked plan, which of the
+    # kind's regions pass their tensors to each other in a blocked layout (kinds/qconv/layout.py)
+    layouts: Callable | None = None

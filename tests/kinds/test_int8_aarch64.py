@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, grouping, matmul_exact,
-                         matmul_integer_model, matmul_operands, qdq_conv_model, qlinear_matmul_case,
+from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, drop_shapes, grouping,
+                         matmul_exact, matmul_integer_model, matmul_operands, qdq_conv_model, qlinear_matmul_case,
                          quantized_cnn)
 from kind_harness import fuse_kind
 from onnx import helper
@@ -22,8 +22,10 @@ from onnxopt.codegen.compile import compile_assembly
 from onnxopt.codegen.glue.library import _cc
 from onnxopt.codegen.target import parse_target
 from onnxopt.errors import ToolchainError
+from onnxopt.fusion.layout import to_blocked
 from onnxopt.hardware import emulator
 from onnxopt.kinds.qconv import KIND as QCONV
+from onnxopt.kinds.qconv.layout import convert
 from onnxopt.kinds.qmatmul import KIND as QMATMUL
 from onnxopt.kinds.qmatmul.lower import instruction_for
 
@@ -182,6 +184,30 @@ def test_int8_kernels_are_exact_under_qemu(tmp_path):
     assert forms == {"implicit", "depthwise", "grouped", "packed"}  # every form of the conv kernel is among them
     for i, (got, want) in enumerate(zip(emulator.run_sessions(jobs), wants)):
         assert got[0].dtype == want.dtype, i
+        np.testing.assert_array_equal(got[0], want, err_msg=f"case {i}")
+
+
+@needs_qemu
+def test_blocked_int8_kernels_are_exact_under_qemu(tmp_path):
+    """Kernels reading and writing the blocked int8 layout (kinds/qconv/layout.py) on sdot: packed and implicit
+    forms, u8 activations flipped to s8 a word at a time and s8 ones as they are, bit for bit."""
+    rng = np.random.default_rng(21)
+    jobs, wants = [], []
+    for i, (cin, cout, r, stride, pad, w, signed_in) in enumerate(((7, 9, 3, 2, 1, 13, False),
+                                                                     (12, 70, 1, 1, 0, 20, True),
+                                                                     (6, 5, 3, 1, 1, 16, False))):
+        model, feeds, want = _qdq_case(rng, cin, cout, r, r, stride, pad, 1, 2, 6, w, signed_in, False, True, True)
+        shapes = {"xq": list(feeds["xq"].shape), "y": list(want.shape)}
+        fused, lib, region, _ = fuse_kind(QCONV, model, tmp_path, name=f"blocked{i}.so", target=TARGET,
+                                          convert=lambda rg: convert(rg, True, True, shapes.get, 17))
+        assert region.params.implicit == (i == 2)
+        del fused.functions[:]
+        drop_shapes(fused, {"xq", "y"})
+        onnx.save(fused, tmp_path / f"blocked{i}.onnx")
+        jobs.append({"model": str(tmp_path / f"blocked{i}.onnx"), "library": lib,
+                     "inputs": {"xq": to_blocked(feeds["xq"], 4)}})
+        wants.append(to_blocked(want, 4))
+    for i, (got, want) in enumerate(zip(emulator.run_sessions(jobs), wants)):
         np.testing.assert_array_equal(got[0], want, err_msg=f"case {i}")
 
 

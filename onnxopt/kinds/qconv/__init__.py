@@ -1,10 +1,11 @@
 """int8 convolutions on the target's dot-product instruction (codegen/instructions): onnxruntime's dynamically
 quantized ConvInteger -> Cast -> scale -> bias ..., and static QDQ units DequantizeLinear -> Conv -> [Relu | Clip]
--> QuantizeLinear with their requantization. find.py, lower.py, exec.c."""
+-> QuantizeLinear with their requantization. find.py, lower.py, exec.c; layout.py: int8 tensors passed blocked."""
 
 from ..base import Kind
 from .find import find_regions
+from .layout import assign
 from .lower import build
 
 # Asked before the compute and elementwise rules, which would take the Cast -> Mul -> Add after a ConvInteger.
-KIND = Kind(name="qconv", find=find_regions, build=build, first=True)
+KIND = Kind(name="qconv", find=find_regions, build=build, first=True, layouts=assign)

@@ -25,6 +25,7 @@ typedef struct {
   qc_tile proto;
   int64_t mblocks, bpg, ptasks, mtasks, group; /* bpg: blocks of output channels a channel group */
   int64_t out_elems_per_image;
+  int64_t ostep; /* the output's elements a pixel: 4 blocked (its group's 4 channels), else 1 */
 } qc_job;
 
 /* out[t] = the 4 bytes of pixel t: a fixed trip count and no aliasing, so that the compiler vectorizes it. */
@@ -99,6 +100,23 @@ static const uint8_t *qc_gather(const qc_job *j, const qc_runs *r, const uint8_t
   return col;
 }
 
+/* asum[t]: the sum over k of pixel t's packed activations (read signed where they are), when the tile needs it. */
+static void qc_panel_asum(const qc_job *j, int64_t grp, int64_t panel) {
+  const onnxopt_qconv_desc *d = j->d;
+  if (!j->asum) return;
+  const uint8_t *dst = j->packed + (grp * j->panels + panel) * d->k4 * QC_PANEL;
+  int32_t *s = j->asum + (grp * j->panels + panel) * QC_PANEL;
+  for (int t = 0; t < QC_PANEL; t++) s[t] = 0;
+  for (int64_t g = 0; g < d->k4 / 4; g++)
+    for (int t = 0; t < QC_PANEL; t++) {
+      const uint8_t *q = dst + g * QC_PANEL * 4 + 4 * t;
+      if (d->packed_signed)
+        s[t] += (int32_t)(int8_t)q[0] + (int8_t)q[1] + (int8_t)q[2] + (int8_t)q[3];
+      else
+        s[t] += (int32_t)q[0] + q[1] + q[2] + q[3];
+    }
+}
+
 /* One panel's receptive fields in channel group `grp`: packed[g][t][q] = the activation at k = 4g + q for pixel
    t, where k = tap * cin4 + channel (find.py's weight order: the 4 k of a group are 4 channels of one tap, so they
    share the window's position), or k = tap for one input channel a group (depthwise); the activations' zero point
@@ -159,18 +177,45 @@ static void qc_pack_panel(const qc_job *j, int64_t grp, int64_t panel) {
       }
     }
   }
-  if (j->asum) {
-    int32_t *s = j->asum + (grp * j->panels + panel) * QC_PANEL;
-    for (int t = 0; t < QC_PANEL; t++) s[t] = 0;
-    for (int64_t g = 0; g < d->k4 / 4; g++)
-      for (int t = 0; t < QC_PANEL; t++) {
-        const uint8_t *q = dst + g * QC_PANEL * 4 + 4 * t;
-        if (d->packed_signed)
-          s[t] += (int32_t)(int8_t)q[0] + (int8_t)q[1] + (int8_t)q[2] + (int8_t)q[3];
-        else
-          s[t] += (int32_t)q[0] + q[1] + q[2] + q[3];
+  qc_panel_asum(j, grp, panel);
+}
+
+/* The channels of a group of 4 that are real (c of them, or all 4) as a mask of their bytes. */
+static uint32_t qc_real_lanes(int64_t c) { return c >= 4 ? 0xffffffffu : (1u << (8 * c)) - 1u; }
+
+/* One panel's receptive fields from a blocked input ([n][cin4 / 4][h][w][4], layout.py; one group): a pixel's 4
+   channels are one word, copied per tap and channel group in qc_pack_panel's order; the zero point's where the
+   window leaves the image, 0 in the channels past cin as there. */
+static void qc_pack_panel_blocked(const qc_job *j, int64_t panel) {
+  const onnxopt_qconv_desc *d = j->d;
+  int64_t img = panel / j->ppi, p0 = (panel % j->ppi) * QC_PANEL, plane = j->h * j->w, groups = j->cin4 / 4;
+  const uint32_t *x = (const uint32_t *)j->x + img * groups * plane;
+  uint32_t *o32 = (uint32_t *)(j->packed + panel * d->k4 * QC_PANEL);
+  qc_runs r;
+  qc_panel_runs(j, p0, &r);
+  int plain = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !d->pt && !d->pl && !d->pb && !d->pr &&
+              r.valid == QC_PANEL;
+  for (int64_t tap = 0; tap < d->kh * d->kw; tap++) {
+    qc_tap_runs(j, tap, &r);
+    for (int64_t g = 0; g < groups; g++, o32 += QC_PANEL) {
+      const uint32_t *src = x + g * plane;
+      uint32_t real = qc_real_lanes(d->cin - 4 * g), flip = d->flip ? real & 0x80808080u : 0u;
+      uint32_t pad = ((0x01010101u * j->za) & real) ^ flip;
+      if (plain) {
+        for (int t = 0; t < QC_PANEL; t++) o32[t] = src[p0 + t] ^ flip;
+        continue;
       }
+      for (int sg = 0; sg < r.nseg; sg++) {
+        int t0 = r.seg[sg], t1 = r.seg[sg + 1];
+        const uint32_t *row = src + r.at[sg];
+        for (int t = t0; t < r.lo[sg]; t++) o32[t] = pad;
+        for (int t = r.lo[sg]; t < r.hi[sg]; t++) o32[t] = row[(t - r.lo[sg]) * d->sw] ^ flip;
+        for (int t = r.hi[sg]; t < t1; t++) o32[t] = pad;
+      }
+      for (int t = r.valid; t < QC_PANEL; t++) o32[t] = 0; /* past the image's last pixel */
+    }
   }
+  qc_panel_asum(j, 0, panel);
 }
 
 /* The implicit form's input: image `img`, channel group g as [hp][wp][4] u8 (after the sign flip of s8
@@ -181,6 +226,21 @@ static void qc_relayout(const qc_job *j, int64_t img, int64_t g) {
   int64_t plane = j->h * j->w;
   uint32_t za4 = 0x01010101u * (uint8_t)j->proto.azp, flip = 0;
   uint32_t *out = (uint32_t *)(j->grouped + ((img * (j->cin4 / 4) + g) * j->hp * j->wp) * 4);
+  if (d->in_blocked) { /* already channel-grouped: the rows copied between the padding */
+    const uint32_t *in = (const uint32_t *)j->x + (img * (j->cin4 / 4) + g) * plane;
+    uint32_t bits = d->flip ? qc_real_lanes(d->cin - 4 * g) & 0x80808080u : 0u;
+    for (int64_t r = 0; r < j->hp; r++, out += j->wp) {
+      int64_t y = r - d->pt;
+      if (y < 0 || y >= j->h) {
+        for (int64_t c = 0; c < j->wp; c++) out[c] = za4;
+        continue;
+      }
+      for (int64_t c = 0; c < d->pl; c++) out[c] = za4;
+      for (int64_t c = d->pl + j->w; c < j->wp; c++) out[c] = za4;
+      for (int64_t c = 0; c < j->w; c++) out[d->pl + c] = in[y * j->w + c] ^ bits;
+    }
+    return;
+  }
   static const uint8_t fill[QC_PANEL];
   const uint8_t *src[4];
   for (int q = 0; q < 4; q++) {
@@ -225,7 +285,12 @@ static void qc_pack_task(void *usr, size_t index) {
   const qc_job *j = (const qc_job *)usr;
   int64_t items = j->d->group * j->panels;
   int64_t i0 = (int64_t)index * items / j->pack_tasks, i1 = ((int64_t)index + 1) * items / j->pack_tasks;
-  for (int64_t i = i0; i < i1; i++) qc_pack_panel(j, i / j->panels, i % j->panels);
+  for (int64_t i = i0; i < i1; i++) {
+    if (j->d->in_blocked)
+      qc_pack_panel_blocked(j, i);
+    else
+      qc_pack_panel(j, i / j->panels, i % j->panels);
+  }
 }
 
 /* The implicit form's tasks: per panel (up to 16 pixels of one output row) its window's start per tap, computed
@@ -241,7 +306,7 @@ static void qc_implicit_task(const qc_job *j, int64_t p0, int64_t p1, int64_t b0
     for (int64_t tap = 0; tap < d->kh * d->kw; tap++)
       window[tap] = base + ((row + tap / d->kw * d->dh) * j->wp + col + tap % d->kw * d->dw) * 4;
     t.ncols = j->ow - col < QC_PANEL ? j->ow - col : QC_PANEL;
-    t.out_off = img * j->out_elems_per_image + row * j->ow + col;
+    t.out_off = img * j->out_elems_per_image + (row * j->ow + col) * j->ostep;
     t.chan_base = img * d->cout;
     for (int64_t mb = b0; mb < b1; mb++) {
       t.m0 = mb * d->mr;
@@ -272,7 +337,7 @@ static void qc_gemm_task(void *usr, size_t index) {
         t.panel = j->packed + (grp * j->panels + p) * d->k4 * QC_PANEL;
         t.asum = j->asum ? j->asum + (grp * j->panels + p) * QC_PANEL : NULL;
         t.ncols = j->pixels - first < QC_PANEL ? j->pixels - first : QC_PANEL;
-        t.out_off = img * j->out_elems_per_image + first;
+        t.out_off = img * j->out_elems_per_image + first * j->ostep;
         t.chan_base = img * d->cout;
         d->tiles[mi - 1]((const int64_t *)&t);
       }
@@ -382,8 +447,11 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
   j.d = d;
   int in = 0;
   CHECK(glue_input(ctx, in++, dims, &rank, &data));
-  if (rank != 4 || dims[1] != d->cin)
-    return fail(ORT_INVALID_ARGUMENT, "onnxopt: qconv: the input is not N x C x H x W with the C it was built for");
+  if (d->in_blocked ? rank != 5 || dims[1] != (d->cin + 3) / 4 || dims[4] != 4 : rank != 4 || dims[1] != d->cin)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: qconv: the input is not N x C x H x W (blocked: N x C/4 x H x W x 4) "
+                                      "with the C it was built for");
+  if ((d->in_blocked || d->out_blocked) && (d->group != 1 || d->depthwise || (d->in_blocked && d->cin == 1)))
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: qconv: a blocked layout needs a one-group convolution; rebuild it");
   j.x = (const uint8_t *)data;
   j.n = dims[0];
   j.h = dims[2];
@@ -425,7 +493,8 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
   j.ow = (j.w + d->pl + d->pr - (d->dw * (d->kw - 1) + 1)) / d->sw + 1;
   if (j.oh < 1 || j.ow < 1) return fail(ORT_INVALID_ARGUMENT, "onnxopt: qconv: the input is smaller than the kernel");
   j.pixels = j.oh * j.ow;
-  j.out_elems_per_image = d->cout * j.pixels;
+  j.ostep = d->out_blocked ? 4 : 1;
+  j.out_elems_per_image = d->out_blocked ? (d->cout + 3) / 4 * 4 * j.pixels : d->cout * j.pixels;
   for (int e = 0; e < d->n_extra; e++) {
     CHECK(glue_input(ctx, in++, other, &other_rank, &data));
     j.proto.extra[e] = (const float *)data;
@@ -437,10 +506,10 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
       return fail(ORT_INVALID_ARGUMENT, "onnxopt: qconv: an epilogue input does not broadcast over the output");
     j.proto.extra_count[e] = count;
   }
-  int64_t odims[4] = {j.n, d->cout, j.oh, j.ow};
+  int64_t odims[5] = {j.n, d->out_blocked ? (d->cout + 3) / 4 : d->cout, j.oh, j.ow, 4};
   for (int o = 0; o < d->sig.n_out; o++) {
     OrtValue *out;
-    CHECK(API(KernelContext_GetOutput)(ctx, o, odims, 4, &out));
+    CHECK(API(KernelContext_GetOutput)(ctx, o, odims, d->out_blocked ? 5 : 4, &out));
     CHECK(API(GetTensorMutableData)(out, &j.proto.out[o]));
   }
   if (j.n == 0 || d->cout == 0) return NULL;
@@ -448,7 +517,7 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
   j.cout_g = d->cout / d->group;
   j.cin4 = (j.cin_g + 3) / 4 * 4;
   j.proto.k4q = d->k4 / 4;
-  j.proto.ohw = j.pixels;
+  j.proto.ohw = j.pixels * j.ostep;
   OrtStatus *st = NULL;
   if (d->depthwise) return qc_depthwise(&j, ctx);
   if (d->implicit) {

@@ -19,7 +19,7 @@ typedef struct { /* mirrors the slots of lower.py */
   const int32_t *asum;   /* the panel's per-pixel sums of activations, or NULL */
   int64_t ncols;         /* valid pixels in the panel */
   int64_t out_off;       /* the element of (image, channel 0, the panel's first pixel) in the output */
-  int64_t ohw;           /* elements between channels of the output */
+  int64_t ohw;           /* elements between channels of the output (blocked: bytes between groups of 4) */
   const int32_t *fix_offsets, *fix_entries; /* per channel [cout + 1]; (k, residual) pairs */
   int64_t chan_base;     /* image * cout: a CHANNEL input's index is (chan_base + channel) % its count */
   const int32_t *bias;   /* QUANT, or FLOAT with int_bias: the int32 bias per channel */
@@ -48,6 +48,7 @@ typedef struct {
   int implicit;   /* stride 1: the tile reads the input laid out [c / 4][h + pads][w + pads][4] itself, no im2col */
   int depthwise;  /* one input channel per output channel: tiles[0] runs a channel's rows on its padded plane */
   int int_bias;   /* FLOAT: an int32 bias per channel input, added before the Cast */
+  int in_blocked, out_blocked; /* the input, the output as [n][c / 4][h][w][4], channels past c zero (layout.py) */
   int n_extra;
   int extra_kind[QC_MAX_EXTRA]; /* 0 POSITION, 1 CHANNEL, 3 SCALAR */
   int mr;

@@ -169,7 +169,9 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
             bias = b.load(b.gep(slot(SLOT_BIAS, PTR), [r], source_etype=I32), typ=I32)
             sums = [b.add(v, broadcast(b, bias, lanes)) for v in sums]
         rows_sums.append(sums)
-    if params.mode == QUANT:
+    if params.mode == QUANT and params.out_blocked:
+        _requantize_blocked(b, params, slot, rows, rows_sums, m0, out_off, ohw, masks, full, lanes)
+    elif params.mode == QUANT:
         for i in range(mi):
             _requantize(b, params, slot, rows[i], rows_sums[i], b.add(out_off, b.mul(rows[i], ohw)), masks, full,
                         lanes)
@@ -219,22 +221,56 @@ def _float_epilogue(b, params, program, slot, rows, rows_sums, out_off, ohw, mas
                     b.store(values[v.name], b.bitcast(ptr, fty.as_pointer()), align=4)
 
 
-def _requantize(b, params, slot, r, sums, row_off, masks, full, lanes: int) -> None:
-    """QUANT's epilogue for one channel: float(S + bias) * scale, rounded half to even, plus the output's zero point,
-    clamped to the range the Relu or Clip leaves, stored as bytes (the partial panel through a mask)."""
+def _requantized(b, params, slot, r, sums, lanes: int) -> list:
+    """QUANT's arithmetic for one channel: float(S + bias) * scale, rounded half to even, plus the output's zero
+    point, clamped to the range the Relu or Clip leaves (int32 vectors)."""
     bias = b.load(b.gep(slot(SLOT_BIAS, PTR), [r], source_etype=I32), typ=I32)
     scale = b.load(b.gep(slot(SLOT_SCALE, PTR), [r], source_etype=F32), typ=F32)
     fty, ity = ir.VectorType(F32, lanes), ir.VectorType(I32, lanes)
     lo, hi = (broadcast(b, ir.Constant(I32, v), lanes) for v in params.clamp)
-    out = slot(SLOT_OUT, PTR)
-    packed = []
+    out = []
     for s in sums:
         x = b.fmul(b.sitofp(b.add(s, broadcast(b, bias, lanes)), fty), broadcast(b, scale, lanes))
         q = b.fptosi(intrinsic(b, f"llvm.roundeven.v{lanes}f32", fty, [x]), ity)
         q = b.add(q, broadcast(b, ir.Constant(I32, params.out_zero), lanes))
         q = b.select(b.icmp_signed("<", q, lo), lo, q)
-        q = b.select(b.icmp_signed(">", q, hi), hi, q)
-        packed.append(b.trunc(q, ir.VectorType(I8, lanes)))
+        out.append(b.select(b.icmp_signed(">", q, hi), hi, q))
+    return out
+
+
+def _requantize_blocked(b, params, slot, rows, rows_sums, m0, out_off, ohw, masks, full, lanes: int) -> None:
+    """QUANT's epilogue into the blocked layout (layout.py): per group of 4 channels, a pixel's 4 bytes as one word,
+    the rows past the tile's zero (the padding channels of the last group); `ohw` is the bytes between groups and
+    m0 a multiple of 4."""
+    nr = PANEL // lanes
+    ity = ir.VectorType(I32, lanes)
+    byte = broadcast(b, ir.Constant(I32, 255), lanes)
+    qs = [_requantized(b, params, slot, r, sums, lanes) for r, sums in zip(rows, rows_sums)]
+    out = slot(SLOT_OUT, PTR)
+    stores = []
+    for grp in range(-(-len(rows) // 4)):
+        base = b.add(out_off, b.mul(b.add(b.ashr(m0, ir.Constant(I64, 2)), ir.Constant(I64, grp)), ohw))
+        for j in range(nr):
+            word = None
+            for i in range(4 * grp, min(4 * grp + 4, len(rows))):
+                v = b.and_(qs[i][j], byte) if params.out_signed else qs[i][j]  # an s8 byte's two's complement
+                if i % 4:
+                    v = b.shl(v, broadcast(b, ir.Constant(I32, 8 * (i % 4)), lanes))
+                word = v if word is None else b.or_(word, v)
+            stores.append((b.gep(out, [b.add(base, ir.Constant(I64, j * lanes * 4))], source_etype=I8), word, j))
+    with b.if_else(full) as (then, otherwise):
+        with then:
+            for ptr, word, _ in stores:
+                b.store(word, b.bitcast(ptr, ity.as_pointer()), align=4)
+        with otherwise:
+            for ptr, word, j in stores:
+                masked_store(b, word, ptr, masks[j], 4)
+
+
+def _requantize(b, params, slot, r, sums, row_off, masks, full, lanes: int) -> None:
+    """QUANT's epilogue for one channel (_requantized), stored as bytes (the partial panel through a mask)."""
+    out = slot(SLOT_OUT, PTR)
+    packed = [b.trunc(q, ir.VectorType(I8, lanes)) for q in _requantized(b, params, slot, r, sums, lanes)]
 
     def store(masked: bool):
         for j, v in enumerate(packed):

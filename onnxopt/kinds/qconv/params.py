@@ -9,6 +9,7 @@ from onnxopt.fusion.params import KindParams
 
 PANEL = 16  # output pixels per packed panel of activations: two AVX2 vectors of 8 s32 lanes, one AVX-512 vector
 POSITION, CHANNEL, SCALAR = 0, 1, 3  # how a float epilogue input broadcasts (fusion/compute.py's kinds)
+BLOCK = 4  # channels a group of the blocked int8 layout: the 4 bytes of K the dot-product instructions take
 FLOAT, QUANT = 0, 1  # the epilogue: a float program (ConvInteger -> Cast -> ...) or a requantization (QDQ unit)
 
 
@@ -36,6 +37,9 @@ class QConvParams(KindParams):
     out_zero: int = 0  # QUANT: the output's zero point
     mr: int = 4  # the schedule (onnxopt/tune/int8_schedule.py): output channels a tile (the unrolled rows)
     tasks: int = 16  # the schedule: most tasks a call is split into (the parallel extent)
+    # int8 tensors between qconv kernels (layout.py): [N, ceil(C / 4), H, W, 4], channels past C zero
+    in_blocked: bool = False
+    out_blocked: bool = False
     body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
 
     def key(self) -> list:
@@ -43,7 +47,14 @@ class QConvParams(KindParams):
                 self.k4, self.group, self.mode, self.has_asum, self.has_fix, self.act_signed, self.implicit,
                 self.depthwise, self.int_bias,
                 list(self.extra_kinds),
-                self.out_signed, list(self.clamp), self.out_zero, self.mr, self.tasks]
+                self.out_signed, list(self.clamp), self.out_zero, self.mr, self.tasks, self.in_blocked,
+                self.out_blocked]
+
+    def tensor_lanes(self) -> int:
+        return BLOCK if self.in_blocked or self.out_blocked else 0
+
+    def blocked_io(self) -> tuple[bool, bool]:
+        return self.in_blocked, self.out_blocked
 
     def fallback_body(self) -> list:
         return list(self.body)
