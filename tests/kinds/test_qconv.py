@@ -158,13 +158,21 @@ def test_packing_round_trips_and_no_pair_can_saturate():
         np.testing.assert_array_equal(t["vsum"], v.sum(axis=1))
         np.testing.assert_array_equal(t["dvec"], np.full(9, shift - int(zw)))
         assert t["fix_offsets"][0] == 0 and t["fix_offsets"][-1] == len(t["fix_entries"])
-        for r in range(9):  # each channel's (k, residual) pairs, in order of k
+        ends = np.searchsorted(t["fix_index"][:, 0], np.arange(10))
+        for r in range(9):  # each channel's groups of 4 k with residuals, in order, and their s8 quads
             lo, hi = t["fix_offsets"][r], t["fix_offsets"][r + 1]
-            assert np.all(np.diff(t["fix_index"][lo:hi, 1]) > 0) and np.all(t["fix_index"][lo:hi, 0] == r)
-            np.testing.assert_array_equal(t["fix_entries"][lo:hi, 1], t["fix_update"][lo:hi])
-            k = t["fix_index"][lo:hi, 1]  # the kernel's k: group-major ones name the tap apart
-            want = (k // 4 % 9) << TAP_SHIFT | (k // 4 // 9) * 4 + k % 4 if group_major else k
-            np.testing.assert_array_equal(t["fix_entries"][lo:hi, 0], want)
+            k = t["fix_index"][ends[r]:ends[r + 1], 1]
+            assert np.all(np.diff(k) > 0) and np.all(t["fix_index"][ends[r]:ends[r + 1], 0] == r)
+            groups = np.unique(k // 4)
+            assert hi - lo == len(groups)
+            quads = np.ascontiguousarray(t["fix_entries"][lo:hi, 1]).view(np.int8).reshape(-1, 4).astype(np.int32)
+            want = np.zeros_like(quads)
+            want[np.searchsorted(groups, k // 4), k % 4] = t["fix_update"][ends[r]:ends[r + 1]]
+            np.testing.assert_array_equal(quads, want)
+            assert np.all(np.abs(quads[:, 0::2]) + np.abs(quads[:, 1::2]) <= 128)  # a quad cannot saturate
+            # the kernel's k, a group's first: group-major ones name the tap apart
+            first = (groups % 9) << TAP_SHIFT | (groups // 9) * 4 if group_major else groups * 4
+            np.testing.assert_array_equal(t["fix_entries"][lo:hi, 0], first)
 
 
 def test_refusals_say_why():

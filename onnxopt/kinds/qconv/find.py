@@ -72,13 +72,13 @@ def pack(w: np.ndarray, w_zero: np.ndarray, group_major: bool = False) -> dict[s
     """Weights [cout, cin, kh, kw] (u8 or s8; cin per group) and their zero point (one value) for the kernel:
     "packed" [cout][k4] s8 with k = tap * cin4 + channel (channels padded to a multiple of 4, so the 4 k of a group
     are 4 channels of one tap and share the window's position: exec.c packs the activations in that order), or with
-    one input channel (depthwise) k = tap, taps padded to a multiple of 4; pairs split so none
-    saturates; "vsum" int32 [cout] (sum of w - zw), "dvec" int32 [cout] (what each activation adds besides its
-    weight: 128 - zw for u8 weights, -zw for s8); the corrections ("fix_offsets" int32 [cout + 1], "fix_entries"
-    int32 [count, 2]: k, residual; group-major: tap << TAP_SHIFT | channel, residual) and the same for the
-    fallback's ScatterND ("fix_index" int64 [count, 2]:
-    channel, k; "fix_update" int32). `group_major` (the implicit form's): k = (channel group * taps + tap) * 4 +
-    channel % 4 instead, so that the tile's K loop takes a channel group's taps one after another."""
+    one input channel (depthwise) k = tap, taps padded to a multiple of 4; pairs split so none saturates; "vsum"
+    int32 [cout] (sum of w - zw), "dvec" int32 [cout] (what each activation adds besides its weight: 128 - zw for
+    u8 weights, -zw for s8); the corrections ("fix_offsets" int32 [cout + 1], "fix_entries" int32 [count, 2]: a
+    group's first k, its 4 residuals as s8 bytes; group-major: tap << TAP_SHIFT | channel) and the same for the
+    fallback's ScatterND ("fix_index" int64 [count, 2]: channel, k; "fix_update" int32). `group_major` (the
+    implicit form's): k = (channel group * taps + tap) * 4 + channel % 4 instead, so that the tile's K loop takes a
+    channel group's taps one after another."""
     cout, cin, kh, kw = w.shape
     cin4 = -(-cin // 4) * 4
     zw = np.broadcast_to(np.asarray(w_zero, np.int32).reshape(-1), (cout,))
@@ -97,14 +97,21 @@ def pack(w: np.ndarray, w_zero: np.ndarray, group_major: bool = False) -> dict[s
     order = np.lexsort((kk, row))
     row, kk, residual = row[order], kk[order], residual[order]
     flat = w.reshape(cout, -1).astype(np.int32)
-    # The kernel's k: group-major ones as tap << TAP_SHIFT | channel (the tile finds a tap's window without a
-    # division); the fallback's fix_index keeps the packed column.
-    group, q = np.divmod(kk, 4)
-    k_kernel = (group % (kh * kw)) << TAP_SHIFT | (group // (kh * kw)) * 4 + q if group_major else kk
+    # The kernel's corrections are per (channel, group of 4 k): the residuals as one s8 quad that the tile runs
+    # through the instruction itself, as it runs the safe weights (a pair holds at most one residual, |r| <= 126,
+    # so a quad cannot saturate either). A group's k: group-major ones as tap << TAP_SHIFT | channel (the tile
+    # finds a tap's window without a division); the fallback's fix_index keeps the packed column.
+    key = row * (k4 // 4) + kk // 4
+    uniq, first = np.unique(key, return_index=True)
+    quads = np.zeros((len(uniq), 4), np.int8)
+    quads[np.searchsorted(uniq, key), kk % 4] = residual
+    group = kk[first] // 4
+    k_kernel = (group % (kh * kw)) << TAP_SHIFT | (group // (kh * kw)) * 4 if group_major else group * 4
     return {"packed": safe, "vsum": (flat - zw[:, None]).sum(axis=1).astype(np.int32),
             "dvec": (shift - zw).astype(np.int32),
-            "fix_offsets": np.searchsorted(row, np.arange(cout + 1)).astype(np.int32),
-            "fix_entries": np.stack([k_kernel, residual], axis=1).astype(np.int32).reshape(-1, 2),
+            "fix_offsets": np.searchsorted(row[first], np.arange(cout + 1)).astype(np.int32),
+            "fix_entries": np.stack([k_kernel, quads.view(np.int32).reshape(-1)], axis=1).astype(np.int32
+                                                                                                ).reshape(-1, 2),
             "fix_index": np.stack([row, kk], axis=1).astype(np.int64).reshape(-1, 2),
             "fix_update": residual.astype(np.int32)}
 

@@ -20,7 +20,7 @@ typedef struct { /* mirrors the slots of lower.py */
   int64_t ncols;         /* valid pixels in the panel */
   int64_t out_off;       /* the element of (image, channel 0, the panel's first pixel) in the output */
   int64_t ohw;           /* elements between channels of the output (blocked: bytes between groups of 4) */
-  const int32_t *fix_offsets, *fix_entries; /* per channel [cout + 1]; (k, residual) pairs */
+  const int32_t *fix_offsets, *fix_entries; /* per channel [cout + 1]; (a group's first k, its 4 s8 residuals) */
   int64_t chan_base;     /* image * cout: a CHANNEL input's index is (chan_base + channel) % its count */
   const int32_t *bias;   /* QUANT, or FLOAT with int_bias: the int32 bias per channel */
   const float *scale;    /* QUANT: x_scale * w_scale / y_scale per channel */

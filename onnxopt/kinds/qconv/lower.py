@@ -56,38 +56,31 @@ SLOT_DW_IN, SLOT_DW_W, SLOT_DW_WP, SLOT_DW_Y0, SLOT_DW_Y1, SLOT_DW_OW = range(SL
                                                                          SLOT_EXTRA_COUNT + MAX_EXTRA + 6)
 
 
-def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int, signed: bool) -> list:
-    """A row's accumulators plus its split pairs' residuals: acc += a[k] * residual for each (k, residual) of the
-    channel, a[k] of every pixel being byte k % 4 of its 4 at `group_at(k)` (the address of k's group of 4), read
-    as s8 where the packed activations are (`signed`)."""
+def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int, emit) -> list:
+    """A row's accumulators plus its split pairs' residuals: per (group of 4 k, quad of s8 residuals) entry of the
+    channel, the panel's activations at `group_at(k)` (the address of k's group) times the quad, on the
+    instruction (`emit`) as the K loop runs the safe weights."""
     acc_t = acc[0].type
+    src_t = ir.VectorType(I8, 4 * lanes)
     lo = b.sext(b.load(b.gep(offsets, [row], source_etype=I32), typ=I32), I64)
     hi = b.sext(b.load(b.gep(offsets, [b.add(row, ir.Constant(I64, 1))], source_etype=I32), typ=I32), I64)
-    top = ir.Constant(I32, 24)
 
     def entry(e, carried):
         k = b.load(b.gep(entries, [b.mul(e, ir.Constant(I64, 2))], source_etype=I32), typ=I32)
-        res = b.load(b.gep(entries, [b.add(b.mul(e, ir.Constant(I64, 2)), ir.Constant(I64, 1))], source_etype=I32),
-                     typ=I32)
+        quad = b.load(b.gep(entries, [b.add(b.mul(e, ir.Constant(I64, 2)), ir.Constant(I64, 1))], source_etype=I32),
+                      typ=I32)
         at = group_at(b.sext(k, I64))
-        # byte k % 4 of each lane moved to the top, then down again with or without its sign
-        up = broadcast(b, b.mul(b.sub(ir.Constant(I32, 3), b.and_(k, ir.Constant(I32, 3))), ir.Constant(I32, 8)),
-                       lanes)
-        down = broadcast(b, top, lanes)
-        r = broadcast(b, res, lanes)
-        out = []
-        for j in range(nr):
-            v = b.shl(b.load(b.gep(at, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=acc_t, align=4), up)
-            a = b.ashr(v, down) if signed else b.lshr(v, down)
-            out.append(b.add(carried[j], b.mul(a, r)))
-        return out
+        wv = b.bitcast(broadcast(b, quad, lanes), src_t)
+        return [emit(b, carried[j], b.load(b.gep(at, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=src_t,
+                                           align=4), wv) for j in range(nr)]
 
+    assert acc_t.count == lanes
     return for_range(b, lo, hi, ir.Constant(I64, 1), entry, acc)
 
 
-def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int,
-                signed: bool = False) -> None:
-    """`signed`: the instruction takes s8 activations (sdot), packed so by exec.c."""
+def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int) -> None:
+    """mi output channels x one panel on the instruction `emit` (codegen/instructions), whose activation operand
+    exec.c packs with the instruction's signedness."""
     nr = PANEL // lanes
     b, slot = record_function(module, name)
     w, panel, vsum = slot(SLOT_W, PTR), slot(SLOT_PANEL, PTR), slot(SLOT_VSUM, PTR)
@@ -145,7 +138,7 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
         offsets, entries = slot(SLOT_FIX_OFFSETS, PTR), slot(SLOT_FIX_ENTRIES, PTR)
         for i in range(mi):
             acc[i * nr:(i + 1) * nr] = _corrections(b, acc[i * nr:(i + 1) * nr], group_at, offsets, entries, rows[i],
-                                                    nr, lanes, signed)
+                                                    nr, lanes, emit)
     za = b.trunc(azp, I32)
     asums = []
     if params.has_asum:
@@ -373,7 +366,7 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
         if p.depthwise:
             break
         names.append(f"{region.op_type}_m{mi}")
-        define_tile(module, names[-1], p, region.program, ins.emit, ins.lanes, mi, signed_operand(ins))
+        define_tile(module, names[-1], p, region.program, ins.emit, ins.lanes, mi)
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     i32 = ONNX_ENUM["int32"]
