@@ -205,11 +205,19 @@ static void qc_pack_panel_blocked(const qc_job *j, int64_t panel) {
         for (int t = 0; t < QC_PANEL; t++) o32[t] = src[p0 + t] ^ flip;
         continue;
       }
+      if (r.nseg == 1 && r.lo[0] == 0 && r.hi[0] == QC_PANEL && d->sw == 1) { /* one run inside the image */
+        const uint32_t *row = src + r.at[0];
+        for (int t = 0; t < QC_PANEL; t++) o32[t] = row[t] ^ flip;
+        continue;
+      }
       for (int sg = 0; sg < r.nseg; sg++) {
         int t0 = r.seg[sg], t1 = r.seg[sg + 1];
         const uint32_t *row = src + r.at[sg];
         for (int t = t0; t < r.lo[sg]; t++) o32[t] = pad;
-        for (int t = r.lo[sg]; t < r.hi[sg]; t++) o32[t] = row[(t - r.lo[sg]) * d->sw] ^ flip;
+        if (d->sw == 1)
+          for (int t = r.lo[sg]; t < r.hi[sg]; t++) o32[t] = row[t - r.lo[sg]] ^ flip;
+        else
+          for (int t = r.lo[sg]; t < r.hi[sg]; t++) o32[t] = row[(t - r.lo[sg]) * d->sw] ^ flip;
         for (int t = r.hi[sg]; t < t1; t++) o32[t] = pad;
       }
       for (int t = r.valid; t < QC_PANEL; t++) o32[t] = 0; /* past the image's last pixel */
