@@ -75,17 +75,22 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
       64 a + 8 b + c (digits within [-4, 7]), each exact below 2^24 (K * 255 * 7 for K up to 8192:
       onnxopt/kinds/qconv MAX_K), summed in int32.
     - QuantizeLinear (constant scale and zero point): x / scale + zero point, clamped to the type's range, as float:
-      a quantized output is then compared in steps (verify.compare).
+      a quantized output is then compared in steps (verify.compare); one that other nodes read (an int8
+      convolution's elementwise tail) stays a QuantizeLinear.
     - QLinearConv and QLinearMatMul (constant weights and scales): the ConvInteger or MatMulInteger above plus the
-      int32 bias, times x_scale * w_scale / y_scale, plus the zero point, clamped, in steps as a QuantizeLinear's."""
+      int32 bias, times x_scale * w_scale / y_scale, plus the zero point, clamped, in steps as a QuantizeLinear's;
+      and so each QDQ convolution unit of constant scales, s8 weights and the quantizer's int32 bias
+      (_qdq_convs_in_steps)."""
     ops = {"MatMulInteger", "ConvInteger", "QuantizeLinear", "QLinearConv", "QLinearMatMul"}
     if not any(n.op_type in ops for n in model.graph.node):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = {t.name: t for t in model.graph.initializer}
+    read = {x for n in model.graph.node for x in n.input}  # a quantizer's result other nodes read keeps its type
     nodes, stepped = [], {}
-    for k, n in enumerate(_qlinear_in_steps(out, inits, stepped)):
+    _qdq_convs_in_steps(out, inits, stepped, read)
+    for k, n in enumerate(_qlinear_in_steps(out, inits, stepped, read)):
         u = f"__exact{k}"
         if n.op_type == "MatMulInteger":
             a, b = _minus_zero(nodes, u, n, onnx.TensorProto.INT32, weights_axis=None)
@@ -117,7 +122,7 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
                     total = out_name
                 if not last:
                     w = f"{u}_w{d}"
-        elif n.op_type == "QuantizeLinear" and _steps(nodes, u, n, inits, stepped) is not None:
+        elif n.op_type == "QuantizeLinear" and n.output[0] not in read and _steps(nodes, u, n, inits, stepped):
             pass
         else:
             nodes.append(n)
@@ -129,7 +134,114 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _qlinear_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -> list:
+def _qdq_convs_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict, read: set) -> None:
+    """Each QDQ convolution unit DequantizeLinear(x) -> Conv(DequantizeLinear(W s8), DequantizeLinear(bias int32,
+    scale x_scale * w_scale)) -> [Relu] -> QuantizeLinear, all constant but x, replaced in `model` by its exact
+    integer form (as the int8 conv kind computes it): ConvInteger -> Add(bias) -> Cast -> Mul(x_scale * w_scale /
+    y_scale) -> Add(zero point) -> Max -> Min, in steps, or rounded half to even to its type where other nodes
+    (`read`) read it. A float Conv's rounding moves a value at a step's midpoint by one step, which an elementwise tail after
+    the unit (kinds/qconv/lookup.py) would carry on as more."""
+    g = model.graph
+    graph_nodes = list(g.node)
+    producer = {o: i for i, n in enumerate(graph_nodes) for o in n.output if o}
+    consumers: dict[str, list] = {}
+    for i, n in enumerate(graph_nodes):
+        for x in n.input:
+            consumers.setdefault(x, []).append(i)
+
+    def const(name):
+        t = inits.get(name) if name else None
+        return None if t is None else numpy_helper.to_array(t)
+
+    def dq_of(name):
+        i = producer.get(name)
+        while i is not None and graph_nodes[i].op_type == "Identity":
+            i = producer.get(graph_nodes[i].input[0])
+        return graph_nodes[i] if i is not None and graph_nodes[i].op_type == "DequantizeLinear" else None
+
+    replaced: dict[int, list] = {}
+    dropped: set[int] = set()
+    for k, conv in enumerate(graph_nodes):
+        if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.input) < 2:
+            continue
+        xdq, wdq = dq_of(conv.input[0]), dq_of(conv.input[1])
+        if xdq is None or wdq is None or len(xdq.input) < 3:
+            continue
+        # x's zero point may be an input (a region's check feeds it): ConvInteger takes it as one
+        sx, zx, w, sw = const(xdq.input[1]), const(xdq.input[2]), const(wdq.input[0]), const(wdq.input[1])
+        zw = const(wdq.input[2]) if len(wdq.input) > 2 else None
+        if any(v is None for v in (sx, w, sw)) or sx.size != 1 or (zx is not None and zx.size != 1) or \
+                w.dtype != np.int8 or \
+                (zw is not None and np.any(zw != 0)) or sw.size not in (1, w.shape[0]):
+            continue
+        cout = w.shape[0]
+        sw = np.broadcast_to(sw.astype(np.float32).reshape(-1), (cout,))
+        bias = np.zeros(cout, np.int32)
+        if len(conv.input) > 2 and conv.input[2]:
+            bdq = dq_of(conv.input[2])
+            b, sb = (const(bdq.input[0]), const(bdq.input[1])) if bdq is not None else (None, None)
+            if b is None or sb is None or b.dtype != np.int32 or b.size != cout or \
+                    not np.allclose(np.broadcast_to(sb.reshape(-1), (cout,)), np.float32(sx) * sw, rtol=1e-6):
+                continue
+            bias = b.reshape(-1)
+        after = consumers.get(conv.output[0], [])
+        relu = after[0] if len(after) == 1 and graph_nodes[after[0]].op_type == "Relu" else None
+        if relu is not None:
+            after = consumers.get(graph_nodes[relu].output[0], [])
+        if len(after) != 1 or graph_nodes[after[0]].op_type != "QuantizeLinear" or \
+                len(graph_nodes[after[0]].input) < 3:
+            continue
+        q = graph_nodes[after[0]]
+        sy, zy = const(q.input[1]), const(q.input[2])
+        if sy is None or zy is None or sy.size != 1 or zy.size != 1 or zy.dtype not in (np.uint8, np.int8) or \
+                any(a.name != "axis" for a in q.attribute):
+            continue
+        u = f"__qdq_steps{k}"
+        lo = float(zy.reshape(())) if relu is not None else (0.0 if zy.dtype == np.uint8 else -128.0)
+        hi = 255.0 if zy.dtype == np.uint8 else 127.0
+        consts = {"bias": bias.reshape(-1, 1, 1), "scale": (np.float32(sx) * sw / np.float32(sy)).reshape(-1, 1, 1),
+                  "zy": np.float32(zy.reshape(())), "lo": np.float32(lo), "hi": np.float32(hi)}
+        for key, v in consts.items():
+            t = numpy_helper.from_array(np.asarray(v), f"{u}_{key}")
+            g.initializer.append(t)
+            inits[t.name] = t
+        conv_int = helper.make_node("ConvInteger", [xdq.input[0], wdq.input[0], xdq.input[2]], [f"{u}_acc"],
+                                    name=conv.name)
+        conv_int.attribute.extend(conv.attribute)
+        nodes = [conv_int, helper.make_node("Add", [f"{u}_acc", f"{u}_bias"], [f"{u}_b"]),
+                 helper.make_node("Cast", [f"{u}_b"], [f"{u}_f"], to=onnx.TensorProto.FLOAT),
+                 helper.make_node("Mul", [f"{u}_f", f"{u}_scale"], [f"{u}_s"])]
+        nodes += _requantized(u, f"{u}_s", q.output[0], zy.dtype, q.output[0] in read, stepped)
+        dropped |= {k} | ({relu} if relu is not None else set())
+        replaced[after[0]] = nodes
+    if not replaced:
+        return
+    new = []
+    for i, n in enumerate(graph_nodes):
+        if i in dropped:
+            continue
+        new.extend(replaced.get(i, [n]))
+    del g.node[:]
+    g.node.extend(new)
+
+
+def _requantized(u: str, scaled: str, out: str, dtype, rounded: bool, stepped: dict) -> list:
+    """`scaled` (S times the scale, float) plus the zero point `{u}_zy`, clamped to [`{u}_lo`, `{u}_hi`] into `out`:
+    in steps (recorded in `stepped`), or `rounded` half to even first and cast to `dtype`, as QuantizeLinear and
+    QLinearConv round (before the zero point: added after, a value a hair off a midpoint can land on it)."""
+    if not rounded:
+        stepped[out] = True
+        return [helper.make_node("Add", [scaled, f"{u}_zy"], [f"{u}_z"]),
+                helper.make_node("Max", [f"{u}_z", f"{u}_lo"], [f"{u}_m"]),
+                helper.make_node("Min", [f"{u}_m", f"{u}_hi"], [out])]
+    return [helper.make_node("Round", [scaled], [f"{u}_r"]),
+            helper.make_node("Add", [f"{u}_r", f"{u}_zy"], [f"{u}_z"]),
+            helper.make_node("Max", [f"{u}_z", f"{u}_lo"], [f"{u}_m"]),
+            helper.make_node("Min", [f"{u}_m", f"{u}_hi"], [f"{u}_c"]),
+            helper.make_node("Cast", [f"{u}_c"], [out], to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))]
+
+
+def _qlinear_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict, read: set) -> list:
     """`model`'s nodes with each QLinearConv (QLinearMatMul) of constant weights and scales as ConvInteger
     (MatMulInteger) -> Add(bias) -> Cast -> Mul(x_scale * w_scale / y_scale) -> Add(zero point) -> Max -> Min: its
     result in steps before rounding (float; recorded in `stepped`). Initializers it needs are added to `model` and
@@ -160,12 +272,8 @@ def _qlinear_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict) -> lis
             nodes.append(helper.make_node("Add", [acc, f"{u}_bias"], [f"{u}_biased"]))
             acc = f"{u}_biased"
         nodes += [helper.make_node("Cast", [acc], [f"{u}_f"], to=onnx.TensorProto.FLOAT),
-                  helper.make_node("Mul", [f"{u}_f", f"{u}_scale"], [f"{u}_s"]),
-                  helper.make_node("Add", [f"{u}_s", f"{u}_zy"], [f"{u}_z"]),
-                  helper.make_node("Max", [f"{u}_z", f"{u}_lo"], [f"{u}_m"]),
-                  helper.make_node("Min", [f"{u}_m", f"{u}_hi"], [n.output[0]])]
-        stepped[n.output[0]] = True
-        return nodes
+                  helper.make_node("Mul", [f"{u}_f", f"{u}_scale"], [f"{u}_s"])]
+        return nodes + _requantized(u, f"{u}_s", n.output[0], zy.dtype, n.output[0] in read, stepped)
 
     return expand_qlinear_products(model, expand)
 

@@ -200,3 +200,29 @@ def drop_shapes(model: onnx.ModelProto, names) -> None:
     for v in list(model.graph.input) + list(model.graph.output):
         if v.name in names:
             v.type.tensor_type.ClearField("shape")
+
+
+def qdq_tail(kind: str, c: int, rng, signed_out: bool) -> tuple[list, list]:
+    """(nodes from "y" (a QDQ unit's quantized output, sy and zy its scale and zero point) to "z", their
+    initializers): "bn_hardswish" (BatchNormalization, then HardSwish, each requantized: the orientation
+    classifier's) or "silu" (x * Sigmoid(x), the Sigmoid's output requantized, x read twice)."""
+    zt = np.int8 if signed_out else np.uint8
+    inits = [numpy_helper.from_array(np.float32(0.07), "s1"), numpy_helper.from_array(np.array(3, np.uint8), "z1"),
+             numpy_helper.from_array(np.float32(0.05), "s2"), numpy_helper.from_array(np.array(-4 if signed_out else 9,
+                                                                                                  zt), "z2")]
+    nodes = [helper.make_node("DequantizeLinear", ["y", "sy", "zy"], ["t0"])]
+    if kind == "bn_hardswish":
+        inits += [numpy_helper.from_array(v.astype(np.float32), n) for n, v in
+                  (("g", rng.uniform(0.5, 2, c)), ("b", rng.normal(0, 0.5, c)), ("m", rng.normal(0, 0.3, c)),
+                   ("v", rng.uniform(0.5, 2, c)))]
+        nodes += [helper.make_node("BatchNormalization", ["t0", "g", "b", "m", "v"], ["t1"]),
+                  helper.make_node("QuantizeLinear", ["t1", "s1", "z1"], ["q1"]),
+                  helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["t2"]),
+                  helper.make_node("HardSwish", ["t2"], ["t3"])]
+    else:
+        nodes += [helper.make_node("Sigmoid", ["t0"], ["t1"]),
+                  helper.make_node("QuantizeLinear", ["t1", "s1", "z1"], ["q1"]),
+                  helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["t2"]),
+                  helper.make_node("Mul", ["t0", "t2"], ["t3"])]
+    nodes.append(helper.make_node("QuantizeLinear", ["t3", "s2", "z2"], ["z"]))
+    return nodes, inits

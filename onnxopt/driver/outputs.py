@@ -148,11 +148,13 @@ class OutputStage:
     def _without_quantized(self, plan: list[Region]) -> list[Region]:
         """The plan less the regions that would take a node of a quantized pattern from onnxruntime; an int8 GEMM
         region (onnxopt/kinds/qmatmul, qconv) may take an integer product with its rescaling, or a QDQ convolution unit
-        with its requantization, which it runs whole."""
+        with its requantization, which it runs whole, and the quantized elementwise tail after it that its tables
+        run as onnxruntime's nodes do (kinds/qconv/lookup.py)."""
         out = []
         beside_int8_units = self.quantized - self.int8_units
         for r in plan:
-            guarded = beside_int8_units if r.params.family in INT8_FAMILIES else self.quantized
+            guarded = beside_int8_units - set(r.params.runs_as_onnxruntime()) if r.params.family in INT8_FAMILIES \
+                else self.quantized
             if any((n.output[0] if n.output else n.name) in guarded for n in r.nodes):
                 if not r.rejected:
                     self._reject(r, "part of a quantized pattern that onnxruntime runs as an int8 kernel "

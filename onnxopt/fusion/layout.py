@@ -15,6 +15,10 @@ elementwise region, stay NCHW.
 The layout is part of each fused op: its attributes (in the op type's hash), its packed weights, and its function
 fallback, which wraps the original ops in Transpose/Reshape (and Pad/Slice when C is not a multiple of L) so that
 it computes the same blocked tensors without the library.
+
+A registered kind may block its own tensors (its `Kind.layouts`, in the same plan: int8 ones between qconv
+kernels, blocked by 4, kinds/qconv/layout.py); `blocked_inputs` and `blocked_outputs` read its params'
+`blocked_io()`, so the checks, the decision and the emitter treat them as these.
 """
 
 from __future__ import annotations

@@ -41,6 +41,11 @@ class KindParams:
         """The nodes of the function fallback when they are not the region's own ([]: the region's nodes)."""
         return []
 
+    def runs_as_onnxruntime(self) -> tuple:
+        """The outputs of the nodes of quantized patterns that the kernel computes as onnxruntime's own ops do (the
+        qconv kind's tables, made by running them): the driver lets it take them (driver/outputs.py)."""
+        return ()
+
     def replaced(self) -> list:
         """The passthrough regions this kernel replaces: they come back into the plan if its kernel is rejected."""
         return []

@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 import pytest
 from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, drop_shapes, grouping,
-                         matmul_exact, matmul_integer_model, matmul_operands, qdq_conv_model, qlinear_matmul_case,
-                         quantized_cnn)
+                         matmul_exact, matmul_integer_model, matmul_operands, qdq_conv_model, qdq_tail,
+                         qlinear_matmul_case, quantized_cnn)
 from kind_harness import fuse_kind
 from onnx import helper
 
@@ -207,6 +207,48 @@ def test_blocked_int8_kernels_are_exact_under_qemu(tmp_path):
         jobs.append({"model": str(tmp_path / f"blocked{i}.onnx"), "library": lib,
                      "inputs": {"xq": to_blocked(feeds["xq"], 4)}})
         wants.append(to_blocked(want, 4))
+    for i, (got, want) in enumerate(zip(emulator.run_sessions(jobs), wants)):
+        np.testing.assert_array_equal(got[0], want, err_msg=f"case {i}")
+
+
+@needs_qemu
+def test_tails_through_tables_are_exact_under_qemu(tmp_path):
+    """A QDQ unit with its elementwise tail as tables (kinds/qconv/lookup.py: a load a lane on aarch64), on sdot and
+    on the depthwise tile: the tables' bytes at the exact convolution's values, bit for bit."""
+    from onnx import TensorProto, numpy_helper
+
+    from onnxopt.timing import make_session
+
+    rng = np.random.default_rng(23)
+    jobs, wants = [], []
+    for i, (cin, cout, group, kind) in enumerate(((9, 13, 1, "bn_hardswish"), (12, 12, 12, "silu"))):
+        attrs = conv_attrs(3, 3, 1, 1, 1, 7, 11, group)
+        wt = rng.integers(-127, 128, (cout, cin // group, 3, 3)).astype(np.int8)
+        sw = (rng.uniform(0.5, 2.0, cout) * 0.01).astype(np.float32)
+        bias = rng.integers(-3000, 3000, cout).astype(np.int32)
+        sx, sy, zx, zy = np.float32(0.02), np.float32(0.3), np.array(7, np.uint8), np.uint8(100)
+        model = qdq_conv_model(wt, sw, bias, sx, zx, sy, zy, attrs, (1, cin, 7, 11), False)
+        tail, inits = qdq_tail(kind, cout, rng, False)
+        model.graph.node.extend(tail)
+        model.graph.initializer.extend(inits)
+        del model.graph.output[:]
+        model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.UINT8, None))
+        model = onnx.shape_inference.infer_shapes(model)
+        fused, lib, region, _ = fuse_kind(QCONV, model, tmp_path, name=f"tail{i}.so", target=TARGET)
+        assert region.params.lut and region.params.depthwise == (group > 1)
+        x = rng.integers(0, 256, (1, cin, 7, 11)).astype(np.uint8)
+        exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"], group)
+        scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
+        q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale)
+        q = np.clip(q.astype(np.int64) + int(zy), 0, 255).astype(np.uint8)
+        tg = helper.make_graph(tail, "t", [helper.make_tensor_value_info("y", TensorProto.UINT8, list(q.shape))],
+                               [model.graph.output[0]], inits + [numpy_helper.from_array(sy, "sy"),
+                                                                 numpy_helper.from_array(zy, "zy")])
+        wants.append(make_session(helper.make_model(tg, opset_imports=[helper.make_opsetid("", 17)]), 1)
+                     .run(None, {"y": q})[0])
+        del fused.functions[:]
+        onnx.save(fused, tmp_path / f"tail{i}.onnx")
+        jobs.append({"model": str(tmp_path / f"tail{i}.onnx"), "library": lib, "inputs": {"xq": x}})
     for i, (got, want) in enumerate(zip(emulator.run_sessions(jobs), wants)):
         np.testing.assert_array_equal(got[0], want, err_msg=f"case {i}")
 

@@ -7,5 +7,12 @@ from .find import find_regions
 from .layout import assign
 from .lower import build
 
+
+
+def report(region, feeds, desc) -> dict:
+    """The elementwise tail its tables run (lookup.py), by the nodes' outputs."""
+    return {"tail": list(region.params.tail)} if region.params.lut else {}
+
+
 # Asked before the compute and elementwise rules, which would take the Cast -> Mul -> Add after a ConvInteger.
-KIND = Kind(name="qconv", find=find_regions, build=build, first=True, layouts=assign)
+KIND = Kind(name="qconv", find=find_regions, build=build, first=True, layouts=assign, report=report)

@@ -28,5 +28,5 @@ class QConvKernelDesc:
         return (f"{externs}{decls}static const onnxopt_qconv_desc {prefix}_desc = {{{sig}, "
                 f"{', '.join(str(v) for v in geometry)}, {p.mode}, {int(p.has_asum)}, {int(p.has_fix)}, "
                 f"{int(p.act_signed != self.packed_signed)}, {int(self.packed_signed)}, {int(p.implicit)}, "
-                f"{int(p.depthwise)}, {int(p.int_bias)}, {int(p.in_blocked)}, {int(p.out_blocked)}, "
+                f"{int(p.depthwise)}, {int(p.int_bias)}, {int(p.in_blocked)}, {int(p.out_blocked)}, {int(p.lut)}, "
                 f"{len(p.extra_kinds)}, {{{kinds}}}, {self.mr}, {p.tasks}, {{{', '.join(self.tiles)}}}}};\n")

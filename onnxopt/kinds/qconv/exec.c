@@ -496,6 +496,10 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
     j.proto.bias = (const int32_t *)data;
     CHECK(glue_input(ctx, in++, other, &other_rank, &data));
     j.proto.scale = (const float *)data;
+    if (d->lut) {
+      CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+      j.proto.lut = (const uint8_t *)data;
+    }
   }
   j.oh = (j.h + d->pt + d->pb - (d->dh * (d->kh - 1) + 1)) / d->sh + 1;
   j.ow = (j.w + d->pl + d->pr - (d->dw * (d->kw - 1) + 1)) / d->sw + 1;

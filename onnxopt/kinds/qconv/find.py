@@ -25,6 +25,7 @@ point. Its bias must be the quantizer's int32 one with scale x_scale * w_scale (
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -37,6 +38,7 @@ from onnxopt.fusion.elementwise import _attr
 from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 from onnxopt.graph.quantized import integer_product_units, quantized_nodes, qdq_conv_units
 
+from .lookup import lookup_table, tail_after
 from .params import FLOAT, QUANT, QConvParams
 
 _ONNX = ("", "ai.onnx")
@@ -461,7 +463,7 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     region = _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy, (lo_q, hi_q), q.output[0],
                            geo, fallback)
     claimed.update(members)
-    return region
+    return _with_tail(rule, region, claimed)
 
 
 def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy, clamp, out, geo, fallback):
@@ -498,6 +500,84 @@ def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy
                     list(shape) if shape is not None else None, params=params)
     region.initializers = inits + [numpy_helper.from_array(tables[key], name) for key, name in names.items()] + \
         [numpy_helper.from_array(extra[key], name) for key, name in enames.items()]
+    return region
+
+
+def _with_tail(rule, region: Region, claimed: set[int]) -> Region:
+    """The region with the elementwise tail after its quantized output as a table (lookup.py), when there is one;
+    the tail's nodes are claimed and join its function body."""
+    p, root, idx = region.params, region.outputs[0], rule.index
+    values: dict = {}
+
+    def value(name, depth=0):
+        """A constant, or one that a DequantizeLinear or Identity of constants computes (a quantized
+        BatchNormalization's scale): the quantizer leaves those unfolded."""
+        if name not in values:
+            v = rule._const(name)
+            k = idx.producer.get(name)
+            if v is None and k is not None and depth < 4:
+                n = idx.nodes[k]
+                ins = [value(x, depth + 1) if x else None for x in n.input]
+                if n.op_type == "Identity" and ins[0] is not None:
+                    v = ins[0]
+                elif n.op_type == "DequantizeLinear" and len(ins) == 3 and all(x is not None for x in ins):
+                    x, s, z = ins
+                    axis = next((a.i for a in n.attribute if a.name == "axis"), 1) % max(x.ndim, 1)
+                    along = [-1 if d == axis else 1 for d in range(x.ndim)] if s.size > 1 else [1] * x.ndim
+                    v = ((x.astype(np.int32) - z.astype(np.int32).reshape(along)).astype(np.float32) *
+                         s.astype(np.float32).reshape(along)).astype(np.float32)
+            values[name] = v
+        return values[name]
+
+    def const_shape(name):
+        v = value(name)
+        return None if v is None else list(v.shape)
+
+    found = tail_after(idx, root, claimed | {idx.producer[root]}, const_shape, rule.ew.dtype_of, p.cout)
+    if found is None:
+        return region
+    members, end = found
+    nodes = [_copy(idx.nodes[k]) for k in members]
+    inits, computed, makers = [], [], set()
+    for n in nodes:  # constants the graph computes become the body's own (Constant nodes), named apart
+        for k, x in enumerate(n.input):
+            if x and x != root and value(x) is not None:
+                if rule._const(x) is None:
+                    stack = [x]
+                    while stack:  # the nodes that compute it join the region: nothing else may read them
+                        m = idx.producer.get(stack.pop())
+                        if m is not None and rule._const(idx.nodes[m].output[0]) is None and m not in makers:
+                            makers.add(m)
+                            stack += [y for y in idx.nodes[m].input if y]
+                    n.input[k] = f"{x}__qcconst"
+                    computed.append(helper.make_node("Constant", [], [n.input[k]],
+                                                     value=numpy_helper.from_array(value(x), n.input[k])))
+                inits.append(numpy_helper.from_array(value(x), n.input[k]))
+    computed = list({c.output[0]: c for c in computed}.values())
+    inside = set(members) | makers
+    if makers & claimed or any(c not in inside for m in makers for c in idx.consumers.get(idx.nodes[m].output[0], [])) \
+            or any(idx.nodes[m].output[0] in idx.graph_outputs for m in makers):
+        return region
+    end_dtype = rule.ew.dtype_of(end)
+    try:
+        table = lookup_table(nodes, root, end, "int8" if p.out_signed else "uint8", end_dtype, p.cout,
+                             list({t.name: t for t in inits}.values()), [helper.make_opsetid("", rule.ew.opset)])
+    except Exception:  # noqa: BLE001 - a tail onnxruntime cannot run alone stays onnxruntime's
+        return region
+    name = f"{root}__qclut"
+    region.params = replace(p, lut=True, lut_offset=128 if p.out_signed else 0, out_signed=end_dtype == "int8",
+                            body=p.body + tuple(computed) + tuple(nodes),
+                            tail=tuple(idx.nodes[k].output[0] for k in sorted(inside)))
+    region.nodes = region.nodes + [idx.nodes[k] for k in sorted(inside)]
+    region.inputs = region.inputs + [name]
+    region.initializers = region.initializers + [numpy_helper.from_array(table, name)]
+    region.outputs = [end]
+    region.program = EwProgram(inputs=list(region.program.inputs), consts={},
+                               ops=[EwOp("Cast", (region.program.inputs[0].name,), end, end_dtype)],
+                               outputs=[Value(end, end_dtype)])
+    shape = rule.ew.shape_of(end)
+    region.shape = list(shape) if shape is not None else region.shape
+    claimed.update(inside)
     return region
 
 
@@ -546,4 +626,4 @@ def _qlinear_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     region = _quant_region(rule, node, [i], xq, act, node.input[2] or None, w, sw, bias, sx, sy, zy, clamp,
                            node.output[0], geo, fallback)
     claimed.add(i)
-    return region
+    return _with_tail(rule, region, claimed)

@@ -33,6 +33,7 @@ typedef struct { /* mirrors the slots of lower.py */
   const uint8_t *dw_in;
   const int32_t *dw_w;
   int64_t dw_wp, dw_y0, dw_y1, dw_ow;
+  const uint8_t *lut; /* QUANT with a tail (lookup.py): [cout][256] output bytes, 4 bytes of slack */
 } qc_tile;
 
 typedef void (*qconv_tile_fn)(const int64_t *tile);
@@ -49,6 +50,7 @@ typedef struct {
   int depthwise;  /* one input channel per output channel: tiles[0] runs a channel's rows on its padded plane */
   int int_bias;   /* FLOAT: an int32 bias per channel input, added before the Cast */
   int in_blocked, out_blocked; /* the input, the output as [n][c / 4][h][w][4], channels past c zero (layout.py) */
+  int lut;                     /* QUANT: the requantized values go through a table a channel (lookup.py) */
   int n_extra;
   int extra_kind[QC_MAX_EXTRA]; /* 0 POSITION, 1 CHANNEL, 3 SCALAR */
   int mr;

@@ -54,6 +54,7 @@ SLOT_EXTRA_COUNT = SLOT_EXTRA + MAX_EXTRA
 # zero point), the padded plane's row length, the output rows [y0, y1) and the output's width
 SLOT_DW_IN, SLOT_DW_W, SLOT_DW_WP, SLOT_DW_Y0, SLOT_DW_Y1, SLOT_DW_OW = range(SLOT_EXTRA_COUNT + MAX_EXTRA,
                                                                          SLOT_EXTRA_COUNT + MAX_EXTRA + 6)
+SLOT_LUT = SLOT_DW_OW + 1  # QUANT with a tail: the tables (lookup.py)
 
 
 def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int, emit) -> list:
@@ -228,7 +229,36 @@ def _requantized(b, params, slot, r, sums, lanes: int) -> list:
         q = b.add(q, broadcast(b, ir.Constant(I32, params.out_zero), lanes))
         q = b.select(b.icmp_signed("<", q, lo), lo, q)
         out.append(b.select(b.icmp_signed(">", q, hi), hi, q))
+    if params.lut:  # the tail (lookup.py): channel r's table at the value
+        table = b.gep(slot(SLOT_LUT, PTR), [b.mul(r, ir.Constant(I64, 256))], source_etype=I8)
+        offset = broadcast(b, ir.Constant(I32, params.lut_offset), lanes)
+        out = [_table_lookup(b, table, b.add(q, offset), lanes) for q in out]
     return out
+
+
+def _table_lookup(b, table, index, lanes: int):
+    """table[index] per lane as int32 0..255: on x86 AVX2's gather of a dword at each byte offset (the tables have
+    4 bytes of slack past their end), elsewhere a load a lane."""
+    ity = ir.VectorType(I32, lanes)
+    if b.module.triple.startswith("x86_64") and lanes % 8 == 0:
+        v8 = ir.VectorType(I32, 8)
+        parts = []
+        for h in range(lanes // 8):
+            sub = index if lanes == 8 else b.shuffle_vector(index, ir.Constant(ity, None),
+                                                             ir.Constant(v8, list(range(8 * h, 8 * h + 8))))
+            parts.append(intrinsic(b, "llvm.x86.avx2.gather.d.d.256", v8,
+                                   [ir.Constant(v8, [0] * 8), table, sub, ir.Constant(v8, [-1] * 8),
+                                    ir.Constant(I8, 1)]))
+        v = parts[0]
+        for h in range(1, len(parts)):
+            v = b.shuffle_vector(v, parts[h], ir.Constant(ir.VectorType(I32, 8 * (h + 1)), list(range(8 * (h + 1)))))
+        return b.and_(v, broadcast(b, ir.Constant(I32, 255), lanes))
+    v = ir.Constant(ity, [0] * lanes)
+    for lane in range(lanes):
+        i = b.sext(b.extract_element(index, ir.Constant(I32, lane)), I64)
+        v = b.insert_element(v, b.zext(b.load(b.gep(table, [i], source_etype=I8), typ=I8), I32),
+                             ir.Constant(I32, lane))
+    return v
 
 
 def _requantize_blocked(b, params, slot, rows, rows_sums, m0, out_off, ohw, masks, full, lanes: int) -> None:
@@ -376,7 +406,7 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     if p.int_bias and p.mode != QUANT:
         in_types.append(i32)
     if p.mode == QUANT:
-        in_types += [i32, ONNX_ENUM["float32"]]
+        in_types += [i32, ONNX_ENUM["float32"]] + ([ONNX_ENUM["uint8"]] if p.lut else [])
         out_types = [ONNX_ENUM["int8" if p.out_signed else "uint8"]]
     else:
         in_types += [ONNX_ENUM["float32"]] * len(p.extra_kinds)

@@ -35,12 +35,20 @@ class QConvParams(KindParams):
     out_signed: bool = False  # QUANT: an s8 output (else u8)
     clamp: tuple[int, int] = (0, 255)  # QUANT: the output's range after the Relu or Clip folded into it
     out_zero: int = 0  # QUANT: the output's zero point
+    # QUANT: the requantized value (+ lut_offset, 128 for an s8 one) indexes a table of 256 bytes a channel, the
+    # elementwise tail after it (lookup.py); out_signed is then the tail's output type
+    lut: bool = False
+    lut_offset: int = 0
     mr: int = 4  # the schedule (onnxopt/tune/int8_schedule.py): output channels a tile (the unrolled rows)
     tasks: int = 16  # the schedule: most tasks a call is split into (the parallel extent)
     # int8 tensors between qconv kernels (layout.py): [N, ceil(C / 4), H, W, 4], channels past C zero
     in_blocked: bool = False
     out_blocked: bool = False
     body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
+    tail: tuple = field(default=(), compare=False, hash=False)  # the outputs of the nodes its tables run
+
+    def runs_as_onnxruntime(self) -> tuple:
+        return self.tail
 
     def key(self) -> list:
         return [self.cin, self.cout, list(self.kernel), list(self.strides), list(self.pads), list(self.dilations),
@@ -48,7 +56,7 @@ class QConvParams(KindParams):
                 self.depthwise, self.int_bias,
                 list(self.extra_kinds),
                 self.out_signed, list(self.clamp), self.out_zero, self.mr, self.tasks, self.in_blocked,
-                self.out_blocked]
+                self.out_blocked, self.lut, self.lut_offset]
 
     def tensor_lanes(self) -> int:
         return BLOCK if self.in_blocked or self.out_blocked else 0
