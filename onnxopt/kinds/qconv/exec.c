@@ -353,36 +353,47 @@ static void qc_gemm_task(void *usr, size_t index) {
   }
 }
 
-/* One row of a plane as float, s8 or u8: a loop the compiler vectorizes. */
-X86_CLONES VECTORIZE static void qc_row_to_float(float *restrict out, const uint8_t *restrict in, int64_t n,
-                                                int is_signed) {
-  if (is_signed)
-    for (int64_t c = 0; c < n; c++) out[c] = (float)(int8_t)in[c];
-  else
-    for (int64_t c = 0; c < n; c++) out[c] = (float)in[c];
-}
-
 /* Depthwise: each channel's plane is padded with the zero point and written as float ([n][c][hp][wp], slack past
    the end for a last panel's loads), then the tile runs the channel's output rows on it; tasks take ranges of
    (image, channel). */
+/* One plane padded as float, in one function the compiler vectorizes: each row converted 16 bytes at a time where
+   the input has them (a row's last chunk reads past it, into the next row or plane, and writes past it, into
+   the row's right padding: wp >= pl + w rounded up to 16, so never into the next row), then padded. */
+X86_CLONES VECTORIZE static void qc_dw_plane(float *restrict out, const uint8_t *restrict in, const uint8_t *end,
+                                            int64_t h, int64_t w, int64_t hp, int64_t wp, int64_t pt, int64_t pl,
+                                            float za, int is_signed) {
+  for (int64_t y = 0; y < hp; y++) {
+    float *restrict row = out + y * wp;
+    int64_t iy = y - pt;
+    if (iy < 0 || iy >= h) {
+      for (int64_t c = 0; c < wp; c++) row[c] = za;
+      continue;
+    }
+    const uint8_t *restrict src = in + iy * w;
+    for (int64_t c = 0; c < pl; c++) row[c] = za;
+    if (src + (w + 15) / 16 * 16 <= end) {
+      for (int64_t c = 0; c < w; c += 16) {
+        float *restrict o = row + pl + c;
+        const uint8_t *restrict s = src + c;
+        if (is_signed)
+          for (int k = 0; k < 16; k++) o[k] = (float)(int8_t)s[k];
+        else
+          for (int k = 0; k < 16; k++) o[k] = (float)s[k];
+      }
+    } else {
+      for (int64_t c = 0; c < w; c++) row[pl + c] = is_signed ? (float)(int8_t)src[c] : (float)src[c];
+    }
+    for (int64_t c = pl + w; c < wp; c++) row[c] = za;
+  }
+}
+
 /* Channel i = image * cout + c of the input, padded, as float, into its plane of j->grouped. */
 static void qc_dw_pad(const qc_job *j, int64_t i) {
   const onnxopt_qconv_desc *d = j->d;
   int act_signed = d->flip != d->packed_signed;
   float za = act_signed ? (float)(int8_t)j->za : (float)j->za;
-  float *out = (float *)j->grouped + i * j->hp * j->wp;
-  const uint8_t *in = j->x + i * j->h * j->w;
-  for (int64_t y = 0; y < j->hp; y++) {
-    float *row = out + y * j->wp;
-    int64_t iy = y - d->pt;
-    if (iy < 0 || iy >= j->h) {
-      for (int64_t c = 0; c < j->wp; c++) row[c] = za;
-      continue;
-    }
-    for (int64_t c = 0; c < d->pl; c++) row[c] = za;
-    qc_row_to_float(row + d->pl, in + iy * j->w, j->w, act_signed);
-    for (int64_t c = d->pl + j->w; c < j->wp; c++) row[c] = za;
-  }
+  qc_dw_plane((float *)j->grouped + i * j->hp * j->wp, j->x + i * j->h * j->w, j->x + j->n * d->cin * j->h * j->w,
+              j->h, j->w, j->hp, j->wp, d->pt, d->pl, za, act_signed);
 }
 
 /* A task's channels, each padded then convolved: one parallel section, and the plane still in cache. */
@@ -413,6 +424,7 @@ static OrtStatus *qc_depthwise(qc_job *j, OrtKernelContext *ctx) {
   int64_t need = ((j->ow + QC_PANEL - 1) / QC_PANEL * QC_PANEL - 1) * d->sw + (d->kw - 1) * d->dw + 1;
   j->wp = j->w + d->pl + d->pr;
   if (j->wp < need) j->wp = need;
+  if (j->wp < d->pl + (j->w + 15) / 16 * 16) j->wp = d->pl + (j->w + 15) / 16 * 16; /* qc_dw_plane's chunks */
   size_t bytes = (size_t)(j->n * d->cout * j->hp * j->wp) * sizeof(float);
   j->grouped = (uint8_t *)glue_bytes(bytes + 256); /* + a stride-2 panel's last loads past the end */
   if (!j->grouped) return fail(ORT_FAIL, "onnxopt: qconv: out of memory");

@@ -337,14 +337,15 @@ def define_depthwise_tile(module: ir.Module, name: str, params, program, lanes: 
     def row(y, _):
         base_row = b.mul(b.mul(y, ir.Constant(I64, sh)), wp)
 
-        def panel(x0, _):
-            acc = [ir.Constant(fty, [0.0] * lanes) for _ in range(nr)]
+        def panel(x0, vecs: int):
+            """`vecs` vectors of output pixels from x0 on."""
+            acc = [ir.Constant(fty, [0.0] * lanes) for _ in range(vecs)]
             for t in range(taps):
                 dy, dx = (t // kw) * dh, (t % kw) * dw
                 at = b.add(b.add(base_row, b.mul(ir.Constant(I64, dy), wp)),
                            b.add(b.mul(x0, ir.Constant(I64, sw)), ir.Constant(I64, dx)))
                 wv = broadcast(b, weights[t], lanes)
-                for j in range(nr):
+                for j in range(vecs):
                     ptr = b.gep(src, [b.add(at, ir.Constant(I64, j * lanes * sw))], source_etype=F32)
                     v = b.load(ptr, typ=load_t, align=4)
                     if sw > 1:
@@ -358,11 +359,16 @@ def define_depthwise_tile(module: ir.Module, name: str, params, program, lanes: 
                 bias = b.load(b.gep(slot(SLOT_BIAS, PTR), [m0], source_etype=I32), typ=I32)
                 sums = [b.add(v, broadcast(b, bias, lanes)) for v in sums]
             ncols = b.sub(ow, x0)
-            masks = [lane_mask(b, b.sub(ncols, ir.Constant(I64, j * lanes)), lanes) for j in range(nr)]
-            full = b.icmp_signed(">=", ncols, ir.Constant(I64, PANEL))
+            masks = [lane_mask(b, b.sub(ncols, ir.Constant(I64, j * lanes)), lanes) for j in range(vecs)]
+            full = b.icmp_signed(">=", ncols, ir.Constant(I64, vecs * lanes))
             at_out = b.add(out_off, b.add(b.mul(y, ow), x0))  # the panel's first pixel in channel 0
             if params.mode == QUANT:
-                _requantize(b, params, slot, m0, sums, b.add(at_out, b.mul(m0, ohw)), masks, full, lanes)
+                # A partial panel below the plane's last row stores whole too: its spill lands on the next row's
+                # first pixels, which that row writes after it (byte masks are a store a lane).
+                spill = b.and_(b.icmp_signed("<", b.add(y, one), y1),
+                               b.icmp_signed("<=", b.sub(ir.Constant(I64, vecs * lanes), ncols), ow))
+                _requantize(b, params, slot, m0, sums, b.add(at_out, b.mul(m0, ohw)), masks, b.or_(full, spill),
+                            lanes)
             else:
                 with b.if_else(full) as (then, otherwise):
                     with then:
@@ -371,7 +377,17 @@ def define_depthwise_tile(module: ir.Module, name: str, params, program, lanes: 
                         _float_epilogue(b, params, program, slot, [m0], [sums], at_out, ohw, masks, lanes)
             return []
 
-        for_range(b, ir.Constant(I64, 0), ow, ir.Constant(I64, PANEL), panel)
+        def panels(vecs: int):
+            for_range(b, ir.Constant(I64, 0), ow, ir.Constant(I64, vecs * lanes), lambda x0, _: panel(x0, vecs))
+
+        if params.mode == QUANT and nr > 1:  # rows of one vector or less (7 x 7) take panels of one vector
+            with b.if_else(b.icmp_signed("<=", ow, ir.Constant(I64, lanes))) as (narrow, wide):
+                with narrow:
+                    panels(1)
+                with wide:
+                    panels(nr)
+        else:
+            panels(nr)
         return []
 
     for_range(b, y0, y1, one, row)
