@@ -138,9 +138,9 @@ def _qdq_convs_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict, read
     """Each QDQ convolution unit DequantizeLinear(x) -> Conv(DequantizeLinear(W s8), DequantizeLinear(bias int32,
     scale x_scale * w_scale)) -> [Relu] -> QuantizeLinear, all constant but x, replaced in `model` by its exact
     integer form (as the int8 conv kind computes it): ConvInteger -> Add(bias) -> Cast -> Mul(x_scale * w_scale /
-    y_scale) -> Add(zero point) -> Max -> Min, in steps, or rounded half to even to its type where other nodes
-    (`read`) read it. A float Conv's rounding moves a value at a step's midpoint by one step, which an elementwise tail after
-    the unit (kinds/qconv/lookup.py) would carry on as more."""
+    y_scale) -> Add(zero point) -> Max -> Min, in steps, or rounded half to even (before the zero point) to its type
+    where other nodes (`read`) read it. A float Conv's rounding moves a value at a step's midpoint by one step, which
+    an elementwise tail after the unit (kinds/qconv/lookup.py) would carry on as more."""
     g = model.graph
     graph_nodes = list(g.node)
     producer = {o: i for i, n in enumerate(graph_nodes) for o in n.output if o}

@@ -226,3 +226,23 @@ def qdq_tail(kind: str, c: int, rng, signed_out: bool) -> tuple[list, list]:
                   helper.make_node("Mul", ["t0", "t2"], ["t3"])]
     nodes.append(helper.make_node("QuantizeLinear", ["t3", "s2", "z2"], ["z"]))
     return nodes, inits
+
+
+def qdq_unit_operands(rng, cin: int, cout: int, r: int) -> tuple:
+    """(s8 weights [cout, cin, r, r], per-channel weight scales, int32 bias, x's scale, y's scale) of a QDQ unit."""
+    wt = rng.integers(-127, 128, (cout, cin, r, r)).astype(np.int8)
+    sw = (rng.uniform(0.5, 2.0, cout) * 0.01).astype(np.float32)
+    bias = rng.integers(-3000, 3000, cout).astype(np.int32)
+    return wt, sw, bias, np.float32(0.02), np.float32(0.05 * np.sqrt(cin * r * r))
+
+
+def requantized(exact, bias, sx, sw, sy, zy, relu: bool) -> np.ndarray:
+    """The exact sums requantized as QLinearConv does: float(S + bias) * (x_scale * w_scale / y_scale), rounded half
+    to even, plus the zero point, [Relu,] saturated to zy's type (int64)."""
+    scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
+    q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale).astype(np.int64)
+    q = q + int(zy)
+    if relu:
+        q = np.maximum(q, int(zy))
+    return np.clip(q, *((-128, 127) if np.dtype(zy.dtype) == np.int8 else (0, 255)))
+

@@ -9,7 +9,8 @@ import onnx
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from int8_models import conv_attrs, conv_int, drop_shapes, qdq_conv_model, quantized_cnn
+from int8_models import (conv_attrs, conv_int, drop_shapes, qdq_conv_model, qdq_unit_operands, quantized_cnn,
+                         requantized)
 from kind_harness import fuse_kind
 from onnx import helper
 
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.skipif(not available(host_target(), ("u8", "s8")),
 @settings(max_examples=14, deadline=None)
 @given(cin=st.integers(1, 13), cout=st.integers(1, 19) | st.integers(65, 70), r=st.integers(1, 3),
        stride=st.integers(1, 2), pad=st.integers(0, 1), n=st.integers(1, 2), h=st.integers(1, 9),
-       w=st.sampled_from([3, 7, 16, 17, 32]), seed=st.integers(0, 2**16), side=st.sampled_from(["in", "out", "both"]), signed_in=st.booleans(),
-       signed_out=st.booleans(), relu=st.booleans())
+       w=st.sampled_from([3, 7, 16, 17, 32]), seed=st.integers(0, 2**16), side=st.sampled_from(["in", "out", "both"]),
+       signed_in=st.booleans(), signed_out=st.booleans(), relu=st.booleans())
 @example(cin=6, cout=5, r=3, stride=1, pad=1, n=2, h=5, w=16, seed=1, side="both", signed_in=False, signed_out=False,
          relu=True)  # the implicit form (find.py implicit)
 @example(cin=9, cout=70, r=1, stride=1, pad=0, n=1, h=3, w=32, seed=2, side="both", signed_in=True, signed_out=True,
@@ -43,10 +44,7 @@ def test_blocked_kernels_are_exact_on_drawn_shapes(tmp_path_factory, cin, cout, 
     if attrs is None:
         return
     rng = np.random.default_rng(seed)
-    wt = rng.integers(-127, 128, (cout, cin, r, r)).astype(np.int8)
-    sw = (rng.uniform(0.5, 2.0, cout) * 0.01).astype(np.float32)
-    bias = rng.integers(-3000, 3000, cout).astype(np.int32)
-    sx, sy = np.float32(0.02), np.float32(0.05 * np.sqrt(cin * r * r))
+    wt, sw, bias, sx, sy = qdq_unit_operands(rng, cin, cout, r)
     zy = np.int8(rng.integers(-20, 20)) if signed_out else np.uint8(rng.integers(0, 256))
     xt = np.int8 if signed_in else np.uint8
     zx = np.array(rng.integers(0, 256) - 128 * signed_in, xt)
@@ -63,12 +61,7 @@ def test_blocked_kernels_are_exact_on_drawn_shapes(tmp_path_factory, cin, cout, 
     drop_shapes(fused, {name for name, on in (("xq", ib), ("y", ob)) if on})
     x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)
     exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
-    scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
-    q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale).astype(np.int64)
-    q = q + int(zy)
-    if relu:
-        q = np.maximum(q, int(zy))
-    want = np.clip(q, *((-128, 127) if signed_out else (0, 255)))
+    want = requantized(exact, bias, sx, sw, sy, zy, relu)
     feeds = {"xq": to_blocked(x, 4) if ib else x}
     got = make_session(fused, 2, library=lib).run(None, feeds)[0]
     if ob:

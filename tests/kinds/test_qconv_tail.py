@@ -9,7 +9,7 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from int8_models import conv_attrs, conv_int, qdq_conv_model, qdq_tail, quantized_cnn
+from int8_models import conv_attrs, conv_int, qdq_conv_model, qdq_tail, qdq_unit_operands, quantized_cnn, requantized
 from kind_harness import fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
@@ -33,10 +33,7 @@ def test_a_tail_runs_through_the_tables(tmp_path_factory, cin, cout, r, pad, h, 
     if attrs is None:
         return
     rng = np.random.default_rng(seed)
-    wt = rng.integers(-127, 128, (cout, cin, r, r)).astype(np.int8)
-    sw = (rng.uniform(0.5, 2.0, cout) * 0.01).astype(np.float32)
-    bias = rng.integers(-3000, 3000, cout).astype(np.int32)
-    sx, sy = np.float32(0.02), np.float32(0.05 * np.sqrt(cin * r * r))
+    wt, sw, bias, sx, sy = qdq_unit_operands(rng, cin, cout, r)
     zy, zx = np.uint8(rng.integers(0, 256)), np.array(rng.integers(0, 256), np.uint8)
     model = qdq_conv_model(wt, sw, bias, sx, zx, sy, zy, attrs, (2, cin, h, w), relu)
     tail, inits = qdq_tail(kind, cout, rng, signed_out)
@@ -51,9 +48,7 @@ def test_a_tail_runs_through_the_tables(tmp_path_factory, cin, cout, r, pad, h, 
     assert {n.output[0] for n in tail} <= {n.output[0] for n in region.nodes}
     x = rng.integers(0, 256, (2, cin, h, w)).astype(np.uint8)
     exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
-    scale = (sx * sw / sy).astype(np.float32).reshape(1, -1, 1, 1)
-    q = np.rint((exact + bias.reshape(1, -1, 1, 1)).astype(np.int32).astype(np.float32) * scale).astype(np.int64)
-    q = np.clip(np.maximum(q + int(zy), int(zy)) if relu else q + int(zy), 0, 255).astype(np.uint8)
+    q = requantized(exact, bias, sx, sw, sy, zy, relu).astype(np.uint8)
     # the reference: onnxruntime's own tail nodes on the exact convolution's values, optimized as the tables' are
     tg = helper.make_graph(tail, "t", [helper.make_tensor_value_info("y", TensorProto.UINT8, list(q.shape))],
                            [g.output[0]], inits + [numpy_helper.from_array(np.float32(sy), "sy"),

@@ -232,29 +232,16 @@ static void qc_pack_panel_blocked(const qc_job *j, int64_t panel) {
 static void qc_relayout(const qc_job *j, int64_t img, int64_t g) {
   const onnxopt_qconv_desc *d = j->d;
   int64_t plane = j->h * j->w;
-  uint32_t za4 = 0x01010101u * (uint8_t)j->proto.azp, flip = 0;
+  uint32_t za4 = 0x01010101u * (uint8_t)j->proto.azp;
+  uint32_t flip = d->flip ? qc_real_lanes(d->cin - 4 * g) & 0x80808080u : 0u; /* the real channels' top bits */
   uint32_t *out = (uint32_t *)(j->grouped + ((img * (j->cin4 / 4) + g) * j->hp * j->wp) * 4);
-  if (d->in_blocked) { /* already channel-grouped: the rows copied between the padding */
-    const uint32_t *in = (const uint32_t *)j->x + (img * (j->cin4 / 4) + g) * plane;
-    uint32_t bits = d->flip ? qc_real_lanes(d->cin - 4 * g) & 0x80808080u : 0u;
-    for (int64_t r = 0; r < j->hp; r++, out += j->wp) {
-      int64_t y = r - d->pt;
-      if (y < 0 || y >= j->h) {
-        for (int64_t c = 0; c < j->wp; c++) out[c] = za4;
-        continue;
-      }
-      for (int64_t c = 0; c < d->pl; c++) out[c] = za4;
-      for (int64_t c = d->pl + j->w; c < j->wp; c++) out[c] = za4;
-      for (int64_t c = 0; c < j->w; c++) out[d->pl + c] = in[y * j->w + c] ^ bits;
-    }
-    return;
-  }
+  /* a blocked input is channel-grouped already: its rows are copied between the padding */
+  const uint32_t *words = d->in_blocked ? (const uint32_t *)j->x + (img * (j->cin4 / 4) + g) * plane : NULL;
   static const uint8_t fill[QC_PANEL];
   const uint8_t *src[4];
   for (int q = 0; q < 4; q++) {
     int64_t c = 4 * g + q;
-    src[q] = c < d->cin ? j->x + (img * d->cin + c) * plane : NULL;
-    if (c < d->cin && d->flip) flip |= 0x80u << (8 * q);
+    src[q] = c < d->cin && !words ? j->x + (img * d->cin + c) * plane : NULL;
   }
   for (int64_t r = 0; r < j->hp; r++, out += j->wp) {
     int64_t y = r - d->pt;
@@ -264,9 +251,13 @@ static void qc_relayout(const qc_job *j, int64_t img, int64_t g) {
     }
     for (int64_t c = 0; c < d->pl; c++) out[c] = za4;
     for (int64_t c = d->pl + j->w; c < j->wp; c++) out[c] = za4;
+    uint32_t *o = out + d->pl;
+    if (words) {
+      for (int64_t c = 0; c < j->w; c++) o[c] = words[y * j->w + c] ^ flip;
+      continue;
+    }
     const uint8_t *rows[4];
     for (int q = 0; q < 4; q++) rows[q] = src[q] ? src[q] + y * j->w : fill;
-    uint32_t *o = out + d->pl;
     int64_t c = 0;
     for (; c + QC_PANEL <= j->w; c += QC_PANEL)
       qc_interleave(o + c, src[0] ? rows[0] + c : fill, src[1] ? rows[1] + c : fill, src[2] ? rows[2] + c : fill,
