@@ -41,7 +41,7 @@ def writes_blocked(p: QConvParams) -> bool:
 def assign(regions: list[Region], index, shape_of, opset: int) -> list[Region]:
     """Convert the plan's qconv regions whose input or output is passed blocked; returns them."""
     node_pos = {id(n): i for i, n in enumerate(index.nodes)}
-    owner = {node_pos[id(n)]: r for r in regions for n in r.nodes}
+    owner = {node_pos[id(n)]: r for r in regions for n in r.nodes if id(n) in node_pos}
 
     def static(name):
         s = shape_of(name)
