@@ -237,10 +237,11 @@ def _requantized(b, params, slot, r, sums, lanes: int) -> list:
 
 
 def _table_lookup(b, table, index, lanes: int):
-    """table[index] per lane as int32 0..255: on x86 AVX2's gather of a dword at each byte offset (the tables have
-    4 bytes of slack past their end), elsewhere a load a lane."""
+    """table[index] per lane as int32 0..255: where the target has AVX2 (build sets the module's `gather_dwords`), its
+    gather of a dword at each byte offset (the tables have 4 bytes of slack past their end), elsewhere a load a
+    lane."""
     ity = ir.VectorType(I32, lanes)
-    if b.module.triple.startswith("x86_64") and lanes % 8 == 0:
+    if getattr(b.module, "gather_dwords", False) and lanes % 8 == 0:
         v8 = ir.VectorType(I32, 8)
         parts = []
         for h in range(lanes // 8):
@@ -404,6 +405,7 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
             raise
         ins = None  # the depthwise tile needs no dot-product instruction
     module = new_module(target, region.op_type)
+    module.gather_dwords = target.arch == "x86_64" and target.has("avx2")  # _table_lookup (an AVX-only CPU has none)
     names = []
     if p.depthwise:  # its own tile: no dot-product instruction, a product per tap and pixel
         names.append(f"{region.op_type}_dw")
