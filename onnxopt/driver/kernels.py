@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -253,8 +254,10 @@ class KernelStage:
                 bindings=self._bindings(), seed=self.opts.seed, cache_only=over))
             if res is None:
                 continue
-            if res.params != r.params:
-                r.params = res.params
+            # Only the schedule: a result shared with a region of the same op type and shapes (_once) carries that
+            # region's function body, whose tensor names are its own.
+            if (res.params.mr, res.params.tasks) != (r.params.mr, r.params.tasks):
+                r.params = replace(r.params, mr=res.params.mr, tasks=res.params.tasks)
                 r.compute_op_type(r.op_type_key)
             self.tile_info[id(r)] = {"schedule_search": res.to_report()}
         searched = [v["schedule_search"] for v in self.tile_info.values() if "schedule_search" in v]
