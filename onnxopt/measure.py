@@ -77,11 +77,12 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     - QuantizeLinear (constant scale and zero point): x / scale + zero point, clamped to the type's range, as float:
       a quantized output is then compared in steps (verify.compare); one that other nodes read (an int8
       convolution's elementwise tail) stays a QuantizeLinear.
-    - QLinearConv and QLinearMatMul (constant weights and scales): the ConvInteger or MatMulInteger above plus the
-      int32 bias, times x_scale * w_scale / y_scale, plus the zero point, clamped, in steps as a QuantizeLinear's;
+    - QLinearConv, QLinearMatMul and QGemm (constant weights and scales): the ConvInteger or MatMulInteger above
+      plus the int32 bias, times [alpha *] x_scale * w_scale / y_scale, plus the zero point, clamped, in steps as a
+      QuantizeLinear's;
       and so each QDQ convolution unit of constant scales, s8 weights and the quantizer's int32 bias
       (_qdq_convs_in_steps)."""
-    ops = {"MatMulInteger", "ConvInteger", "QuantizeLinear", "QLinearConv", "QLinearMatMul"}
+    ops = {"MatMulInteger", "ConvInteger", "QuantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm"}
     if not any(n.op_type in ops for n in model.graph.node):
         return model
     out = onnx.ModelProto()
@@ -242,8 +243,9 @@ def _requantized(u: str, scaled: str, out: str, dtype, rounded: bool, stepped: d
 
 
 def _qlinear_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict, read: set) -> list:
-    """`model`'s nodes with each QLinearConv (QLinearMatMul) of constant weights and scales as ConvInteger
-    (MatMulInteger) -> Add(bias) -> Cast -> Mul(x_scale * w_scale / y_scale) -> Add(zero point) -> Max -> Min: its
+    """`model`'s nodes with each QLinearConv (QLinearMatMul, QGemm) of constant weights and scales as ConvInteger
+    (MatMulInteger) -> Add(bias) -> Cast -> Mul([alpha *] x_scale * w_scale / y_scale) -> Add(zero point) -> Max ->
+    Min: its
     result in steps before rounding (float; recorded in `stepped`). Initializers it needs are added to `model` and
     `inits`."""
     from onnxopt.graph.quantized import expand_qlinear_products
@@ -252,22 +254,28 @@ def _qlinear_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict, read: 
         u = f"__qlinear_steps{k}"
         conv = n.op_type == "QLinearConv"
         cout = p["w"].shape[0 if conv else 1]
-        scale = (np.float32(p["sx"]) * np.broadcast_to(p["sw"].astype(np.float32).reshape(-1), (cout,)) /
+        sx = np.float32(p["sx"]) if p["alpha"] == 1 else p["alpha"] * np.float32(p["sx"])  # QGemm's alpha first
+        scale = (sx * np.broadcast_to(p["sw"].astype(np.float32).reshape(-1), (cout,)) /
                  np.float32(p["sy"])).astype(np.float32)
         zy = p["zy"] if p["zy"] is not None else np.uint8(0)
         lo, hi = (0.0, 255.0) if zy.dtype == np.uint8 else (-128.0, 127.0)
         consts = {"scale": scale.reshape(-1, 1, 1) if conv else scale, "zy": np.float32(zy), "lo": np.float32(lo),
                   "hi": np.float32(hi)}
         if p["bias"] is not None:
-            consts["bias"] = p["bias"].astype(np.int32).reshape(-1, 1, 1)
+            consts["bias"] = p["bias"].astype(np.int32).reshape((-1, 1, 1) if conv else (-1,))
+        gemm = n.op_type == "QGemm"
+        if gemm:
+            consts["w"] = p["w"]  # [K, N], transposed where transB is set
         for key, v in consts.items():
             t = numpy_helper.from_array(np.asarray(v), f"{u}_{key}")
             model.graph.initializer.append(t)
             inits[t.name] = t
         acc = f"{u}_acc"
         nodes = [helper.make_node("ConvInteger" if conv else "MatMulInteger",
-                                  [n.input[0], n.input[3], n.input[2], n.input[5]], [acc], name=n.name)]
-        nodes[-1].attribute.extend(n.attribute)
+                                  [n.input[0], f"{u}_w" if gemm else n.input[3], n.input[2], n.input[5]], [acc],
+                                  name=n.name)]
+        if not gemm:
+            nodes[-1].attribute.extend(n.attribute)
         if p["bias"] is not None:
             nodes.append(helper.make_node("Add", [acc, f"{u}_bias"], [f"{u}_biased"]))
             acc = f"{u}_biased"

@@ -195,6 +195,35 @@ def qlinear_matmul_case(rng, k: int, n: int, lead: list, per_column: bool):
     return model, {"a": a}, want
 
 
+def qgemm_case(rng, m: int, k: int, n: int, trans_b: bool, per_column: bool, bias: bool, alpha: float,
+               signed_out: bool = False):
+    """(a com.microsoft QGemm model, its feeds, the exact result as QGemm defines it): A u8 [m, k] x B s8 constant
+    ([n, k] where `trans_b`), an int32 bias a column, u8 or s8 output; scales alpha * a_scale * b_scale / y_scale
+    in float32, in that order, and the bias added to the int32 sums."""
+    w = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    sw = (rng.uniform(0.5, 2, n if per_column else 1) * 0.01).astype(np.float32)
+    sa, za, sy = np.float32(0.02), np.uint8(9), np.float32(0.04 * np.sqrt(k))
+    zy = np.array(-7 if signed_out else 120, np.int8 if signed_out else np.uint8)
+    c = rng.integers(-3000, 3000, n).astype(np.int32)
+    inits = [numpy_helper.from_array(np.ascontiguousarray(w.T) if trans_b else w, "W"),
+             numpy_helper.from_array(sw, "sw"), numpy_helper.from_array(np.zeros(sw.shape, np.int8), "zw"),
+             numpy_helper.from_array(sa, "sa"), numpy_helper.from_array(np.array(za), "za"),
+             numpy_helper.from_array(sy, "sy"), numpy_helper.from_array(zy, "zy"), numpy_helper.from_array(c, "C")]
+    node = helper.make_node("QGemm", ["a", "sa", "za", "W", "sw", "zw", "C" if bias else "", "sy", "zy"], ["y"],
+                            domain="com.microsoft", transB=int(trans_b), alpha=alpha)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT8 if signed_out else TensorProto.UINT8,
+                                                         [m, n])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    s = (a.astype(np.int64) - int(za)) @ w.astype(np.int64) + (c if bias else 0)
+    scale = (np.float32(alpha) * sa * np.broadcast_to(sw, (n,)) / sy).astype(np.float32)
+    lo, hi = (-128, 127) if signed_out else (0, 255)
+    want = np.clip(np.rint(s.astype(np.int32).astype(np.float32) * scale) + int(zy), lo, hi)
+    return model, {"a": a}, want.astype(zy.dtype)
+
+
 def drop_shapes(model: onnx.ModelProto, names) -> None:
     """The declared shapes of these graph inputs and outputs removed: passed in a blocked layout, they are 5-D."""
     for v in list(model.graph.input) + list(model.graph.output):

@@ -233,7 +233,8 @@ def _conv_transpose(ctx: _Ctx) -> int:
 
 
 def _gemm(ctx: _Ctx) -> int:
-    a, b = ctx.ishape(0), ctx.ishape(1)
+    qgemm = ctx.node.op_type == "QGemm"  # com.microsoft: a, a_scale, a_zero_point, b, b_scale, b_zero_point, C
+    a, b = ctx.ishape(0), ctx.ishape(3 if qgemm else 1)
     if a is None or b is None or len(a) != 2 or len(b) != 2:
         ctx.note("input shapes unknown; FLOPs not counted")
         return 0
@@ -243,7 +244,7 @@ def _gemm(ctx: _Ctx) -> int:
     flops = 2 * m * n * k
     if float(ctx.attr("alpha", 1.0)) != 1.0:
         flops += m * n
-    if ctx.has(2):
+    if ctx.has(6 if qgemm else 2):
         flops += m * n * (2 if float(ctx.attr("beta", 1.0)) != 1.0 else 1)
     return flops
 
@@ -529,7 +530,8 @@ def _control(ctx: _Ctx) -> int:
 
 RULES: dict[str, Callable[[_Ctx], int]] = {
     "Conv": _conv, "QLinearConv": _conv, "ConvInteger": _conv, "ConvTranspose": _conv_transpose,
-    "Gemm": _gemm, "MatMul": _matmul, "MatMulInteger": _matmul, "QLinearMatMul": _matmul, "FusedMatMul": _matmul,
+    "Gemm": _gemm, "QGemm": _gemm, "MatMul": _matmul, "MatMulInteger": _matmul, "QLinearMatMul": _matmul,
+    "FusedMatMul": _matmul,
     "Einsum": _einsum,
     "MaxPool": _pool, "AveragePool": _pool, "LpPool": _pool,
     "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool, "GlobalLpPool": _global_pool,

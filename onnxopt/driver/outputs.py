@@ -294,7 +294,7 @@ class OutputStage:
         - static QDQ: onnxruntime fuses each unit into an int8 kernel (QLinearConv) whose AVX2 form saturates
           16-bit pair sums, off by up to 8 steps at 1% of a layer's outputs from the spec's result, which it gives
           without the fusion. The int8 kernels give the spec's (tests/kinds/test_qconv.py).
-        - static QOperator: the same QLinearConv (and QLinearMatMul), against the model with each one run as the
+        - static QOperator: the same QLinearConv (and QLinearMatMul, QGemm), against the model with each one run as the
           spec defines it, in float (graph/quantized.py qlinear_as_float); onnxruntime's quantizer keeps full 7-bit weights there,
           and the saturation moved a small CNN's outputs by up to 92 steps on AVX2.
         The check allows twice that spread on top of the usual tolerance: ours may differ from onnxruntime by as
@@ -338,12 +338,12 @@ class OutputStage:
 
 
 def _as_specified(source):
-    """`source` (a path or a model) with its QLinearConv and QLinearMatMul nodes as the spec defines them (a model),
-    or as it is."""
-    from onnxopt.graph.quantized import qlinear_as_float
+    """`source` (a path or a model) with its QLinearConv, QLinearMatMul and QGemm nodes as the spec defines them (a
+    model), or as it is."""
+    from onnxopt.graph.quantized import QLINEAR_PRODUCTS, qlinear_as_float
 
     model = onnx.load(source, load_external_data=False) if isinstance(source, str) else source
-    if not any(n.op_type in ("QLinearConv", "QLinearMatMul") for n in model.graph.node):
+    if not any(n.op_type in QLINEAR_PRODUCTS for n in model.graph.node):
         return source
     if isinstance(source, str):
         model = onnx.load(source)

@@ -83,10 +83,26 @@ _QLINEAR_TWINS = {
 }
 
 
+def _qgemm_twin(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """A QGemm with a quantized output as QLinearMatMul(transposes as QGemm's): the same [M, N] and type."""
+    ins = list(n.input) + [""] * (9 - len(n.input))
+    if not ins[7] or not ins[8]:
+        return None
+    attrs = {a.name: a.i for a in n.attribute if a.name in ("transA", "transB")}
+    out = []
+    for k, flag in ((0, "transA"), (3, "transB")):
+        if attrs.get(flag):
+            out.append(onnx.helper.make_node("Transpose", [ins[k]], [f"{n.output[0]}__twin{k}"], perm=[1, 0]))
+            ins[k] = out[-1].output[0]
+    return out + [onnx.helper.make_node("QLinearMatMul", ins[:6] + ins[7:9], [n.output[0]], name=n.name)]
+
+
 def _standard_twin(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` with its QOperator contrib ops replaced by their shape twins (_QLINEAR_TWINS), for inference only;
     `model` itself where it has none. Channels-last pools keep no twin (their layout differs)."""
     def twin(n):
+        if n.domain == "com.microsoft" and n.op_type == "QGemm":
+            return _qgemm_twin(n)
         if n.domain != "com.microsoft" or n.op_type not in _QLINEAR_TWINS:
             return None
         if any(a.name == "channels_last" and a.i for a in n.attribute):
@@ -95,13 +111,13 @@ def _standard_twin(model: onnx.ModelProto) -> onnx.ModelProto:
         inputs = list(n.input)[keep] if isinstance(keep, slice) else [n.input[k] for k in keep]
         t = onnx.helper.make_node(op, inputs, list(n.output)[:1], name=n.name)
         t.attribute.extend(a for a in n.attribute if a.name in attrs)
-        return t
+        return [t]
 
     if not any(twin(n) is not None for n in model.graph.node):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    nodes = [twin(n) or n for n in out.graph.node]
+    nodes = [t for n in out.graph.node for t in (twin(n) or [n])]
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out

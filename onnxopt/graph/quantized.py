@@ -135,35 +135,44 @@ def qdq_conv_units(graph: onnx.GraphProto) -> set[str]:
 
 
 def qdq_matmul_units(graph: onnx.GraphProto) -> set[str]:
-    """The static QDQ matmul units, DequantizeLinear(A) -> MatMul(DequantizeLinear(B constant)) -> QuantizeLinear,
-    by first output (the MatMul, its quantizer, B's dequantizer and A's where the MatMul is its only reader), and the
-    QOperator format's QLinearMatMul nodes: the int8 GEMM kind (onnxopt/kinds/qmatmul) runs them whole."""
+    """The static QDQ matmul units, DequantizeLinear(A) -> MatMul or Gemm(DequantizeLinear(B constant), a Gemm's
+    DequantizeLinear(bias)) -> [Relu] -> QuantizeLinear, by first output (the product, its Relu and quantizer, the
+    dequantizers of B and the bias, and A's where the product is its only reader), and the QOperator format's
+    QLinearMatMul and QGemm nodes: the int8 GEMM kind (onnxopt/kinds/qmatmul) runs them whole."""
     producer = {o: n for n in graph.node for o in n.output if o}
     consumers = _consumers(graph)
     consts = {t.name for t in graph.initializer}
     units: set[str] = set()
     for n in graph.node:
-        if n.op_type == "QLinearMatMul":
+        if n.op_type in ("QLinearMatMul", "QGemm"):
             units.add(n.output[0])
             continue
-        if n.op_type != "MatMul" or len(n.input) < 2:
+        if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2:
             continue
         a, b = producer.get(n.input[0]), producer.get(n.input[1])
         if a is None or b is None or a.op_type != "DequantizeLinear" or b.op_type != "DequantizeLinear" \
                 or b.input[0] not in consts:
             continue
+        chain = [n, b]
         nxt = consumers.get(n.output[0], [])
+        if len(nxt) == 1 and nxt[0].op_type == "Relu":
+            chain.append(nxt[0])
+            nxt = consumers.get(nxt[0].output[0], [])
         if len(nxt) != 1 or nxt[0].op_type != "QuantizeLinear":
             continue
-        units.update(m.output[0] for m in (n, nxt[0], b))
+        chain.append(nxt[0])
+        c = producer.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+        if c is not None and c.op_type == "DequantizeLinear":
+            chain.append(c)
+        units.update(m.output[0] for m in chain)
         if len(consumers.get(n.input[0], [])) == 1:
             units.add(a.output[0])
     return units
 
 
 def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
-    """Give every convolution and matmul of a QDQ unit DequantizeLinear nodes of its own (in place): a copy of each
-    one it reads that another node reads too (a block's input that the residual Add also dequantizes, a layer's
+    """Give every convolution, matmul and Gemm of a QDQ unit DequantizeLinear nodes of its own (in place): a copy of
+    each one it reads that another node reads too (a block's input that the residual Add also dequantizes, a layer's
     input that Q, K and V's projections share; equal zero biases that common-subexpression elimination merged) or
     reads through Identity nodes. The same tensors, so the same results; a unit is then whole, for the int8 kinds
     and for onnxruntime alike (onnxruntime's EnsureUniqueDQForNodeUnit does the same). Returns how many copies were
@@ -174,7 +183,7 @@ def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
     outputs = {o.name for o in graph.output}
     nodes, made = [], 0
     for n in graph.node:
-        if n.op_type in ("Conv", "MatMul") and n.domain in ("", "ai.onnx") and n.output:
+        if n.op_type in ("Conv", "MatMul", "Gemm") and n.domain in ("", "ai.onnx") and n.output:
             for k, x in enumerate(n.input):
                 p, hops = producer.get(x), 0
                 while p is not None and p.op_type == "Identity" and p.input:  # exporters' DQ -> Identity -> Conv
@@ -197,15 +206,22 @@ def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
     return made
 
 
-QLINEAR_PRODUCTS = ("QLinearConv", "QLinearMatMul")
+QLINEAR_PRODUCTS = ("QLinearConv", "QLinearMatMul", "QGemm")
 
 
 def qlinear_params(n: onnx.NodeProto, inits: dict) -> dict | None:
-    """A QLinearConv's or QLinearMatMul's constants as arrays (x_scale, x_zero, w, w_scale, w_zero, y_scale,
-    y_zero, bias), or None where one of them is not an initializer."""
-    from onnx import numpy_helper
+    """A QLinearConv's, QLinearMatMul's or QGemm's constants as arrays (x_scale, x_zero, w, w_scale, w_zero,
+    y_scale, y_zero, bias, and "alpha": a QGemm's, else 1), or None where one of them is not an initializer (or a
+    QGemm transposes A or has a float output). A QGemm's "w" is B as the product reads it, [K, N] (transposed where
+    transB is set), and its bias one int32 a column."""
+    from onnx import helper, numpy_helper
 
-    keys = ("sx", "zx", "w", "sw", "zw", "sy", "zy", "bias")
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    gemm = n.op_type == "QGemm"
+    if gemm and (attrs.get("transA", 0) or len(n.input) < 8 or not n.input[7]):
+        return None
+    keys = ("sx", "zx", "w", "sw", "zw", "bias", "sy", "zy") if gemm else ("sx", "zx", "w", "sw", "zw", "sy", "zy",
+                                                                           "bias")
     out = {}
     for k, name in zip(keys, list(n.input[1:]) + [""] * 9):
         if not name:
@@ -216,11 +232,17 @@ def qlinear_params(n: onnx.NodeProto, inits: dict) -> dict | None:
             return None
     if out["w"] is None or out["sx"] is None or out["sw"] is None or out["sy"] is None:
         return None
+    if gemm:
+        if attrs.get("transB", 0):
+            out["w"] = np.ascontiguousarray(out["w"].T)
+        if out["bias"] is not None:
+            out["bias"] = np.broadcast_to(out["bias"].reshape(-1), (out["w"].shape[1],))
+    out["alpha"] = np.float32(attrs.get("alpha", 1.0) if gemm else 1.0)
     return out
 
 
 def expand_qlinear_products(model: onnx.ModelProto, expand) -> list[onnx.NodeProto]:
-    """`model`'s nodes with each QLinearConv and QLinearMatMul of constant weights and scales replaced by
+    """`model`'s nodes with each QLinearConv, QLinearMatMul and QGemm of constant weights and scales replaced by
     expand(index, node, its qlinear_params) (a list of nodes)."""
     inits = {t.name: t for t in model.graph.initializer}
     nodes = []
@@ -231,8 +253,9 @@ def expand_qlinear_products(model: onnx.ModelProto, expand) -> list[onnx.NodePro
 
 
 def qlinear_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with each QLinearConv and QLinearMatMul of constant weights and scales run as the spec defines it, in
-    float: DequantizeLinear(x) -> Conv or MatMul (the dequantized weights, and bias) -> QuantizeLinear, which
+    """`model` with each QLinearConv, QLinearMatMul and QGemm of constant weights and scales run as the spec defines
+    it, in float: DequantizeLinear(x) -> Conv, MatMul or Gemm (the dequantized weights, and bias) -> QuantizeLinear,
+    which
     onnxruntime's graph optimizations fuse back (on AVX2 into kernels whose 16-bit pair sums saturate) unless they
     are off; the model itself when it has none. The whole-model check's reference for onnxruntime's own spread."""
     from onnx import helper, numpy_helper
@@ -254,13 +277,20 @@ def qlinear_as_float(model: onnx.ModelProto) -> onnx.ModelProto:
         ins = [f"{u}_x", f"{u}_w"]
         out.graph.initializer.append(numpy_helper.from_array(wf, f"{u}_w"))
         if p["bias"] is not None:
-            bf = (p["bias"].astype(np.float32) * (np.float32(p["sx"]) * sw)).astype(np.float32)
+            bf = (p["bias"].astype(np.float32) * (p["alpha"] * np.float32(p["sx"]) * sw)).astype(np.float32)
             out.graph.initializer.append(numpy_helper.from_array(bf, f"{u}_b"))
             ins.append(f"{u}_b")
-        product = helper.make_node("Conv" if conv else "MatMul", ins, [f"{u}_y"], name=n.name)
-        product.attribute.extend(n.attribute)
+        if conv:
+            product = helper.make_node("Conv", ins, [f"{u}_y"], name=n.name)
+            product.attribute.extend(n.attribute)
+        elif n.op_type == "QGemm":  # "w" is [K, N]
+            product = helper.make_node("Gemm", ins, [f"{u}_y"], name=n.name, alpha=float(p["alpha"]))
+        else:
+            product = helper.make_node("MatMul", ins, [f"{u}_y"], name=n.name)
+        y_scale, y_zero = (n.input[7], n.input[8] if len(n.input) > 8 else "") if n.op_type == "QGemm" else \
+            (n.input[6], n.input[7])
         return [helper.make_node("DequantizeLinear", [n.input[0], n.input[1], n.input[2]], [f"{u}_x"]), product,
-                helper.make_node("QuantizeLinear", [f"{u}_y", n.input[6], n.input[7]], list(n.output))]
+                helper.make_node("QuantizeLinear", [f"{u}_y", y_scale, y_zero], list(n.output))]
 
     nodes = expand_qlinear_products(model, expand)
     del out.graph.node[:]

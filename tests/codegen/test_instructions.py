@@ -98,8 +98,32 @@ def test_avx2_pairs_saturate_unless_split_and_the_split_is_exact():
         fixed = got.astype(np.int64)
         np.add.at(fixed, where // 4, a[where].astype(np.int64) * residual)  # lane of element 4i + j is i
         np.testing.assert_array_equal(fixed.astype(np.int32), _reference(ins, acc, a, b))
-    assert pairs_cannot_saturate(np.array([64, -64, -128, 0, 100, 28], np.int8))
-    assert not pairs_cannot_saturate(np.array([64, -65], np.int8))
+    assert pairs_cannot_saturate(np.array([64, -64, -128, 0, 100, 28, 127, -128, -64, -64], np.int8))
+    assert not pairs_cannot_saturate(np.array([64, 65], np.int8))
+    assert not pairs_cannot_saturate(np.array([-64, -65], np.int8))
+
+
+def test_avx2_pairs_of_opposite_signs_never_saturate():
+    """The bound split_pairs relies on, on the hardware: with u8 inputs a pair's extremes are 255 * (its positive
+    weights' sum) and 255 * (its negative ones'), so pairs of opposite signs (127 and -128) and same-sign pairs up
+    to |b0 + b1| = 128 are exact at both extremes, and one more saturates."""
+    ins = by_name("avx2_u8s8")
+    target = parse_target("x86-64-v3")
+    if missing_cpu_flags(target.required_cpu_flags):
+        pytest.skip("this CPU lacks AVX2")
+    run, _engine = _jit_instruction(ins, target)
+    exact = [(127, -128), (-128, 127), (64, 64), (-64, -64), (-128, 0), (100, 28), (-1, -127), (1, -128)]
+    b = np.array(exact * 2, np.int8).reshape(-1)  # 16 pairs: 8 lanes of two pairs
+    acc, got = np.zeros(8, np.int32), np.zeros(8, np.int32)
+    for sign in (1, -1):  # each input 255 where its weight has this sign, 0 elsewhere: a pair's extreme
+        a = np.where(np.sign(b.astype(np.int32)) == sign, 255, 0).astype(np.uint8)
+        run(acc.ctypes.data, a.ctypes.data, b.ctypes.data, got.ctypes.data)
+        np.testing.assert_array_equal(got, _reference(ins, acc, a, b))
+    for pair in ((64, 65), (-64, -65)):
+        b = np.array(pair * 16, np.int8)
+        a = np.full(32, 255, np.uint8)
+        run(acc.ctypes.data, a.ctypes.data, b.ctypes.data, got.ctypes.data)
+        assert not np.array_equal(got, _reference(ins, acc, a, b))
 
 
 @pytest.mark.parametrize("name,mnemonic", [("arm_sdot", "sdot"), ("arm_udot", "udot")])

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, drop_shapes, grouping,
                          matmul_exact, matmul_integer_model, matmul_operands, qdq_conv_model, qdq_tail,
-                         qlinear_matmul_case, quantized_cnn)
+                         qgemm_case, qlinear_matmul_case, quantized_cnn)
 from kind_harness import fuse_kind
 from onnx import helper
 
@@ -147,6 +147,8 @@ def _cases(seed: int = 7) -> list:
                                               extreme=i % 3 == 1, za_input=i != 4)))
     for k, n, lead, per_column in ((64, 40, [2, 7], True), (132, 19, [5], False)):
         cases.append(("matmul", *qlinear_matmul_case(rng, k, n, lead, per_column)))
+    for m, k, n, trans_b, alpha in ((7, 48, 37, True, 1.0), (3, 100, 16, False, 0.75)):  # QGemm: its bias added
+        cases.append(("matmul", *qgemm_case(rng, m, k, n, trans_b, True, True, alpha)))
     return cases
 
 

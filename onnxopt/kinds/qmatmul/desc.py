@@ -23,6 +23,7 @@ class QMatMulKernelDesc:
     instruction: str  # what the K loop runs on (the report's)
     tasks: int = 16  # most tasks a call is split into
     mode: int = 0  # 0 FLOAT, 1 QUANT
+    has_bias: bool = False  # QUANT: an int32 bias per column
 
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_qmatmul_desc, glue.h)."""
@@ -31,6 +32,6 @@ class QMatMulKernelDesc:
         kinds = ", ".join(str(k) for k in self.extra_kinds) or "0"
         tiles = ", ".join(self.tiles)
         return (f"{externs}{decls}static const onnxopt_qmatmul_desc {prefix}_desc = {{{sig}, {self.k}, {self.n}, "
-                f"{PANEL}, {int(self.has_azp)}, {self.mode}, {int(self.has_fix)}, {len(self.extra_kinds)}, "
-                f"{{{kinds}}}, "
+                f"{PANEL}, {int(self.has_azp)}, {self.mode}, {int(self.has_bias)}, {int(self.has_fix)}, "
+                f"{len(self.extra_kinds)}, {{{kinds}}}, "
                 f"{self.mr}, {self.tasks}, {{{tiles}}}}};\n")

@@ -7,7 +7,8 @@ typedef struct {
   const onnxopt_qmatmul_desc *d;
   qm_tile proto;
   const int32_t *fix_offsets, *fix_entries;
-  const float *qscale; /* QUANT: per column, padded to whole panels */
+  const float *qscale;  /* QUANT: per column, padded to whole panels */
+  const int32_t *qbias; /* QUANT with a bias: likewise */
   int64_t rows, panels, mblocks, ptasks, mtasks;
 } qm_job;
 
@@ -24,6 +25,7 @@ static void qm_task(void *usr, size_t index) {
     t.b = b + p * d->k * d->panel;
     t.colsum = colsum + p * d->panel;
     if (j->qscale) t.qscale = j->qscale + p * d->panel;
+    if (j->qbias) t.qbias = j->qbias + p * d->panel;
     t.n0 = p * d->panel;
     t.ncols = d->n - t.n0 < d->panel ? d->n - t.n0 : d->panel;
     if (j->fix_offsets) {
@@ -78,6 +80,10 @@ static OrtStatus *qmatmul_execute(const onnxopt_qmatmul_desc *d, OrtKernelContex
   if (d->mode == 1) {
     CHECK(glue_input(ctx, in++, other, &other_rank, &data));
     j.qscale = (const float *)data;
+    if (d->has_bias) {
+      CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+      j.qbias = (const int32_t *)data;
+    }
   }
   j.proto.k4 = d->k / 4;
   j.proto.ldc = d->n;

@@ -1,7 +1,8 @@
 """Which int8 matmuls become an int8 GEMM kernel, and why the others do not.
 
-The static forms, QDQ units DequantizeLinear(A u8) -> MatMul(DequantizeLinear(B s8 constant)) -> QuantizeLinear and
-the QOperator format's QLinearMatMul, run whole with QLinearMatMul's requantization per column (QUANT: lower.py).
+The static forms, QDQ units DequantizeLinear(A u8) -> MatMul or Gemm(DequantizeLinear(B s8 constant), a Gemm's
+DequantizeLinear(bias int32)) -> [Relu] -> QuantizeLinear and the QOperator format's QLinearMatMul and QGemm, run
+whole with QLinearMatMul's (QGemm's) requantization per column (QUANT: lower.py), the int32 bias added first.
 The dynamic form is the one onnxruntime's `quantize_dynamic` writes for a transformer's projections and FFN (and what
 `MatMulIntegerToFloat` fuses in onnxruntime):
 
@@ -33,6 +34,7 @@ from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 from .params import PANEL, QUANT, QMatMulParams
 
 _ONNX = ("", "ai.onnx")
+_MS = "com.microsoft"
 MAX_EXTRAS = 8  # glue.h QM_MAX_EXTRA
 MAX_OUTPUTS = 4  # glue.h QM_MAX_OUT
 
@@ -136,9 +138,11 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
     rule = None
     regions = []
     for i, node in enumerate(model.graph.node):
-        if node.op_type in ("QLinearMatMul", "MatMul") and node.domain in _ONNX and i not in claimed:
+        static = {"QLinearMatMul": _qlinear_region, "MatMul": _qdq_region, "Gemm": _qdq_region}.get(node.op_type) \
+            if node.domain in _ONNX else (_qgemm_region if node.op_type == "QGemm" and node.domain == _MS else None)
+        if static is not None and i not in claimed:
             rule = rule or _Rule(model)
-            found = (_qlinear_region if node.op_type == "QLinearMatMul" else _qdq_region)(rule, i, claimed)
+            found = static(rule, i, claimed)
             if found is None:  # a float MatMul
                 continue
             if isinstance(found, str):
@@ -235,10 +239,11 @@ def _scalar(rule, name, dtype=None):
 
 
 def _quant_region(rule, i: int, members: list, a: str, za: str | None, w, sw, sa, sy, zy, out: str,
-                  fallback) -> Region | str:
-    """The QUANT region of a quantized matmul (a QLinearMatMul or a QDQ unit): B packed, the scales per column
-    (a_scale * b_scale / y_scale, as onnxruntime computes QLinearMatMul's) made; `fallback(the rebuilt B's name)`
-    gives the function body's nodes after B is rebuilt."""
+                  fallback, bias=None, relu: bool = False, alpha: float = 1.0) -> Region | str:
+    """The QUANT region of a quantized matmul (a QLinearMatMul, a QGemm or a QDQ unit): B [K, N] packed, the scales
+    per column (alpha * a_scale * b_scale / y_scale, in float32 and in that order, as onnxruntime computes
+    QLinearMatMul's and QGemm's) made, and `bias` (int32 [N], or None) padded to whole panels; `fallback(the rebuilt
+    B's name)` gives the function body's nodes after B is rebuilt."""
     idx = rule.index
     node = idx.nodes[i]
     k, n = w.shape
@@ -252,10 +257,14 @@ def _quant_region(rule, i: int, members: list, a: str, za: str | None, w, sw, sa
     tables, names, has_fix = _tables(w, uid)
     pn = -(-n // PANEL)
     scale = np.zeros(pn * PANEL, np.float32)
-    scale[:n] = (np.float32(sa) * np.broadcast_to(sw.reshape(-1), (n,)).astype(np.float32) /
-                 np.float32(sy)).astype(np.float32)
+    sa = np.float32(sa) if alpha == 1.0 else np.float32(alpha) * np.float32(sa)
+    scale[:n] = (sa * np.broadcast_to(sw.reshape(-1), (n,)).astype(np.float32) / np.float32(sy)).astype(np.float32)
     names["qscale"] = f"{uid}__qscale"
     tables["qscale"] = scale
+    if bias is not None:
+        names["qbias"] = f"{uid}__qbias"
+        tables["qbias"] = np.zeros(pn * PANEL, np.int32)
+        tables["qbias"][:n] = bias
     out_dtype = "int8" if zy.dtype == np.int8 else "uint8"
     # Not lowered (QUANT's epilogue is lower.py's requantization); it names the output in the op type's signature.
     program = EwProgram(inputs=[Value(uid, "int32")], consts={}, ops=[EwOp("Cast", (uid,), out, out_dtype)],
@@ -263,7 +272,8 @@ def _quant_region(rule, i: int, members: list, a: str, za: str | None, w, sw, sa
     unpacked = f"{uid}__unpacked_b"
     body = _unpack_body(names, k, n, unpacked, rule.ew.opset) + fallback(unpacked)
     params = QMatMulParams(k=k, n=n, has_azp=za is not None, extra_kinds=(), has_fix=has_fix, mode=QUANT,
-                           out_signed=zy.dtype == np.int8, out_zero=int(zy), body=tuple(body))
+                           out_signed=zy.dtype == np.int8, out_zero=int(zy), has_bias=bias is not None,
+                           relu=relu, body=tuple(body))
     inputs = [a] + ([za] if za is not None else []) + list(names.values())
     region = Region("qmatmul", [idx.nodes[m] for m in sorted(members)], inputs, [out], program, list(out_shape),
                     params=params)
@@ -301,15 +311,69 @@ def _qlinear_region(rule, i: int, claimed: set[int]) -> Region | str:
     return _quant_region(rule, i, [i], a, node.input[2] or None, w, sw, sa, sy, zy, node.output[0], fallback)
 
 
+def _qgemm_region(rule, i: int, claimed: set[int]) -> Region | str:
+    """com.microsoft QGemm (a, a_scale, a_zero_point, b, b_scale, b_zero_point, C, y_scale, y_zero_point), the
+    quantizer's QOperator form of a Gemm: B constant s8, C int32 per column, a quantized output."""
+    node = rule.index.nodes[i]
+    ins = list(node.input) + [""] * (9 - len(node.input))
+    if not ins[7]:
+        return "its output is float (no y_scale)"
+    if _attr(node, "transA", 0):
+        return "it transposes A"
+    a = ins[0]
+    za = _scalar(rule, ins[2]) if ins[2] else None
+    act = str(za.dtype) if za is not None else rule.ew.dtype_of(a)
+    if act != "uint8":
+        return f"its A is {act}; the int8 kernels take u8 activations (the quantizer's default)"
+    sa, sy = _scalar(rule, ins[1], np.float32), _scalar(rule, ins[7], np.float32)
+    zy = _scalar(rule, ins[8]) if ins[8] else np.uint8(0)
+    if sa is None or sy is None or zy is None or zy.dtype not in (np.uint8, np.int8) or (ins[2] and za is None):
+        return "its scales or zero points are not constant scalars"
+    w, sw = rule._const(ins[3]), rule._const(ins[4])
+    zw = rule._const(ins[5]) if ins[5] else None
+    if w is None or w.dtype != np.int8 or w.ndim != 2 or sw is None or sw.dtype != np.float32:
+        return "its B is not a constant s8 matrix"
+    transb = bool(_attr(node, "transB", 0))
+    w = np.ascontiguousarray(w.T) if transb else w
+    if sw.size not in (1, w.shape[1]):
+        return "its B's scale is not per tensor or per column"
+    if zw is not None and np.any(zw != 0):
+        return "B's zero point is not 0"
+    bias = None
+    if ins[6]:
+        c = rule._const(ins[6])
+        if c is None or c.dtype != np.int32 or c.size not in (1, w.shape[1]) or \
+                (c.ndim == 2 and c.shape[0] != 1 and c.size > 1):
+            return "its C is not a constant int32 row"
+        bias = np.broadcast_to(c.reshape(-1), (w.shape[1],))
+
+    def fallback(unpacked):
+        mm = onnx.NodeProto()
+        mm.CopyFrom(node)
+        mm.input[3] = unpacked
+        _set_attr(mm, "transB", 0)  # the rebuilt B is [K, N]
+        return [mm]
+
+    return _quant_region(rule, i, [i], a, ins[2] or None, w, sw, sa, sy, zy, node.output[0], fallback, bias=bias,
+                         alpha=float(_attr(node, "alpha", 1.0)))
+
+
 def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
-    """DequantizeLinear(A u8) -> MatMul(DequantizeLinear(B constant s8, per tensor or per column)) ->
-    QuantizeLinear(u8 or s8), run whole."""
+    """DequantizeLinear(A u8) -> MatMul or Gemm(DequantizeLinear(B constant s8, per tensor or per column), and a
+    Gemm's DequantizeLinear(bias int32 of scale a_scale * b_scale)) -> [Relu] -> QuantizeLinear(u8 or s8), run
+    whole."""
     idx = rule.index
     node = idx.nodes[i]
+    gemm = node.op_type == "Gemm"
     a_i, a_dq = rule.producer(node.input[0])
     b_i, b_dq = rule.producer(node.input[1])
     if a_dq is None or b_dq is None or a_dq.op_type != "DequantizeLinear" or b_dq.op_type != "DequantizeLinear":
-        return None  # a float MatMul: the compute rule's
+        return None  # a float MatMul or Gemm: the compute rule's
+    has_c = gemm and len(node.input) > 2 and bool(node.input[2])
+    if gemm and (_attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0 or
+                 (has_c and _attr(node, "beta", 1.0) != 1.0)):
+        return "its Gemm transposes A or scales by alpha or beta (the quantizer writes neither)"
+    transb = gemm and bool(_attr(node, "transB", 0))
     a = a_dq.input[0]
     za = _scalar(rule, a_dq.input[2]) if len(a_dq.input) > 2 and a_dq.input[2] else None
     act = str(za.dtype) if za is not None else rule.ew.dtype_of(a)
@@ -320,13 +384,38 @@ def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
     zw = rule._const(b_dq.input[2]) if len(b_dq.input) > 2 and b_dq.input[2] else None
     if sa is None or (len(a_dq.input) > 2 and a_dq.input[2] and za is None):
         return "A's scale or zero point is not a constant scalar"
+    # a per-column scale runs along N: axis 1 of B [K, N], axis 0 of a transposed B [N, K]
+    n_axes = (0, -2) if transb else (1, -1)
     if w is None or w.dtype != np.int8 or w.ndim != 2 or sw is None or sw.dtype != np.float32 or \
-            sw.size not in (1, w.shape[1]) or (sw.size > 1 and int(_attr(b_dq, "axis", 1)) not in (1, -1)):
+            sw.size not in (1, w.shape[n_axes[0]]) or \
+            (sw.size > 1 and int(_attr(b_dq, "axis", 1)) not in n_axes):
         return "its B is not a constant s8 matrix with a scale per tensor or per column"
     if zw is not None and np.any(zw != 0):
         return "B's zero point is not 0"
+    w = np.ascontiguousarray(w.T) if transb else w
+    members = [i, a_i, b_i]
+    bias = None
+    if has_c:
+        c_i, c_dq = rule.producer(node.input[2])
+        c = rule._const(c_dq.input[0]) if c_dq is not None and c_dq.op_type == "DequantizeLinear" else None
+        sc = rule._const(c_dq.input[1]) if c is not None else None
+        zc = rule._const(c_dq.input[2]) if c is not None and len(c_dq.input) > 2 and c_dq.input[2] else None
+        want = np.float32(sa) * np.broadcast_to(sw.reshape(-1), (w.shape[1],)).astype(np.float32)
+        if c is None or c.dtype != np.int32 or c.size != w.shape[1] or sc is None or \
+                sc.size not in (1, w.shape[1]) or (zc is not None and np.any(zc != 0)) or \
+                not np.allclose(np.broadcast_to(sc.reshape(-1), want.shape), want, rtol=1e-6):
+            return "its bias is not the quantizer's int32 (a DequantizeLinear of scale a_scale * b_scale)"
+        bias = c.reshape(-1)
+        members.append(c_i)
     cons = idx.consumers.get(node.output[0], [])
-    if len(cons) != 1 or node.output[0] in idx.graph_outputs or idx.nodes[cons[0]].op_type != "QuantizeLinear":
+    relu = len(cons) == 1 and idx.nodes[cons[0]].op_type == "Relu" and node.output[0] not in idx.graph_outputs
+    if relu:
+        members.append(cons[0])
+        last = idx.nodes[cons[0]].output[0]
+        cons = idx.consumers.get(last, [])
+    else:
+        last = node.output[0]
+    if len(cons) != 1 or last in idx.graph_outputs or idx.nodes[cons[0]].op_type != "QuantizeLinear":
         return "its result does not go to one QuantizeLinear alone"
     q_i = cons[0]
     q = idx.nodes[q_i]
@@ -336,27 +425,32 @@ def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
         return "its output's scale or zero point is not a constant u8 or s8 scalar"
     if any(at.name in ("saturate", "block_size", "output_dtype") for at in q.attribute):
         return "its QuantizeLinear has attributes of opset 19 and later"
-    for dq in (a_dq, b_dq):
-        if len(idx.consumers.get(dq.output[0], [])) != 1:
+    for m in members[1:3] + members[3:4] * has_c:
+        if len(idx.consumers.get(idx.nodes[m].output[0], [])) != 1:
             return "a DequantizeLinear of it feeds another node too"
-    members = [i, a_i, b_i, q_i]
+    members.append(q_i)
     if any(m in claimed for m in members):
         return "part of it is fused elsewhere"
 
     def fallback(unpacked):
         bdq = onnx.NodeProto()
         bdq.CopyFrom(b_dq)
+        body = []
+        if transb:  # the rebuilt B is [K, N]; the Gemm reads it as it was, [N, K]
+            body.append(helper.make_node("Transpose", [unpacked], [f"{unpacked}_nk"], perm=[1, 0]))
+            unpacked = f"{unpacked}_nk"
         bdq.input[0] = unpacked
-        rest = []
+        body.append(bdq)
         for m in sorted(members):
             if m != b_i:
                 c = onnx.NodeProto()
                 c.CopyFrom(idx.nodes[m])
-                rest.append(c)
-        return [bdq] + rest
+                body.append(c)
+        return body
 
     za_name = a_dq.input[2] if len(a_dq.input) > 2 and a_dq.input[2] else None
-    return _quant_region(rule, i, members, a, za_name, w, sw, sa, sy, zy, q.output[0], fallback)
+    return _quant_region(rule, i, members, a, za_name, w, sw, sa, sy, zy, q.output[0], fallback, bias=bias,
+                         relu=relu)
 
 
 def _attr(node, name, default):
@@ -364,3 +458,11 @@ def _attr(node, name, default):
         if at.name == name:
             return helper.get_attribute_value(at)
     return default
+
+
+def _set_attr(node: onnx.NodeProto, name: str, value) -> None:
+    for k, at in enumerate(node.attribute):
+        if at.name == name:
+            del node.attribute[k]
+            break
+    node.attribute.append(helper.make_attribute(name, value))

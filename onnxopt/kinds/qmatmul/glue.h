@@ -19,6 +19,7 @@ typedef struct { /* mirrors the slots of lower.py */
   const float *extra[QM_MAX_EXTRA];
   int64_t extra_rows[QM_MAX_EXTRA]; /* rows of a POSITION or CHANNEL input: row r reads its row r % extra_rows */
   const float *qscale; /* QUANT: the panel's a_scale * b_scale / y_scale per column */
+  const int32_t *qbias; /* QUANT with a bias: the panel's int32 bias per column */
 } qm_tile;
 
 typedef void (*qmatmul_tile_fn)(const int64_t *tile);
@@ -27,6 +28,7 @@ typedef struct {
   int64_t k, n, panel;
   int has_azp;
   int mode;    /* 0 FLOAT, 1 QUANT (the scale per column is the input after the corrections) */
+  int has_bias; /* QUANT: an int32 bias per column is the input after the scales */
   int has_fix; /* inputs after the column sums: fix offsets [panels + 1], fix entries [count][3], and two tables of
                   the function fallback's that the kernel does not read */
   int n_extra;

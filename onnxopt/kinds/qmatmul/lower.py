@@ -40,6 +40,7 @@ SLOT_OUT = 12
 SLOT_EXTRA = SLOT_OUT + MAX_OUT
 SLOT_EXTRA_ROWS = SLOT_EXTRA + MAX_EXTRA
 SLOT_QSCALE = SLOT_EXTRA_ROWS + MAX_EXTRA  # QUANT: the panel's scales per column
+SLOT_QBIAS = SLOT_QSCALE + 1  # QUANT with a bias: the panel's int32 bias per column
 
 
 def instruction_for(target: Target):
@@ -144,11 +145,17 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
     extras = [slot(SLOT_EXTRA + e, PTR) for e in range(len(params.extra_kinds))]
     extra_rows = [slot(SLOT_EXTRA_ROWS + e) for e in range(len(params.extra_kinds))]
     fty = ir.VectorType(F32, lanes)
-    if params.mode == QUANT:  # q = clamp(round_half_even(float(S) * scale[col]) + zero point), as QLinearMatMul
+    if params.mode == QUANT:  # q = clamp(round_half_even(float(S + bias) * scale[col]) + zero point), as QGemm
         qscale = slot(SLOT_QSCALE, PTR)
         scales = [b.load(b.gep(qscale, [ir.Constant(I64, j * lanes)], source_etype=F32), typ=fty, align=4)
                   for j in range(nr)]
+        if params.has_bias:  # the int32 bias joins the sums before the scale, as MLAS's output processor adds it
+            qbias = slot(SLOT_QBIAS, PTR)
+            corr = [b.sub(corr[j], b.load(b.gep(qbias, [ir.Constant(I64, j * lanes)], source_etype=I32), typ=acc_t,
+                                          align=4)) for j in range(nr)]
         lo, hi = (-128, 127) if params.out_signed else (0, 255)
+        if params.relu:  # a Relu before the quantizer: nothing below the zero point
+            lo = max(lo, params.out_zero)
         ity = ir.VectorType(I32, lanes)
         for i in range(mi):
             row = b.add(m0, ir.Constant(I64, i))
@@ -202,11 +209,13 @@ def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
     in_types = [ONNX_ENUM["uint8"]] + ([ONNX_ENUM["uint8"]] if p.has_azp else []) + \
         [ONNX_ENUM["int8"], ONNX_ENUM["int32"]] + \
         ([ONNX_ENUM["int32"], ONNX_ENUM["int32"], ONNX_ENUM["int64"], ONNX_ENUM["int32"]] if p.has_fix else []) + \
-        ([ONNX_ENUM["float32"]] if p.mode == QUANT else [ONNX_ENUM["float32"]] * len(p.extra_kinds))
+        ([ONNX_ENUM["float32"]] + [ONNX_ENUM["int32"]] * p.has_bias if p.mode == QUANT else
+         [ONNX_ENUM["float32"]] * len(p.extra_kinds))
     out_types = [ONNX_ENUM["int8" if p.out_signed else "uint8"]] if p.mode == QUANT else \
         [ONNX_ENUM["float32"]] * len(region.outputs)
     desc = QMatMulKernelDesc(op_type=region.op_type, in_types=in_types,
                              out_types=out_types, k=p.k, n=p.n,
                              has_azp=p.has_azp, has_fix=p.has_fix, extra_kinds=list(p.extra_kinds), mr=p.mr,
-                             tiles=names, instruction=ins.name, tasks=p.tasks, mode=p.mode)
+                             tiles=names, instruction=ins.name, tasks=p.tasks, mode=p.mode,
+                             has_bias=p.has_bias)
     return obj, desc, ir_text

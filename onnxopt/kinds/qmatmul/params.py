@@ -23,13 +23,15 @@ class QMatMulParams(KindParams):
     mode: int = FLOAT  # QUANT: a QLinearMatMul or a QDQ unit, requantized per column (scale input) to u8 / s8
     out_signed: bool = False  # QUANT: an s8 output (else u8)
     out_zero: int = 0  # QUANT: the output's zero point
+    has_bias: bool = False  # QUANT: an int32 bias per column (a Gemm's or QGemm's C) is added to the sums
+    relu: bool = False  # QUANT: a Relu before the QuantizeLinear: the result is clamped below at the zero point
     mr: int = 4  # the schedule (onnxopt/tune/int8_schedule.py): rows of A a tile (the unrolled rows)
     tasks: int = 16  # the schedule: most tasks a call is split into (the parallel extent)
     body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
 
     def key(self) -> list:
         return [self.k, self.n, self.has_azp, list(self.extra_kinds), self.has_fix, self.mode, self.out_signed,
-                self.out_zero, self.mr, self.tasks]
+                self.out_zero, self.has_bias, self.relu, self.mr, self.tasks]
 
     def fallback_body(self) -> list:
         return list(self.body)
