@@ -228,7 +228,8 @@ def test_the_tile_compiles_to_each_targets_instruction(spec, mnemonic, reg):
 @pytest.mark.parametrize("cin,cout,k,pad,dil,n,h,w,signed_in", [(5, 7, 3, 1, 1, 2, 5, 16, False),
                                                                  (8, 9, 1, 0, 1, 1, 3, 30, True),
                                                                  (3, 16, 3, 2, 2, 1, 9, 14, False),
-                                                                 (13, 4, 5, 2, 1, 3, 6, 45, True)])
+                                                                 (13, 4, 5, 2, 1, 3, 6, 45, True),
+                                                                 (6, 5, 3, 1, 1, 1, 4, 40, False)])
 def test_implicit_form_reads_the_grouped_input_exactly(tmp_path, cin, cout, k, pad, dil, n, h, w, signed_in):
     """Stride 1 with output rows that fill panels of 16 pixels: the tile reads the channel-grouped input per tap
     (no im2col), the last panel of each row partial, with saturating pairs corrected and s8 activations."""
@@ -243,6 +244,35 @@ def test_implicit_form_reads_the_grouped_input_exactly(tmp_path, cin, cout, k, p
     x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)
     zx = np.array(7 - 128 * signed_in, xt)
     exact = conv_int(x, wt, int(zx), 0, [1, 1], [pad] * 4, [dil, dil])
+    want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
+        np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
+    got = make_session(fused, 2, library=lib).run(None, {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)})[0]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("cin,cout,k,stride,pad,n,h,w,half", [(3, 16, 3, 2, 1, 2, 40, 40, False),
+                                                               (20, 9, 3, 1, 0, 1, 9, 9, True),
+                                                               (7, 6, 1, 2, 0, 1, 13, 13, True),
+                                                               (4, 10, 3, 2, 1, 1, 30, 33, False)])
+def test_short_panels_and_strided_rows_are_exact(tmp_path, cin, cout, k, stride, pad, n, h, w, half):
+    """A plane whose last panel holds 8 pixels or fewer (7 x 7: 49 = 3 x 16 + 1) runs it on the half tiles, one
+    vector of pixels; stride-2 rows (a stem's 3 channels) are gathered 16 at a time by the packing's fast path.
+    Exact either way, with saturating pairs corrected."""
+    from onnxopt.codegen.target import host_target
+    from onnxopt.kinds.qconv.lower import build
+    from onnxopt.kinds.qmatmul.lower import instruction_for
+
+    rng = np.random.default_rng(cin * h + w)
+    wt = rng.choice(np.array([-128, 127, 90, -3, 0, 41], np.int8), (cout, cin, k, k))
+    attrs = dict(kernel_shape=[k, k], pads=[pad] * 4, strides=[stride, stride])
+    model = conv_integer_model(wt, np.zeros((), np.int8), attrs, (n, cin, h, w))
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
+    _, desc, _ = build(region, host_target())
+    lanes = instruction_for(host_target()).lanes  # 16 on AVX-512: a panel is one vector, no half tiles
+    assert bool(desc.half_tiles) == (half and lanes == 8) and desc.half_cols == (8 if desc.half_tiles else 0)
+    x = rng.integers(0, 256, (n, cin, h, w)).astype(np.uint8)
+    zx = np.array(7, np.uint8)
+    exact = conv_int(x, wt, int(zx), 0, [stride, stride], [pad] * 4, [1, 1])
     want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
         np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
     got = make_session(fused, 2, library=lib).run(None, {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)})[0]

@@ -76,6 +76,20 @@ static void qc_tap_runs(const qc_job *j, int64_t tap, qc_runs *r) {
   }
 }
 
+/* out[t] = in[2 t] for 16 t (32 bytes read): on x86 two loads, masks and one pack (SSE2, every x86-64 has it). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <emmintrin.h>
+static void qc_every_other(uint8_t *out, const uint8_t *in) {
+  __m128i lo = _mm_loadu_si128((const __m128i *)in), hi = _mm_loadu_si128((const __m128i *)(in + 16));
+  __m128i even = _mm_set1_epi16(0x00ff);
+  _mm_storeu_si128((__m128i *)out, _mm_packus_epi16(_mm_and_si128(lo, even), _mm_and_si128(hi, even)));
+}
+#else
+static void qc_every_other(uint8_t *restrict out, const uint8_t *restrict in) {
+  for (int t = 0; t < QC_PANEL; t++) out[t] = in[2 * t];
+}
+#endif
+
 /* The panel's 16 activations of one channel plane at the tap whose runs `r` holds, as 16 bytes in a row: in the
    image itself where they are (returned), else gathered into `col` (32 bytes: a run's copy may write 16 bytes past
    its start; the next run's overwrites them). */
@@ -87,6 +101,10 @@ static const uint8_t *qc_gather(const qc_job *j, const qc_runs *r, const uint8_t
     const uint8_t *row = plane + r->at[sg];
     if (r->lo[sg] == t0 && r->hi[sg] == t1 && d->sw == 1 && row + QC_PANEL <= end) {
       memcpy(col + t0, row, QC_PANEL); /* 16 bytes, whatever the run's length: one vector copy */
+      continue;
+    }
+    if (r->lo[sg] == t0 && r->hi[sg] == t1 && d->sw == 2 && row + 2 * QC_PANEL <= end) {
+      qc_every_other(col + t0, row); /* likewise: a stride-2 stem's rows */
       continue;
     }
     for (int t = t0; t < r->lo[sg]; t++) col[t] = j->za;
@@ -292,6 +310,12 @@ static void qc_pack_task(void *usr, size_t index) {
   }
 }
 
+/* The tiles for a panel of `ncols` pixels: those of one vector where it holds them all (a 7-pixel row computes 8
+   columns, not 16). */
+static const qconv_tile_fn *qc_tiles_for(const onnxopt_qconv_desc *d, int64_t ncols) {
+  return ncols <= d->half_cols ? d->half_tiles : d->tiles;
+}
+
 /* The implicit form's tasks: per panel (up to 16 pixels of one output row) its window's start per tap, computed
    once, then every channel block of the task on it (at most 64 channels: their weights stay in L1). */
 static void qc_implicit_task(const qc_job *j, int64_t p0, int64_t p1, int64_t b0, int64_t b1) {
@@ -307,9 +331,10 @@ static void qc_implicit_task(const qc_job *j, int64_t p0, int64_t p1, int64_t b0
     t.ncols = j->ow - col < QC_PANEL ? j->ow - col : QC_PANEL;
     t.out_off = img * j->out_elems_per_image + (row * j->ow + col) * j->ostep;
     t.chan_base = img * d->cout;
+    const qconv_tile_fn *tiles = qc_tiles_for(d, t.ncols);
     for (int64_t mb = b0; mb < b1; mb++) {
       t.m0 = mb * d->mr;
-      d->tiles[(d->cout - t.m0 < d->mr ? d->cout - t.m0 : d->mr) - 1]((const int64_t *)&t);
+      tiles[(d->cout - t.m0 < d->mr ? d->cout - t.m0 : d->mr) - 1]((const int64_t *)&t);
     }
   }
 }
@@ -338,7 +363,7 @@ static void qc_gemm_task(void *usr, size_t index) {
         t.ncols = j->pixels - first < QC_PANEL ? j->pixels - first : QC_PANEL;
         t.out_off = img * j->out_elems_per_image + first * j->ostep;
         t.chan_base = img * d->cout;
-        d->tiles[mi - 1]((const int64_t *)&t);
+        qc_tiles_for(d, t.ncols)[mi - 1]((const int64_t *)&t);
       }
     }
   }

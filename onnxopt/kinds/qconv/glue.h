@@ -56,6 +56,8 @@ typedef struct {
   int mr;
   int tasks; /* most tasks a call is split into */
   qconv_tile_fn tiles[QC_MAX_MR]; /* tiles[mi - 1]: mi output channels */
+  int64_t half_cols;                   /* a panel of at most this many pixels runs on half_tiles (0: none) */
+  qconv_tile_fn half_tiles[QC_MAX_MR]; /* tiles of one vector of pixels: the last, short panel of a row or plane */
 } onnxopt_qconv_desc;
 
 #endif

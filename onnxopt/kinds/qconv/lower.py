@@ -79,10 +79,11 @@ def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: 
     return for_range(b, lo, hi, ir.Constant(I64, 1), entry, acc)
 
 
-def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int) -> None:
+def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int, nr: int = 0) -> None:
     """mi output channels x one panel on the instruction `emit` (codegen/instructions), whose activation operand
-    exec.c packs with the instruction's signedness."""
-    nr = PANEL // lanes
+    exec.c packs with the instruction's signedness; `nr`: the vectors of pixels it computes, the panel's PANEL //
+    lanes by default (a half tile, half that, reads and writes only the panel's first PANEL / 2 pixels)."""
+    nr = nr or PANEL // lanes
     b, slot = record_function(module, name)
     w, panel, vsum = slot(SLOT_W, PTR), slot(SLOT_PANEL, PTR), slot(SLOT_VSUM, PTR)
     k4q, azp, m0, ncols, out_off, ohw = (slot(s) for s in (SLOT_K4Q, SLOT_AZP, SLOT_M0, SLOT_NCOLS, SLOT_OUT_OFF,
@@ -147,7 +148,7 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
         asums = [b.load(b.gep(asum, [ir.Constant(I64, j * lanes)], source_etype=I32), typ=acc_t, align=4)
                  for j in range(nr)]
     masks = [lane_mask(b, b.sub(ncols, ir.Constant(I64, j * lanes)), lanes) for j in range(nr)]
-    full = b.icmp_signed("==", ncols, ir.Constant(I64, PANEL))
+    full = b.icmp_signed("==", ncols, ir.Constant(I64, nr * lanes))
     rows_sums = []
     for i in range(mi):
         r = rows[i]
@@ -183,7 +184,7 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
 def _float_epilogue(b, params, program, slot, rows, rows_sums, out_off, ohw, masks, lanes: int) -> None:
     """FLOAT's epilogue: the program (Cast, the scale, the bias...) on each row's sums, and the stores; through
     `masks` where given (a partial panel)."""
-    nr = PANEL // lanes
+    nr = len(rows_sums[0])
     fty = ir.VectorType(F32, lanes)
     extras = [slot(SLOT_EXTRA + e, PTR) for e in range(len(params.extra_kinds))]
     counts = [slot(SLOT_EXTRA_COUNT + e) for e in range(len(params.extra_kinds))]
@@ -266,7 +267,7 @@ def _requantize_blocked(b, params, slot, rows, rows_sums, m0, out_off, ohw, mask
     """QUANT's epilogue into the blocked layout (layout.py): per group of 4 channels, a pixel's 4 bytes as one word,
     the rows past the tile's zero (the padding channels of the last group); `ohw` is the bytes between groups and
     m0 a multiple of 4."""
-    nr = PANEL // lanes
+    nr = len(masks)
     ity = ir.VectorType(I32, lanes)
     byte = broadcast(b, ir.Constant(I32, 255), lanes)
     qs = [_requantized(b, params, slot, r, sums, lanes) for r, sums in zip(rows, rows_sums)]
@@ -395,6 +396,20 @@ def define_depthwise_tile(module: ir.Module, name: str, params, program, lanes: 
     b.ret_void()
 
 
+def _short_panels(region, ins) -> bool:
+    """Whether half tiles pay: the panel holds two vectors or more, and a row's (the implicit form's) or an image's
+    last panel holds PANEL / 2 pixels or fewer, or the shape is not known."""
+    p = region.params
+    if p.depthwise or ins is None or PANEL // ins.lanes < 2:
+        return False
+    shape = region.shape or []
+    oh, ow = shape[-2:] if len(shape) >= 4 else (None, None)
+    if not isinstance(oh, int) or not isinstance(ow, int):
+        return True
+    last = (ow if p.implicit else oh * ow) % PANEL
+    return 0 < last <= PANEL // 2
+
+
 def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     """Returns (object code, the glue's description, LLVM IR text)."""
     p = region.params
@@ -410,11 +425,14 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     if p.depthwise:  # its own tile: no dot-product instruction, a product per tap and pixel
         names.append(f"{region.op_type}_dw")
         define_depthwise_tile(module, names[-1], p, region.program, target.vector_bits // 32)
+    half = [f"{region.op_type}_h{mi}" for mi in range(1, p.mr + 1)] if _short_panels(region, ins) else []
     for mi in range(1, p.mr + 1):
         if p.depthwise:
             break
         names.append(f"{region.op_type}_m{mi}")
         define_tile(module, names[-1], p, region.program, ins.emit, ins.lanes, mi)
+        if half:  # a short panel (7 pixels of a 7 x 7 plane) on half the panel's vectors
+            define_tile(module, half[mi - 1], p, region.program, ins.emit, ins.lanes, mi, nr=PANEL // ins.lanes // 2)
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     i32 = ONNX_ENUM["int32"]
@@ -432,5 +450,6 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     desc = QConvKernelDesc(op_type=region.op_type, in_types=in_types, out_types=out_types, params=p,
                            mr=1 if p.depthwise else p.mr,
                            tiles=names, instruction=ins.name if ins else "s32 products",
-                           packed_signed=ins is not None and signed_operand(ins))
+                           packed_signed=ins is not None and signed_operand(ins),
+                           half_cols=PANEL // 2 if half else 0, half_tiles=half or None)
     return obj, desc, ir_text
