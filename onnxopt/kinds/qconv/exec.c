@@ -505,6 +505,15 @@ static void qc_plan(qc_job *j) {
   if (j->group < 1) j->group = 1;
 }
 
+/* `task` over the input's images x channel groups (qc_relayout_task, qc_block_input_task), in parallel. */
+static OrtStatus *qc_per_channel_group(qc_job *j, OrtKernelContext *ctx, void (*task)(void *, size_t)) {
+  int64_t items = j->n * (j->cin4 / 4);
+  j->relayout_tasks = items < j->d->tasks ? items : j->d->tasks;
+  if (j->relayout_tasks > 1) return API(KernelContext_ParallelFor)(ctx, task, (size_t)j->relayout_tasks, 0, j);
+  task(j, 0);
+  return NULL;
+}
+
 static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *ctx) {
   int64_t dims[MAX_RANK], other[MAX_RANK];
   size_t rank, other_rank;
@@ -603,13 +612,7 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
     j.grouped = (uint8_t *)glue_bytes((size_t)(j.n * (j.cin4 / 4) * j.proto.plane4 + 64));
     if (!j.grouped) return fail(ORT_FAIL, "onnxopt: qconv: out of memory");
     memset(j.grouped + j.n * (j.cin4 / 4) * j.proto.plane4, 0, 64);
-    int64_t items = j.n * (j.cin4 / 4);
-    j.relayout_tasks = items < d->tasks ? items : d->tasks;
-    if (j.relayout_tasks > 1)
-      st = API(KernelContext_ParallelFor)(ctx, qc_relayout_task, (size_t)j.relayout_tasks, 0, &j);
-    else
-      qc_relayout_task(&j, 0);
-    if (st) goto done;
+    if ((st = qc_per_channel_group(&j, ctx, qc_relayout_task))) goto done;
   } else {
     j.ppi = (j.pixels + QC_PANEL - 1) / QC_PANEL;
     j.panels = j.n * j.ppi;
@@ -620,21 +623,15 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
       goto done;
     }
     /* Several taps gather each input byte several times: from NCHW that is 4 channel planes interleaved byte by
-       byte per tap; laid out blocked once, a tap copies one word per pixel (Table I's 3x3 layers 1.08-1.26x; a 1x1
-       of stride 2 would lay out 4 times the pixels it reads: 0.955x). */
+       byte per tap; laid out blocked once, a tap copies one word per pixel. Not for a 1x1 of stride 2, which would
+       lay out four times the pixels it reads (docs/decisions.md). */
     if (!d->in_blocked && d->group == 1 && j.cin_g > 1 && d->kh * d->kw > 1) {
       j.blocked = (uint8_t *)glue_bytes((size_t)(j.n * (j.cin4 / 4) * j.h * j.w * 4));
       if (!j.blocked) {
         st = fail(ORT_FAIL, "onnxopt: qconv: out of memory");
         goto done;
       }
-      int64_t items = j.n * (j.cin4 / 4);
-      j.relayout_tasks = items < d->tasks ? items : d->tasks;
-      if (j.relayout_tasks > 1)
-        st = API(KernelContext_ParallelFor)(ctx, qc_block_input_task, (size_t)j.relayout_tasks, 0, &j);
-      else
-        qc_block_input_task(&j, 0);
-      if (st) goto done;
+      if ((st = qc_per_channel_group(&j, ctx, qc_block_input_task))) goto done;
       j.x = j.blocked;
       j.x_blocked = 1;
     }
