@@ -4,9 +4,11 @@
     onnxopt inspect model.onnx                     the annotated graph
     onnxopt machine                                the machine model
     onnxopt bench original.onnx fused.onnx         both through onnxruntime, interleaved
+    onnxopt batch SRC... -o OUT_DIR                many models, each in its own process
 
 Exit codes: 0 ok, 1 verification failed, 2 bad usage or unreadable input, 3 an internal error (a bug: please report
-it), 130 interrupted (Ctrl-C, SIGTERM). Errors print one line, no traceback (`--verbose` shows it).
+it), 130 interrupted (Ctrl-C, SIGTERM). Errors print one line, no traceback (`--verbose` shows it above the line);
+warnings one line each.
 """
 
 from __future__ import annotations
@@ -16,18 +18,35 @@ import json
 import os
 import signal
 import sys
-import tempfile
+import traceback
+import warnings
 
 from onnxopt import __version__
 from onnxopt.errors import OnnxoptError, UsageError
+from onnxopt.driver.policy import FUSION_KINDS
 from onnxopt.pipeline import WINOGRAD_MODES
 
 SUBCOMMANDS = ("inspect", "machine", "bench", "optimize", "batch")
+# The other commands, for the top-level help (a test checks that it names every one of SUBCOMMANDS).
+OTHER_COMMANDS = {
+    "inspect": ("MODEL", "the annotated graph: FLOPs, bytes, intensity, predicted time per node"),
+    "machine": ("", "the machine model (measured peaks and bandwidths), or a preset's"),
+    "bench": ("A B", "time two models through onnxruntime, interleaved, and compare their outputs"),
+    "batch": ("SRC... -o OUT_DIR", "optimize many models, each in its own process, resumable, with an HTML report"),
+}
+TARGET_HELP = ("CPU to compile for: native (default), x86-64-v3, x86-64-v4, aarch64, aarch64-dotprod (Armv8.2-A's "
+               "int8 dot products), or cpu=NAME,+feature,... (an x86-64 or aarch64 CPU: cpu=neoverse-n1,+dotprod)")
+SKIP_FUSION_HELP = f"do not fuse regions of this kind (repeatable, or comma-separated): {', '.join(FUSION_KINDS)}"
 
 
 def _optimize_parser() -> argparse.ArgumentParser:
+    width = max(len(f"onnxopt {c} {a}") for c, (a, _) in OTHER_COMMANDS.items()) + 2
+    others = "\n".join(f"  {f'onnxopt {c} {a}'.ljust(width)}{h}" for c, (a, h) in OTHER_COMMANDS.items())
     p = argparse.ArgumentParser(prog="onnxopt", description="Fuse an ONNX model into native kernels served by "
-                                "onnxruntime. Other commands: onnxopt inspect | machine | bench (see --help of each).")
+                                "onnxruntime (`onnxopt optimize MODEL -o OUT` is the same).\nOther commands: onnxopt "
+                                f"{' | '.join(OTHER_COMMANDS)} (listed at the end).",
+                                epilog=f"other commands (see onnxopt COMMAND --help):\n{others}",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="the model to optimize (.onnx)")
     p.add_argument("-o", "--output", required=True, help="where to write the optimized model; its kernel library "
                    "goes next to it as <output>.so")
@@ -36,9 +55,7 @@ def _optimize_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-shape", action="append", metavar="NAME:D0,D1,...",
                    help="check and time with this input shape, but keep its symbolic dims symbolic in the output "
                    "(repeatable): a transformer measured at the sequence it will serve, and still dynamic")
-    p.add_argument("--target", default="native", help="CPU to compile for: native (default), x86-64-v3, x86-64-v4, "
-                   "aarch64, aarch64-dotprod (Armv8.2-A's int8 dot products), or cpu=NAME,+feature,... "
-                   "(an x86-64 or aarch64 CPU: cpu=neoverse-n1,+dotprod)")
+    p.add_argument("--target", default="native", help=TARGET_HELP)
     p.add_argument("--check-input", action="append", metavar="NAME:FILE.npy",
                    help="verify on this input instead of random data (repeatable)")
     p.add_argument("--rtol", action="append", metavar="[DTYPE:]X", help="relative tolerance of the check "
@@ -47,8 +64,7 @@ def _optimize_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-tol", action="append", metavar="[DTYPE:]X", help="tolerance as a fraction of the output's "
                    "largest magnitude, for values near zero that come from cancelling terms (default float32:1e-5; "
                    "0 for the plain rtol/atol check)")
-    p.add_argument("--skip-fusion", action="append", metavar="KIND", help="do not fuse regions of this kind "
-                   "(elementwise, compute, pool, afusion, horizontal, copy)")
+    p.add_argument("--skip-fusion", action="append", metavar="KIND", help=SKIP_FUSION_HELP)
     p.add_argument("--no-afusion", action="store_true", help="no AFUSION kernels (two or three convolutions, or a "
                    "convolution and its pool, in one kernel); the same as --skip-fusion afusion")
     p.add_argument("--no-sequences", action="store_true", help="one custom op per fused region: do not merge runs "
@@ -99,13 +115,11 @@ def _optimize_parser() -> argparse.ArgumentParser:
 
 
 def cmd_optimize(argv) -> int:
-    from rich.console import Console
-
     from onnxopt.pipeline import optimize
-    from onnxopt.report import render_optimize_report
+    from onnxopt.report import make_console, render_optimize_report
 
     a = _optimize_parser().parse_args(argv)
-    console = Console(stderr=True, quiet=a.quiet)
+    console = make_console(stderr=True, quiet=a.quiet)
     if a.report:
         check_report_path(a.report, [a.output, a.output + ".so", a.output + ".data"])
     result = optimize(a.input, a.output, input_shape=a.input_shape, measure_shape=a.measure_shape, target=a.target,
@@ -117,10 +131,9 @@ def cmd_optimize(argv) -> int:
                       search_budget=a.search_budget, prune=not a.no_prune, sequences=not a.no_sequences,
                       tune_budget=a.tune_budget,
                       winograd=a.winograd, verify_fallback=a.verify_fallback, emulate=a.emulate,
-                      also_writes=[a.report] if a.report else None,
-                      progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None)
-    if a.report:
-        write_json_atomic(a.report, result.report)
+                      report_file=a.report,
+                      progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None,
+                      _cli=True)
     render_optimize_report(result.report, console, verbose=a.verbose)
     return 0
 
@@ -138,28 +151,11 @@ def check_report_path(path: str, outputs: list[str]) -> None:
         raise UsageError(f"--report {path} is one of the outputs; give the report a name of its own")
 
 
-def write_json_atomic(path: str, data) -> None:
-    from onnxopt.graph.load import make_readable
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-        make_readable(tmp)  # mkstemp makes it 0600; a report gets what open() would give
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def cmd_inspect(argv) -> int:
-    from rich.console import Console
-
     from onnxopt.annotate.graph import annotate
     from onnxopt.graph.load import load_model, parse_input_shapes
     from onnxopt.hardware.measure import load_machine
+    from onnxopt.report import make_console
 
     p = argparse.ArgumentParser(prog="onnxopt inspect", description="The annotated graph: FLOPs, bytes, "
                                 "intensity, compute- or memory-bound, predicted time per node.")
@@ -174,20 +170,20 @@ def cmd_inspect(argv) -> int:
     if a.json:
         print(json.dumps(g.to_dict(), indent=1, default=str))
     else:
-        g.render_table(Console(), limit=a.top or None)
+        g.render_table(make_console(), limit=a.top or None)
     return 0
 
 
 def cmd_machine(argv) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from onnxopt.hardware.measure import load_machine
-    from onnxopt.hardware.presets import get_preset
+    from onnxopt.hardware.presets import PRESETS, get_preset
+    from onnxopt.report import make_console
 
     p = argparse.ArgumentParser(prog="onnxopt machine", description="The machine model: measured peaks and "
                                 "bandwidths (cached after the first run), ISA, caches; or a preset.")
-    p.add_argument("--preset", help="show a preset instead (xeon-gold-6240, a100, a6000-ada, rtx4090, orin)")
+    p.add_argument("--preset", help=f"show a preset instead: {', '.join(PRESETS)}")
     p.add_argument("--refresh", action="store_true", help="measure again")
     p.add_argument("--quick", action="store_true", help="shorter, less precise measurement")
     p.add_argument("--json", action="store_true")
@@ -210,15 +206,13 @@ def cmd_machine(argv) -> int:
         t.add_row(f"{lv.name} ({size})", f"{lv.bandwidth / 1e9:.1f} GB/s{one}")
     t.add_row("balance (fp32 FLOP/byte, DRAM)", f"{m.balance('float32'):.2f}")
     t.add_row("ISA", " ".join(m.isa))
-    Console().print(t)
+    make_console().print(t)
     return 0
 
 
 def cmd_bench(argv) -> int:
-    from rich.console import Console
-
     from onnxopt.runtime.bench import bench
-    from onnxopt.report import render_bench
+    from onnxopt.report import make_console, render_bench
 
     p = argparse.ArgumentParser(prog="onnxopt bench", description="Time two models through onnxruntime in one "
                                 "process: same threads, interleaved A B A B, medians, p10/p90 and the ratio.")
@@ -242,14 +236,14 @@ def cmd_bench(argv) -> int:
     if a.json:
         print(json.dumps(r, indent=1))
     else:
-        render_bench(r, Console())
+        render_bench(r, make_console())
     return 0
 
 
 def _bench_kernels(a) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from onnxopt.report import make_console
     from onnxopt.runtime.kernel_bench import bench_kernels
 
     rows = bench_kernels(a.a, threads=a.threads, min_time=min(a.min_time, 1.0))
@@ -263,13 +257,14 @@ def _bench_kernels(a) -> int:
         t.add_row(r["op_type"], "x".join(map(str, r["shape"])), f"{r['bytes']:,}", f"{r['seconds'] * 1e6:.1f}",
                   f"{r['bandwidth'] / 1e9:.1f}", r["level"], str(r["cores"]), f"{r['level_bandwidth'] / 1e9:.1f}",
                   f"{100 * r['fraction']:.0f}%")
-    Console().print(t)
+    make_console().print(t)
     return 0
 
 
 def cmd_batch(argv) -> int:
     from onnxopt.batch import run_batch
     from onnxopt.batch.options import OneLineParser, add_pass_through, pick
+    from onnxopt.report import make_console
 
     p = OneLineParser(prog="onnxopt batch", description="Optimize many models, each in its own process, into one "
                        "folder that mirrors the sources' folders; resumable; writes OUT_DIR/report.json and a "
@@ -293,13 +288,15 @@ def cmd_batch(argv) -> int:
     p.add_argument("--ray", metavar="auto|ADDRESS", help="run the models as tasks of a Ray cluster (needs "
                    "onnxopt[ray]; OUT_DIR must be on a file system every node shares)")
     add_pass_through(p)
+    for flag, help_ in (("--target", TARGET_HELP), ("--skip-fusion", SKIP_FUSION_HELP)):
+        p._option_string_actions[flag].help = help_  # the same help as the optimize command's
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary table")
     p.add_argument("--verbose", action="store_true", help="a traceback with an error of the batch itself")
     a = p.parse_args(argv)
     try:
         result = run_batch(a.sources, a.output, jobs=a.jobs, timeout=a.timeout, memory_limit_gb=a.memory_limit,
                            retry_failed=a.retry_failed, bench=not a.no_bench, bench_time=a.bench_time, ray=a.ray,
-                           quiet=a.quiet, **pick(vars(a)))
+                           quiet=a.quiet, console=make_console(stderr=True, quiet=a.quiet), **pick(vars(a)))
     except KeyboardInterrupt:
         print(f"onnxopt: interrupted; the models finished so far are recorded in {a.output}/batch-state.json "
               "(run the same command again to go on)", file=sys.stderr)
@@ -332,6 +329,12 @@ def _interrupt_on_signals() -> dict:
     return before
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """A warning in one line, like our errors: warnings.warn's default also prints the source line that warned."""
+    what = "" if category.__module__.startswith("onnxopt") else f"{category.__name__}: "
+    print(f"onnxopt: warning: {what}{' '.join(str(message).split())}", file=file or sys.stderr)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd, rest = ("optimize", argv)
@@ -340,13 +343,16 @@ def main(argv=None) -> int:
     handler = {"optimize": cmd_optimize, "inspect": cmd_inspect, "machine": cmd_machine, "bench": cmd_bench,
                "batch": cmd_batch}[cmd]
     handlers = _interrupt_on_signals()
-    if "--verbose" not in argv:
+    verbose = "--verbose" in argv
+    if not verbose:
         _quiet_onnxruntime()
+    show_warning, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         return handler(rest)
     except OnnxoptError as e:
-        if "--verbose" in argv:
-            raise
+        if verbose:  # the traceback, then a blank line, then the error's own line
+            traceback.print_exc()
+            print(file=sys.stderr)
         print(f"onnxopt: error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever it quotes
         return e.exit_code
     except KeyboardInterrupt:
@@ -357,13 +363,15 @@ def main(argv=None) -> int:
               "run on a machine with more memory", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - a bug of ours: one line and a distinct code, the traceback on request
-        if "--verbose" in argv:
-            raise
+        if verbose:
+            traceback.print_exc()
+            print(file=sys.stderr)
         first = (str(e).splitlines() or [""])[0][:300]
-        print(f"onnxopt: internal error: {type(e).__name__}: {first}; nothing was written. Please report it "
-              "(--verbose shows the traceback)", file=sys.stderr)
+        print(f"onnxopt: internal error: {type(e).__name__}: {first}; nothing was written. Please report it"
+              + (" with the traceback above" if verbose else " (--verbose shows the traceback)"), file=sys.stderr)
         return 3
     finally:
+        warnings.showwarning = show_warning
         for sig, h in handlers.items():
             signal.signal(sig, h)
 

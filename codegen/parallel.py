@@ -9,6 +9,11 @@ them, and only the object code and the glue's description come back.
 Forking is safe here because a worker only runs Python and llvmlite, never the onnxruntime sessions or the SQLite
 connection the parent may hold. Where fork is unavailable (not Linux or macOS) everything is built in this process,
 in order.
+
+A worker dies with its parent (PR_SET_PDEATHSIG, SIGKILL): an optimizer killed by a CI timeout or the OOM killer
+would otherwise leave its workers blocked forever writing results into a pipe their siblings keep open, holding the
+parent's open files (the cost cache). Linux sends that signal when the thread that forked the worker ends, so pools
+are made only by the main thread; called from another thread, build_many builds in that thread, in order.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -72,7 +78,23 @@ def build_timeout() -> float:
     return 600.0
 
 
-def _worker_start():
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> bool:
+    """Ask Linux to SIGKILL this process when its parent (the thread that forked it) ends; False where it cannot."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux: no prctl
+        return False
+
+
+def _worker_start(parent: int) -> None:
+    die_with_parent()
+    if os.getppid() != parent:  # the parent died before the death signal was set: nothing would ever send it
+        os._exit(1)
     # The parent's signal handlers (the CLI's cleanup on SIGTERM) are not the worker's: it just dies.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -82,13 +104,15 @@ def build_many(jobs: list[Callable[[], tuple]], workers: int | None = None) -> l
     """Run each job (a no-argument callable returning (object code, description, ...)) and return, in order,
     (object code, description) or the BuildError it raised.
 
-    Jobs run in forked worker processes even on one core: LLVM reports some errors by exiting the process or
-    leaves it hung, and a worker's death or a build past `build_timeout()` then ends the run with a WorkerError
-    instead of killing or hanging this process."""
+    Jobs run in forked worker processes even on one core (called from the main thread): LLVM reports some errors
+    by exiting the process or leaves it hung, and a worker's death or a build past `build_timeout()` then ends the
+    run with a WorkerError instead of killing or hanging this process."""
     workers = max(1, min(build_workers() if workers is None else workers, len(jobs)))
     if not jobs:
         return []
-    if "fork" not in multiprocessing.get_all_start_methods():
+    # Off the main thread, build here: a forked worker's death signal would follow that thread, not the process.
+    if "fork" not in multiprocessing.get_all_start_methods() or threading.current_thread() is not \
+            threading.main_thread():
         out = []
         for job in jobs:
             try:
@@ -99,7 +123,8 @@ def build_many(jobs: list[Callable[[], tuple]], workers: int | None = None) -> l
     global _JOBS
     _JOBS = list(jobs)
     timeout = build_timeout()
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
+                               initargs=(os.getpid(),))
     try:
         # Largest-first scheduling is unknown here; one job a task keeps both cores busy to the end.
         futures = [pool.submit(_run, i) for i in range(len(jobs))]

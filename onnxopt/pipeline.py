@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 import shutil
 import tempfile
 import time
@@ -92,69 +93,240 @@ class Options:
     # library in onnxruntime under emulation where it is set up (hardware/emulator.py).
     emulate: bool = True
     input_files: tuple = ()  # files read besides the model (--check-input): never written over
-    also_writes: tuple = ()  # files the caller writes besides the outputs (the CLI's --report)
+    also_writes: tuple = ()  # files the caller writes besides the outputs, never read nor written over
+    report_file: str | None = None  # the report's JSON, published with the outputs (driver/outputs.py)
 
 
 
 
 
 
-def optimize(model, output: str | None = None, **kwargs) -> Result:
-    """Optimize a model (path or ModelProto). With `output`, writes it and `<output>.so`.
+def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | os.PathLike | None = None, *,
+             input_shape: str | Sequence[str] | None = None,
+             measure_shape: str | Sequence[str] | None = None,
+             target: str | None = None,
+             rtol: float | str | Sequence[str] | None = None,
+             atol: float | str | Sequence[str] | None = None,
+             scale_tol: float | str | Sequence[str] | None = None,
+             check_input: str | Sequence[str] | None = None,
+             skip_fusion: str | Sequence[str] | None = None,
+             threads: int | None = None,
+             verify: bool = True,
+             measure: bool = True,
+             min_speedup: float = 1.0,
+             seed: int = 0,
+             plan: str | None = None,
+             cost_cache: str | os.PathLike | bool | None = None,
+             tile_search: bool = True,
+             search_budget: float = 60.0,
+             tune_budget: float = 12.0,
+             prune: bool = True,
+             sequences: bool = True,
+             winograd: str | int = "auto",
+             verify_fallback: bool = True,
+             emulate: bool = True,
+             also_writes: Sequence[str | os.PathLike] | None = None,
+             report_file: str | os.PathLike | None = None,
+             progress: Callable[[str], object] | None = None,
+             _cli: bool = False,
+             **unknown) -> Result:
+    """Optimize a model: a path, an onnx.ModelProto, or the bytes of a serialized one.
 
-    Keyword options mirror the CLI: input_shape=["x:1,3,224,224"], measure_shape=["ids:1,128"], target="native",
-    rtol=, atol=, scale_tol=,
-    check_input=["x:file.npy"], skip_fusion=["elementwise"], threads=, verify=True, measure=True, min_speedup=1.0.
+    With `output`, writes the model there and its kernel library as `<output>.so`; `Result.output` and
+    `Result.library` name them. Without it nothing is written: `Result.model` is the fused model, `Result.library`
+    is None and the model's metadata names no library file (one would name a file that does not exist; without a
+    library onnxruntime runs the fused nodes' function bodies, the original ops).
+
+    Every option is keyword-only and mirrors the CLI flag of the same name; a bad value raises UsageError naming it
+    (`_cli=True`, the CLI's own: messages name its flags instead of the keywords).
+
+    Options:
+        input_shape: "NAME:D0,D1,..." or a list of them: fix an input's symbolic dims.
+        measure_shape: "NAME:D0,D1,..." or a list: check and time at this shape, its dims left symbolic in the output.
+        target: the CPU to compile for: "native" (None), "x86-64-v3", "x86-64-v4", "aarch64", "aarch64-dotprod",
+            or "cpu=NAME,+feature,..." (an x86-64 or aarch64 CPU).
+        rtol: relative tolerance of the whole-model check: a number, "DTYPE:X", or a list of them (float32 1e-3).
+        atol: absolute tolerance, as rtol (float32 1e-4).
+        scale_tol: tolerance as a fraction of the output's largest magnitude, as rtol (float32 1e-5; 0: none).
+        check_input: "NAME:FILE.npy" or a list of them: check on these inputs instead of random data.
+        skip_fusion: a fusion kind, "kind1,kind2", or a list of kinds not to fuse (driver/policy.py FUSION_KINDS).
+        threads: intra-op threads for checking and timing, 1 or more (None: all cores).
+        verify: check the whole written model against the original (kernels are always checked).
+        measure: time kernels and plans against onnxruntime; False emits every correct kernel.
+        min_speedup: emit a kernel only if at least this much faster than onnxruntime on its region (0: keep all).
+        seed: the seed of the random check inputs, a whole number 0 or more.
+        plan: build only this whole-graph plan (driver/policy.py PLANS) instead of timing them all.
+        cost_cache: the measured-cost cache: a path, None or True (the default location), False (no cache).
+        tile_search: time a few register tiles per compute region (with measure).
+        search_budget: seconds for the backtracking search over fusion plans, more than 0.
+        tune_budget: seconds for the Winograd, register-tile and band searches, 0 or more.
+        prune: prune fusion candidates the roofline predicts no gain for.
+        sequences: merge runs of fused ops into sequence ops that run in one parallel section.
+        winograd: Winograd tiles: "auto" (timed), "off", or a tile length m (2, 4, 6) on every convolution that has it.
+        verify_fallback: also run the written model without its library (its function bodies) and compare.
+        emulate: for a foreign target, check the written model with its library under qemu where set up.
+        also_writes: files the caller writes besides the outputs: never read as inputs, never overwritten.
+        report_file: write the report as JSON here too, with the outputs (only with `output`).
+        progress: a callable given one status line (str) at a time.
     """
-    opts = Options(
-        input_shapes=parse_input_shapes(kwargs.pop("input_shape", None)),
-        measure_shapes=parse_input_shapes(kwargs.pop("measure_shape", None), "--measure-shape"),
-        target=parse_target(kwargs.pop("target", None)),
-        tolerance=Tolerance.parse(kwargs.pop("rtol", None), kwargs.pop("atol", None), kwargs.pop("scale_tol", None)),
-        check_inputs=load_check_inputs(check_input_specs := kwargs.pop("check_input", None)),
-        input_files=tuple(os.path.abspath(x.partition(":")[2]) for x in check_input_specs or ()),
-        also_writes=tuple(os.path.abspath(x) for x in kwargs.pop("also_writes", None) or ()),
-        skip_fusion=tuple(kwargs.pop("skip_fusion", None) or ()),
-        threads=kwargs.pop("threads", None),
-        verify=kwargs.pop("verify", True),
-        measure=kwargs.pop("measure", True),
-        min_speedup=float(kwargs.pop("min_speedup", 1.0)),
-        seed=int(kwargs.pop("seed", 0)),
-        progress=kwargs.pop("progress", None),
-        plan=kwargs.pop("plan", None),
-        cost_cache=kwargs.pop("cost_cache", None),
-        tile_search=bool(kwargs.pop("tile_search", True)),
-        search_budget=float(kwargs.pop("search_budget", 60.0)),
-        tune_budget=float(kwargs.pop("tune_budget", 12.0)),
-        prune=bool(kwargs.pop("prune", True)),
-        sequences=bool(kwargs.pop("sequences", True)),
-        winograd=str(kwargs.pop("winograd", "auto")),
-        verify_fallback=bool(kwargs.pop("verify_fallback", True)),
-        emulate=bool(kwargs.pop("emulate", True)),
-    )
-    _check_numbers(opts)
-    if opts.winograd not in WINOGRAD_MODES:
-        raise UsageError(f"--winograd {opts.winograd}: one of {', '.join(WINOGRAD_MODES)}")
-    if kwargs:
-        raise UsageError(f"unknown option(s) {', '.join(kwargs)} for onnxopt.optimize")
-    if opts.plan is not None and opts.plan not in PLANS:
-        raise UsageError(f"--plan {opts.plan}: known plans are {', '.join(PLANS)}")
-    for k in opts.skip_fusion:
-        if k not in FUSION_KINDS:
-            raise UsageError(f"--skip-fusion {k}: known fusion kinds are {', '.join(FUSION_KINDS)}")
-    return _Optimizer(model, output, opts).run()
+    import inspect
+    import numbers
+    import re
+
+    import numpy as np
+
+    from onnxopt.emit.model import META_LIBRARY
+    from onnxopt.errors import OnnxoptError
+
+    def named(key, value) -> str:  # the option as the caller wrote it: the CLI's flag, or the Python keyword
+        return f"--{key.replace('_', '-')} {value}" if _cli else f"{key}={value!r}"
+
+    def number(key, value, kind=float, what="a number"):
+        # bool is an int to Python, and a str was accepted by float() before: keep numeric strings working
+        if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+            raise UsageError(f"{named(key, value)}: give {what}")
+        try:
+            x = float(value)
+        except ValueError:
+            raise UsageError(f"{named(key, value)}: give {what}") from None
+        if kind is int:
+            if not x.is_integer():
+                raise UsageError(f"{named(key, value)}: give {what}")
+            return int(value) if isinstance(value, numbers.Integral) else int(x)  # exact past 2**53
+        return x
+
+    def switch(key, value) -> bool:
+        if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+            return bool(value)
+        raise UsageError(f"{named(key, value)}: give True or False")
+
+    def texts(key, value) -> list[str] | None:
+        # a lone string is one value: iterating it would take each character for one
+        if value is None:
+            return None
+        if isinstance(value, (str, os.PathLike)):
+            return [os.fspath(value)]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, (str, os.PathLike)) for v in value):
+            return [os.fspath(v) for v in value]
+        raise UsageError(f"{named(key, value)}: give a string or a list of strings")
+
+    def tolerance(key, value):
+        if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            return value
+        return texts(key, value)
+
+    def keywords(message: str) -> str:
+        params = inspect.signature(optimize).parameters
+
+        def swap(m):
+            key = m.group(1).replace("-", "_")
+            if key in params and key[0] != "_":
+                return key
+            if key.startswith("no_") and key[3:] in params:
+                return f"{key[3:]}=False"
+            return m.group(0)
+        message = re.sub(r"(?<![\w-])-o(?= )", "output", message)
+        return re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", swap, message)
+
+    try:
+        if unknown:
+            known = [k for k, p in inspect.signature(optimize).parameters.items()
+                     if p.kind == p.KEYWORD_ONLY and k[0] != "_"]
+            raise UsageError(f"unknown option(s) {', '.join(unknown)} for onnxopt.optimize; its options are "
+                             f"{', '.join(known)}")
+        if isinstance(model, (bytes, bytearray, memoryview)):
+            data = bytes(model)  # a serialized ModelProto, as onnxruntime.InferenceSession takes bytes
+            try:
+                model = onnx.load_from_string(data)
+            except Exception:  # noqa: BLE001 - protobuf raises several types
+                raise InputError(f"model: {len(data):,} bytes that are not a serialized ONNX model; give a path, "
+                                 "an onnx.ModelProto or its SerializeToString()") from None
+        elif not isinstance(model, (str, os.PathLike, onnx.ModelProto)):
+            raise UsageError(f"model of type {type(model).__name__}: give a path (str), an onnx.ModelProto or the "
+                             "bytes of a serialized one")
+        if output is not None and not isinstance(output, (str, os.PathLike)):
+            raise UsageError(f"output={output!r}: give a path (str) or None")
+        if target is not None and not isinstance(target, str):
+            raise UsageError(f"{named('target', target)}: give a string such as 'native' or 'x86-64-v3'")
+        if threads is not None:
+            threads = number("threads", threads, int, "a whole number of threads, 1 or more")
+        if plan is not None and plan not in PLANS:
+            raise UsageError(f"{named('plan', plan)}: known plans are {', '.join(PLANS)}")
+        if report_file is not None and (output is None or not isinstance(report_file, (str, os.PathLike))):
+            raise UsageError(f"report_file={report_file!r}: give a path (str), and an output to write it with")
+        if progress is not None and not callable(progress):
+            raise UsageError(f"progress={progress!r}: give a callable that takes one line (str), or None")
+        if cost_cache is True:
+            cost_cache = None  # the default location
+        elif cost_cache is not None and cost_cache is not False and not isinstance(cost_cache, (str, os.PathLike)):
+            raise UsageError(f"{named('cost_cache', cost_cache)}: give a path, True (the default location) or False")
+        kinds = []
+        for k in texts("skip_fusion", skip_fusion) or ():
+            kinds += [s.strip() for s in k.split(",") if s.strip()]
+        for k in kinds:
+            if k not in FUSION_KINDS:
+                raise UsageError(f"{named('skip_fusion', k)}: known fusion kinds are {', '.join(FUSION_KINDS)}")
+        check_input = texts("check_input", check_input)
+        opts = Options(
+            input_shapes=parse_input_shapes(texts("input_shape", input_shape)),
+            measure_shapes=parse_input_shapes(texts("measure_shape", measure_shape), "--measure-shape"),
+            target=parse_target(target),
+            tolerance=Tolerance.parse(tolerance("rtol", rtol), tolerance("atol", atol),
+                                      tolerance("scale_tol", scale_tol)),
+            check_inputs=load_check_inputs(check_input),
+            input_files=tuple(os.path.abspath(x.partition(":")[2]) for x in check_input or ()),
+            also_writes=tuple(os.path.abspath(x) for x in (texts("also_writes", also_writes) or [])
+                              + ([os.fspath(report_file)] if report_file is not None else [])),
+            report_file=os.fspath(report_file) if report_file is not None else None,
+            skip_fusion=tuple(kinds),
+            threads=threads,
+            verify=switch("verify", verify),
+            measure=switch("measure", measure),
+            min_speedup=number("min_speedup", min_speedup),
+            seed=number("seed", seed, int, "a whole number, 0 or more"),
+            progress=progress,
+            plan=plan,
+            cost_cache=cost_cache,
+            tile_search=switch("tile_search", tile_search),
+            search_budget=number("search_budget", search_budget, what="a number of seconds"),
+            tune_budget=number("tune_budget", tune_budget, what="a number of seconds"),
+            prune=switch("prune", prune),
+            sequences=switch("sequences", sequences),
+            winograd=str(winograd),
+            verify_fallback=switch("verify_fallback", verify_fallback),
+            emulate=switch("emulate", emulate),
+        )
+        _check_numbers(opts, named)
+        if opts.winograd not in WINOGRAD_MODES:
+            raise UsageError(f"{named('winograd', winograd)}: one of {', '.join(WINOGRAD_MODES)}")
+        result = _Optimizer(model, output, opts).run()
+    except OnnxoptError as e:
+        if not _cli:  # messages from deeper down name the CLI's flags: say the Python keywords instead
+            e.args = (keywords(str(e)),) + e.args[1:]
+        raise
+    if output is None:
+        # Nothing was written: a library name in the model would name a file that does not exist.
+        keep = [p for p in result.model.metadata_props if p.key != META_LIBRARY]
+        del result.model.metadata_props[:]
+        result.model.metadata_props.extend(keep)
+        result.library = None
+    return result
 
 
-def _check_numbers(opts: Options) -> None:
-    """Numeric options: finite, in range (NaN compares false with everything, so it passes naive checks)."""
+def _check_numbers(opts: Options, named=None) -> None:
+    """Numeric options: finite, in range (NaN compares false with everything, so it passes naive checks).
+    `named(key, value)`: how a message names the option (default: the CLI's flag)."""
+    named = named or (lambda key, value: f"--{key.replace('_', '-')} {value}")
     if opts.threads is not None and (isinstance(opts.threads, bool) or not isinstance(opts.threads, int)
                                      or not 1 <= opts.threads <= 4096):
-        raise UsageError(f"--threads {opts.threads}: give a whole number of threads, 1 or more")
-    for flag, value, low in (("--search-budget", opts.search_budget, 0.0), ("--tune-budget", opts.tune_budget, 0.0),
-                             ("--min-speedup", opts.min_speedup, 0.0)):
-        if not math.isfinite(value) or value < low or (flag == "--search-budget" and value == 0):
-            need = "more than 0" if flag == "--search-budget" else "0 or more"
-            raise UsageError(f"{flag} {value}: give a finite number, {need}")
+        raise UsageError(f"{named('threads', opts.threads)}: give a whole number of threads, 1 or more")
+    if opts.seed < 0:
+        raise UsageError(f"{named('seed', opts.seed)}: give a whole number, 0 or more")
+    for key, value, low in (("search_budget", opts.search_budget, 0.0), ("tune_budget", opts.tune_budget, 0.0),
+                            ("min_speedup", opts.min_speedup, 0.0)):
+        if not math.isfinite(value) or value < low or (key == "search_budget" and value == 0):
+            need = "more than 0" if key == "search_budget" else "0 or more"
+            raise UsageError(f"{named(key, value)}: give a finite number, {need}")
 
 
 class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):

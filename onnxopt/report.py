@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 
 from rich.console import Console
 from rich.table import Table
+
+# Without a terminal (a pipe, a log file, CI) rich lays tables out at 80 columns and splits words across lines
+# ("Optimiz" / "ed"); there the width is one no table reaches, unless COLUMNS says otherwise.
+UNWRAPPED_WIDTH = 1000
+
+
+def make_console(stderr: bool = False, quiet: bool = False) -> Console:
+    console = Console(stderr=stderr, quiet=quiet)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(stderr=stderr, quiet=quiet, width=UNWRAPPED_WIDTH)
+    return console
 
 
 def _fmt_bytes(n) -> str:
@@ -19,7 +31,7 @@ def _fmt_bytes(n) -> str:
 
 
 def render_optimize_report(report: dict, console: Console | None = None, verbose: bool = False) -> None:
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     before, after = report.get("before", {}), report.get("after", {})
     t = Table(title="onnxopt", show_lines=False)
     t.add_column("")
@@ -34,8 +46,6 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
     out = report.get("output") or {}
     t.add_row("Model Size", _fmt_bytes(report.get("input", {}).get("size_bytes")), _fmt_bytes(out.get("size_bytes")))
     if out.get("library"):
-        import os
-
         t.add_row("Kernel Library", "", f"{os.path.basename(out['library'])} ({_fmt_bytes(os.path.getsize(out['library']))})")
     t.add_row("Elapsed Time", "", f"{report.get('timings', {}).get('total_s', 0):.2f} s")
     off = report.get("offline")
@@ -151,7 +161,7 @@ def _render_siblings(report: dict, console: Console) -> None:
 
 
 def render_bench(result: dict, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or make_console()
     how = "spinning on, one session at a time" if result.get("spinning") else "interleaved"
     t = Table(title=f"onnxopt bench ({result['threads']} threads, {how})")
     for c in ("model", "median ms", "p10 ms", "p90 ms", "library"):

@@ -21,16 +21,11 @@ REGISTER_OPS_MAX = 8192
 CPU = "CPUExecutionProvider"
 
 
-def make_session(model, threads: int | None = None, library: str | None = None, optimization: str = "all",
-                 spinning: bool = False, ops=None, provider: str = CPU):
-    """An onnxruntime session with our settings. `ops`: the op types of `library` that the model uses; only those
-    are registered (each costs onnxruntime about 30 us a session, and a one-kernel check on a library of hundreds
-    of kernels took 8 ms to create instead of 1). None registers them all. `provider`: the execution provider the
-    session runs on, the target's (Target.execution_provider), where the library's ops are registered."""
+def session_options(threads: int | None = None, optimization: str = "all", spinning: bool = False):
+    """onnxruntime SessionOptions with our settings: `threads` intra-op threads (None: onnxruntime's default), one
+    inter-op thread, no spinning unless asked, quiet logs (errors come back as exceptions)."""
     import onnxruntime as ort
 
-    if provider not in ort.get_available_providers():  # onnxruntime would warn and run on the CPU instead
-        raise RuntimeError(f"this onnxruntime has no {provider} (it has {', '.join(ort.get_available_providers())})")
     so = ort.SessionOptions()
     so.log_severity_level = 4  # its errors come back as exceptions, which we report in one line of our own
     if threads:
@@ -42,6 +37,20 @@ def make_session(model, threads: int | None = None, library: str | None = None, 
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     }[optimization]
+    return so
+
+
+def make_session(model, threads: int | None = None, library: str | None = None, optimization: str = "all",
+                 spinning: bool = False, ops=None, provider: str = CPU):
+    """An onnxruntime session with our settings. `ops`: the op types of `library` that the model uses; only those
+    are registered (each costs onnxruntime about 30 us a session, and a one-kernel check on a library of hundreds
+    of kernels took 8 ms to create instead of 1). None registers them all. `provider`: the execution provider the
+    session runs on, the target's (Target.execution_provider), where the library's ops are registered."""
+    import onnxruntime as ort
+
+    if provider not in ort.get_available_providers():  # onnxruntime would warn and run on the CPU instead
+        raise RuntimeError(f"this onnxruntime has no {provider} (it has {', '.join(ort.get_available_providers())})")
+    so = session_options(threads, optimization, spinning)
     if library:
         if ops is not None:
             asked = "," + ",".join(sorted(set(ops))) + ","

@@ -2,8 +2,9 @@
 
 Random inputs are drawn per dtype (floats ~ N(0, 2^2) so activations see both sides of their kinks, integers in
 [0, 2) so indices stay valid (even a two-entry token-type table), booleans fair coins); symbolic dims take the values of `bindings` (default 1).
-Floating outputs must satisfy |a - b| <= atol + rtol * |b| + stol * max|b| (NaN where the reference has NaN); others
-must be equal. The last term is float rounding: a value that comes out near zero from terms that cancel carries the
+Floating outputs must satisfy |a - b| <= atol + rtol * |b| + stol * max|b| over the finite values (max|b| the largest
+finite one), with NaN exactly where the reference has NaN and inf where it has an inf of the same sign; others must be
+equal. The last term is float rounding: a value that comes out near zero from terms that cancel carries the
 rounding error of those terms, which scales with the output's largest magnitude, not with its own (a random-weight
 ResNet-50's logits reach 1600, and one near 3 differs by 4e-3 when only the summation order changes).
 """
@@ -39,7 +40,7 @@ class Tolerance:
         for values, table, flag in ((rtol, t.rtol, "--rtol"), (atol, t.atol, "--atol"), (stol, t.stol, "--scale-tol")):
             if values is None:
                 continue
-            if isinstance(values, (int, float)):
+            if isinstance(values, (int, float, str)):  # one value; a str iterated would give its characters
                 values = [str(values)]
             for v in values:
                 dt, sep, num = str(v).rpartition(":")
@@ -136,6 +137,19 @@ def check_given_inputs(model: onnx.ModelProto, given: dict[str, np.ndarray]) -> 
                     raise UsageError(f"--check-input {name}: dim {i} is {n}, the model fixes it at {d.dim_value}")
 
 
+def finite_scale(arrays) -> float:
+    """The largest finite magnitude of `arrays` (0.0 if none): the scale of a tolerance, which an output that
+    overflowed (inf) or a NaN must not make infinite (an infinite tolerance passes any answer)."""
+    scale = 0.0
+    for x in arrays:
+        x = np.asarray(x)
+        if x.dtype.kind == "f" and x.size:
+            finite = x[np.isfinite(x)]
+            if finite.size:
+                scale = max(scale, float(np.max(np.abs(finite.astype(np.float64)))))
+    return scale
+
+
 @dataclass
 class OutputDiff:
     name: str
@@ -157,19 +171,28 @@ def compare(names, expected, actual, tol: Tolerance) -> list[OutputDiff]:
                                     f"shape/dtype {b.shape} {b.dtype} != expected {a.shape} {a.dtype}"))
             continue
         if a.dtype.kind == "f":
-            rtol = tol.rtol.get(a.dtype.name, 1e-3)
-            atol = tol.atol.get(a.dtype.name, 1e-4)
-            finite_a = a[np.isfinite(a)]
-            scale = float(np.max(np.abs(finite_a))) if finite_a.size else 0.0
-            atol += tol.stol.get(a.dtype.name, 0.0) * scale
-            ok = bool(np.allclose(b, a, rtol=rtol, atol=atol, equal_nan=True))
+            dt = a.dtype.name
+            scale = finite_scale([a])
+            rtol = tol.rtol.get(dt, 1e-3)
+            atol = tol.atol.get(dt, 1e-4) + tol.stol.get(dt, 0.0) * scale
+            if not (math.isfinite(rtol) and math.isfinite(atol)):
+                # A tolerance made from an overflowed output (a scale or spread of inf or NaN) would pass any
+                # answer: judge by the dtype's default check instead, scaled by the finite values only.
+                rtol = DEFAULT_RTOL.get(dt, 1e-3)
+                atol = DEFAULT_ATOL.get(dt, 1e-4) + DEFAULT_STOL.get(dt, 0.0) * scale
             with np.errstate(all="ignore"):
+                # inf matches only an inf of the same sign, NaN only a NaN (as allclose with equal_nan)
+                ok = bool(np.allclose(b, a, rtol=rtol, atol=atol, equal_nan=True))
+                special = int(np.count_nonzero((np.isnan(a) != np.isnan(b))
+                                               | ((np.isinf(a) | np.isinf(b)) & (a != b))))
                 finite = np.isfinite(a) & np.isfinite(b)
                 err = np.abs(a[finite].astype(np.float64) - b[finite].astype(np.float64))
                 max_abs = float(err.max()) if err.size else 0.0
                 rel = err / np.maximum(np.abs(a[finite].astype(np.float64)), 1e-30)
                 max_rel = float(rel.max()) if rel.size else 0.0
-            diffs.append(OutputDiff(name, ok, max_abs, max_rel))
+            detail = f"({special} of {a.size} values inf or NaN where the other is not, or inf of the other sign)" \
+                if special else ""
+            diffs.append(OutputDiff(name, ok, max_abs, max_rel, detail))
         else:
             ok = bool(np.array_equal(a, b))
             diffs.append(OutputDiff(name, ok, 0.0 if ok else float("nan"), 0.0 if ok else float("nan")))

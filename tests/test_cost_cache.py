@@ -250,3 +250,40 @@ def test_a_cache_file_from_before_the_kernel_table_gains_it(tmp_path):
     c.put_kernel("sig", 2, "t", 1e-3, "Conv_ab")
     assert c.get_kernels(["sig"], 2, "t") == {"sig": 1e-3}
     c.close()
+
+
+_HOLD_THE_WRITE_LOCK = r"""
+import sys, time
+from onnxopt.cost_cache import CostCache
+c = CostCache(sys.argv[1])
+c._conn.execute("BEGIN IMMEDIATE")  # the write lock, as while a row is being written
+c.put_region("Op_killed", [[1]], 1, 2.0, 1.0)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_writer_killed_holding_the_lock_leaves_no_lock_and_no_open_file(tmp_path):
+    """SQLite's locks are the process's own (POSIX record locks): a SIGKILL releases them with its files, so the next
+    optimizer takes the cache at once, without the killed writer's uncommitted row."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc")
+    path = str(tmp_path / "costs.sqlite")
+    p = subprocess.Popen([sys.executable, "-c", _HOLD_THE_WRITE_LOCK, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "locked"
+        held = [os.readlink(f"/proc/{p.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{p.pid}/fd")]
+        assert path in held
+        with pytest.warns(CostCacheWarning):
+            blocked = CostCache(path, timeout=0.2)  # while it lives, the lock holds
+        blocked.put_region("Op_other", [[1]], 1, 2.0, 1.0)
+        assert not blocked.enabled and "locked" in blocked.warning
+    finally:
+        p.kill()
+        p.wait(30)
+        p.stdout.close()
+    c = CostCache(path, timeout=0.2)
+    c.put_region("Op_after", [[1]], 1, 2.0, 1.0)
+    assert c.enabled and c.warning is None
+    assert c.get_region("Op_after", [[1]], 1) and c.get_region("Op_killed", [[1]], 1) is None
+    c.close()

@@ -1,10 +1,12 @@
 """The whole-model check's tolerance: rtol and atol per element, plus a fraction of the output's largest magnitude."""
 
+import warnings
+
 import numpy as np
 import pytest
 
 from onnxopt.errors import UsageError
-from onnxopt.verify import Tolerance, compare
+from onnxopt.verify import Tolerance, compare, finite_scale
 
 
 def _logits(rng):
@@ -46,3 +48,63 @@ def test_per_dtype_and_bad_values():
     assert t.stol["float32"] == 0.0 and t.stol["float16"] > 0
     with pytest.raises(UsageError, match="--scale-tol"):
         Tolerance.parse(None, None, ["float32:abc"])
+
+
+def test_an_infinite_tolerance_still_refuses_a_wrong_answer():
+    """A tolerance made from an output that overflowed (its scale inf) would pass anything: compare judges by the
+    dtype's default check instead, scaled by the finite values."""
+    a = np.array([np.inf, 1.0, 2.0, -3.0], np.float32)
+    wrong = np.array([np.inf, 1.0, 2.5, -3.0], np.float32)
+    for atol in (np.inf, np.nan):
+        tol = Tolerance({"float32": 1e-4}, {"float32": atol}, {})
+        assert compare(["y"], [a], [a.copy()], tol)[0].ok
+        assert not compare(["y"], [a], [wrong], tol)[0].ok
+    assert not compare(["y"], [a], [wrong], Tolerance({"float32": np.inf}, {"float32": 1e-5}, {}))[0].ok
+
+
+def test_the_kernel_check_on_weights_that_overflow():
+    """The kernel check's tolerance (the reference's scale times the kernel's error bound) on a reference with
+    inf where float32 overflowed: a wrong finite value is still refused."""
+    from onnxopt.tune.tile_search import kernel_tolerance
+
+    want = np.array([[1.0, np.inf], [-np.inf, 5.0]], np.float32)
+    got = want.copy()
+    got[1, 1] = 7.0
+    tol = kernel_tolerance([want], 2e-6)
+    assert compare(["y"], [want], [want.copy()], tol)[0].ok
+    d = compare(["y"], [want], [got], tol)[0]
+    assert not d.ok and d.max_abs == 2.0
+
+
+@pytest.mark.parametrize("got,ok", [
+    ([np.inf, -np.inf, np.nan, 1.0], True),
+    ([-np.inf, -np.inf, np.nan, 1.0], False),  # an inf of the other sign
+    ([np.inf, -3e38, np.nan, 1.0], False),  # a finite value where the reference is inf
+    ([np.inf, -np.inf, 0.0, 1.0], False),  # a number where the reference is NaN
+    ([np.inf, -np.inf, np.nan, np.nan], False),  # NaN where the reference is a number
+    ([np.inf, -np.inf, np.nan, np.inf], False),
+])
+def test_inf_and_nan_positions_must_match_exactly(got, ok):
+    want = np.array([np.inf, -np.inf, np.nan, 1.0], np.float32)
+    d = compare(["y"], [want], [np.array(got, np.float32)], Tolerance())[0]
+    assert d.ok == ok
+    if not ok:
+        assert "inf or NaN" in d.detail and "1 of 4" in d.detail
+
+
+def test_huge_magnitudes_of_opposite_sign_fail_without_warnings():
+    want = np.array([3e38, -3e38], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not compare(["y"], [want], [-want], Tolerance())[0].ok
+        assert compare(["y"], [want], [want.copy()], Tolerance())[0].ok
+
+
+def test_finite_scale_ignores_inf_and_nan():
+    assert finite_scale([np.array([np.inf, -2.0, np.nan], np.float32), np.array([1.0])]) == 2.0
+    assert finite_scale([np.array([np.inf, np.nan]), np.array([], np.float32)]) == 0.0
+
+
+def test_a_string_tolerance_is_one_value():
+    assert Tolerance.parse("1e-2", "float32:1e-3", None).rtol["float32"] == 1e-2
+    assert Tolerance.parse("1e-2", "float32:1e-3", None).atol["float32"] == 1e-3

@@ -57,7 +57,7 @@ def _builtin() -> list[GlueKind]:
 
 
 def _sequence() -> GlueKind:
-    # Last: a sequence runs the other kinds' ops through op_compute.
+    # Last: a sequence runs the other kinds' ops through onnxopt_execute.
     return GlueKind("sequence", ("KIND_SEQUENCE",), _glue_dir(), "sequence.h", ("sequence_exec.c",), "seq_compute")
 
 

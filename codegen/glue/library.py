@@ -268,10 +268,22 @@ def link_library(kernels: list, objects: list, target: Target, output: str,
               *objs, "-lm"])
         with open(so, "rb") as f:
             data = f.read()
-        tmp_out = output + ".tmp"
-        with open(tmp_out, "wb") as f:
-            f.write(data)
-        os.replace(tmp_out, output)
+        # A new file of an unpredictable name (mkstemp: O_EXCL, no link followed), renamed over `output` whole.
+        fd, tmp_out = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.", suffix=".tmp",
+                                       dir=os.path.dirname(os.path.abspath(output)))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            umask = os.umask(0)
+            os.umask(umask)
+            # Never writable by group or others, whatever the umask: the loader refuses such a library (anyone who
+            # can write it chooses the code that runs).
+            os.chmod(tmp_out, 0o755 & ~(umask | 0o022))
+            os.replace(tmp_out, output)
+        except BaseException:
+            if os.path.exists(tmp_out):
+                os.remove(tmp_out)
+            raise
     return hashlib.sha256(data).hexdigest()
 
 
@@ -298,9 +310,15 @@ def runtime_object(cc: str, tmp: str) -> str:
     _run([cc, *_CFLAGS, "-c", src, "-o", obj])
     try:  # publish it atomically: processes converting models at the same time may race here
         os.makedirs(os.path.dirname(cached), exist_ok=True)
-        part = f"{cached}.{os.getpid()}.tmp"
-        shutil.copyfile(obj, part)
-        os.replace(part, cached)
+        fd, part = tempfile.mkstemp(prefix=os.path.basename(cached) + ".", suffix=".tmp", dir=os.path.dirname(cached))
+        try:
+            with os.fdopen(fd, "wb") as f, open(obj, "rb") as src:
+                shutil.copyfileobj(src, f)
+            os.replace(part, cached)
+        except BaseException:
+            if os.path.exists(part):
+                os.remove(part)
+            raise
     except OSError:
         return obj
     return cached

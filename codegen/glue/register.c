@@ -10,18 +10,24 @@ static size_t op_out_count(const OnnxoptCustomOp *op) { return (size_t)desc_of(o
 static int op_required(const OnnxoptCustomOp *op, size_t i) { (void)op; (void)i; return 0; }
 static int op_mem_default(const OnnxoptCustomOp *op, size_t i) { (void)op; (void)i; return 0; }
 static int op_one(const OnnxoptCustomOp *op) { (void)op; return 1; }
+/* The kernel is the onnxopt_op itself (its desc and its call counter), from either creator: onnxruntime calls the
+   first one its version has and may pair it with KernelComputeV2. */
 static void *op_create_v1(const OnnxoptCustomOp *op, const void *api, const void *info) {
   (void)api; (void)info;
-  return (void *)desc_of(op);
+  return (void *)op;
 }
 static OrtStatus *op_create(const OnnxoptCustomOp *op, const void *api, const void *info, void **kernel) {
   (void)api; (void)info;
-  *kernel = (void *)desc_of(op);
+  *kernel = (void *)op;
   return NULL;
 }
 static void op_compute_v1(void *kernel, OrtKernelContext *ctx) { (void)kernel; (void)ctx; }
 static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx) {
-  return onnxopt_execute((const onnxopt_sig *)kernel, ctx); /* the kinds' dispatch (codegen/glue/kinds.py) */
+  onnxopt_op *o = (onnxopt_op *)kernel;
+  /* Counted so that a user (and onnxopt's own checks) can see that the kernels ran, not only that the answers match:
+     one relaxed atomic add a call, nothing next to a kernel's run. */
+  __atomic_fetch_add(&o->calls, 1ULL, __ATOMIC_RELAXED);
+  return onnxopt_execute(o->desc, ctx); /* the kinds' dispatch (codegen/glue/kinds.py) */
 }
 static void op_destroy(void *kernel) { (void)kernel; }
 
@@ -91,7 +97,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
       o->base.CreateKernelV2 = op_create;
       o->base.KernelComputeV2 = op_compute;
     }
-    g_ops = ops;
+    __atomic_store_n(&g_ops, ops, __ATOMIC_RELEASE);
   }
   char *asked = ops_asked(options);
   for (int i = 0; i < onnxopt_n_ops; i++) {
@@ -106,3 +112,15 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
   return API(AddCustomOpDomain)(options, domain);
 }
 
+
+/* The Compute calls each op has had in this process, for onnxopt.runtime.kernel_calls: fills up to `cap` entries of
+ * names and counts and returns the number of ops. Ops no session registered yet count 0. */
+__attribute__((visibility("default"))) int onnxopt_compute_counts(const char **names, unsigned long long *counts,
+                                                                  int cap) {
+  onnxopt_op *ops = __atomic_load_n(&g_ops, __ATOMIC_ACQUIRE);
+  for (int i = 0; i < onnxopt_n_ops && i < cap; i++) {
+    names[i] = ONNXOPT_OPS[i]->name;
+    counts[i] = ops ? __atomic_load_n(&ops[i].calls, __ATOMIC_RELAXED) : 0;
+  }
+  return onnxopt_n_ops;
+}

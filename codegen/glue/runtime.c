@@ -3,6 +3,7 @@
 typedef struct {
   OnnxoptCustomOp base; /* first, so an OnnxoptCustomOp* is also an onnxopt_op* */
   const onnxopt_sig *desc;
+  unsigned long long calls; /* Compute calls of this op in this process (onnxopt_compute_counts) */
 } onnxopt_op;
 
 /* The per-library tables (library.py, library_source) that this runtime reads. */

@@ -327,7 +327,7 @@ static OrtStatus *seq_parallel_for(seq_run *r, void (*fn)(void *, size_t), size_
   return NULL;
 }
 
-static OrtStatus *op_compute(void *kernel, OrtKernelContext *ctx);
+static OrtStatus *onnxopt_execute(const onnxopt_sig *sig, OrtKernelContext *ctx);
 
 /* CT_INLINE_FLOPS inside a section: splitting a kernel costs a few atomic operations there, not a wake-up, so only
    tiny kernels stay on the driver. On NASNet-A's compute-blocked plan (time per inference, one interleaved timing)
@@ -342,7 +342,7 @@ static void seq_drive(seq_run *r) {
   double t = r->profile ? seq_now() : 0.0;
   for (int s = 0; s < r->d->n_steps && !r->status; s++) {
     r->step = &r->d->steps[s];
-    r->status = op_compute((void *)r->step->op, (OrtKernelContext *)&r->vctx);
+    r->status = onnxopt_execute(r->step->op, (OrtKernelContext *)&r->vctx); /* the kinds' dispatch */
     if (r->profile) {
       double now = seq_now();
       r->a->step_s[s] += now - t;

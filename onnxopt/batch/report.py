@@ -44,13 +44,26 @@ def totals(records: list[dict]) -> dict:
             "benchmarked": len(speedups)}
 
 
+def speedup_band(bench: dict) -> tuple[float, float]:
+    """The band around a bench's median speedup: original p10 / optimized p90 to original p90 / optimized p10, which
+    holds the median ratio whatever the spreads. (An earlier batch's record kept the ratios of the p10s and of the
+    p90s, which need not: its band is recomputed from the times it kept, else widened to take the median.)"""
+    a, b = bench.get("original") or {}, bench.get("optimized") or {}
+    try:
+        return a["p10"] / b["p90"], a["p90"] / b["p10"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        ends = [v for v in (bench.get("speedup_low"), bench.get("speedup_high"), bench.get("speedup_p10"),
+                            bench.get("speedup_p90")) if isinstance(v, (int, float))]
+        return min(ends + [bench["speedup"]]), max(ends + [bench["speedup"]])
+
+
 def fmt_speedup(record: dict) -> str:
     b = record.get("bench")
     if not isinstance(b, dict):
         return "-"
     if "error" in b:
         return "bench failed"
-    lo, hi = sorted((b["speedup_p10"], b["speedup_p90"]))
+    lo, hi = speedup_band(b)
     return f"{b['speedup']:.2f}x ({lo:.2f}-{hi:.2f})"
 
 
@@ -77,10 +90,10 @@ def summary_table(records: list[dict], title: str):
     from rich.markup import escape
     from rich.table import Table
 
-    colors = {"optimized": "green", "unchanged": "cyan", "skipped": "dim", "failed": "red", "crashed": "red",
-              "timeout": "yellow", "out-of-memory": "yellow"}
+    colors = {"optimized": "green", "slower": "yellow", "unchanged": "cyan", "skipped": "dim", "failed": "red",
+              "crashed": "red", "timeout": "yellow", "out-of-memory": "yellow"}
     t = Table(title=title)
-    for name, justify in (("model", "left"), ("status", "left"), ("speedup\n(p10-p90)", "right"),
+    for name, justify in (("model", "left"), ("status", "left"), ("speedup\n(band)", "right"),
                           ("verified\nlib/fallback", "center"), ("optimize\ns", "right"),
                           ("nodes\nbefore->after", "right"), ("reason", "left")):
         t.add_column(name, justify=justify, overflow="fold", min_width=10 if name in ("model", "reason") else None)

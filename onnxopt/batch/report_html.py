@@ -10,12 +10,12 @@ import html
 import math
 import os
 
-from .report import fmt_nodes, fmt_optimize_s, fmt_speedup, fmt_verified
+from .report import fmt_nodes, fmt_optimize_s, fmt_speedup, fmt_verified, speedup_band
 
 PHASES = (("search_s", "search", "#4e79a7"), ("codegen_s", "code generation", "#f28e2b"),
           ("measurement_s", "measurement", "#59a14f"), ("other_s", "other (load, fold, write)", "#bab0ac"))
-STATUS_COLORS = {"optimized": "#2e7d32", "unchanged": "#00838f", "skipped": "#757575", "failed": "#c62828",
-                 "crashed": "#c62828", "timeout": "#ef6c00", "out-of-memory": "#ef6c00"}
+STATUS_COLORS = {"optimized": "#2e7d32", "slower": "#ef6c00", "unchanged": "#00838f", "skipped": "#757575",
+                 "failed": "#c62828", "crashed": "#c62828", "timeout": "#ef6c00", "out-of-memory": "#ef6c00"}
 LABEL_W, ROW_H, PLOT_W = 230, 22, 520
 
 _CSS = """
@@ -41,11 +41,12 @@ def _svg(width: int, height: int, body: list[str], title: str) -> str:
 
 
 def speedup_chart(records: list[dict]) -> str:
-    """Horizontal bars of the median speedup on a log axis from 1x, whiskers from p10 to p90."""
+    """Horizontal bars of the median speedup on a log axis from 1x, whiskers over its band (report.speedup_band)."""
     rows = [r for r in records if isinstance(r.get("bench"), dict) and r["bench"].get("speedup", 0) > 0]
     if not rows:
         return '<p class="small">No speedups measured (no model optimized, or --no-bench).</p>'
-    values = [v for r in rows for v in (r["bench"]["speedup_p10"], r["bench"]["speedup_p90"], r["bench"]["speedup"])]
+    bands = [speedup_band(r["bench"]) for r in rows]
+    values = [v for r, band in zip(rows, bands) for v in (*band, r["bench"]["speedup"])]
     lo, hi = math.log(min(min(values), 1.0) / 1.1), math.log(max(max(values), 1.0) * 1.1)
     x = lambda v: LABEL_W + (math.log(v) - lo) / (hi - lo) * PLOT_W  # noqa: E731
     height = 30 + ROW_H * len(rows) + 30
@@ -54,15 +55,15 @@ def speedup_chart(records: list[dict]) -> str:
         body.append(f'<line x1="{x(t):.1f}" y1="20" x2="{x(t):.1f}" y2="{height - 25}" stroke="#ddd"/>'
                     f'<text x="{x(t):.1f}" y="{height - 10}" text-anchor="middle">{t:g}x</text>')
     body.append(f'<line x1="{x(1):.1f}" y1="15" x2="{x(1):.1f}" y2="{height - 25}" stroke="#333"/>')
-    for i, r in enumerate(rows):
+    for i, (r, (low, high)) in enumerate(zip(rows, bands)):
         b, y = r["bench"], 25 + i * ROW_H
         x0, x1 = sorted((x(1.0), x(b["speedup"])))
         color = "#2e7d32" if b["speedup"] >= 1 else "#c62828"
-        tip = e(f"{r['model']}: {b['speedup']:.3f}x (p10 {b['speedup_p10']:.3f}, p90 {b['speedup_p90']:.3f})")
+        tip = e(f"{r['model']}: {b['speedup']:.3f}x (band {low:.3f}-{high:.3f})")
         body.append(f'<text x="{LABEL_W - 6}" y="{y + 14}" text-anchor="end">{e(_label(r["model"]))}</text>'
                     f'<rect x="{x0:.1f}" y="{y + 3}" width="{max(x1 - x0, 1):.1f}" height="{ROW_H - 6}" '
                     f'fill="{color}" opacity="0.75"><title>{tip}</title></rect>')
-        w0, w1 = sorted((x(b["speedup_p10"]), x(b["speedup_p90"])))
+        w0, w1 = x(low), x(high)
         cy = y + ROW_H / 2
         body.append(f'<line x1="{w0:.1f}" y1="{cy}" x2="{w1:.1f}" y2="{cy}" stroke="#111"/>'
                     f'<line x1="{w0:.1f}" y1="{cy - 5}" x2="{w0:.1f}" y2="{cy + 5}" stroke="#111"/>'
@@ -117,8 +118,11 @@ def _bench_cells(r: dict) -> list[str]:
     b = r.get("bench")
     if not isinstance(b, dict) or "error" in b:
         return [e(b["error"]) if isinstance(b, dict) else "-", "-", "-"]
-    times = lambda side: f"{_seconds(side['median'])} ({_seconds(side['p10'])}-{_seconds(side['p90'])})"  # noqa: E731
-    return [e(fmt_speedup(r)), times(b["original"]), times(b["optimized"])]
+    def times(side):
+        if not isinstance(side, dict) or not {"median", "p10", "p90"} <= set(side):
+            return "-"
+        return f"{_seconds(side['median'])} ({_seconds(side['p10'])}-{_seconds(side['p90'])})"
+    return [e(fmt_speedup(r)), times(b.get("original")), times(b.get("optimized"))]
 
 
 def _seconds(t: float) -> str:
@@ -135,7 +139,7 @@ def _link(path: str | None, out_dir: str) -> str:
 
 
 def model_table(records: list[dict], out_dir: str) -> str:
-    head = ["model", "status", "reason", "speedup (p10-p90)", "original per run (p10-p90)", "optimized per run (p10-p90)",
+    head = ["model", "status", "reason", "speedup (band)", "original per run (p10-p90)", "optimized per run (p10-p90)",
             "verified lib/fallback", "optimize s"] + [n for _, n, _ in PHASES] + \
         ["nodes before->after", "ops before", "ops after", "output", "log"]
     rows = []
@@ -169,7 +173,8 @@ def render_html(report: dict, out_dir: str) -> str:
         f'<p class="small">{e(note)}</p>' if note else "",
         "<h2>Speedup over onnxruntime</h2>",
         '<p class="small">Bars: the ratio of the original\'s median time to the optimized model\'s (onnxopt bench, '
-        "interleaved runs); whiskers: the ratio of their p10 times and of their p90 times. Log scale.</p>",
+        "interleaved runs); whiskers: its band, from the original\'s p10 over the optimized model\'s p90 to the "
+        "original\'s p90 over the optimized model\'s p10 (the spread of both sides). Log scale.</p>",
         speedup_chart(records),
         "<h2>Optimize time by phase</h2>", phase_chart(records),
         "<h2>Models</h2>", model_table(records, out_dir),

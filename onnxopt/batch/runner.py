@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -78,7 +79,11 @@ def _lock(out_dir: str):
 
 def _connect_ray(address: str):
     """(the ray module, whether we started the connection). A cluster this process already joined is used as it
-    is (and left running); else `ray.init(address)`: "auto" finds a running cluster, or give host:port."""
+    is (and left running); else `ray.init(address)`: "auto" finds a running cluster, or give host:port.
+
+    Ray retries an address that does not answer for many minutes, logging each try to stderr from C++: the address
+    is first probed with a TCP connect (a few seconds), and Ray's own lines during init go to a file, not the
+    terminal."""
     import logging
 
     try:
@@ -87,12 +92,65 @@ def _connect_ray(address: str):
         raise UsageError("--ray needs Ray: install onnxopt[ray]") from None
     if ray.is_initialized():
         return ray, False
+    advice = "start a cluster with `ray start --head` or give its address"
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        host_port = _ray_host_port(address)
+        if host_port is not None:
+            try:
+                socket.create_connection(host_port, timeout=RAY_PROBE_S).close()
+            except OSError as e:
+                why = e.strerror or str(e) or type(e).__name__
+                raise UsageError(f"--ray {address}: nothing answers at {host_port[0]}:{host_port[1]} ({why}); "
+                                 f"{advice}") from None
+        with _stderr_to_file():
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, ValueError, RuntimeError) as e:
-        raise UsageError(f"--ray {address}: cannot connect ({(str(e).splitlines() or [''])[0][:200]}); start a "
-                         "cluster with `ray start --head` or give its address") from None
+        raise UsageError(f"--ray {address}: cannot connect ({(str(e).splitlines() or [''])[0][:200]}); "
+                         f"{advice}") from None
     return ray, True
+
+
+RAY_PROBE_S = 5.0
+
+
+def _ray_host_port(address: str) -> tuple[str, int] | None:
+    """The host and port Ray would connect to for `address` ("auto": the running cluster Ray finds, if any), or
+    None where that cannot be told (then ray.init decides alone)."""
+    if address in ("auto", "") or address is None:
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            address = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            raise  # no cluster found: ray.init would say the same
+        except Exception:  # noqa: BLE001 - a Ray without that helper: let ray.init find it
+            return None
+        if not address:
+            return None
+    rest = address.split("://", 1)[-1]
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+class _stderr_to_file:
+    """File descriptor 2 into a temporary file for the block (what C++ libraries write there included)."""
+
+    def __enter__(self):
+        import tempfile
+
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        self.file = tempfile.TemporaryFile()
+        os.dup2(self.file.fileno(), 2)
+
+    def __exit__(self, *exc):
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.file.close()
+        return False
 
 
 def _model_args(base_args: list[str], global_shapes: list[str], source: Source) -> list[str]:
@@ -108,6 +166,8 @@ def _run(planned, out_dir, jobs, timeout, memory_limit_gb, retry_failed, bench, 
     from .report_html import render_html
 
     state = BatchState(os.path.join(out_dir, STATE_FILE))
+    if state.warning:  # even under --quiet: the earlier runs' records are set aside
+        print(f"onnxopt: warning: {state.warning}", file=sys.stderr)
     records: list[dict | None] = [None] * len(planned)
     todo: list[tuple[int, ModelJob, str, str]] = []  # (index, job, sha256, options key)
     env = {}

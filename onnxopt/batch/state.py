@@ -33,13 +33,32 @@ class BatchState:
     def __init__(self, path: str):
         self.path = path
         self.models: dict[str, dict] = {}
+        self.warning: str | None = None  # set when the file was there but could not be used (the driver prints it)
         try:
             with open(path) as f:
                 data = json.load(f)
-            if isinstance(data, dict) and data.get("version") == VERSION and isinstance(data.get("models"), dict):
-                self.models = data["models"]
-        except (OSError, ValueError):
-            pass  # none yet, or unreadable: every model is run
+        except FileNotFoundError:
+            return  # the first run into this folder
+        except (OSError, ValueError) as e:
+            self._discard(f"{type(e).__name__}: {e}")
+            return
+        if isinstance(data, dict) and data.get("version") == VERSION and isinstance(data.get("models"), dict):
+            self.models = data["models"]
+        else:
+            self._discard(f"not a version-{VERSION} batch state")
+
+    def _discard(self, why: str) -> None:
+        """An unusable state file is kept aside (it may be the only record of a long batch), never dropped silently."""
+        n = 1
+        while os.path.lexists(f"{self.path}.corrupt-{n}"):
+            n += 1
+        aside = f"{self.path}.corrupt-{n}"
+        try:
+            os.replace(self.path, aside)
+            kept = f"moved to {aside}"
+        except OSError as e:
+            kept = f"left as it is ({e.strerror or e})"
+        self.warning = f"{self.path} is unreadable ({why[:200]}); {kept}, and every model is run again"
 
     def previous(self, source: str, sha256: str, options: str) -> dict | None:
         """The last record of this model if it is still valid for this file and these options."""

@@ -47,7 +47,14 @@ runpy.run_module("onnxopt", run_name="__main__", alter_sys=True)
 _OUT_OF_MEMORY = re.compile(r"MemoryError|bad_alloc|out of memory|Cannot allocate memory|failed to map segment|"
                             r"Failed to allocate|ENOMEM|Resource temporarily unavailable.*thread", re.IGNORECASE)
 
-FINISHED = ("optimized", "unchanged")          # a rerun skips these
+# Under an address-space limit a process also dies of memory where it cannot say so: glibc cannot map libgcc_s to
+# unwind a cancelled thread ("libgcc_s.so.1 must be installed for pthread_cancel to work", then SIGABRT), C++
+# cannot start a thread (std::system_error), the loader cannot map a library. Read as out-of-memory only under a limit.
+_UNDER_LIMIT = re.compile(r"libgcc_s|pthread_cancel|std::system_error|error while loading shared libraries",
+                          re.IGNORECASE)
+
+# "slower": written, correct, but `onnxopt bench` measured it slower than the original (a speedup below 1).
+FINISHED = ("optimized", "unchanged", "slower")  # a rerun skips these
 FAILURES = ("failed", "crashed", "timeout", "out-of-memory")
 
 # Children alive now, so that an interrupted batch can kill them (all threads of the driver share it), and whether
@@ -149,7 +156,7 @@ def classify(child: ChildResult, timeout: float, memory_limit_gb: float | None =
     """(status, reason) of a child that did not exit 0."""
     if child.returncode is None:
         return "timeout", f"killed after the {timeout:g} s limit"
-    if _OUT_OF_MEMORY.search(child.output):
+    if _OUT_OF_MEMORY.search(child.output) or (memory_limit_gb and _UNDER_LIMIT.search(child.output)):
         limit = f"over the {memory_limit_gb:g} GB memory limit: " if memory_limit_gb else ""
         return "out-of-memory", limit + (last_error_line(child.output) or "out of memory")
     if child.returncode < 0:
@@ -223,7 +230,19 @@ def run_model_job(job: ModelJob) -> dict:
         record["status"] = "optimized"
         if job.bench:
             record["bench"] = run_bench(job)
+        record["status"], record["reason"] = optimized_status(record.get("bench"), "--no-measure" in job.optimize_args)
     return record
+
+
+def optimized_status(bench: dict | None, no_measure: bool) -> tuple[str, str]:
+    """(status, reason) of a model written with kernels: "optimized" only when no measurement says it is slower."""
+    speedup = bench.get("speedup") if isinstance(bench, dict) else None
+    untimed = " (--no-measure: its kernels were kept untimed)" if no_measure else ""
+    if isinstance(speedup, (int, float)) and speedup < 1.0:
+        return "slower", f"onnxopt bench measured {speedup:.2f}x of the original's speed{untimed}"
+    if no_measure and not isinstance(speedup, (int, float)):
+        return "optimized", "not timed (--no-measure, and no benchmark): its speedup is unknown"
+    return "optimized", ""
 
 
 def report_fields(report: dict) -> dict:
@@ -243,9 +262,9 @@ def report_fields(report: dict) -> dict:
 
 
 def run_bench(job: ModelJob) -> dict:
-    """`onnxopt bench ORIG OUT --json`: the speedup (the ratio of the two sides' medians), and the ratios of their
-    p10s and of their p90s: the speedup of the fast runs and of the slow runs. (bench gives percentiles per side,
-    not per pair of runs; these two need not bracket the median ratio.)"""
+    """`onnxopt bench ORIG OUT --json`: the speedup (the ratio of the two sides' medians) and the band the two sides'
+    spreads allow: original p10 / optimized p90 to original p90 / optimized p10. (bench gives percentiles per side,
+    not per pair of runs; the ratios of the p10s and of the p90s need not bracket the median ratio, this band does.)"""
     argv = ["bench", job.source, job.output, "--json", "--min-time", repr(job.bench_time)]
     if job.threads:
         argv += ["--threads", str(job.threads)]
@@ -258,7 +277,7 @@ def run_bench(job: ModelJob) -> dict:
     try:
         r = json.loads(child.stdout)
         a, b = r["a"], r["b"]
-        return {"speedup": r["speedup"], "speedup_p10": a["p10"] / b["p10"], "speedup_p90": a["p90"] / b["p90"],
+        return {"speedup": r["speedup"], "speedup_low": a["p10"] / b["p90"], "speedup_high": a["p90"] / b["p10"],
                 "original": {k: a[k] for k in ("median", "p10", "p90")},
                 "optimized": {k: b[k] for k in ("median", "p10", "p90")},
                 "library": b.get("library"), "threads": r.get("threads"), "outputs_match": r.get("outputs_match"),

@@ -5,20 +5,24 @@ A stage of the driver (onnxopt/pipeline.py, _Optimizer): its methods read and wr
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import warnings
+from collections import Counter
 
 import numpy as np
 import onnx
 
 from onnxopt.codegen.glue.library import link_library
-from onnxopt.emit.model import DOMAIN, build_fused_model, set_library_sha256
+from onnxopt.emit.model import DOMAIN, build_fused_model, set_library_name, set_library_sha256
 from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, VerificationError
 from onnxopt.fusion.region import Region
 from onnxopt.graph.large import check_model
-from onnxopt.graph.load import commit_files, measure_bindings, save_model
-from onnxopt.timing import make_session
+from onnxopt.graph.load import measure_bindings, write_model
+from onnxopt.graph.publish import LIBRARY_SUFFIX, Staging, create_new
+from onnxopt.timing import make_session, session_options
 from onnxopt.verify import Tolerance, compare, make_inputs
 from onnxopt.driver.policy import WHOLE_MODEL_MARGIN, offline_split, _op_counts
 from onnxopt.driver.result import Result
@@ -68,10 +72,41 @@ class OutputStage:
         self.report["check_bindings"] = self.bindings
 
     def _emit(self, original, work, accepted, built, loaded, src_path, t_start) -> Result:
+        """Write the outputs into a private folder beside their destination under their final names, check them
+        there as a user loads them (onnxopt.runtime, from disk), then publish them together (graph/publish.py),
+        the report with them. Without an output path they are staged in the run's temporary folder, and the
+        library comes back as bytes in the Result."""
         t = time.perf_counter()
+        with Staging(self.output or os.path.join(self.tmpdir, "model.onnx")) as staging:
+            result, suffixes, remove = self._emit_staged(staging, original, accepted, built, loaded, src_path, t)
+            self.report["timings"]["total_s"] = time.perf_counter() - t_start
+            self.report["offline"] = offline_split(self.report["timings"])
+            if self.output:
+                self._publish(staging, suffixes, remove)
+        return result
+
+    def _publish(self, staging: Staging, suffixes: list[str], remove: list[str]) -> None:
+        """The report first (nothing of the model is out yet), then the model's files; a failure of either
+        leaves every destination as it was."""
+        report_file = self.opts.report_file
+        report = Staging(report_file) if report_file else None
+        try:
+            if report:
+                with create_new(report.path()) as f:
+                    f.write((json.dumps(self.report, indent=1, default=str) + "\n").encode())
+                report.publish([""])
+            staging.publish(suffixes, remove)
+        except BaseException:
+            if report:
+                report.rollback()
+            raise
+        finally:
+            if report:
+                report.discard()
+
+    def _emit_staged(self, staging: Staging, original, accepted, built, loaded, src_path, t) -> Result:
         lib_path = sha = None
-        out_dir = os.path.dirname(os.path.abspath(self.output)) if self.output else self.tmpdir
-        lib_name = (os.path.basename(self.output) if self.output else "model.onnx") + ".so"
+        lib_name = os.path.basename(staging.destination) + LIBRARY_SUFFIX
         if accepted:
             fused = build_fused_model(self.emit_base, accepted, lib_name, None, self.opts.target.to_dict(),
                                       self.opts.target.required_cpu_flags)
@@ -92,7 +127,7 @@ class OutputStage:
                 self.report["sequences"] = [{"op_type": q.op_type, "steps": len(q.steps),
                                              "concat_inputs_in_place": sum(v is not None for v in q.slot_view)}
                                             for q in seqs]
-            lib_path = os.path.join(out_dir, f".{lib_name}.{os.getpid()}.tmp")
+            lib_path = staging.path(LIBRARY_SUFFIX)
             sha = link_library(descs, [o for o, _ in used], self.opts.target, lib_path,
                                inline_flops=self.inline_flops)
             set_library_sha256(fused, sha)
@@ -100,21 +135,19 @@ class OutputStage:
             if self.original_checks:
                 check_model(fused)
         except Exception as e:  # noqa: BLE001
-            self._cleanup([lib_path])
             raise OnnxoptError(f"internal error: the fused model fails the ONNX checker ({' '.join(str(e).split())}); "
                                "please report it") from None
+        # The model as the user gets it: written, then read back from disk by every check below.
+        suffixes = write_model(fused, staging.path(), external=loaded.used_external_data)
+        written = staging.path()
         self.report["timings"]["emit_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        try:
-            if self.opts.verify:
-                # A model written unchanged is checked against itself as given (restore_given), not against the
-                # shape-fixed copy, when there is no file to run.
-                self._verify_model(original, fused, lib_path, src_path, reference=None if accepted else fused)
-            else:
-                self._check_result_loads(fused, lib_path)
-        except BaseException:
-            self._cleanup([lib_path])  # the library linked for the model that is not written
-            raise
+        if self.opts.verify:
+            # A model written unchanged is checked against itself as given (restore_given), not against the
+            # shape-fixed copy, when there is no file to run.
+            self._verify_model(original, fused, written, lib_path, src_path, reference=None if accepted else fused)
+        else:
+            self._check_result_loads(fused, written, lib_path)
         self.report["timings"]["verify_s"] = time.perf_counter() - t
 
         self.report["after"] = _op_counts(fused)
@@ -122,28 +155,23 @@ class OutputStage:
         relayouts = [r.node_names[0] for r in accepted if r.relayout is not None]
         if relayouts:  # onnxruntime nodes rewritten to run on blocked tensors
             self.report["blocked_passthrough"] = relayouts
-        written = []
-        if self.output:
-            try:
-                written = save_model(fused, self.output, external=loaded.used_external_data, commit=False)
-                commit_files(written, self.output)
-                final_lib = os.path.join(out_dir, lib_name)
-                if lib_path:
-                    os.replace(lib_path, final_lib)
-                elif os.path.exists(final_lib):
-                    os.remove(final_lib)  # a stale library from an earlier run would not match this model
-            except BaseException:
-                self._cleanup([lib_path] + written)
-                raise
-            self.report["output"] = {"path": os.path.abspath(self.output), "size_bytes": os.path.getsize(self.output),
-                                     "library": final_lib if lib_path else None, "library_sha256": sha}
-            lib_result = final_lib if lib_path else None
-        else:
-            self._cleanup([lib_path])
-            lib_result = None
-        self.report["timings"]["total_s"] = time.perf_counter() - t_start
-        self.report["offline"] = offline_split(self.report["timings"])
-        return Result(fused, self.report, self.output, lib_result)
+        if not self.output:
+            # Nothing is left on disk: the model comes back without a library name (it would name a file that
+            # does not exist), and the library as bytes; Result.save writes both, the name set to match.
+            library_data = None
+            if lib_path:
+                with open(lib_path, "rb") as f:
+                    library_data = f.read()
+                set_library_name(fused, None)
+            return Result(fused, self.report, None, None, library_data), [], []
+        if lib_path:
+            suffixes = [LIBRARY_SUFFIX] + suffixes  # the library before the model that names it
+        self.report["output"] = {"path": staging.destination, "size_bytes": os.path.getsize(written),
+                                 "library": staging.destination + LIBRARY_SUFFIX if lib_path else None,
+                                 "library_sha256": sha}
+        # A stale library of an earlier run would not match this model: it goes (and comes back on failure).
+        return (Result(fused, self.report, self.output, staging.destination + LIBRARY_SUFFIX if lib_path else None),
+                suffixes, [] if lib_path else [LIBRARY_SUFFIX])
 
     def _without_quantized(self, plan: list[Region]) -> list[Region]:
         """The plan less the regions that would take a node of a quantized pattern from onnxruntime; an int8 GEMM
@@ -178,27 +206,63 @@ class OutputStage:
                 return f"every candidate region was rejected; the most common reason: {common}"
         return "nothing in this model is a region onnxopt fuses (see the supported ops in the README)"
 
-    def _cleanup(self, paths):
-        for p in paths:
-            if p and os.path.exists(p):
-                os.remove(p)
+    def _written_session(self, written: str, lib_path: str | None, threads=None):
+        """A session on the written model as a user makes it: from its file, through onnxopt.runtime, which finds
+        the library by the model's own metadata. With `lib_path` (a library this host can run), the loader must
+        have picked it up: a written model whose library is present but not used is a failed run."""
+        from onnxopt import runtime
 
-    def _check_result_loads(self, fused, lib_path):
-        """Even without verification, the written model must at least open in onnxruntime."""
-        libraries = [None if self.cannot_run else lib_path]
-        if self.opts.verify_fallback and libraries[0] is not None:
-            libraries.append(None)
-        for lib in libraries:
-            try:
-                self._session(fused, library=lib, threads=1)
-            except Exception as e:  # noqa: BLE001
-                self._cleanup([lib_path])
-                without = "" if lib else " without its kernel library"
-                raise VerificationError(f"the optimized model does not load in onnxruntime{without} "
-                                        f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
-                                        "--skip-fusion elementwise avoids it") from None
+        so = session_options(threads or self.opts.threads)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", runtime.LibraryNotUsedWarning)
+            sess = runtime.InferenceSession(written, so, providers=[self.opts.target.execution_provider])
+        if lib_path is not None and runtime.registered_library(sess) is None:
+            why = "; ".join(str(w.message) for w in caught) or "no reason given"
+            raise VerificationError(f"the written model's kernel library is not picked up by onnxopt.runtime ({why}); "
+                                    "nothing was written. Please report it")
+        return sess
 
-    def _verify_model(self, original, fused, lib_path, src_path, reference=None):
+    def _run_counting(self, sess, written: str, names, feeds):
+        """Run the written model once and check that each fused node ran its kernel: per op type, the library
+        counted as many Compute calls as the graph has nodes of that type (matching outputs alone would not show
+        that the function bodies ran instead)."""
+        from onnxopt import runtime
+        from onnxopt.runtime.kernel_calls import kernel_calls
+
+        lib = runtime.registered_library(sess, loadable=True)
+        before = kernel_calls(lib) if lib else {}
+        got = sess.run(names, feeds)
+        if lib:
+            after = kernel_calls(lib)
+            graph = onnx.load(written, load_external_data=False).graph
+            want = Counter(n.op_type for n in graph.node if n.domain == DOMAIN)
+            ran = {op: after.get(op, 0) - before.get(op, 0) for op in want}
+            wrong = {op: (ran[op], n) for op, n in want.items() if ran[op] != n}
+            self.report.setdefault("verification", {})["kernel_calls"] = sum(ran.values())
+            if wrong:
+                op, (have, need) = next(iter(wrong.items()))
+                raise VerificationError(f"the written model ran {have} of its {need} {op} kernels through its library "
+                                        f"({len(wrong)} op types short); nothing was written. Please report it")
+        return got
+
+    def _check_result_loads(self, fused, written, lib_path):
+        """Even without verification, the written model must at least open in onnxruntime, as a user opens it (with
+        its library unless this host cannot run it) and as a host without the library does."""
+        import onnxruntime as ort
+
+        lib = None if self.cannot_run else lib_path
+        try:
+            self._written_session(written, lib, threads=1)
+            if self.opts.verify_fallback and lib is not None:
+                ort.InferenceSession(written, session_options(1), providers=[self.opts.target.execution_provider])
+        except VerificationError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise VerificationError(f"the optimized model does not load in onnxruntime "
+                                    f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
+                                    "--skip-fusion elementwise avoids it") from None
+
+    def _verify_model(self, original, fused, written, lib_path, src_path, reference=None):
         feeds = make_inputs(original, self._bindings(), self.opts.seed, self.opts.check_inputs)
         names = [o.name for o in original.graph.output]
         try:
@@ -212,17 +276,19 @@ class OutputStage:
                                     "--check-input name:file.npy or fix symbolic dims with --input-shape") from None
         quantized = any(n.op_type in ("DynamicQuantizeLinear", "QuantizeLinear") for n in original.graph.node)
         emulated, base = self._emulator(), None
+        lib = None if self.cannot_run else lib_path
+        self.report["verification"] = {}
         try:
-            lib = None if self.cannot_run else lib_path
             if emulated:
                 # The emulated onnxruntime is the reference too: its own float kernels move a dynamically quantized
                 # model's steps as much as ours may.
                 lib = lib_path
-                emulated_runs = self._emulated_runs(source, fused, lib_path, names, feeds, emulated, quantized)
+                emulated_runs = self._emulated_runs(source, written, lib_path, names, feeds, emulated, quantized)
             else:
-                got = self._session(fused, library=lib).run(names, feeds)
+                got = self._run_counting(self._written_session(written, lib), written, names, feeds)
+        except VerificationError:
+            raise
         except Exception as e:  # noqa: BLE001
-            self._cleanup([lib_path])
             where = f" under {emulated}" if emulated else ""
             raise VerificationError(f"the optimized model fails to run{where}: "
                                     f"{str(e).strip().splitlines()[-1][:300]}") from None
@@ -232,18 +298,18 @@ class OutputStage:
         if quantized:
             tol, spread = self._int8_tolerance(source, names, feeds, want, base)
         diffs = compare(names, want, got, tol)
-        self.report["verification"] = {"outputs": [d.__dict__ for d in diffs], "ok": all(d.ok for d in diffs),
-                                       "library": lib is not None}
+        self.report["verification"].update({"outputs": [d.__dict__ for d in diffs], "ok": all(d.ok for d in diffs),
+                                            "library": lib is not None})
         if emulated:
             self.report["verification"]["emulated"] = emulated
         if spread is not None:
             self.report["verification"]["onnxruntime_spread"] = spread
-        self._fail_if_differs(diffs, lib_path, "verification failed: output {} differs",
+        self._fail_if_differs(diffs, "verification failed: output {} differs",
                               "Loosen with --rtol/--atol if this is expected, or skip a fusion with --skip-fusion")
         if self.opts.verify_fallback:
             if emulated:  # the function bodies run here, against this host's onnxruntime
                 tol = self._int8_tolerance(source, names, feeds, host_want)[0] if quantized else self.opts.tolerance
-            self._verify_fallback(fused, lib_path, names, feeds, host_want, diffs if lib is None else None, tol)
+            self._verify_fallback(written, names, feeds, host_want, diffs if lib is None else None, tol)
 
     def _emulator(self) -> str | None:
         """For a target of another architecture: how its library is run here (qemu and the emulated CPU, the
@@ -310,28 +376,30 @@ class OutputStage:
             tol.atol[dt] = tol.atol.get(dt, 1e-4) + widest
         return tol, spread
 
-    def _verify_fallback(self, fused, lib_path, names, feeds, want, diffs=None, tol=None):
-        """The model as a host without the library runs it (a plain onnxruntime, another CPU): the function bodies
-        must load and give the original's answers (within `tol`, the check's tolerance), or nothing is written.
-        `diffs`: already compared that way."""
+    def _verify_fallback(self, written, names, feeds, want, diffs=None, tol=None):
+        """The written model as a host without the library runs it (a plain onnxruntime, another CPU): the function
+        bodies must load and give the original's answers (within `tol`, the check's tolerance), or nothing is
+        written. `diffs`: already compared that way."""
+        import onnxruntime as ort
+
         if diffs is None:
             try:
-                got = self._session(fused).run(names, feeds)
+                sess = ort.InferenceSession(written, session_options(self.opts.threads),
+                                            providers=[self.opts.target.execution_provider])
+                got = sess.run(names, feeds)
             except Exception as e:  # noqa: BLE001
-                self._cleanup([lib_path])
                 raise VerificationError(f"the optimized model does not run without its kernel library "
                                         f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
                                         "--skip-fusion with the kind named there avoids it") from None
             diffs = compare(names, want, got, tol or self.opts.tolerance)
         self.report["fallback_verification"] = {"outputs": [d.__dict__ for d in diffs],
                                                 "ok": all(d.ok for d in diffs)}
-        self._fail_if_differs(diffs, lib_path, "verification failed without the kernel library: output {} of the "
+        self._fail_if_differs(diffs, "verification failed without the kernel library: output {} of the "
                               "function bodies differs", "Please report it")
 
-    def _fail_if_differs(self, diffs, lib_path, what: str, advice: str) -> None:
+    def _fail_if_differs(self, diffs, what: str, advice: str) -> None:
         bad = [d for d in diffs if not d.ok]
         if bad:
-            self._cleanup([lib_path])
             d = bad[0]
             raise VerificationError(f"{what.format(d.name)} (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
                                     f"nothing was written. {advice}")

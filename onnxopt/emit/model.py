@@ -198,6 +198,17 @@ def set_library_sha256(model: onnx.ModelProto, sha256: str) -> None:
     model.metadata_props.add(key=META_SHA256, value=sha256)
 
 
+def set_library_name(model: onnx.ModelProto, name: str | None) -> None:
+    """Name the model's kernel library (a bare file name beside the model), or with None name none: a model held
+    in memory names no file (Result.save names the one it writes)."""
+    keep = [(p.key, p.value) for p in model.metadata_props if p.key != META_LIBRARY]
+    del model.metadata_props[:]
+    if name is not None:
+        keep.insert(0, (META_LIBRARY, name))
+    for k, v in keep:
+        model.metadata_props.add(key=k, value=v)
+
+
 def id_of(node: onnx.NodeProto) -> tuple:
     """Nodes are identified by their outputs (unique in a valid graph)."""
     return tuple(node.output)

@@ -66,28 +66,47 @@ def is_large(model: onnx.ModelProto) -> bool:
     return model_bytes(model) > LARGE_BYTES
 
 
+def _is_repeated(fd) -> bool:
+    """protobuf 6.30+ has `is_repeated`; older ones only `label` (since removed)."""
+    is_repeated = getattr(fd, "is_repeated", None)
+    return bool(is_repeated) if is_repeated is not None else fd.label == fd.LABEL_REPEATED
+
+
+def _copy_fields(src, dst, skip: tuple[str, ...] = ()) -> None:
+    """Copy every field set in message `src` into `dst` but those named in `skip`, by reflection: a field onnx adds
+    later is carried too. Repeated messages are added one by one (`extend` serializes them, which fails past 2 GB)."""
+    for fd, value in src.ListFields():
+        if fd.name in skip:
+            continue
+        if _is_repeated(fd):
+            field = getattr(dst, fd.name)
+            if fd.type == fd.TYPE_MESSAGE:
+                add_messages(field, value)
+            else:
+                field.extend(value)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
 def light_copy(model: onnx.ModelProto, strip_above: int = STRIP_TENSOR_BYTES) -> onnx.ModelProto:
     """The model with every initializer over `strip_above` bytes stripped of its data (an external-data stub with
-    the same name, type and dims), built without copying those tensors: what shape inference and the checker need.
-    Shape tensors and other small constants keep their values."""
+    the same name, type and dims), built without copying those tensors: what shape inference and the checker need,
+    and what `save_with_external_data` writes. Every other field of the model and its graph is kept (metadata,
+    producer, doc strings, functions, training info...). Shape tensors and other small constants keep their values."""
     g = model.graph
     light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
+    _copy_fields(model, light, skip=("graph",))
     lg = light.graph
-    lg.name = g.name
-    lg.node.extend(g.node)
-    lg.input.extend(g.input)
-    lg.output.extend(g.output)
-    lg.value_info.extend(g.value_info)
+    _copy_fields(g, lg, skip=("initializer",))
     for t in g.initializer:
-        if tensor_bytes(t) <= strip_above:
+        if tensor_bytes(t) <= strip_above or t.data_location == onnx.TensorProto.EXTERNAL:
             lg.initializer.add().CopyFrom(t)
             continue
         stub = lg.initializer.add()
-        stub.name, stub.data_type = t.name, t.data_type
-        stub.dims.extend(t.dims)
+        _copy_fields(t, stub, skip=("raw_data", "float_data", "int32_data", "string_data", "int64_data",
+                                    "double_data", "uint64_data", "external_data", "data_location"))
         stub.data_location = onnx.TensorProto.EXTERNAL
         e = stub.external_data.add()
         e.key, e.value = "location", STRIPPED

@@ -10,8 +10,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 
 import onnx
@@ -20,6 +18,7 @@ from onnx import external_data_helper
 from onnxopt.errors import InputError, UsageError
 
 from .large import model_bytes, save_with_external_data, tensor_bytes
+from .publish import DATA_SUFFIX, Staging, check_destination, check_output, create_new
 from .ort_compat import max_ir_version
 
 TWO_GB = 2**31
@@ -236,50 +235,32 @@ def check_output_path(input_path: str | None, output_path: str) -> None:
         raise UsageError(f"-o {output_path}: the folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"-o {output_path}: the folder {parent} is not writable; choose another output folder")
+    check_output(out, "-o")
 
 
-def save_model(model: onnx.ModelProto, output_path: str, external: bool, commit: bool = True) -> list[str]:
-    """Write the model next to its final name and rename it into place (atomic on POSIX).
-
-    Returns the temporary paths written (when commit is False the caller renames them with `commit_files`).
-    External data goes to `<output>.data` (relative location, so the pair can be moved together).
-    """
-    out = os.path.abspath(output_path)
-    folder = os.path.dirname(out)
-    base = os.path.basename(out)
+def write_model(model: onnx.ModelProto, path: str, external: bool) -> list[str]:
+    """Write the model at `path`, a new name in a folder the caller owns (a `Staging` folder), with its larger
+    tensors in `<path>.data` when `external` or past 2 GB; every ModelProto field is kept (graph/large.py,
+    light_copy). Returns the suffixes written ("" and maybe ".data"), the model's last."""
     external = external or model_bytes(model) >= TWO_GB
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    make_readable(tmp)
-    written = [tmp]
-    scratch = None
-    try:
-        if external:
-            data_name = base + ".data"
-            tmp_data = os.path.join(folder, f".{data_name}.tmp")
-            # The data file is named in the model by its final name: write into a scratch folder, then move.
-            scratch = tempfile.mkdtemp(prefix=".onnxopt-", dir=folder)
-            save_with_external_data(model, os.path.join(scratch, base))
-            os.replace(os.path.join(scratch, base), tmp)
-            if os.path.exists(os.path.join(scratch, data_name)):
-                os.replace(os.path.join(scratch, data_name), tmp_data)
-                written.append(tmp_data)
-            make_readable(tmp)
-            if len(written) > 1:
-                make_readable(written[1])
-        else:
-            onnx.save_model(model, tmp)
-    except BaseException:
-        for p in written:
-            if os.path.exists(p):
-                os.remove(p)
-        raise
-    finally:
-        if scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
-    if commit:
-        commit_files(written, output_path)
-    return written
+    if external:
+        save_with_external_data(model, path)
+    else:
+        with create_new(path) as f:
+            f.write(model.SerializeToString())
+    suffixes = [DATA_SUFFIX] if os.path.exists(path + DATA_SUFFIX) else []
+    return suffixes + [""]
+
+
+def save_model(model: onnx.ModelProto, output_path: str, external: bool) -> list[str]:
+    """Write the model (and `<output>.data` when `external` or past 2 GB: a relative location, so the pair can be
+    moved together) whole or not at all: written in a private folder beside it, then renamed into place
+    (graph/publish.py). Returns the paths published."""
+    check_destination(os.path.abspath(output_path), "the output")
+    with Staging(output_path) as staging:
+        suffixes = write_model(model, staging.path(), external)
+        staging.publish(suffixes)
+    return [os.path.abspath(output_path) + s for s in suffixes]
 
 
 def make_readable(path: str) -> None:
@@ -287,10 +268,3 @@ def make_readable(path: str) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)
-
-
-def commit_files(tmp_paths: list[str], output_path: str) -> None:
-    out = os.path.abspath(output_path)
-    for tmp in tmp_paths:
-        final = out + ".data" if tmp.endswith(".data.tmp") else out
-        os.replace(tmp, final)

@@ -22,7 +22,10 @@ def test_two_models_as_ray_tasks(tmp_path, quick_kwargs):
     finally:
         ray.shutdown()
     by = {m["model"]: m for m in result.records}
-    assert {k: m["status"] for k, m in by.items()} == {"a.onnx": "optimized", "sub/b.onnx": "optimized"}
+    # kept untimed as a whole (--min-speedup 0): the bench decides whether each may be called optimized
+    assert {k: m["status"] for k, m in by.items()} == {
+        k: "optimized" if m["bench"]["speedup"] >= 1 else "slower" for k, m in by.items()}
+    assert set(by) == {"a.onnx", "sub/b.onnx"}
     assert result.exit_code == 0 and by["a.onnx"]["bench"]["speedup"] > 0
     assert os.path.isfile(out / "sub" / "b.onnx.so") and os.path.isfile(out / "report.html")
     assert result.report["options"]["ray"] == "auto"

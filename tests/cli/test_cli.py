@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -134,3 +135,62 @@ def test_failed_verification_exits_1(tmp_path):
 def test_version():
     r = onnxopt("-v")
     assert r.returncode == 0 and "onnxopt" in r.stdout
+
+
+def _help(*args) -> str:
+    r = onnxopt(*args, "--help")
+    assert r.returncode == 0, r.stderr
+    return " ".join(r.stdout.split())  # argparse wraps lines: compare as one line
+
+
+def test_top_level_help_lists_every_command():
+    from onnxopt.cli.main import SUBCOMMANDS
+
+    text = _help()
+    for cmd in SUBCOMMANDS:
+        if cmd != "optimize":
+            assert f"onnxopt {cmd}" in text, cmd
+    assert "onnxopt batch SRC" in text
+
+
+def test_skip_fusion_help_lists_every_kind():
+    from onnxopt.driver.policy import FUSION_KINDS
+
+    for args in ((), ("batch",)):
+        text = _help(*args)
+        listed = text.split("--skip-fusion KIND", 2)[-1]
+        for kind in FUSION_KINDS:
+            assert re.search(rf"\b{kind}\b", listed), (args, kind)
+
+
+def test_machine_help_lists_the_presets_by_their_names():
+    from onnxopt.hardware.presets import PRESETS
+
+    text = _help("machine")
+    for name in PRESETS:
+        assert name in text, name
+    assert "rtx4090" not in text
+    for name in PRESETS:  # each name listed is one get_preset takes
+        assert onnxopt("machine", "--preset", name, "--json").returncode == 0, name
+
+
+def test_batch_target_help_names_the_aarch64_targets():
+    text = _help("batch")
+    target = text.split("--target T", 2)[-1].split("--skip-fusion", 1)[0]
+    assert "aarch64" in target and "aarch64-dotprod" in target and "x86-64-v3" in target
+
+
+def test_tables_without_a_terminal_keep_words_whole(model):
+    """Piped (no terminal, no COLUMNS), rich would lay a table out at 80 columns and split words across lines."""
+    d, src = model
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    r = subprocess.run([sys.executable, "-m", "onnxopt", "inspect", src, "--top", "8"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("│")]
+    assert any("predicted µs" in line for line in r.stdout.splitlines())
+    names = [n.name for n in onnx.load(src).graph.node]
+    # every row names a whole node: no name cut and carried over to a continuation row
+    for line in rows:
+        first = line.split("│")[1].strip()
+        assert first in names, line

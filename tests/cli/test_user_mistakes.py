@@ -233,6 +233,50 @@ def test_output_into_a_missing_folder(model, capsys, scratch_tmp):
     assert stray_files(d) == []
 
 
+@pytest.mark.parametrize("kinds", ["magic", "compute,magic"])
+def test_skip_fusion_names_the_unknown_kind(model, capsys, scratch_tmp, kinds):
+    d, src, _ = model
+    out = d / "f.onnx"
+    line = cli_error(capsys, [src, "-o", out, "--skip-fusion", kinds, *FAST], [src], out, "--skip-fusion magic",
+                     "known fusion kinds", "qconv")
+    assert "skip_fusion" not in line  # the CLI's flag, not the Python keyword
+
+
+def test_verbose_puts_a_blank_line_between_the_traceback_and_the_error(model, capsys, scratch_tmp):
+    d, src, _ = model
+    capsys.readouterr()
+    rc = main([src, "-o", str(d / "nodir" / "f.onnx"), "--verbose", *FAST])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.rstrip("\n").splitlines()
+    assert lines[0].startswith("Traceback") and lines[-1].startswith("onnxopt: error: -o "), err
+    assert lines[-2] == "" and lines[-3].startswith("onnxopt.errors.UsageError: "), err
+
+
+def test_a_warning_is_one_line_without_its_source(monkeypatch, capsys):
+    import onnxopt.cli.main as cli
+    from onnxopt.cost_cache import CostCacheWarning
+
+    before = warnings.showwarning
+
+    def warns(argv):
+        warnings.warn("cost cache off: cannot open x.sqlite (DatabaseError: file is not a database); kernels are "
+                      "timed without it", CostCacheWarning, stacklevel=2)
+        warnings.warn("something else", DeprecationWarning, stacklevel=2)
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_machine", warns)
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["machine"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["onnxopt: warning: cost cache off: cannot open x.sqlite (DatabaseError: file is not a "
+                                "database); kernels are timed without it",
+                                "onnxopt: warning: DeprecationWarning: something else"], err
+    assert warnings.showwarning is before  # put back for the caller of main()
+
+
 def _npy(d, name, arr) -> str:
     p = str(d / name)
     np.save(p, arr)

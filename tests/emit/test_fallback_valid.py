@@ -18,22 +18,23 @@ from onnxopt.fusion.region import EwProgram, Region, Value
 
 def _upsample_concat_model(sizes=(10, 20)) -> onnx.ModelProto:
     """YOLOv8's neck in small: conv -> nearest Resize 2x -> Concat with a conv at the larger size -> conv, once per
-    size. The two Resize -> Concat copies are the same kernel with different shapes in their function bodies."""
+    size. The two Resize -> Concat copies are the same kernel with different shapes in their function bodies.
+    16 channels: whole vectors at both lane widths (8 on AVX2, 16 on AVX-512), so the plan is the same on either."""
     vi = helper.make_tensor_value_info
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
     nodes, ins, outs = [], [], []
     for i, h in enumerate(sizes):
-        for name, cin in (("wa", 8), ("wb", 8), ("wc", 16)):
-            inits.append(numpy_helper.from_array((rng.standard_normal((8, cin, 3, 3)) * 0.2).astype(np.float32),
+        for name, cin in (("wa", 16), ("wb", 16), ("wc", 32)):
+            inits.append(numpy_helper.from_array((rng.standard_normal((16, cin, 3, 3)) * 0.2).astype(np.float32),
                                                  f"{name}{i}"))
-        ins += [vi(f"a{i}", TensorProto.FLOAT, [1, 8, h, h]), vi(f"b{i}", TensorProto.FLOAT, [1, 8, 2 * h, 2 * h])]
+        ins += [vi(f"a{i}", TensorProto.FLOAT, [1, 16, h, h]), vi(f"b{i}", TensorProto.FLOAT, [1, 16, 2 * h, 2 * h])]
         nodes += [helper.make_node("Conv", [f"a{i}", f"wa{i}"], [f"ca{i}"], pads=[1, 1, 1, 1]),
                   helper.make_node("Conv", [f"b{i}", f"wb{i}"], [f"cb{i}"], pads=[1, 1, 1, 1]),
                   helper.make_node("Resize", [f"ca{i}", "", "scales"], [f"r{i}"], mode="nearest"),
                   helper.make_node("Concat", [f"r{i}", f"cb{i}"], [f"c{i}"], axis=1),
                   helper.make_node("Conv", [f"c{i}", f"wc{i}"], [f"y{i}"], pads=[1, 1, 1, 1])]
-        outs.append(vi(f"y{i}", TensorProto.FLOAT, [1, 8, 2 * h, 2 * h]))
+        outs.append(vi(f"y{i}", TensorProto.FLOAT, [1, 16, 2 * h, 2 * h]))
     return helper.make_model(helper.make_graph(nodes, "g", ins, outs, inits),
                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)  # the oldest ORT admitted reads 8
 
@@ -44,11 +45,17 @@ def _feeds(model, seed=1):
             for i in model.graph.input}
 
 
-def test_copies_of_two_sizes_get_two_op_types_and_the_fallback_loads(tmp_path):
+# The plan is the target's, not the host's: both lane widths are planned and compiled on any host (a target this CPU
+# cannot run is checked through its function bodies).
+TARGETS = ["x86-64-v3", "x86-64-v4"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_copies_of_two_sizes_get_two_op_types_and_the_fallback_loads(tmp_path, target):
     model = _upsample_concat_model()
     src, out = tmp_path / "m.onnx", tmp_path / "f.onnx"
     onnx.save(model, src)
-    res = onnxopt.optimize(str(src), str(out), measure=False, plan="compute-blocked")
+    res = onnxopt.optimize(str(src), str(out), measure=False, plan="compute-blocked", target=target)
     ops = [n.op_type for n in expand_sequences(res.model).graph.node]
     copies = [o for o in ops if o.startswith("Copy_")]
     assert len(copies) == 2 and copies[0] != copies[1], ops
@@ -84,7 +91,8 @@ def test_fallback_key_is_the_body_up_to_names():
     assert fallback_key(other_attr, m) != fallback_key(other_attr2, m)
 
 
-def test_a_fallback_that_differs_is_never_written(tmp_path, monkeypatch):
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_fallback_that_differs_is_never_written(tmp_path, monkeypatch, target):
     """--verify-fallback (on by default): if the function bodies do not compute what the original does, the run
     fails and leaves nothing at the output paths."""
     import onnxopt.emit.model as emit_model
@@ -104,5 +112,5 @@ def test_a_fallback_that_differs_is_never_written(tmp_path, monkeypatch):
     model = _upsample_concat_model(sizes=(6,))
     out = tmp_path / "f.onnx"
     with pytest.raises(VerificationError, match="without the kernel library"):
-        onnxopt.optimize(model, str(out), measure=False, plan="compute-blocked")
+        onnxopt.optimize(model, str(out), measure=False, plan="compute-blocked", target=target)
     assert sorted(p.name for p in tmp_path.iterdir()) == []

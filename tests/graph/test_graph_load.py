@@ -17,7 +17,6 @@ from onnxopt.graph import ort_compat
 from onnxopt.graph.load import (
     LoadedModel,
     check_output_path,
-    commit_files,
     fix_input_shapes,
     load_model,
     ort_loadable_ir,
@@ -355,8 +354,7 @@ def test_save_model_inline(tmp_path):
     before = m.SerializeToString()
     out = tmp_path / "out.onnx"
     written = save_model(m, str(out), external=False)
-    assert len(written) == 1 and written[0].endswith(".tmp")
-    assert not os.path.exists(written[0])  # renamed into place
+    assert written == [str(out)]
     assert out.exists() and not (tmp_path / "out.onnx.data").exists()
     assert _leftovers(tmp_path) == []
     assert m.SerializeToString() == before
@@ -420,28 +418,16 @@ def test_save_model_external_small_tensors_stay_inline(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
-def test_save_model_no_commit_then_commit(tmp_path):
-    out = tmp_path / "out.onnx"
-    written = save_model(add_model(), str(out), external=True, commit=False)
-    assert len(written) == 2
-    assert all(os.path.exists(p) for p in written)
-    assert all(os.path.dirname(p) == str(tmp_path) for p in written)
-    assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
-    commit_files(written, str(out))
-    assert not any(os.path.exists(p) for p in written)
-    assert sorted(os.listdir(tmp_path)) == ["out.onnx", "out.onnx.data"]
-    x = np.zeros((1, 512), np.float32)
-    assert _session(str(out)).run(None, {"x": x})[0].shape == (1, 512)
-
-
 def _failing_save(*args, **kwargs):
     raise OSError("disk full (simulated)")
 
 
 def test_save_model_failure_leaves_nothing_inline(tmp_path, monkeypatch):
+    import onnxopt.graph.load as load_module
+
     out = tmp_path / "out.onnx"
     out.write_bytes(b"previous")
-    monkeypatch.setattr(onnx, "save_model", _failing_save)
+    monkeypatch.setattr(load_module, "create_new", _failing_save)
     with pytest.raises(OSError, match="disk full"):
         save_model(add_model(), str(out), external=False)
     assert sorted(os.listdir(tmp_path)) == ["out.onnx"]

@@ -1,0 +1,22 @@
+"""How many times each fused op's kernel ran in this process: the library counts its Compute calls (register.c,
+`onnxopt_compute_counts`), so a user, a test or a benchmark can see that the kernels ran, not only that the answers
+match (a model whose library was not picked up gives the same answers through its function bodies)."""
+
+from __future__ import annotations
+
+import ctypes
+
+
+def kernel_calls(library: str) -> dict[str, int]:
+    """{op type: Compute calls} of the kernel library at `library` (a path, or what `registered_library` answers)
+    in this process. The library onnxruntime loaded is the one read: the dynamic loader hands back the loaded copy
+    of the same file rather than loading it twice. A library no session registered counts 0 for every op."""
+    lib = ctypes.CDLL(library)
+    counts_of = lib.onnxopt_compute_counts
+    counts_of.restype = ctypes.c_int
+    counts_of.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
+    n = counts_of(None, None, 0)
+    names = (ctypes.c_char_p * n)()
+    counts = (ctypes.c_ulonglong * n)()
+    counts_of(names, counts, n)
+    return {names[i].decode(): int(counts[i]) for i in range(n)}
