@@ -288,8 +288,6 @@ def cmd_batch(argv) -> int:
     p.add_argument("--ray", metavar="auto|ADDRESS", help="run the models as tasks of a Ray cluster (needs "
                    "onnxopt[ray]; OUT_DIR must be on a file system every node shares)")
     add_pass_through(p)
-    for flag, help_ in (("--target", TARGET_HELP), ("--skip-fusion", SKIP_FUSION_HELP)):
-        p._option_string_actions[flag].help = help_  # the same help as the optimize command's
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary table")
     p.add_argument("--verbose", action="store_true", help="a traceback with an error of the batch itself")
     a = p.parse_args(argv)

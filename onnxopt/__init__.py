@@ -8,11 +8,12 @@
 __version__ = "0.1.0"
 
 
-def optimize(model, output=None, **options):
-    """Optimize a model (path or onnx.ModelProto); see `onnxopt.pipeline.optimize` for the options."""
-    from onnxopt.pipeline import optimize as _optimize
+def __getattr__(name):
+    if name == "optimize":  # the pipeline's own function (its signature and docstring), imported on first use
+        from onnxopt.pipeline import optimize
 
-    return _optimize(model, output, **options)
+        return optimize
+    raise AttributeError(f"module 'onnxopt' has no attribute {name!r}")
 
 
 __all__ = ["optimize", "__version__"]

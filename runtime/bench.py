@@ -18,6 +18,7 @@ from onnxopt.timing import make_session, time_in_turns, time_interleaved
 from onnxopt.verify import Tolerance, check_given_inputs, compare, load_check_inputs, make_inputs
 
 from . import check_library
+from .kernel_calls import kernel_calls
 
 
 def _load_side(path: str, threads: int | None, spinning: bool = False):
@@ -28,12 +29,13 @@ def _load_side(path: str, threads: int | None, spinning: bool = False):
     except Exception as e:  # noqa: BLE001 - protobuf raises several types
         raise InputError(f"{path}: not a readable ONNX model ({str(e)[:200]})") from None
     chk = check_library(path, model=model)
-    lib = chk.path if chk.usable else None
+    # The name bound to the checked file (check_library), never the path, which may have been swapped since.
+    lib = chk.load_path if chk.usable else None
     try:
         sess = make_session(path, threads, library=lib, spinning=spinning)
     except Exception as e:  # noqa: BLE001
         raise InputError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0][:300]})") from None
-    return model, sess, lib
+    return model, sess, (chk.path if chk.usable else None), lib
 
 
 def _check_same_inputs(sess_a, sess_b, path_a: str, path_b: str) -> None:
@@ -59,8 +61,8 @@ def bench(path_a: str, path_b: str, threads: int | None = None, min_time: float 
     if not math.isfinite(min_time) or min_time <= 0:
         raise UsageError(f"--min-time {min_time}: give a finite number of seconds, more than 0")
     threads = threads or os.cpu_count()
-    model_a, sess_a, lib_a = _load_side(path_a, threads, spinning)
-    model_b, sess_b, lib_b = _load_side(path_b, threads, spinning)
+    model_a, sess_a, lib_a, load_a = _load_side(path_a, threads, spinning)
+    model_b, sess_b, lib_b, load_b = _load_side(path_b, threads, spinning)
     _check_same_inputs(sess_a, sess_b, path_a, path_b)
     given = load_check_inputs(inputs) if inputs else None
     if given:
@@ -69,23 +71,27 @@ def bench(path_a: str, path_b: str, threads: int | None = None, min_time: float 
     # shapes suit both.
     feeds = make_inputs(model_b, bindings, seed, given)
     names = [o.name for o in sess_a.get_outputs()]
+    calls_before = [kernel_calls(x) if x else {} for x in (load_a, load_b)]
     try:
         diffs = compare(names, sess_a.run(names, feeds), sess_b.run(names, feeds), Tolerance())
     except Exception as e:  # noqa: BLE001 - onnxruntime's errors on inputs it cannot take
         raise InputError(f"the models do not run on these inputs ({str(e).splitlines()[0][:300]}); give real ones "
                          "with --input name:file.npy") from None
+    # What each side's library ran in that one run: a library that is registered but whose kernels do not run
+    # would time the function bodies.
+    calls = [sum(kernel_calls(x).values()) - sum(b.values()) if x else 0 for x, b in zip((load_a, load_b), calls_before)]
     if spinning:
         del sess_a, sess_b
-        ta, tb = time_in_turns([lambda: make_session(path_a, threads, library=lib_a, spinning=True),
-                                lambda: make_session(path_b, threads, library=lib_b, spinning=True)],
+        ta, tb = time_in_turns([lambda: make_session(path_a, threads, library=load_a, spinning=True),
+                                lambda: make_session(path_b, threads, library=load_b, spinning=True)],
                                feeds, min_time=min_time)
     else:
         # every block warmed, however long a run: a user's comparison is worth more than the seconds it saves
         ta, tb = time_interleaved([sess_a, sess_b], feeds, min_time=min_time, max_blocks=400, min_blocks=10,
                                   warm_below_s=math.inf)
     return {
-        "a": {"path": path_a, "library": lib_a, **ta},
-        "b": {"path": path_b, "library": lib_b, **tb},
+        "a": {"path": path_a, "library": lib_a, "kernel_calls": calls[0], **ta},
+        "b": {"path": path_b, "library": lib_b, "kernel_calls": calls[1], **tb},
         "speedup": ta["median"] / tb["median"],
         "threads": threads,
         "spinning": spinning,

@@ -96,7 +96,7 @@ def bench_kernels(fused_path: str, threads: int | None = None, bindings: dict | 
             m = helper.make_model(g, opset_imports=opsets, functions=[f for f in model.functions
                                                                       if f.name == node.op_type])
             m.ir_version = model.ir_version
-            times[k] = make_session(m, threads, library=chk.path)
+            times[k] = make_session(m, threads, library=chk.load_path)
         t1, tk = time_interleaved([times[1], times[CHAIN]], feeds, min_time=min_time, max_blocks=60)
         per_kernel = max((tk["median"] - t1["median"]) / (CHAIN - 1), 1e-9)
         nbytes = sum(v.nbytes for v in feeds.values()) + sum(

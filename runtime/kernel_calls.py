@@ -8,8 +8,9 @@ import ctypes
 
 
 def kernel_calls(library: str) -> dict[str, int]:
-    """{op type: Compute calls} of the kernel library at `library` (a path, or what `registered_library` answers)
-    in this process. The library onnxruntime loaded is the one read: the dynamic loader hands back the loaded copy
+    """{op type: Compute calls} of the kernel library at `library` in this process: give
+    `registered_library(session, loadable=True)`, the name bound to the file onnxruntime loaded (a path may name
+    another file by now, which ctypes would load apart). The library onnxruntime loaded is the one read: the dynamic loader hands back the loaded copy
     of the same file rather than loading it twice. A library no session registered counts 0 for every op."""
     lib = ctypes.CDLL(library)
     counts_of = lib.onnxopt_compute_counts

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from onnxopt.driver.policy import FUSION_KINDS
 from onnxopt.errors import UsageError
 
 
@@ -23,8 +24,10 @@ PASS_THROUGH = (
     ("threads", "int", "intra-op threads for measuring, and for the speedup benchmark (default: all cores)"),
     ("tune_budget", "float", "seconds of Winograd/tile/band searches per model (optimize's default 12)"),
     ("search_budget", "float", "seconds of the fusion-plan search per model (optimize's default 60)"),
-    ("target", "str", "CPU to compile for: native (default), x86-64-v3, x86-64-v4, or cpu=NAME,+feature,..."),
-    ("skip_fusion", "list", "do not fuse regions of this kind (repeatable)"),
+    ("target", "str", "CPU to compile for: native (default), x86-64-v3, x86-64-v4, aarch64, aarch64-dotprod (Armv8.2-A's "
+               "int8 dot products), or cpu=NAME,+feature,... (an x86-64 or aarch64 CPU: cpu=neoverse-n1,+dotprod)"),
+    ("skip_fusion", "list", "do not fuse regions of this kind (repeatable, or comma-separated): "
+                            + ", ".join(FUSION_KINDS)),
     ("min_speedup", "float", "optimize's --min-speedup"),
     ("plan", "str", "optimize's --plan: build only this plan"),
     ("winograd", "str", "optimize's --winograd"),

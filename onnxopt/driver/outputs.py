@@ -368,8 +368,7 @@ class OutputStage:
         if base is None:  # `base`: already run (under emulation)
             base = make_session(_as_specified(source), self.opts.threads, optimization="none",
                                 provider=self.opts.target.execution_provider).run(names, feeds)
-        spread = {n: float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))
-                  for n, a, b in zip(names, want, base) if np.asarray(a).dtype.kind == "f"}
+        spread = {n: _finite_spread(a, b) for n, a, b in zip(names, want, base) if np.asarray(a).dtype.kind == "f"}
         tol = Tolerance(dict(self.opts.tolerance.rtol), dict(self.opts.tolerance.atol), dict(self.opts.tolerance.stol))
         widest = 2.0 * max(spread.values(), default=0.0)
         for dt in list(tol.atol) or ["float32"]:
@@ -403,6 +402,14 @@ class OutputStage:
             d = bad[0]
             raise VerificationError(f"{what.format(d.name)} (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
                                     f"nothing was written. {advice}")
+
+
+def _finite_spread(a, b) -> float:
+    """The largest difference between two runs where both are finite (an output that overflowed in either run is
+    compared for its infs and NaNs by `compare`, not widened into an infinite tolerance here)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    both = np.isfinite(a) & np.isfinite(b)
+    return float(np.max(np.abs(a[both] - b[both]), initial=0.0))
 
 
 def _as_specified(source):

@@ -40,7 +40,7 @@ from dataclasses import replace
 from onnxopt.fusion.compute import conv_macs_per_output, retile
 from onnxopt.fusion.layout import channel_vectors_apply, with_channel_vectors
 from onnxopt.timing import make_session, time_interleaved
-from onnxopt.verify import Tolerance, compare
+from onnxopt.verify import Tolerance, compare, finite_scale
 
 MIN_SEARCH_FLOPS = 2e6
 CANDIDATES = 3
@@ -116,7 +116,7 @@ def region_flops(region, info, bindings) -> float:
 def kernel_tolerance(want, bound: float) -> Tolerance:
     # As the pipeline's kernel check: a reduction in another order differs by about K * eps * sum |a * b|; a
     # Winograd kernel by more (onnxopt/measure.py, kernel_error_bound).
-    scale = max((float(np.max(np.abs(w))) for w in want if np.size(w)), default=1.0)
+    scale = finite_scale(want)
     return Tolerance({"float32": 1e-4}, {"float32": max(1e-5, bound * scale)}, {})
 
 
