@@ -19,6 +19,7 @@ import os
 import onnx
 from onnxopt.models import random_inputs
 
+from onnxopt.runtime import written_session
 from onnxopt.timing import make_session, time_interleaved
 
 NETWORKS = ["resnet50", "inception_v3", "densenet_bc", "mobilenetv2", "squeezenet", "nasnet_a", "unet16"]
@@ -43,8 +44,7 @@ def main(argv=None) -> None:
         feeds = random_inputs(onnx.load(orig, load_external_data=False))
         # A build that left the model unchanged has no library: it is the original, timed as itself.
         sessions = [make_session(orig, a.threads)] + [
-            make_session(b, a.threads, library=os.path.abspath(b + ".so") if os.path.exists(b + ".so") else None)
-            for b in builds]
+            written_session(b, a.threads) for b in builds]  # as a user loads them
         t = [r["median"] for r in time_interleaved(sessions, feeds, min_time=a.min_time, max_blocks=100000)]
         logs = [logs[0] + math.log(t[0] / t[1]), logs[1] + math.log(t[0] / t[2])]
         print(f"{n}: onnxruntime {t[0] * 1e3:.2f} ms, before {t[1] * 1e3:.2f} ms ({t[0] / t[1]:.3f}x), "

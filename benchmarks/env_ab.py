@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnxopt.models import random_inputs
 
+from onnxopt.runtime import written_session
 from onnxopt.timing import make_session
 
 BLOCK = 5
@@ -34,7 +35,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     feeds = random_inputs(onnx.load(a.original, load_external_data=False))
     ref = make_session(a.original, a.threads)
-    ours = make_session(a.fused, a.threads, library=os.path.abspath(a.fused + ".so"))
+    ours = written_session(a.fused, a.threads)  # as a user loads it
     want = ref.run(None, feeds)
     for v in a.values:
         os.environ[a.variable] = v

@@ -30,6 +30,7 @@ import tempfile
 import numpy as np
 import onnx
 
+from onnxopt.runtime import written_session
 from onnxopt.timing import make_session, time_interleaved
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -87,10 +88,9 @@ def main(argv=None) -> int:
                     continue
             q = onnx.load(entry["path"])
             fused = onnx.load(fused_path)
-            lib = fused_path + ".so"
             f32 = fp32_original(entry["path"])
             sessions = ([make_session(onnx.load(f32), a.threads)] if f32 else []) + \
-                [make_session(q, a.threads), make_session(fused, a.threads, library=lib if os.path.exists(lib) else None)]
+                [make_session(q, a.threads), written_session(fused_path, a.threads)]  # as a user loads it
             specs = [f"{k}:{','.join(map(str, v))}" for k, v in run["shapes"].items()]
             feeds = random_inputs(sessions[-2], specs, np.random.default_rng(0))
             t = [r["median"] * 1e3 for r in time_interleaved(sessions, feeds, min_time=a.min_time)]

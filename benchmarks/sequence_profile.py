@@ -24,6 +24,7 @@ CHILD = r"""
 import json, os, sys, time
 import onnx
 from onnxopt.models import random_inputs
+from onnxopt.runtime import written_session
 from onnxopt.timing import make_session
 
 fused, original, threads, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
@@ -32,7 +33,7 @@ out = {}
 for name, path, lib in (("fused", fused, os.path.abspath(fused + ".so")), ("original", original, None)):
     if not path:
         continue
-    s = make_session(path, threads, library=lib)
+    s = written_session(path, threads) if lib else make_session(path, threads)
     for _ in range(10):
         s.run(None, feeds)
     n, t0 = 0, time.perf_counter()

@@ -58,6 +58,7 @@ import traceback
 import numpy as np
 import onnx
 
+from onnxopt.runtime import written_session
 from onnxopt.timing import make_session, time_interleaved
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -378,7 +379,7 @@ def bench_one(entry: dict, run: dict, a, work: str, ortopt: dict) -> dict:
             row["notes"].append(f"ORT-optimizer model does not load: {type(e).__name__}: {str(e)[:120]}")
     if "path" in fused:
         try:
-            sessions.append(make_session(fused["path"], a.threads, library=fused["library"]))
+            sessions.append(written_session(fused["path"], a.threads))  # as a user loads it
             labels.append("onnxopt")
         except Exception as e:  # noqa: BLE001
             row["notes"].append(f"onnxopt model does not load: {type(e).__name__}: {str(e)[:120]}")

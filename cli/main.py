@@ -149,6 +149,10 @@ def check_report_path(path: str, outputs: list[str]) -> None:
         raise UsageError(f"--report {path}: the folder {os.path.dirname(full)} is not writable")
     if any(os.path.abspath(o) == full for o in outputs):
         raise UsageError(f"--report {path} is one of the outputs; give the report a name of its own")
+    from onnxopt.graph.publish import check_destination, probe_writable
+
+    check_destination(full, "--report")
+    probe_writable(os.path.dirname(full), f"--report {path}")  # /sys, /proc, read-only mounts: access() says yes
 
 
 def cmd_inspect(argv) -> int:

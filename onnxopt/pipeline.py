@@ -39,6 +39,7 @@ from onnxopt.graph.large import SharedWeights, check_model, inference_session
 from onnxopt.graph.quantized import (dedicate_unit_dequantizers, integer_product_units, is_quantized,
                                      qdq_conv_units, qdq_matmul_units, quantized_nodes)
 from onnxopt.timing import make_session
+from onnxopt.graph.publish import check_destination, probe_writable
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
 from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
 from onnxopt.graph.unary_through_concat import push_unary_through_concats
@@ -386,6 +387,10 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         src_path = None if isinstance(self.source, onnx.ModelProto) else os.fspath(self.source)
         if self.output is not None:
             check_output_path(src_path, self.output)
+        if self.opts.report_file is not None:
+            report = os.path.abspath(self.opts.report_file)
+            check_destination(report, "report_file")
+            probe_writable(os.path.dirname(report), f"report_file {self.opts.report_file}")
         loaded = load_model(self.source, self.opts.input_shapes)
         if self.output is not None:
             # Everything this run reads (the model, its external data, the check inputs) against everything it may

@@ -37,6 +37,8 @@ import onnx
 
 from onnxopt.emit.model import META_CPU_FLAGS, META_LIBRARY, META_SHA256
 
+from .kernel_calls import kernel_calls
+
 
 class LibraryNotUsedWarning(UserWarning):
     """The kernel library was left out; the model runs its function bodies instead."""
@@ -248,6 +250,24 @@ def InferenceSession(model_path, sess_options=None, providers=None, library: str
     return sess
 
 
+def written_session(model_path, threads: int | None = None, spinning: bool = False, provider: str | None = None):
+    """A session on a model file as a user serves it (`InferenceSession`), with onnxopt's timing settings
+    (`onnxopt.timing.session_options`): what benchmarks and checks time. A model that names a kernel library the
+    loader does not pick up is an error (RuntimeError with the loader's reason), never timed as if it ran its kernels:
+    its function bodies would run instead."""
+    from onnxopt.timing import CPU, session_options as timing_options
+
+    so = timing_options(threads, spinning=spinning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LibraryNotUsedWarning)
+        sess = InferenceSession(model_path, so, providers=[provider or CPU])
+    named = bool(_metadata(os.fspath(model_path)).get(META_LIBRARY))
+    if named and registered_library(sess) is None:
+        why = "; ".join(str(w.message) for w in caught) or "no reason given"
+        raise RuntimeError(f"{model_path}: its kernel library is not used ({why})")
+    return sess
+
+
 def registered_library(session, loadable: bool = False) -> str | None:
     """The real path of the kernel library `InferenceSession` registered for `session` (None: none). `loadable`:
     instead the name it was loaded by, which ctypes.CDLL resolves to the same loaded library for the life of the
@@ -258,5 +278,6 @@ def registered_library(session, loadable: bool = False) -> str | None:
     return chk.load_path if loadable else chk.path
 
 
-__all__ = ["InferenceSession", "session_options", "check_library", "registered_library", "LibraryCheck",
+__all__ = ["InferenceSession", "session_options", "check_library", "registered_library", "kernel_calls",
+           "written_session", "LibraryCheck",
            "LibraryNotUsedWarning"]

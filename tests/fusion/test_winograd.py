@@ -229,10 +229,15 @@ def test_off_keeps_the_direct_kernel_and_auto_reports_its_choice(tmp_path):
     assert "winograd" not in off.report
     auto = onnxopt.optimize(model, str(tmp_path / "auto.onnx"), plan="compute-blocked", cost_cache=False, threads=2)
     rep = auto.report["winograd"]
-    assert rep["searched"] == 1
+    # One 3x3 convolution was considered: a tile chosen, or the direct kernel kept (the search's measurement, or
+    # the tuning budget, decides which; both are legal on any host).
+    assert rep["searched"] <= 1 and sum(rep["chosen"].values()) + rep["direct"] == 1, rep
     chosen = [m for m in SQUARE if rep["chosen"][f"F({m}x{m},3x3)"]]
     written = any("__wino" in i.name for i in auto.model.graph.initializer)
-    assert written == bool(chosen)  # what the search chose is what was written
+    if written:  # a Winograd kernel is written only where the search chose it
+        assert chosen, rep
+    elif chosen:  # chosen, then the region lost to onnxruntime (its check or the whole model's): the report says so
+        assert auto.report["rejected"] or auto.report.get("unchanged"), auto.report
     check_answers(auto, model, ch.feeds)
 
 
