@@ -276,7 +276,8 @@ def cmd_batch(argv) -> int:
                        "skipped (done before), 1 if any failed, crashed, timed out or ran out of memory.")
     p.add_argument("sources", nargs="*", metavar="SRC", help=".onnx files, folders (searched recursively) or list "
                    "files (@list.txt or .txt: one path per line, # comments, paths relative to the list file, "
-                   "optional --input-shape/--timeout/--memory-limit after the path)")
+                   "optional --input-shape/--measure-shape/--check-input NAME:FILE.npy/--timeout/--memory-limit "
+                   "after the path)")
     p.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="the output folder (created if missing)")
     p.add_argument("--jobs", type=int, default=1, help="models optimized at once (default 1: timings are only "
                    "trustworthy with one)")

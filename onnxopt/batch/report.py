@@ -91,6 +91,7 @@ def summary_table(records: list[dict], title: str):
     from rich.table import Table
 
     colors = {"optimized": "green", "slower": "yellow", "unchanged": "cyan", "skipped": "dim", "failed": "red",
+              "needs-input": "magenta",
               "crashed": "red", "timeout": "yellow", "out-of-memory": "yellow"}
     t = Table(title=title)
     for name, justify in (("model", "left"), ("status", "left"), ("speedup\n(band)", "right"),

@@ -15,7 +15,8 @@ from .report import fmt_nodes, fmt_optimize_s, fmt_speedup, fmt_verified, speedu
 PHASES = (("search_s", "search", "#4e79a7"), ("codegen_s", "code generation", "#f28e2b"),
           ("measurement_s", "measurement", "#59a14f"), ("other_s", "other (load, fold, write)", "#bab0ac"))
 STATUS_COLORS = {"optimized": "#2e7d32", "slower": "#ef6c00", "unchanged": "#00838f", "skipped": "#757575",
-                 "failed": "#c62828", "crashed": "#c62828", "timeout": "#ef6c00", "out-of-memory": "#ef6c00"}
+                 "failed": "#c62828", "crashed": "#c62828", "timeout": "#ef6c00", "out-of-memory": "#ef6c00",
+                 "needs-input": "#6a1b9a"}
 LABEL_W, ROW_H, PLOT_W = 230, 22, 520
 
 _CSS = """

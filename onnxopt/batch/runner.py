@@ -25,7 +25,7 @@ from .worker import FAILURES, ModelJob
 class BatchResult:
     records: list[dict]   # one per model, in source order
     report: dict          # what OUT_DIR/report.json holds
-    exit_code: int        # 0: every model optimized, unchanged or skipped; 1: any failed
+    exit_code: int        # 0: every model optimized, unchanged, needs-input or skipped; 1: any failed
 
 
 def run_batch(sources: list[str], out_dir: str, *, jobs: int = 1, timeout: float = 1800.0,
@@ -157,7 +157,18 @@ def _model_args(base_args: list[str], global_shapes: list[str], source: Source) 
     """The optimize arguments of one model: the batch's, with its list-file input shapes over the batch's."""
     shapes = {spec.rpartition(":")[0]: spec for spec in global_shapes}
     shapes.update({spec.rpartition(":")[0]: spec for spec in source.input_shape})
-    return base_args + [w for spec in shapes.values() for w in ("--input-shape", spec)]
+    args = base_args + [w for spec in shapes.values() for w in ("--input-shape", spec)]
+    # The line's --measure-shape of an input replaces the batch's of that input.
+    mine = {spec.rpartition(":")[0] for spec in source.measure_shape}
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == "--measure-shape" and i + 1 < len(args) and args[i + 1].rpartition(":")[0] in mine:
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out + [w for spec in source.measure_shape for w in ("--measure-shape", spec)] \
+        + [w for spec in source.check_input for w in ("--check-input", spec)]
 
 
 def _run(planned, out_dir, jobs, timeout, memory_limit_gb, retry_failed, bench, bench_time, ray, ray_module,

@@ -2,7 +2,9 @@
 
 A source argument is an .onnx file, a folder (searched recursively for *.onnx) or a list file (`@list.txt`, or any
 `.txt`): one path per line, `#` comments, relative paths resolved against the list file's folder, and after the path
-optional per-model options (`resnet.onnx --input-shape x:1,3,224,224 --timeout 600 --memory-limit 8`).
+optional per-model options (`resnet.onnx --input-shape x:1,3,224,224 --timeout 600 --memory-limit 8`; also
+`--measure-shape NAME:D0,D1,...` and `--check-input NAME:FILE.npy`, FILE relative to the list file too: what a model
+that runs at no shape of its own needs, such as Silero VAD's `sr`: see LIST_LINE_EXAMPLE).
 
 Outputs mirror the sources' folders under OUT_DIR, relative to the deepest folder common to every source given (a
 folder argument counts as its own root), so `zoo/a/model.onnx` and `zoo/b/model.onnx` do not collide.
@@ -30,6 +32,8 @@ class Source:
     path: str                      # absolute path of the model
     rel: str = ""                  # OUT_DIR-relative path of its outputs, less the suffix: "sub/model"
     input_shape: list[str] = field(default_factory=list)  # from its list-file line
+    measure_shape: list[str] = field(default_factory=list)  # from its list-file line
+    check_input: list[str] = field(default_factory=list)  # from its list-file line: NAME:/absolute/path.npy
     timeout: float | None = None   # from its list-file line; None: the batch's
     memory_limit_gb: float | None = None
 
@@ -46,6 +50,8 @@ def _line_parser() -> argparse.ArgumentParser:
     p = _LineParser(prog="list line", add_help=False)
     p.add_argument("path")
     p.add_argument("--input-shape", action="append", default=[])
+    p.add_argument("--measure-shape", action="append", default=[])
+    p.add_argument("--check-input", action="append", default=[])
     p.add_argument("--timeout", type=float)
     p.add_argument("--memory-limit", type=float, dest="memory_limit_gb")
     return p
@@ -83,9 +89,10 @@ def collect_sources(args: list[str], out_dir: str) -> list[Source]:
     return sources
 
 
-def _expand(arg: str, out_real: str, where: str, shapes=(), timeout=None, memory=None):
+def _expand(arg: str, out_real: str, where: str, shapes=(), timeout=None, memory=None, measure=(), checks=()):
     path = os.path.abspath(os.path.expanduser(arg))
-    make = lambda p: Source(p, input_shape=list(shapes), timeout=timeout, memory_limit_gb=memory)  # noqa: E731
+    make = lambda p: Source(p, input_shape=list(shapes), timeout=timeout, memory_limit_gb=memory,  # noqa: E731
+                            measure_shape=list(measure), check_input=list(checks))
     if os.path.isdir(path):
         if os.path.realpath(path) == out_real:
             raise UsageError(f"{where}: the output folder is this source folder; give another -o")
@@ -126,8 +133,26 @@ def _from_list_file(list_path: str, out_real: str):
             path = a.path if os.path.isabs(os.path.expanduser(a.path)) else os.path.join(folder, a.path)
             if is_list_file(path):
                 raise UsageError(f"{where}: a list file inside a list file; name models or folders")
-            found += _expand(path, out_real, where, a.input_shape, a.timeout, a.memory_limit_gb)
+            checks = [_check_input(spec, folder, where) for spec in a.check_input]
+            found += _expand(path, out_real, where, a.input_shape, a.timeout, a.memory_limit_gb, a.measure_shape,
+                             checks)
     return found
+
+
+# How a list file gives one model the shapes or data it needs (the batch's advice for a `needs-input` model).
+LIST_LINE_EXAMPLE = "model.onnx --input-shape x:1,3,640,640 --check-input sr:sr.npy"
+
+
+def _check_input(spec: str, folder: str, where: str) -> str:
+    """`NAME:FILE.npy` with FILE made absolute (relative to the list file's folder); it must exist."""
+    name, sep, path = spec.partition(":")
+    if not sep or not name or not path:
+        raise UsageError(f"{where}: --check-input {spec}: write it as NAME:FILE.npy")
+    path = os.path.expanduser(path)
+    path = path if os.path.isabs(path) else os.path.join(folder, path)
+    if not os.path.isfile(path):
+        raise UsageError(f"{where}: --check-input {spec}: no such file {path}")
+    return f"{name}:{os.path.abspath(path)}"
 
 
 def check_outputs(sources: list[Source], out_dir: str) -> None:

@@ -21,7 +21,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .sources import OUTPUT_SUFFIXES
+from onnxopt.graph.bindings import NEEDS_INPUT
+
+from .sources import LIST_LINE_EXAMPLE, OUTPUT_SUFFIXES
 
 # The child's first lines, then onnxopt exactly as `python -m onnxopt` runs it: its address-space limit (0: none),
 # and death with its parent (PR_SET_PDEATHSIG), so that a driver or Ray worker that is killed leaves no optimizer
@@ -56,6 +58,10 @@ _UNDER_LIMIT = re.compile(r"libgcc_s|pthread_cancel|std::system_error|error whil
 # "slower": written, correct, but `onnxopt bench` measured it slower than the original (a speedup below 1).
 FINISHED = ("optimized", "unchanged", "slower")  # a rerun skips these
 FAILURES = ("failed", "crashed", "timeout", "out-of-memory")
+# A model that runs at none of the shapes the optimizer tries (graph/bindings.py): nothing was written, nothing
+# failed; it needs input shapes or data, given on its line of a list file. Neither finished (a rerun runs it again:
+# it is refused in seconds) nor a failure (the batch's exit code stays 0).
+NEEDS_INPUT_STATUS = "needs-input"
 
 # Children alive now, so that an interrupted batch can kill them (all threads of the driver share it), and whether
 # it was interrupted: a worker thread then starts no new child.
@@ -166,10 +172,22 @@ def classify(child: ChildResult, timeout: float, memory_limit_gb: float | None =
             return "out-of-memory", "killed by SIGKILL (the kernel's out-of-memory killer?)"
         line = last_error_line(child.output)
         return "crashed", f"killed by {name}" + (f": {line}" if line else "")
+    if child.returncode == 2 and NEEDS_INPUT in last_error_line(child.output):
+        return NEEDS_INPUT_STATUS, last_error_line(child.output)
     if child.returncode in (1, 2):
         return "failed", last_error_line(child.output) or f"exit code {child.returncode}"
     return "crashed", f"exit code {child.returncode}" + (f": {last_error_line(child.output)}"
                                                          if last_error_line(child.output) else "")
+
+
+def list_line_advice(source: str, reason: str) -> str:
+    """How to give this model its shapes or data in a batch: a line of a list file (`onnxopt batch @list.txt`),
+    with the flags the optimizer named for it ("Give them with `...`"), else the general form."""
+    m = re.search(r"Give them with `([^`]*)`", reason)
+    flags = m.group(1) if m else LIST_LINE_EXAMPLE.split(" ", 1)[1]
+    return (f"in a batch, give them on the model's line of a list file (onnxopt batch @list.txt): "
+            f"`{shlex.quote(os.path.basename(source))} {flags}` (paths relative to the list file"
+            + ("; D: a size)" if re.search(r"[:,]D(,|$| )", flags) else ")"))
 
 
 def last_error_line(text: str) -> str:
@@ -217,6 +235,8 @@ def run_model_job(job: ModelJob) -> dict:
         status, reason = classify(child, job.timeout, job.memory_limit_gb)
         # onnxopt's messages start with the model's path, which the record names already
         record["status"], record["reason"] = status, reason.removeprefix(job.source + ": ")
+        if status == NEEDS_INPUT_STATUS:
+            record["reason"] += "; " + list_line_advice(job.source, record["reason"])
         return record
     report = read_report(report_path)
     if report is None or not os.path.isfile(job.output):

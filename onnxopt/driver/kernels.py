@@ -92,6 +92,10 @@ class KernelStage:
         return self.costs if self.costs is not None and self.costs.enabled else None
 
     def _close_cost_cache(self):
+        """Close the cache and put its summary in the report, once (before the report is published, and at the
+        end of every run)."""
+        if "cost_cache" in self.report:
+            return
         if self.costs is not None:
             self.report["cost_cache"] = self.costs.summary()
             self.costs.close()

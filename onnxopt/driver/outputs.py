@@ -20,6 +20,7 @@ from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, VerificationError
 from onnxopt.fusion.region import Region
 from onnxopt.graph.large import check_model
+from onnxopt.graph.bindings import candidates, needs_input_message, user_bindings
 from onnxopt.graph.load import measure_bindings, write_model
 from onnxopt.graph.publish import LIBRARY_SUFFIX, Staging, create_new
 from onnxopt.timing import make_session, session_options
@@ -36,40 +37,50 @@ class OutputStage:
         return self.bindings
 
     def _choose_bindings(self, original) -> None:
-        """Values for symbolic dims in the checks: distinct ones > 1 first (so that dims that only happen to be
-        equal cannot hide a broadcasting mistake), then all 2, then all 1; the first the model accepts."""
-        symbols = []
-        for vi in original.graph.input:
-            for d in vi.type.tensor_type.shape.dim:
-                if d.HasField("dim_param") and d.dim_param and d.dim_param not in symbols:
-                    symbols.append(d.dim_param)
+        """Values for symbolic dims in the checks and timings: the first of graph/bindings.py's candidates the
+        model runs at (what it implies, then typical sizes: images 224/320/640, batch 1, sequences 128, then the
+        old small distinct values, all 2, all 1), each with the user's values (--measure-shape, the shapes of
+        --check-input arrays) on top. A model that runs at none needs input shapes or data: InputError."""
+        given = measure_bindings(original, self.opts.measure_shapes) if self.opts.measure_shapes else {}
+        given = user_bindings(original, given, self.opts.check_inputs)
+        tried: list[tuple[str, dict]] = []
         self.bindings = {}
-        candidates = [{s: 2 + i for i, s in enumerate(symbols)}, {s: 2 for s in symbols}, {s: 1 for s in symbols}]
-        if self.opts.measure_shapes:  # the user's shapes, the rest of the dims as the first candidate has them
-            given = measure_bindings(original, self.opts.measure_shapes)
-            candidates = [{**candidates[0], **given}]
         src = self.report["input"]["path"]
-        failure = None
+        failure = session = chosen = None
+
+        def reject(label, b, e):
+            nonlocal failure
+            tried.append((label, b))
+            failure = failure or " ".join(str(e).split())[:200]
+
         # Run as the checks run it (every onnxruntime optimization): a model that fails there is refused now, not
-        # after the whole run, when the final check could not run it.
-        for b in candidates if symbols else [{}]:
+        # after the whole run, when the final check could not run it. One session serves every candidate.
+        for label, b in candidates(original, given):
             try:
                 feeds = make_inputs(original, b, self.opts.seed, self.opts.check_inputs)
-                self._session(original if src is None else src).run(None, feeds)
-            except InputError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the model constrains its dims; try the next set
-                failure = failure or " ".join(str(e).split())[:200]
+            except InputError as e:  # too large at these values
+                reject(label, b, e)
                 continue
-            self.bindings = b
+            try:
+                if session is None:
+                    session = self._session(original if src is None else src)
+            except Exception as e:  # noqa: BLE001 - it cannot even make a session: no shape helps
+                reject(label, b, e)
+                break
+            try:
+                session.run(None, feeds)
+            except Exception as e:  # noqa: BLE001 - the model constrains its dims or values; try the next set
+                reject(label, b, e)
+                continue
+            chosen = b
             break
-        else:
-            given = "the given" if self.opts.check_inputs else ("random (--measure-shape)" if
-                                                                self.opts.measure_shapes else "random")
-            raise InputError(f"the model fails in onnxruntime on {given} inputs ({failure}); give inputs it runs on "
-                             "with --check-input NAME:FILE.npy, fix symbolic dims with --input-shape, or skip the "
-                             "checks with --no-verify --no-measure")
+        if chosen is None:
+            raise InputError(needs_input_message(original, failure, [label for label, _ in tried],
+                                                 self.opts.check_inputs, bool(self.opts.measure_shapes)))
+        self.bindings = chosen
         self.report["check_bindings"] = self.bindings
+        if tried:
+            self.report["check_bindings_rejected"] = [{"candidate": label, "bindings": b} for label, b in tried]
 
     def _emit(self, original, work, accepted, built, loaded, src_path, t_start) -> Result:
         """Write the outputs into a private folder beside their destination under their final names, check them
@@ -81,6 +92,7 @@ class OutputStage:
             result, suffixes, remove = self._emit_staged(staging, original, accepted, built, loaded, src_path, t)
             self.report["timings"]["total_s"] = time.perf_counter() - t_start
             self.report["offline"] = offline_split(self.report["timings"])
+            self._close_cost_cache()  # its summary goes in the published report
             if self.output:
                 self._publish(staging, suffixes, remove)
         return result

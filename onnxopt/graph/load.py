@@ -1,7 +1,8 @@
 """Load and save models the way users expect.
 
 - Any model onnxruntime can load: old IR versions, opsets 7 and up, external data, control flow, custom domains.
-- `--input-shape name:d0,d1,...` fixes symbolic dims; everything else keeps its symbolic dims.
+- `--input-shape name:d0,d1,...` fixes symbolic dims; everything else keeps its symbolic dims. A dim declared -1
+  (Paddle2ONNX's dynamic dim) is symbolic: it gets a name of its own (graph/bindings.py, name_dynamic_dims).
 - Saving never writes over the input, is atomic (a temporary name, then a rename), keeps large initializers in
   `<output>.data` when the input used external data or the model passes 2 GB, and emits an IR version the installed
   onnxruntime reads.
@@ -17,6 +18,7 @@ from onnx import external_data_helper
 
 from onnxopt.errors import InputError, UsageError
 
+from .bindings import has_dynamic_dims, name_dynamic_dims
 from .large import model_bytes, save_with_external_data, tensor_bytes
 from .publish import DATA_SUFFIX, Staging, check_destination, check_output, create_new
 from .ort_compat import max_ir_version
@@ -37,20 +39,24 @@ class LoadedModel:
     used_external_data: bool
     size_bytes: int
     files: list = None  # the model file and every external-data file it references: never written over
-    # The graph's inputs and value_info as the file declares them, before --input-shape fixed them (restore_given)
+    # The graph's inputs, value_info (and outputs) as the file declares them, before --input-shape fixed them or
+    # their -1 dims were named (restore_given)
     given: tuple = ((), ())
 
     def restore_given(self, model: onnx.ModelProto) -> None:
         """Put back the declared input shapes in `model` (a copy of `self.model`): a model written unchanged is the
         model as given. onnxruntime optimizes a model with fixed input dims differently, and on a dynamically
         quantized BERT-base that moved outputs by 0.08 (quantization steps)."""
-        inputs, value_info = self.given
+        inputs, value_info, *outputs = self.given
         if not inputs:
             return
         del model.graph.input[:]
         model.graph.input.extend(inputs)
         del model.graph.value_info[:]
         model.graph.value_info.extend(value_info)
+        if outputs:  # their -1 dims (name_dynamic_dims)
+            del model.graph.output[:]
+            model.graph.output.extend(outputs[0])
 
 
 def external_data_files(model: onnx.ModelProto, folder: str) -> list[str]:
@@ -156,8 +162,10 @@ def load_model(source, input_shapes: dict[str, list[int]] | None = None) -> Load
     if not model.graph.node:
         raise InputError(f"{path or 'model'}: the graph has no nodes")
     given = ((), ())
+    if input_shapes or has_dynamic_dims(model):
+        given = (_copies(model.graph.input), _copies(model.graph.value_info), _copies(model.graph.output))
+    name_dynamic_dims(model)  # -1 (Paddle2ONNX's dynamic dim): a symbol of its own
     if input_shapes:
-        given = (_copies(model.graph.input), _copies(model.graph.value_info))
         fix_input_shapes(model, input_shapes)
     return LoadedModel(model, path, ext, size, files, given)
 

@@ -16,11 +16,13 @@ import shutil
 import stat
 import tempfile
 
-from onnxopt.errors import UsageError
+from onnxopt.errors import OnnxoptError, UsageError
 
 # Suffixes of the files that go with a model: its external data and its kernel library.
 DATA_SUFFIX = ".data"
 LIBRARY_SUFFIX = ".so"
+# A write that fails for want of room (a full disk, a quota, RLIMIT_FSIZE): the destination's fault, not a bug.
+NO_ROOM = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 def name_problem(name: str) -> str | None:
@@ -133,8 +135,12 @@ class Staging:
     def __enter__(self) -> Staging:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.discard()
+        if isinstance(exc, OSError) and exc.errno in NO_ROOM:  # exit 2 naming the folder, not an internal error
+            raise OnnxoptError(f"cannot write the outputs in {os.path.dirname(self.destination)}: "
+                               f"{exc.strerror or exc} (a full disk, a quota or a file-size limit); nothing was "
+                               "written") from exc
 
 
 def _unlink(path: str) -> None:
