@@ -216,9 +216,11 @@ def _private_copy(fd: int, sha: str, name: str) -> str:
 
 
 def is_bare_file_name(name: str) -> bool:
-    """A plain file name: no folder part, not '.' or '..', no NUL, not absolute on any platform."""
-    return bool(name) and name not in (".", "..") and "\0" not in name and "/" not in name and "\\" not in name \
-        and os.path.basename(name) == name and not os.path.isabs(name) and (os.name != "nt" or ":" not in name)
+    """A plain file name: no folder part, not '.' or '..', no NUL, not absolute on any platform. The writer refuses
+    the same names (graph/publish.py `name_problem`: one rule), so it never writes a model the loader refuses."""
+    from onnxopt.graph.publish import name_problem
+
+    return name_problem(name) is None and os.path.basename(name) == name and not os.path.isabs(name)
 
 
 def _options(model_path: str, sess_options, library: str | None, warn: bool) -> tuple[object, LibraryCheck]:

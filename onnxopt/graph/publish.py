@@ -93,6 +93,7 @@ class Staging:
         self.folder = tempfile.mkdtemp(prefix=".onnxopt-", dir=os.path.dirname(self.destination))
         self._moved: list[tuple[str, str]] = []  # (destination, where its earlier file was put aside)
         self._placed: list[str] = []
+        self._kept = False  # an earlier file could not be put back: the folder is left holding it
 
     def path(self, suffix: str = "") -> str:
         """Where the output `<destination><suffix>` is written before it is published."""
@@ -125,12 +126,13 @@ class Staging:
         for dest, aside in reversed(self._moved):
             try:
                 os.rename(aside, dest)
-            except OSError:
-                pass
+            except OSError:  # something took its place meanwhile: the earlier file stays in this folder, kept
+                self._kept = True
         self._placed, self._moved = [], []
 
     def discard(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if not self._kept:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> Staging:
         return self
