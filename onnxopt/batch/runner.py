@@ -13,6 +13,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from onnxopt.errors import UsageError
+from onnxopt.graph.publish import open_own
 
 from . import worker
 from .options import optimize_argv, positive_float, positive_int
@@ -67,7 +68,7 @@ def run_batch(sources: list[str], out_dir: str, *, jobs: int = 1, timeout: float
 
 
 def _lock(out_dir: str):
-    f = open(os.path.join(out_dir, ".batch.lock"), "w")
+    f = open_own(os.path.join(out_dir, ".batch.lock"), "a")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from onnxopt.graph.bindings import NEEDS_INPUT
+from onnxopt.graph.publish import open_own
 
 from .sources import LIST_LINE_EXAMPLE, OUTPUT_SUFFIXES
 
@@ -100,11 +101,11 @@ def run_child(argv: list[str], timeout: float, memory_limit_gb: float | None, lo
     limit = int(memory_limit_gb * 2**30) if memory_limit_gb else 0
     cmd = [sys.executable, "-c", _CHILD_MAIN, str(limit), str(os.getpid()), *argv]
     start = time.perf_counter()
-    with open(log_path, "a") as log:
+    with open_own(log_path, "a") as log:
         log.write(f"$ python -m onnxopt {shlex.join(argv)}\n")
         log.flush()
         offset = log.tell()
-        out = open(stdout_path, "w") if stdout_path else log
+        out = open_own(stdout_path, "w") if stdout_path else log
         try:
             with _live_lock:
                 if _stopping.is_set():

@@ -153,6 +153,26 @@ def _unlink(path: str) -> None:
             raise
 
 
+def open_own(path: str, mode: str = "a"):
+    """A text file of ours in a folder the user gave (a log, a lock), opened for appending ("a") or rewriting ("w")
+    without following a link planted at its name, and only if it is a regular file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    flags |= os.O_APPEND if mode == "a" else 0
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(f"{path} is a symbolic link; onnxopt does not write through links: remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"{path} is not a regular file; remove it or choose another output folder")
+    os.set_blocking(fd, True)
+    if mode == "w":
+        os.ftruncate(fd, 0)
+    return os.fdopen(fd, mode)
+
+
 def create_new(path: str, mode: int = 0o666):
     """A new file opened for writing that cannot already exist or be a link: O_CREAT | O_EXCL | O_NOFOLLOW."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)

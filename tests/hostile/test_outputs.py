@@ -577,3 +577,23 @@ def test_save_of_a_result_written_elsewhere_copies_its_library(models, tmp_path,
     assert rt.registered_library(sess) is not None
     got = sess.run(None, {"x": np.load(models["x"])})[0]
     np.testing.assert_allclose(got, models["want"], rtol=1e-4, atol=1e-5)
+
+
+# ---- 9. batch: its own files in the output folder ----
+
+@pytest.mark.parametrize("planted", ["m.log", ".batch.lock"])
+def test_batch_never_writes_through_a_link_planted_at_its_own_files(models, tmp_path, outside, planted):
+    """`onnxopt batch` writes a lock and a log per model in OUT: a link planted at either name is refused (exit 2,
+    one line), never written through."""
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(onnx.load(models["small"]), str(src / "m.onnx"))
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = outside / "victim0"
+    before = victim.read_bytes()
+    os.symlink(victim, out / planted)
+    r = cli("batch", str(src), "-o", str(out), "--no-bench", *QUICK)
+    assert victim.read_bytes() == before
+    assert r.returncode == 2 and ("symbolic link" in r.stderr or "outside" in r.stderr), r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
