@@ -35,6 +35,7 @@ from onnxopt.errors import UsageError
 # The batch status and the words of the optimizer's error for a model that runs at no candidate.
 NEEDS_INPUT = "needs input shapes or data"
 MAX_CANDIDATES = 6
+TEXT_LINE = (48, 320)  # height, width
 IMAGE_SIZES = (224, 320, 640)  # multiples of 32, the usual total stride (320: of 64, 640: of 128)
 SEQUENCE_LENGTH = 128
 DYNAMIC_PREFIX = "dyn__"  # not "unk__": fusion rules read that prefix as "unknown, equal to nothing"
@@ -254,6 +255,19 @@ def implied_bindings(model: onnx.ModelProto, symbols: list[str]) -> dict[str, in
     return {s: v for s, v in out.items() if s in symbols and isinstance(v, int) and v > 0}
 
 
+def text_line_bindings(model: onnx.ModelProto, symbols: list[str]) -> dict[str, int]:
+    """As `typical_bindings`, with a symbolic image height at 48 and width at 320 (`TEXT_LINE`): a text recognizer's
+    line (PP-OCR's recognizers take 48 x 320; their heights are symbolic in the export but fixed by the network)."""
+    out = typical_bindings(model, symbols)
+    for vi in _inputs(model):
+        dims = _dims(vi)
+        if len(dims) == 4 and dims[1] in (1, 3):
+            for s, v in zip(dims[2:], TEXT_LINE):
+                if isinstance(s, str) and s in out:
+                    out[s] = v
+    return out
+
+
 def candidates(model: onnx.ModelProto, given: dict[str, int] | None = None) -> list[tuple[str, dict[str, int]]]:
     """(label, bindings) to try in order, each with the user's values `given` on top; at most MAX_CANDIDATES, none
     twice. A model without symbolic dims has one: ("as declared", {})."""
@@ -272,6 +286,7 @@ def candidates(model: onnx.ModelProto, given: dict[str, int] | None = None) -> l
     listed.append(("typical (image 224, batch 1, sequence 128)" if has_images else
                    "typical (batch 1, sequence 128)", typical))
     if has_images:
+        listed.append(("a text line (48 x 320)", text_line_bindings(model, symbols)))
         for size in IMAGE_SIZES[1:]:
             listed.append((f"typical (image {size})", typical_bindings(model, symbols, size)))
     listed += [("distinct small values", distinct), ("all 2", {s: 2 for s in symbols}),

@@ -230,3 +230,19 @@ def test_input_shape_fixes_a_minus_one_dim_and_the_declared_model_comes_back(tmp
     back.CopyFrom(loaded.model)
     loaded.restore_given(back)
     assert back.SerializeToString() == m.SerializeToString()
+
+
+def text_recognizer():
+    """x [N, 3, H, W] as Paddle2ONNX writes PP-OCR's recognizers (H and W symbolic): the network pools the height
+    by 48 and squeezes it, so only a height of 48 to 95 runs (a text line), whatever the width."""
+    nodes = [helper.make_node("AveragePool", ["x"], ["p"], kernel_shape=[48, 1], strides=[48, 1]),
+             helper.make_node("Squeeze", ["p", "axes"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "axes")]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, ["N", 3, "?", "W"])],
+                  [helper.make_tensor_value_info("y", F, None)], inits)
+
+
+def test_a_text_recognizer_is_checked_at_a_text_line():
+    b, failed = first_that_runs(text_recognizer())
+    assert b == {"N": 1, "?": 48, "W": 320}, (b, failed)
+    assert failed == ["typical (image 224, batch 1, sequence 128)"]
