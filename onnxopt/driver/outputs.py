@@ -316,7 +316,12 @@ class OutputStage:
             self.report["verification"]["emulated"] = emulated
         if spread is not None:
             self.report["verification"]["onnxruntime_spread"] = spread
-        self._fail_if_differs(diffs, "verification failed: output {} differs",
+        if lib is None and lib_path is not None:  # this host cannot run the kernels: the function bodies ran
+            what = "verification failed without the kernel library (this CPU cannot run its kernels): output {} of " \
+                   "the function bodies differs"
+        else:
+            what = "verification failed: output {} differs"
+        self._fail_if_differs(diffs, what,
                               "Loosen with --rtol/--atol if this is expected, or skip a fusion with --skip-fusion")
         if self.opts.verify_fallback:
             if emulated:  # the function bodies run here, against this host's onnxruntime
