@@ -227,6 +227,8 @@ def cmd_bench(argv) -> int:
     p.add_argument("--threads", type=int, help="intra-op threads (default: all cores)")
     p.add_argument("--min-time", type=float, default=2.0, help="seconds of timing per side (default 2)")
     p.add_argument("--input", action="append", metavar="NAME:FILE.npy", help="real inputs instead of random ones")
+    p.add_argument("--dim", action="append", metavar="SYMBOL=N", help="the value of a symbolic dim in the random "
+                   "inputs (repeatable; `onnxopt batch` passes the ones the optimizer checked at)")
     p.add_argument("--spinning", action="store_true", help="onnxruntime's intra-op spinning on (its default), as "
                    "many hosts serve; sessions are then timed one at a time in rounds (default: off, interleaved)")
     p.add_argument("--json", action="store_true")
@@ -236,7 +238,14 @@ def cmd_bench(argv) -> int:
         return _bench_kernels(a)
     if not a.b:
         p.error("give two models (original and optimized), or one with --kernels")
-    r = bench(a.a, a.b, threads=a.threads, min_time=a.min_time, inputs=a.input, spinning=a.spinning)
+    dims = {}
+    for spec in a.dim or ():
+        name, sep, value = spec.rpartition("=")
+        if not sep or not name or not value.isdigit() or int(value) < 1:
+            raise UsageError(f"--dim {spec}: give SYMBOL=N with N a whole number, 1 or more")
+        dims[name] = int(value)
+    r = bench(a.a, a.b, threads=a.threads, min_time=a.min_time, inputs=a.input, spinning=a.spinning,
+              bindings=dims or None)
     if a.json:
         print(json.dumps(r, indent=1))
     else:

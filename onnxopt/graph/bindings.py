@@ -46,7 +46,8 @@ _INT_KINDS = "iu"
 
 
 def name_dynamic_dims(model: onnx.ModelProto) -> bool:
-    """Give every input dim declared with a negative value (-1) a symbol of its own, `dyn__<input>_<axis>`, and drop
+    """Give every input dim declared with a negative value (-1), or with neither a value nor a name (Silero VAD's
+    export: an unknown dim, symbolic to onnxruntime), a symbol of its own, `dyn__<input>_<axis>`, and drop
     negative values from the outputs and value_info (an unknown dim there, which shape inference fills). Returns
     whether anything changed (the caller keeps the declared shapes to restore: LoadedModel.restore_given)."""
     g = model.graph
@@ -58,7 +59,7 @@ def name_dynamic_dims(model: onnx.ModelProto) -> bool:
         if vi.name in inits:
             continue
         for axis, d in enumerate(vi.type.tensor_type.shape.dim):
-            if d.HasField("dim_value") and d.dim_value < 0:
+            if (d.HasField("dim_value") and d.dim_value < 0) or d.WhichOneof("value") is None:
                 name = f"{DYNAMIC_PREFIX}{vi.name}_{axis}"
                 while name in used:
                     name += "_"

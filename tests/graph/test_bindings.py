@@ -246,3 +246,20 @@ def test_a_text_recognizer_is_checked_at_a_text_line():
     b, failed = first_that_runs(text_recognizer())
     assert b == {"N": 1, "?": 48, "W": 320}, (b, failed)
     assert failed == ["typical (image 224, batch 1, sequence 128)"]
+
+
+def test_unknown_dims_get_a_symbol_too(tmp_path):
+    """Silero VAD's export declares its input's dims with neither a value nor a name: symbolic to onnxruntime, so
+    the candidates try values for them (and the advice names them) instead of checking at 1."""
+    m = paddle_classifier()
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    dims[0].ClearField("dim_value")
+    assert dims[0].WhichOneof("value") is None
+    path = tmp_path / "vad.onnx"
+    onnx.save(m, path)
+    loaded = load_model(str(path))
+    assert input_symbols(loaded.model) == ["dyn__x_0"]
+    back = onnx.ModelProto()
+    back.CopyFrom(loaded.model)
+    loaded.restore_given(back)
+    assert back.SerializeToString() == m.SerializeToString()
