@@ -1,7 +1,7 @@
 """Small onnx.helper shorthands shared by the tests."""
 
 import numpy as np
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 
 def make_model(nodes, inputs, outputs, inits=(), opset=17, ir_version=10):
@@ -41,3 +41,25 @@ def assert_fused_answers(src, out, feeds, rtol=1e-4, atol=1e-4):
     got_fn = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
     np.testing.assert_allclose(got_fn, want, rtol=rtol, atol=atol)
+
+
+def vad_model():
+    """Silero VAD's shape of the problem: `sr` (a scalar int64) must be 8000 or 16000; any other value takes an
+    else branch that fails in onnxruntime (a Gather out of bounds)."""
+    then_g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["o_then"])], "then", [],
+                               [helper.make_tensor_value_info("o_then", TensorProto.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Gather", ["x", "bad"], ["o_else"], axis=0)], "else", [],
+                               [helper.make_tensor_value_info("o_else", TensorProto.FLOAT, None)])
+    inits = [numpy_helper.from_array(np.array(16000, np.int64), "k16"),
+             numpy_helper.from_array(np.array(8000, np.int64), "k8"),
+             numpy_helper.from_array(np.array([1000], np.int64), "bad"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.linspace(-1, 1, 64, dtype=np.float32), "b")]
+    nodes = [helper.make_node("Equal", ["sr", "k16"], ["is16"]), helper.make_node("Equal", ["sr", "k8"], ["is8"]),
+             helper.make_node("Or", ["is16", "is8"], ["ok"]),
+             helper.make_node("If", ["ok"], ["h"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Add", ["h", "b"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]),
+                                       helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

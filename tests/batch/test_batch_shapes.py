@@ -6,37 +6,21 @@ import os
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from onnxopt.batch import run_batch
 from onnxopt.batch.sources import collect_sources
 
 from batch_models import add_relu_mul
+from onnx_builders import vad_model
 
 F = TensorProto.FLOAT
 
 
 def vad_like(path):
-    """`sr` (a scalar int64) must be 8000 or 16000, else an If's else branch fails (a Gather out of bounds)."""
-    then_g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["o_then"])], "then", [],
-                               [helper.make_tensor_value_info("o_then", F, None)])
-    else_g = helper.make_graph([helper.make_node("Gather", ["x", "bad"], ["o_else"], axis=0)], "else", [],
-                               [helper.make_tensor_value_info("o_else", F, None)])
-    inits = [numpy_helper.from_array(np.array(16000, np.int64), "k16"),
-             numpy_helper.from_array(np.array(8000, np.int64), "k8"),
-             numpy_helper.from_array(np.array([1000], np.int64), "bad"),
-             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-             numpy_helper.from_array(np.linspace(-1, 1, 64, dtype=np.float32), "b")]
-    nodes = [helper.make_node("Equal", ["sr", "k16"], ["is16"]), helper.make_node("Equal", ["sr", "k8"], ["is8"]),
-             helper.make_node("Or", ["is16", "is8"], ["ok"]),
-             helper.make_node("If", ["ok"], ["h"], then_branch=then_g, else_branch=else_g),
-             helper.make_node("Add", ["h", "b"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 64]),
-                                       helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
-                          [helper.make_tensor_value_info("y", F, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    """onnx_builders.vad_like, saved at `path`."""
     os.makedirs(os.path.dirname(os.fspath(path)), exist_ok=True)
-    onnx.save(m, os.fspath(path))
+    onnx.save(vad_model(), os.fspath(path))
 
 
 def paddle_like(path):

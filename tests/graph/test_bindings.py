@@ -15,6 +15,8 @@ from onnxopt.graph.bindings import NEEDS_INPUT, candidates, implied_bindings, in
 from onnxopt.graph.load import load_model
 from onnxopt.verify import make_inputs
 
+from onnx_builders import vad_model as vad_like
+
 F = TensorProto.FLOAT
 QUICK = dict(threads=1, tune_budget=0, search_budget=5, min_speedup=0, cost_cache=False, measure=False)
 
@@ -63,27 +65,6 @@ def tokens_of_1024():
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["t"]),
              helper.make_node("Mul", ["t", "two"], ["y"])]
     return _model(nodes, [helper.make_tensor_value_info("x", F, [1, 3, "H", "W"])],
-                  [helper.make_tensor_value_info("y", F, None)], inits)
-
-
-def vad_like():
-    """Silero VAD's shape of the problem: `sr` (a scalar int64) must be 8000 or 16000; any other value takes an
-    else branch that fails in onnxruntime (a Gather out of bounds)."""
-    then_g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["o_then"])], "then", [],
-                               [helper.make_tensor_value_info("o_then", F, None)])
-    else_g = helper.make_graph([helper.make_node("Gather", ["x", "bad"], ["o_else"], axis=0)], "else", [],
-                               [helper.make_tensor_value_info("o_else", F, None)])
-    inits = [numpy_helper.from_array(np.array(16000, np.int64), "k16"),
-             numpy_helper.from_array(np.array(8000, np.int64), "k8"),
-             numpy_helper.from_array(np.array([1000], np.int64), "bad"),
-             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-             numpy_helper.from_array(np.linspace(-1, 1, 64, dtype=np.float32), "b")]
-    nodes = [helper.make_node("Equal", ["sr", "k16"], ["is16"]), helper.make_node("Equal", ["sr", "k8"], ["is8"]),
-             helper.make_node("Or", ["is16", "is8"], ["ok"]),
-             helper.make_node("If", ["ok"], ["h"], then_branch=then_g, else_branch=else_g),
-             helper.make_node("Add", ["h", "b"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
-    return _model(nodes, [helper.make_tensor_value_info("x", F, [1, 64]),
-                          helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
                   [helper.make_tensor_value_info("y", F, None)], inits)
 
 
