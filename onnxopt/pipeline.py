@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -98,10 +98,6 @@ class Options:
     report_file: str | None = None  # the report's JSON, published with the outputs (driver/outputs.py)
 
 
-
-
-
-
 def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | os.PathLike | None = None, *,
              input_shape: str | Sequence[str] | None = None,
              measure_shape: str | Sequence[str] | None = None,
@@ -135,8 +131,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | o
 
     With `output`, writes the model there and its kernel library as `<output>.so`; `Result.output` and
     `Result.library` name them. Without it nothing is written: `Result.model` is the fused model, `Result.library`
-    is None and the model's metadata names no library file (one would name a file that does not exist; without a
-    library onnxruntime runs the fused nodes' function bodies, the original ops).
+    is None and the model's metadata names no library file (one would name a file that does not exist);
+    `Result.library_data` holds the library's bytes, and `Result.save(path)` writes the model and `<path>.so`.
 
     Every option is keyword-only and mirrors the CLI flag of the same name; a bad value raises UsageError naming it
     (`_cli=True`, the CLI's own: messages name its flags instead of the keywords).
@@ -176,7 +172,6 @@ def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | o
 
     import numpy as np
 
-    from onnxopt.emit.model import META_LIBRARY
     from onnxopt.errors import OnnxoptError
 
     def named(key, value) -> str:  # the option as the caller wrote it: the CLI's flag, or the Python keyword
@@ -305,13 +300,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | o
         if not _cli:  # messages from deeper down name the CLI's flags: say the Python keywords instead
             e.args = (keywords(str(e)),) + e.args[1:]
         raise
-    if output is None:
-        # Nothing was written: a library name in the model would name a file that does not exist.
-        keep = [p for p in result.model.metadata_props if p.key != META_LIBRARY]
-        del result.model.metadata_props[:]
-        result.model.metadata_props.extend(keep)
-        result.library = None
-    return result
+    return result  # without `output`, its model names no library file (driver/outputs.py) and carries its bytes
 
 
 def _check_numbers(opts: Options, named=None) -> None:
