@@ -23,12 +23,13 @@ from onnxopt.graph.large import check_model
 from onnxopt.graph.bindings import candidates, needs_input_message, user_bindings
 from onnxopt.graph.load import measure_bindings, write_model
 from onnxopt.graph.publish import LIBRARY_SUFFIX, Staging, create_new
-from onnxopt.timing import make_session, session_options
+from onnxopt.timing import make_session, session_options, time_interleaved
 from onnxopt.verify import Tolerance, compare, make_inputs
 from onnxopt.driver.policy import WHOLE_MODEL_MARGIN, offline_split, _op_counts
 from onnxopt.driver.result import Result
 
 INT8_FAMILIES = ("qmatmul", "qconv")  # kinds that run quantized units whole (graph/quantized.py)
+WRITTEN_TIME_S = 0.5  # seconds timing the written model against the original (report["written_timing"])
 
 
 class OutputStage:
@@ -257,6 +258,17 @@ class OutputStage:
                                         f"({len(wrong)} op types short); nothing was written. Please report it")
         return got
 
+    def _time_written(self, source, written_session, feeds) -> None:
+        """The written files, loaded as a user loads them, timed against the original (interleaved, WRITTEN_TIME_S):
+        what the user gets, in the report (`report["written_timing"]`). The plans were judged on plan files with the
+        library registered directly; this ties that judgement to the files written. It informs, it does not decide
+        (a short timing is noisier than the decision's)."""
+        t_orig, t_written = time_interleaved([self._session(source), written_session], feeds,
+                                             min_time=WRITTEN_TIME_S, min_blocks=4)
+        self.report["written_timing"] = {"original_s": t_orig["median"], "written_s": t_written["median"],
+                                         "speedup": t_orig["median"] / t_written["median"],
+                                         "loaded_by": "onnxopt.runtime"}
+
     def _check_result_loads(self, fused, written, lib_path):
         """Even without verification, the written model must at least open in onnxruntime, as a user opens it (with
         its library unless this host cannot run it) and as a host without the library does."""
@@ -297,7 +309,10 @@ class OutputStage:
                 lib = lib_path
                 emulated_runs = self._emulated_runs(source, written, lib_path, names, feeds, emulated, quantized)
             else:
-                got = self._run_counting(self._written_session(written, lib), written, names, feeds)
+                written_session = self._written_session(written, lib)
+                got = self._run_counting(written_session, written, names, feeds)
+                if lib is not None and self.opts.measure:
+                    self._time_written(source, written_session, feeds)
         except VerificationError:
             raise
         except Exception as e:  # noqa: BLE001
