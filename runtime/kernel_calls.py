@@ -4,6 +4,7 @@ match (a model whose library was not picked up gives the same answers through it
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 
 
@@ -13,11 +14,16 @@ def kernel_calls(library: str) -> dict[str, int]:
     another file by now, which ctypes would load apart). The library onnxruntime loaded is the one read: the dynamic loader hands back the loaded copy
     of the same file rather than loading it twice. A library no session registered counts 0 for every op."""
     lib = ctypes.CDLL(library)
-    counts_of = lib.onnxopt_compute_counts
-    counts_of.restype = ctypes.c_int
-    counts_of.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
-    n = counts_of(None, None, 0)
-    names = (ctypes.c_char_p * n)()
-    counts = (ctypes.c_ulonglong * n)()
-    counts_of(names, counts, n)
-    return {names[i].decode(): int(counts[i]) for i in range(n)}
+    try:
+        counts_of = lib.onnxopt_compute_counts
+        counts_of.restype = ctypes.c_int
+        counts_of.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
+        n = counts_of(None, None, 0)
+        names = (ctypes.c_char_p * n)()
+        counts = (ctypes.c_ulonglong * n)()
+        counts_of(names, counts, n)
+        return {names[i].decode(): int(counts[i]) for i in range(n)}
+    finally:
+        # Our reference only: onnxruntime's keeps the library loaded while it uses it, and a process that checks
+        # many models (the optimizer) does not keep every library mapped for good.
+        _ctypes.dlclose(lib._handle)

@@ -258,12 +258,12 @@ class OutputStage:
                                         f"({len(wrong)} op types short); nothing was written. Please report it")
         return got
 
-    def _time_written(self, source, written_session, feeds) -> None:
+    def _time_written(self, reference_session, written_session, feeds) -> None:
         """The written files, loaded as a user loads them, timed against the original (interleaved, WRITTEN_TIME_S):
         what the user gets, in the report (`report["written_timing"]`). The plans were judged on plan files with the
         library registered directly; this ties that judgement to the files written. It informs, it does not decide
         (a short timing is noisier than the decision's)."""
-        t_orig, t_written = time_interleaved([self._session(source), written_session], feeds,
+        t_orig, t_written = time_interleaved([reference_session, written_session], feeds,
                                              min_time=WRITTEN_TIME_S, min_blocks=4)
         self.report["written_timing"] = {"original_s": t_orig["median"], "written_s": t_written["median"],
                                          "speedup": t_orig["median"] / t_written["median"],
@@ -292,7 +292,8 @@ class OutputStage:
         try:
             # From the path when there is one: external data resolves next to it, and > 2 GB models need it.
             source = src_path if src_path is not None else original if reference is None else reference
-            want = self._session(source).run(names, feeds)
+            reference_session = self._session(source)
+            want = reference_session.run(names, feeds)
         except Exception as e:  # noqa: BLE001
             self.report["verification"] = {"skipped": f"the original model does not run on random inputs: {e}"}
             raise InputError(f"cannot verify: the original model fails on random inputs "
@@ -312,7 +313,7 @@ class OutputStage:
                 written_session = self._written_session(written, lib)
                 got = self._run_counting(written_session, written, names, feeds)
                 if lib is not None and self.opts.measure:
-                    self._time_written(source, written_session, feeds)
+                    self._time_written(reference_session, written_session, feeds)
         except VerificationError:
             raise
         except Exception as e:  # noqa: BLE001
