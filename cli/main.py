@@ -35,7 +35,8 @@ OTHER_COMMANDS = {
     "batch": ("SRC... -o OUT_DIR", "optimize many models, each in its own process, resumable, with an HTML report"),
 }
 TARGET_HELP = ("CPU to compile for: native (default), x86-64-v3, x86-64-v4, aarch64, aarch64-dotprod (Armv8.2-A's "
-               "int8 dot products), or cpu=NAME,+feature,... (an x86-64 or aarch64 CPU: cpu=neoverse-n1,+dotprod)")
+               "int8 dot products), or cpu=NAME,+feature,... (an x86-64 or aarch64 CPU: cpu=neoverse-n1,+dotprod); "
+               "c, c:x86-64-v3, c:x86-64-v4: the C backend (elementwise and row kinds as C through the system compiler)")
 SKIP_FUSION_HELP = f"do not fuse regions of this kind (repeatable, or comma-separated): {', '.join(FUSION_KINDS)}"
 
 

@@ -62,6 +62,9 @@ class Target:
     triple: str
     cpu: str
     features: tuple[str, ...]  # enabled LLVM feature names, without the '+'
+    # The backend that lowers, compiles and links for it (onnxopt/backends/): "llvm" (these LLVM IR kernels), "c"
+    # (plain C through the system compiler), "cuda".
+    backend: str = "llvm"
 
     @property
     def llvm_features(self) -> str:
@@ -82,22 +85,22 @@ class Target:
 
     @property
     def vector_bits(self) -> int:
-        """Width of the vector registers the kernels are written for."""
-        if self.has("avx512f"):
-            return 512
-        if self.has("avx2") or self.has("avx"):
-            return 256
-        return 128
+        """Width of the vector registers the kernels are written for (its ISA row: codegen/isa.py)."""
+        from .isa import isa_of
+
+        return isa_of(self).vector_bits
 
     @property
     def execution_provider(self) -> str:
         """The onnxruntime execution provider the library's ops are registered for (the glue's op_ep): where their
-        inputs and outputs live. Every target of this backend runs on the CPU."""
-        return "CPUExecutionProvider"
+        inputs and outputs live: the CUDA backend's on the GPU, every other on the CPU."""
+        return "CUDAExecutionProvider" if self.backend == "cuda" else "CPUExecutionProvider"
 
     @property
     def float32_lanes(self) -> int:
-        return self.vector_bits // 32
+        from .isa import isa_of
+
+        return isa_of(self).lanes(4)
 
     @property
     def required_cpu_flags(self) -> list[str]:
@@ -106,7 +109,8 @@ class Target:
         return sorted({names[f] for f in self.features if f in names})
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "triple": self.triple, "cpu": self.cpu, "features": list(self.features)}
+        return {"name": self.name, "triple": self.triple, "cpu": self.cpu, "features": list(self.features),
+                "backend": self.backend}
 
 
 def _llvm():

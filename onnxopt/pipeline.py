@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 import onnx
 
 from onnxopt import __version__
-from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
 from onnxopt.codegen.glue.library import INLINE_FLOPS
-from onnxopt.codegen.target import Target, missing_cpu_flags, parse_target
+from onnxopt.backends import backend_of, parse_target
+from onnxopt.kinds import all_kinds
+from onnxopt.codegen.target import Target
 from onnxopt.emit.model import fallback_key
 from onnxopt.errors import InputError, UsageError
 from onnxopt.fusion.compute import ComputeRule
@@ -38,7 +39,6 @@ from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.large import SharedWeights, check_model, inference_session
 from onnxopt.graph.quantized import (dedicate_unit_dequantizers, integer_product_units, is_quantized,
                                      qdq_conv_units, qdq_matmul_units, quantized_nodes)
-from onnxopt.timing import make_session
 from onnxopt.graph.publish import check_destination, probe_writable
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
 from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
@@ -263,10 +263,16 @@ def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | o
             if k not in FUSION_KINDS:
                 raise UsageError(f"{named('skip_fusion', k)}: known fusion kinds are {', '.join(FUSION_KINDS)}")
         check_input = texts("check_input", check_input)
+        parsed_target = parse_target(target)
+        backend = backend_of(parsed_target)
+        if backend.name == "cuda":
+            raise UsageError(f"--target {target}: {backend.unsupported()}")
+        # The kinds the target's backend has no lowering for stay onnxruntime's nodes (onnxopt/backends).
+        kinds += [k for k in backend.families_not_lowered(all_kinds()) if k not in kinds]
         opts = Options(
             input_shapes=parse_input_shapes(texts("input_shape", input_shape)),
             measure_shapes=parse_input_shapes(texts("measure_shape", measure_shape), "--measure-shape"),
-            target=parse_target(target),
+            target=parsed_target,
             tolerance=Tolerance.parse(tolerance("rtol", rtol), tolerance("atol", atol),
                                       tolerance("scale_tol", scale_tol)),
             check_inputs=load_check_inputs(check_input),
@@ -328,8 +334,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         self.bindings: dict[str, int] = {}  # values for symbolic dims in the checks (_choose_bindings)
         # Cross-compiling for a CPU with instructions this one lacks: the kernels cannot run here, so they are
         # accepted on the strength of their codegen tests, and the model is verified through its function bodies.
-        self.cannot_run = [f"the {opts.target.arch} instruction set"] if opts.target.foreign else \
-            missing_cpu_flags(opts.target.required_cpu_flags)
+        self.backend = backend_of(opts.target)  # what lowers, compiles and links for the target (onnxopt/backends)
+        self.cannot_run = self.backend.cannot_run(opts.target)
         self.costs = None  # the CostCache, opened on first use (_cost_cache)
         self.inline_flops = INLINE_FLOPS  # the emitted library's CT_INLINE_FLOPS (_inline_choice)
         self.sequence_libraries: dict[tuple, str] = {}  # (library, sequence op types) -> linked path (_plan_session)
@@ -368,8 +374,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
 
     def _session(self, model, library=None, ops=None, threads=None):
         """An onnxruntime session on the target's execution provider, with the run's threads."""
-        return make_session(model, threads or self.opts.threads, library=library, ops=ops,
-                            provider=self.opts.target.execution_provider)
+        return self.backend.session(model, self.opts.target, threads or self.opts.threads, library=library, ops=ops)
 
     def run(self) -> Result:
         t_start = time.perf_counter()
@@ -489,7 +494,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         self._dedupe = dedupe
 
         if "compute" not in self.opts.skip_fusion:
-            mk = select_micro_kernel(self.opts.target)
+            mk = self.backend.layout(self.opts.target)
             mi = mk.tile.mi
             # Dense convolutions only is a plan of its own: depthwise ones are memory-bound, and onnxruntime's
             # blocked kernels for them are hard to beat while our layout is NCHW (see docs/decisions.md).

@@ -11,11 +11,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxopt.codegen.elementwise.build import build_elementwise
+from onnxopt.backends import backend_of
 from onnxopt.codegen.glue.library import link_library
 from onnxopt.codegen.target import Target, host_target
 from onnxopt.emit.model import build_fused_model
 from onnxopt.fusion.elementwise import ElementwiseRule
+from onnxopt.kinds.builtin import ELEMENTWISE
 from onnxopt.timing import make_session
 
 
@@ -27,7 +28,8 @@ def make_model(nodes, inputs, outputs, initializers=(), opset=17):
 
 
 def fuse(model: onnx.ModelProto, tmpdir, min_ops: int = 1, target: Target | None = None):
-    """Returns (fused model, library path, regions)."""
+    """Returns (fused model, library path, regions); the kernels built by the target's backend (LLVM, or C for a
+    `c:` target)."""
     target = target or host_target()
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     regions = ElementwiseRule(inferred, min_ops=min_ops).find_regions()
@@ -38,7 +40,7 @@ def fuse(model: onnx.ModelProto, tmpdir, min_ops: int = 1, target: Target | None
         r.compute_op_type(target.name + target.llvm_features + f"rank{len(r.shape)}")
         if r.op_type in seen:
             continue
-        obj, desc, _ = build_elementwise(r, target)
+        obj, desc, _ = backend_of(target).lower(ELEMENTWISE, r, target)
         seen[r.op_type] = True
         objs.append(obj)
         descs.append(desc)

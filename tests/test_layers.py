@@ -17,10 +17,11 @@ FOLDERS = {"onnxopt": "onnxopt", "onnxopt.codegen": "codegen", "onnxopt.runtime"
 # Lower numbers are imported by higher ones; the longest matching prefix decides a module's layer.
 LAYERS = {
     # shared lower layers: errors, checks, the CPU target and LLVM, vector math, the glue's C contract
-    "onnxopt.errors": 0, "onnxopt.verify": 0,
+    "onnxopt.errors": 0, "onnxopt.verify": 0, "onnxopt.dtypes": 0,
     "onnxopt.codegen": 1, "onnxopt.codegen.target": 1, "onnxopt.codegen.compile": 1, "onnxopt.codegen.vmath": 1,
     "onnxopt.codegen.instructions": 1,
     "onnxopt.codegen.parallel": 1, "onnxopt.codegen.glue.kinds": 1, "onnxopt.codegen.glue.descs": 1,
+    "onnxopt.codegen.glue.contract": 1,
     "onnxopt.models": 1,
     # the stages, in the order the driver runs them
     "onnxopt.graph": 2, "onnxopt.hardware": 2, "onnxopt.timing": 2, "onnxopt.cost_cache": 2, "onnxopt.report": 2,
@@ -29,6 +30,7 @@ LAYERS = {
     "onnxopt.codegen.microkernel": 5, "onnxopt.codegen.elementwise": 5, "onnxopt.codegen.pool": 5,
     "onnxopt.codegen.copy": 5, "onnxopt.codegen.compute": 5,
     "onnxopt.codegen.glue": 6,  # the library: the kinds' tables linked with the runtime
+    "onnxopt.backends": 6,  # what lowers, compiles and links for a target (the protocol and each backend)
     "onnxopt.kinds": 7,
     "onnxopt.emit": 8,
     "onnxopt.measure": 9,

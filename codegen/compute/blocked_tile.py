@@ -20,7 +20,8 @@ The record is the same `ct_tile` as tile.py, with these meanings:
 A depthwise convolution's tile (microkernel/depthwise.py) is one channel vector (nv = 1) of up to
 `depthwise_mi` pixels: A is the input vector of the same channels, B the filters [taps][L], KOFF as above, and it
 reads the input in place whatever the padding: a border tile's variant takes the range of input positions that
-exist, LO <= p < HI (the A_KS and M0 slots, unused by the other tiles), and reads the rest as zeros. One call
+exist, LO <= p < HI (the slots `lo` and `hi`: a_ks and m0 by other names, unused by these tiles), and
+reads the rest as zeros. One call
 computes ROWS such tiles one above the other (VOFF[1], 0 or 1: one), the next one's input A_ROW floats further
 (VOFF[2]) and its outputs C_ROW floats further (VOFF[3]): rows whose kernel rows all lie inside the image, which
 share the tap table, the weights and K.
@@ -34,6 +35,7 @@ from __future__ import annotations
 from llvmlite import ir
 from onnxopt.codegen.elementwise.lower import emit_body
 
+from ..glue.contract import CT_TILE
 from ..microkernel.depthwise import emit_depthwise
 from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask
 from ..vmath.irutil import broadcast, masked_load
@@ -43,7 +45,6 @@ from .tile import (
     POSITION,
     SCALAR,
     SLOT_A,
-    SLOT_A_KS,
     SLOT_A_MS,
     SLOT_B,
     SLOT_COFF,
@@ -52,7 +53,6 @@ from .tile import (
     SLOT_KOFF,
     SLOT_LANES,
     SLOT_LDC,
-    SLOT_M0,
     SLOT_OUT,
     SLOT_VOFF,
     TileSpec,
@@ -60,10 +60,11 @@ from .tile import (
     define_tile_functions,
 )
 
-SLOT_LO, SLOT_HI = SLOT_A_KS, SLOT_M0  # a depthwise border tile's input positions (see above)
-SLOT_COUNT = SLOT_M0  # a convolution tile's number of tiles in a row, one call (0 reads as 1; see above)
+# Other names of ct_tile's slots (codegen/glue/contract.py, CT_TILE's aliases; the C writes them by these names):
+SLOT_LO, SLOT_HI = CT_TILE.index("lo"), CT_TILE.index("hi")  # a depthwise border tile's input positions (see above)
+SLOT_COUNT = CT_TILE.index("count")  # a convolution tile's number of tiles in a row, one call (0 reads as 1)
 # A depthwise tile has one vector (nv = 1), so the other vectors' VOFF slots hold its rows per call (see above).
-SLOT_DW_ROWS, SLOT_DW_A_ROW, SLOT_DW_C_ROW = SLOT_VOFF + 1, SLOT_VOFF + 2, SLOT_VOFF + 3
+SLOT_DW_ROWS, SLOT_DW_A_ROW, SLOT_DW_C_ROW = (CT_TILE.index(n) for n in ("dw_rows", "dw_a_row", "dw_c_row"))
 
 
 def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, nv: int,

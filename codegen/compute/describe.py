@@ -3,10 +3,10 @@ kernel calls; build.py compiles them. AFUSION and sibling kernels describe each 
 
 from __future__ import annotations
 
+from onnxopt.dtypes import dtype
 from onnxopt.fusion.layout import is_depthwise
 from onnxopt.fusion.region import EwProgram, Region, Value
 
-from ..elementwise.types import ONNX_ENUM
 from ..glue.descs import CtKernelDesc
 from ..microkernel.depthwise import depthwise_mi_for
 from ..microkernel.registry import select
@@ -42,7 +42,7 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     if wino:
         # The per-position products are blocked tiles with an empty epilogue; the epilogue runs in the output
         # transform (codegen/compute/winograd.py, glue winograd_exec.c).
-        req = TileSetRequest("blocked", TileSpec(tile, identity_program(), (), packed_a=True))
+        req = TileSetRequest("blocked", TileSpec(tile, identity_program(c.dtype), (), packed_a=True))
         sets.append(TileSetRequest("winograd", spec, winograd=wino, wino_kernel=tuple(c.attrs["kernel"])))
     elif channel_vectors and is_depthwise(c):  # one channel vector times its filters
         kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
@@ -52,10 +52,11 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         req = TileSetRequest("blocked" if channel_vectors else "nchw", spec)
     tiles = req.names()
     a = c.attrs
+    enum = dtype(c.dtype).onnx  # the graph's element type (fusion/compute.py), as the custom op declares it
     desc = CtKernelDesc(
         op_type=name, kind=c.op,
-        in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
-        out_types=[ONNX_ENUM["float32"]] * len(region.outputs),
+        in_types=[enum] * len(region.inputs),
+        out_types=[enum] * len(region.outputs),
         mi=mi, ni=ni, lanes=tile.lanes, tiles=tiles,
         extra_kinds=list(c.extra_kinds), extra_nstride=list(c.extra_nstride),
         trans_a=int(a.get("trans_a", 0)),
@@ -76,7 +77,7 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     return desc, [req] + sets
 
 
-def identity_program() -> EwProgram:
-    """The epilogue that stores the accumulator as it is."""
-    acc = Value("acc", "float32")
+def identity_program(elem: str = "float32") -> EwProgram:
+    """The epilogue that stores the accumulator (of element type `elem`) as it is."""
+    acc = Value("acc", elem)
     return EwProgram(inputs=[acc], consts={}, ops=[], outputs=[acc])

@@ -4,7 +4,8 @@ The C glue splits an op into tiles and calls, per tile,
 
     void <op>_m<mi>v<nv>(const int64 *tile)
 
-with `tile` pointing at a `ct_tile` record (layout below, mirrored in codegen/glue/compute_exec.c). The function runs the
+with `tile` pointing at a `ct_tile` record (declared once in codegen/glue/contract.py, CT_TILE: the slots below and
+the C struct compute_exec.c fills are both generated from it). The function runs the
 micro-kernel's K loop for `mi` rows and `nv` vectors, then the epilogue in registers: the region's elementwise
 program (bias, activation chains, residual adds, per-channel scales) on each accumulator vector, and stores every
 program output with masked stores. Nothing between the micro-kernel and the final outputs touches memory.
@@ -27,6 +28,7 @@ from onnxopt.codegen.elementwise.lower import emit_body
 from onnxopt.codegen.vmath.isa import set_features
 from onnxopt.fusion.region import EwProgram
 
+from ..glue.contract import CT_MAX_EXTRA, CT_MAX_OUT, CT_NV_MAX, CT_TILE
 from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask
 from ..vmath.irutil import broadcast, masked_load, masked_store
 from ..microkernel.register_tile import RegisterTile
@@ -34,22 +36,19 @@ from ..microkernel.register_tile import RegisterTile
 POSITION, CHANNEL, COLUMN, SCALAR = 0, 1, 2, 3
 KIND_NAMES = {"position": POSITION, "channel": CHANNEL, "column": COLUMN, "scalar": SCALAR}
 
-# ct_tile: 8-byte slots.
-NV_MAX = 4
-MAX_OUTPUTS = 4
-MAX_EXTRAS = 8
-SLOT_A, SLOT_A_MS, SLOT_A_KS, SLOT_B, SLOT_KOFF, SLOT_K, SLOT_LDC, SLOT_M0 = range(8)
-SLOT_VOFF = 8
-SLOT_COFF = SLOT_VOFF + NV_MAX
-SLOT_LANES = SLOT_COFF + NV_MAX
-SLOT_OUT = SLOT_LANES + NV_MAX
-SLOT_EXTRA = SLOT_OUT + MAX_OUTPUTS
+# ct_tile: 8-byte slots (codegen/glue/contract.py, CT_TILE).
+NV_MAX = CT_NV_MAX.value
+MAX_OUTPUTS = CT_MAX_OUT.value
+MAX_EXTRAS = CT_MAX_EXTRA.value
+SLOT_A, SLOT_A_MS, SLOT_A_KS, SLOT_B, SLOT_KOFF, SLOT_K, SLOT_LDC, SLOT_M0 = (
+    CT_TILE.index(n) for n in ("a", "a_ms", "a_ks", "b", "koff", "k", "ldc", "m0"))
+SLOT_VOFF, SLOT_COFF, SLOT_LANES = CT_TILE.index("voff"), CT_TILE.index("coff"), CT_TILE.index("lanes")
+SLOT_OUT, SLOT_EXTRA = CT_TILE.index("out"), CT_TILE.index("extra")
 # A packed-B tile runs K in blocks (the glue's ct_run_task): `acc` is the tile's partial sums, [mi][NI * lanes],
 # and `phase` says which block this is: bit 1, continue the sums in `acc`; bit 0, store them there rather than
 # run the epilogue. 0 is the whole K at once.
-SLOT_ACC = SLOT_EXTRA + MAX_EXTRAS
-SLOT_PHASE = SLOT_ACC + 1
-SLOTS = SLOT_PHASE + 1
+SLOT_ACC, SLOT_PHASE = CT_TILE.index("acc"), CT_TILE.index("phase")
+SLOTS = CT_TILE.n_slots
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,32 @@
-"""numpy dtype names <-> LLVM types and ONNX element-type enums."""
+"""numpy dtype names <-> LLVM types and ONNX element-type enums: a view of onnxopt/dtypes.py's table.
+
+The tables have every DType (float16 and bfloat16 too); which dtypes the elementwise kernels are built for is
+fusion/elementwise_ops.py's SUPPORTED, not these keys.
+"""
 
 from __future__ import annotations
 
 from llvmlite import ir
 
-LLVM_SCALAR = {
-    "float32": ir.FloatType(), "float64": ir.DoubleType(),
-    "int8": ir.IntType(8), "uint8": ir.IntType(8), "int16": ir.IntType(16), "uint16": ir.IntType(16),
-    "int32": ir.IntType(32), "uint32": ir.IntType(32), "int64": ir.IntType(64), "uint64": ir.IntType(64),
-    "bool": ir.IntType(1),
-}
-# How an element is stored in memory (bool is one byte).
-MEMORY_SCALAR = dict(LLVM_SCALAR, bool=ir.IntType(8))
-ITEMSIZE = {"float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4,
-            "uint32": 4, "int64": 8, "uint64": 8, "bool": 1}
+from onnxopt.dtypes import DTYPES
+
+LLVM_SCALAR = {name: d.llvm for name, d in DTYPES.items()}
+# How an element is stored in memory (bool is one byte, bfloat16 an i16).
+MEMORY_SCALAR = {name: d.memory for name, d in DTYPES.items()}
+ITEMSIZE = {name: d.itemsize for name, d in DTYPES.items()}
 # ONNXTensorElementDataType values (the same numbers as onnx.TensorProto.DataType).
-ONNX_ENUM = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "bool": 9,
-             "float64": 11, "uint32": 12, "uint64": 13}
+ONNX_ENUM = {name: d.onnx for name, d in DTYPES.items()}
 
 
 def is_float(dtype: str) -> bool:
-    return dtype in ("float32", "float64")
+    d = DTYPES.get(dtype)
+    return d is not None and d.is_float
 
 
 def is_signed(dtype: str) -> bool:
-    return dtype.startswith("int")
+    """A signed integer (the floats are not: their ops are chosen by is_float)."""
+    d = DTYPES.get(dtype)
+    return d is not None and d.is_signed and not d.is_float
 
 
 def vec(dtype: str, lanes: int) -> ir.VectorType:

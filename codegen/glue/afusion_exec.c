@@ -115,7 +115,7 @@ static void af_conv_rows(const af_conv *cv, int64_t L, int64_t n, int64_t i0, in
         int64_t p0 = ti * cv->OW / tiles, mi = (ti + 1) * cv->OW / tiles - p0;
         for (count = 1; ti + count < tiles && (ti + count + 1) * cv->OW / tiles - (ti + count) * cv->OW / tiles == mi;)
           count++;
-        t.m0 = count;
+        t.count = count;
         t.a = in_r + p0 * t.a_ms;
         for (int v = 0; v < nv; v++)
           t.coff[v] = (vb + v) * dst->plane + (i - dst->row0) * dst->row + (dst->col0 + p0) * L;

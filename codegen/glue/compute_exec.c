@@ -14,9 +14,8 @@
  */
 
 enum { EX_POSITION = 0, EX_CHANNEL = 1, EX_COLUMN = 2, EX_SCALAR = 3 };
-#define CT_NV_MAX 4
-#define CT_MAX_OUT 4
-#define CT_MAX_EXTRA 8
+/* CT_NV_MAX, CT_MAX_OUT, CT_MAX_EXTRA and the tile's record ct_tile (the slots the generated tiles read):
+   codegen/glue/contract.py, CT_TILE. */
 #define CT_TARGET_TASKS 64
 #define CT_TASK_MIN_FLOPS 262144.0
 #define CT_PACKED_TASKS 16
@@ -25,19 +24,6 @@ enum { EX_POSITION = 0, EX_CHANNEL = 1, EX_COLUMN = 2, EX_SCALAR = 3 };
    saves. The library's tables set it (library.py, INLINE_FLOPS); the optimizer times the chosen plan with a
    larger value too and keeps the faster (driver/decision.py, _inline_choice). */
 #define CT_INLINE_FLOPS seq_inline_flops()
-
-typedef struct { /* mirrors the slots of codegen/compute/tile.py */
-  const float *a;
-  int64_t a_ms, a_ks;
-  const float *b;
-  const int64_t *koff;
-  int64_t k, ldc, m0;
-  int64_t voff[CT_NV_MAX], coff[CT_NV_MAX], lanes[CT_NV_MAX];
-  float *out[CT_MAX_OUT];
-  const float *extra[CT_MAX_EXTRA];
-  float *acc;    /* packed B: the tile's partial sums over the K blocks before this one, [mi][ni * lanes] */
-  int64_t phase; /* packed B: bit 1, continue the sums in acc, and bit 0, store them there (not the last block) */
-} ct_tile;
 
 typedef struct {
   const onnxopt_ct_desc *d;

@@ -145,7 +145,7 @@ static void cb_run_task(const cb_job *job, int64_t task) {
         while (in_place && ti + count < tiles && (ti + count + 1) * len / tiles - (ti + count) * len / tiles == mi &&
                !(w->on && cb_window_needed(w, r * w->sh - w->pt, (p0 + count * mi) * w->sw - w->pl, mi)))
           count++;
-        t.m0 = count;
+        t.count = count;
         for (int j = 0; j < nv; j++) t.coff[j] = (vb + j) * plane_out + out_r + p0 * ph->ldc;
         d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)&t);
       }
@@ -172,8 +172,8 @@ static void cb_depthwise_tiles(const onnxopt_ct_desc *d, const cb_window *w, ct_
     int64_t iw0 = p0 * w->sw - w->pl;
     int border = iw0 < 0 || iw0 + (mi - 1) * w->sw + w->reach_w >= w->W;
     t->a = row_in + iw0 * L;
-    t->a_ks = -iw0;     /* LO: the first input column that exists, from the tile's pixel 0 */
-    t->m0 = w->W - iw0; /* HI: one past the last */
+    t->lo = -iw0;       /* the first input column that exists, from the tile's pixel 0 */
+    t->hi = w->W - iw0; /* one past the last */
     t->coff[0] = coff_row + p0 * L;
     d->tiles[(mi - 1) * 2 + border]((const int64_t *)t);
   }
@@ -216,11 +216,11 @@ static void cb_depthwise_rows(const onnxopt_ct_desc *d, const cb_window *w, ct_t
     t->k = w->kh * kw;
     t->koff = tab;
     t->b = wg;
-    t->voff[1] = hi - lo;
-    t->voff[2] = w->sh * w->W * L;
-    t->voff[3] = out_row;
+    t->dw_rows = hi - lo;
+    t->dw_a_row = w->sh * w->W * L;
+    t->dw_c_row = out_row;
     cb_depthwise_tiles(d, w, t, in_plane + ((lo * w->sh - w->pt) * w->W) * L, OW, coff0 + (lo - oh0) * out_row);
-    t->voff[1] = t->voff[2] = t->voff[3] = 0;
+    t->dw_rows = t->dw_a_row = t->dw_c_row = 0;
   }
   for (int64_t oh = hi > lo ? hi : oh1; oh < oh1; oh++)
     cb_depthwise_row(d, w, t, in_plane, wg, tab, oh, OW, coff0 + (oh - oh0) * out_row);

@@ -8,17 +8,26 @@ the files, so a compiler error names the real file and line.
 
 The built-in kinds live in this folder and are listed below. A kind added as a folder of `onnxopt/kinds/` (see that
 package's docstring) is found by its files, `glue.h` and `exec.c`: its id is KIND_<FOLDER> and its function
-<folder>_execute. Python reads the limits the C side declares with `c_define`, so they are written once.
+<folder>_execute.
+
+The structs, records and limits both sides share are declared once, in Python (codegen/glue/contract.py): the units
+get their generated C (typedefs, slot enums, `#define`s, `_Static_assert`s of the layout) before the kinds' headers,
+the built-in kinds' `GLUE` first, then before a kind folder's glue.h the `CONTRACT` of its desc.py, if it has one.
+That text is part of the runtime unit's source, so it keys the runtime object's cache with the files. `c_define`
+gives a limit's value: a contract's, else a `#define NAME value` still written in a header.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+
+from .contract import GLUE, Contract
 
 
 @dataclass(frozen=True)
@@ -87,12 +96,43 @@ def _inc(folder: str, name: str) -> str:
     return f'#include "{path}"\n'
 
 
+def _plugin_name(folder: str | None) -> str | None:
+    """The kind folder of onnxopt/kinds/ that `folder` is, or None (the glue's own folder)."""
+    root = _plugin_root()
+    if folder is None or root is None:
+        return None
+    folder = os.path.normpath(os.path.abspath(folder))
+    return os.path.basename(folder) if os.path.dirname(folder) == os.path.normpath(os.path.abspath(root)) else None
+
+
+def kind_contract(folder: str | None) -> Contract | None:
+    """The contract of the glue's own folder (None or it: `GLUE`) or of a kind folder (its desc.py's `CONTRACT`,
+    or None where it declares none)."""
+    name = _plugin_name(folder)
+    if name is None:
+        same = folder is None or os.path.normpath(os.path.abspath(folder)) == os.path.normpath(_glue_dir())
+        return GLUE if same else None
+    module = f"onnxopt.kinds.{name}.desc"
+    try:
+        desc = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            return None
+        raise
+    return getattr(desc, "CONTRACT", None)
+
+
 def headers_source() -> str:
-    """What a library's tables and the runtime both start with: glue.h, the ids and every kind's header."""
+    """What a library's tables and the runtime both start with: glue.h, the ids, the contracts' generated C and every
+    kind's header (a kind folder's contract just before its header)."""
     ids = kind_ids()
     text = _inc(_glue_dir(), "glue.h")
     text += "enum { " + ", ".join(f"{name} = {n}" for name, n in ids.items()) + " };\n"
+    text += GLUE.c_text()
     for k in glue_kinds():
+        contract = kind_contract(k.folder) if _plugin_name(k.folder) else None
+        if contract is not None:
+            text += contract.c_text()
         text += _inc(k.folder, k.header)
     return text
 
@@ -114,7 +154,8 @@ def runtime_translation_unit() -> str:
 
 
 def source_files() -> list[str]:
-    """Every C file the translation units include (their contents key the runtime's cache)."""
+    """Every C file the translation units include (their contents key the runtime's cache, with the unit's own text,
+    which holds the contracts' generated C)."""
     files = [os.path.join(_glue_dir(), f) for f in ("glue.h", "runtime.c", "register.c")]
     for k in glue_kinds():
         files += [os.path.join(k.folder, f) for f in (k.header, *k.executors)]
@@ -123,7 +164,11 @@ def source_files() -> list[str]:
 
 @cache
 def c_define(header: str, name: str, folder: str | None = None) -> int:
-    """The integer a `#define NAME value` in one of the glue's headers gives: limits are declared once, in C."""
+    """A limit's value: the Limit of that name in the contract of `folder` (the glue's by default; contract.py), else
+    the integer a `#define NAME value` in `header` there gives (the limits still declared in C)."""
+    contract = kind_contract(folder)
+    if contract is not None and name in contract.limits():
+        return contract.limits()[name]
     path = os.path.join(folder or _glue_dir(), header)
     with open(path) as f:
         m = re.search(rf"^#define {re.escape(name)} (\d+)\b", f.read(), re.M)

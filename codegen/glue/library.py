@@ -16,16 +16,12 @@ import tempfile
 from onnxopt.errors import ToolchainError
 
 from ..copy.desc import CopyKernelDesc, copy_source
+from ..isa import AARCH64_HWCAPS, isa_of
 from ..pool.desc import PoolKernelDesc, pool_source
 from ..target import Target
+from .contract import CT_DESC, cstr
 from .descs import AF_MAX_SECOND, SB_MAX_PART, AfKernelDesc, CtKernelDesc, EwKernelDesc, SbKernelDesc, SeqKernelDesc
 from .kinds import headers_source, runtime_translation_unit, source_files
-
-# Features gcc's __builtin_cpu_supports knows by these names: checked inside the library itself, so a non-Python
-# host on an older CPU also falls back to the function bodies instead of dying on SIGILL.
-_GCC_CPU_NAMES = {"sse4.1", "sse4.2", "avx", "avx2", "fma", "bmi2", "avx512f", "avx512vl", "avx512bw", "avx512dq",
-                  "avx512cd", "avx512vnni", "avx512bf16"}
-
 
 _KIND = {"conv": "KIND_CONV", "conv_transpose": "KIND_CONV", "matmul": "KIND_MATMUL"}
 
@@ -49,7 +45,8 @@ def _c_array(ctype: str, name: str, values) -> str:
 
 
 def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
-    """(declarations and tables, the descriptor's initializer) of a compute op whose C names start with `c`."""
+    """(declarations and tables, the descriptor's initializer) of a compute op whose C names start with `c`: the
+    initializer is CT_DESC's (codegen/glue/contract.py), by member name."""
     syms = [s for row in k.tiles for s in row]
     wino = [k.wino_in, k.wino_out] if k.winograd else []
     parts = [f"extern void {s}(const int64_t *);\n" for s in syms + wino]
@@ -58,13 +55,17 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
     parts.append(_c_array("tile_fn", f"{c}_tiles", syms))
     parts.append(_c_array("int", f"{c}_extra_kind", k.extra_kinds))
     parts.append(_c_array("int64_t", f"{c}_extra_nstride", k.extra_nstride))
-    init = (f'{{{{"{k.op_type}", {_KIND[k.kind]}, {len(k.in_types)}, {len(k.out_types)}, {c}_in_types, '
-            f"{c}_out_types}}, {k.mi}, {k.ni}, {k.lanes}, {c}_tiles, {len(k.extra_kinds)}, {c}_extra_kind, "
-            f"{c}_extra_nstride, {k.oc}, {k.groups}, {k.kernel[0]}, {k.kernel[1]}, {k.strides[0]}, {k.strides[1]}, "
-            f"{k.dilations[0]}, {k.dilations[1]}, {{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ic_g}, "
-            f"{k.trans_a}, {k.packed_b}, {k.in_blocked}, {k.out_blocked}, {k.channel_vectors}, {k.transposed}, "
-            f"{{{k.output_padding[0]}, {k.output_padding[1]}}}, {k.winograd}, "
-            f"{wino[0] if wino else 'NULL'}, {wino[1] if wino else 'NULL'}}}")
+    sig = {"name": cstr(k.op_type), "kind": _KIND[k.kind], "n_in": len(k.in_types), "n_out": len(k.out_types),
+           "in_types": f"{c}_in_types", "out_types": f"{c}_out_types"}
+    init = CT_DESC.initializer({
+        "sig": sig, "mi": k.mi, "ni": k.ni, "lanes": k.lanes, "tiles": f"{c}_tiles",
+        "n_extra": len(k.extra_kinds), "extra_kind": f"{c}_extra_kind", "extra_nstride": f"{c}_extra_nstride",
+        "oc": k.oc, "groups": k.groups, "kh": k.kernel[0], "kw": k.kernel[1], "sh": k.strides[0],
+        "sw": k.strides[1], "dh": k.dilations[0], "dw": k.dilations[1], "pads": list(k.pads),
+        "auto_pad": k.auto_pad, "ic_g": k.ic_g, "trans_a": k.trans_a, "packed_b": k.packed_b,
+        "in_blocked": k.in_blocked, "out_blocked": k.out_blocked, "channel_vectors": k.channel_vectors,
+        "transposed": k.transposed, "out_pad": list(k.output_padding), "wino_m": k.winograd,
+        "wino_in": wino[0] if wino else None, "wino_out": wino[1] if wino else None})
     return "".join(parts), init
 
 
@@ -166,20 +167,17 @@ def library_source(kernels: list, target: Target, inline_flops: float = INLINE_F
     return headers_source() + "".join(parts)
 
 
-# aarch64 features -> their bit in the auxiliary vector (AT_HWCAP, AT_HWCAP2), as Linux's asm/hwcap.h numbers them.
-_AARCH64_HWCAPS = {"neon": ("AT_HWCAP", 1 << 1), "dotprod": ("AT_HWCAP", 1 << 20), "sve": ("AT_HWCAP", 1 << 22),
-                   "fp16": ("AT_HWCAP", 1 << 9), "i8mm": ("AT_HWCAP2", 1 << 13)}
-
-
 def _cpu_check(target: Target) -> str:
-    """onnxopt_cpu_ok(): whether this CPU has every feature the kernels use (gcc's CPU model on x86-64, the kernel's
-    hardware capabilities on aarch64)."""
-    if target.arch == "aarch64":
-        checks = [_AARCH64_HWCAPS[f] for f in target.features if f in _AARCH64_HWCAPS]
+    """onnxopt_cpu_ok(): whether this CPU has every feature the kernels use, as the target's ISA row checks them
+    (codegen/isa.py `runtime_check`): gcc's CPU model on x86-64, the kernel's hardware capabilities on aarch64. The
+    check is inside the library itself, so a non-Python host on an older CPU also falls back to the function bodies
+    instead of dying on SIGILL."""
+    isa = isa_of(target)
+    if isa.arch == "aarch64":
+        checks = [AARCH64_HWCAPS[f] for f in isa.runtime_check]
         cond = " && ".join(f"(getauxval({at}) & {bit}ul)" for at, bit in checks) or "1"
         return f"#include <sys/auxv.h>\nint onnxopt_cpu_ok(void) {{\n  return {cond};\n}}\n"
-    checks = [f for f in target.features if f in _GCC_CPU_NAMES]
-    cond = " && ".join(f'__builtin_cpu_supports("{f}")' for f in checks) or "1"
+    cond = " && ".join(f'__builtin_cpu_supports("{f}")' for f in isa.runtime_check) or "1"
     return f"int onnxopt_cpu_ok(void) {{\n  __builtin_cpu_init();\n  return {cond};\n}}\n"
 
 
@@ -252,14 +250,8 @@ def link_library(kernels: list, objects: list, target: Target, output: str,
     objects = list(dict.fromkeys(bytes(o) for o in flat))
     with tempfile.TemporaryDirectory(prefix="onnxopt-link-") as tmp:
         src = os.path.join(tmp, "tables.c")
-        with open(src, "w") as f:
-            f.write(library_source(kernels, target, inline_flops))
-        objs = []
-        for i, data in enumerate(objects):
-            p = os.path.join(tmp, f"kernels{i}.o")
-            with open(p, "wb") as f:
-                f.write(data)
-            objs.append(p)
+        objs = [os.path.join(tmp, f"kernels{i}.o") for i in range(len(objects))]
+        write_sources(tmp, [(src, library_source(kernels, target, inline_flops).encode()), *zip(objs, objects)])
         tables_o = os.path.join(tmp, "tables.o")
         # Tables only (data and a CPU check): -O0 compiles them in a third of the time and changes nothing at run time.
         _run([cc, *_CFLAGS, "-O0", "-c", src, "-o", tables_o])
@@ -287,6 +279,19 @@ def link_library(kernels: list, objects: list, target: Target, output: str,
     return hashlib.sha256(data).hexdigest()
 
 
+def write_sources(folder: str, files: list[tuple[str, bytes]]) -> None:
+    """Write a compile's inputs into its temporary folder; a full disk or a file-size limit there is the
+    environment's (exit 2, saying where), not a bug."""
+    try:
+        for path, data in files:
+            with open(path, "wb") as f:
+                f.write(data)
+    except OSError as e:
+        raise ToolchainError(f"could not write the kernels' sources to {os.path.dirname(folder)} ({e.strerror}): "
+                             "free space there (or raise the file-size limit), or point TMPDIR at a folder with "
+                             "room") from None
+
+
 def runtime_object(cc: str, tmp: str) -> str:
     """The compiled runtime glue (about 1.5 s of cc per library before it was shared): kept in
     `$ONNXOPT_CACHE_DIR/glue/` (else ~/.cache/onnxopt/glue/) under the hash of its source, the compiler and the flags,
@@ -304,8 +309,7 @@ def runtime_object(cc: str, tmp: str) -> str:
     if os.path.exists(cached):
         return cached
     src = os.path.join(tmp, "runtime.c")
-    with open(src, "w") as f:
-        f.write(src_text)
+    write_sources(tmp, [(src, src_text.encode())])
     obj = os.path.join(tmp, "runtime.o")
     _run([cc, *_CFLAGS, "-c", src, "-o", obj])
     try:  # publish it atomically: processes converting models at the same time may race here

@@ -19,8 +19,6 @@
  */
 
 enum { PX_POSITION = 0, PX_CHANNEL = 1, PX_COLUMN = 2, PX_SCALAR = 3 }; /* epilogue input kinds */
-#define POOL_MAX_OUT 4
-#define POOL_MAX_EXTRA 8
 #define POOL_TARGET_TASKS 64
 #define POOL_TASK_MIN_WORK 65536.0   /* taps (or elements read) per task, at least */
 #define POOL_INLINE_WORK 393216.0    /* below this, one thread is faster than waking the pool */
@@ -35,16 +33,7 @@ static int64_t pool_task_count(double work, int64_t units) {
   return tasks < 1 ? 1 : tasks;
 }
 
-typedef struct { /* mirrors the slots of codegen/pool/kernels.py */
-  const float *src;   /* windowed: the plane; global: the call's first channel */
-  int64_t stride;     /* windowed: floats between input rows (W); global: H * W */
-  int64_t ow, n;      /* windowed: output width, output rows in the band; global: n = channels in the call */
-  const float *inv_h, *inv_w;
-  float *out[POOL_MAX_OUT];
-  const float *extra[POOL_MAX_EXTRA];
-  int64_t vw, pl, row0, vh; /* windowed: valid width and height, left pad, input row of the band's first row */
-  const float *padrow;      /* windowed: vw floats of padding, read for rows outside [0, vh) */
-} pool_args;
+/* POOL_MAX_OUT, POOL_MAX_EXTRA and the kernels' record pool_args: codegen/glue/contract.py, POOL_ARGS. */
 
 typedef struct {
   const onnxopt_pool_desc *d;

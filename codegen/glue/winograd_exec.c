@@ -117,7 +117,7 @@ static void wg_products(const wg_job *j, int64_t item, int64_t g, int64_t t0, in
     for (int64_t ti = 0, count; ti < tiles; ti += count) { /* tiles of one size in one call */
       int64_t p0 = ti * tb / tiles, mi = (ti + 1) * tb / tiles - p0;
       for (count = 1; ti + count < tiles && (ti + count + 1) * tb / tiles - (ti + count) * tb / tiles == mi;) count++;
-      t.m0 = count;
+      t.count = count;
       t.a = v + xi * j->CB * vt * L + v0 + p0 * L;
       for (int jj = 0; jj < nv; jj++) t.coff[jj] = jj * tb * L + p0 * L;
       d->tiles[(mi - 1) * NI + (nv - 1)]((const int64_t *)&t);

@@ -1,11 +1,11 @@
 """Tensorized dot-product instructions (UNIT, AMOS): each one file holding its description (expr.py's tiny tensor
 language) and its implementation; the inspector (inspector.py) finds how an operator's loops map onto one, the
 mapper (mapping.py) enumerates and validates AMOS's loop-to-intrinsic mappings. Adding an instruction is adding a
-file here and its line in INSTRUCTIONS."""
+file here, its line in INSTRUCTIONS, and its name in the rows of codegen/isa.py that may use it."""
 
 from . import arm_sdot, arm_udot, avx2_u8s8, avx512_vnni, avx_vnni, wmma_f16
 
-# Best first, per architecture: the first available one wins (`select`).
+# Best first, per architecture. Which of them a target uses is its ISA row's (codegen/isa.py `dot_instructions`).
 INSTRUCTIONS = (
     avx512_vnni.INSTRUCTION,
     avx_vnni.INSTRUCTION,
@@ -21,5 +21,9 @@ def by_name(name: str):
 
 
 def available(target, sources: tuple[str, str] | None = None) -> list:
-    """The instructions `target` may use, best first; with `sources`, only those whose (a, b) dtypes are those."""
-    return [i for i in INSTRUCTIONS if i.available(target) and (sources is None or i.source_dtypes == sources)]
+    """The instructions `target` may use, best first (its ISA row's, each passing its own `available` check); with
+    `sources`, only those whose (a, b) dtypes are those."""
+    from ..isa import isa_of  # the table imports the instructions' files
+
+    return [i for i in map(by_name, isa_of(target).dot_instructions)
+            if sources is None or i.source_dtypes == sources]

@@ -1,8 +1,9 @@
 """Replaceable micro-kernels: one abstract spec (C[MI x NI*lanes] += A[MI x K] . B[K x NI*lanes]), one registered
-implementation per target, selected by the target's features (Chimera's micro-kernel registry).
+implementation per target, selected by the target's ISA row (Chimera's micro-kernel registry).
 
-Each implementation names the features it needs and its register tile; `select` picks the first whose features the
-target has. The reference is numpy's matmul over the same tile, which the tests compare every implementation with.
+Each implementation names the features it needs and its register tile; `select` takes the one the target's row of
+the ISA table (codegen/isa.py) names. The reference is numpy's matmul over the same tile, which the tests compare
+every implementation with.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..isa import isa_of
 from ..target import Target
 from .register_tile import RegisterTile, solve_register_tile
 
@@ -44,10 +46,9 @@ MICRO_KERNELS = (
 
 
 def select(target: Target) -> MicroKernel:
-    for mk in MICRO_KERNELS:
-        if all(target.has(f) for f in mk.requires):
-            return mk
-    raise AssertionError("the last micro-kernel requires nothing")
+    """The micro-kernel of the target's ISA row (codegen/isa.py)."""
+    name = isa_of(target).micro_kernel
+    return next(mk for mk in MICRO_KERNELS if mk.name == name)
 
 
 def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:

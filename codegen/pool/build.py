@@ -3,10 +3,10 @@ and the glue's description."""
 
 from __future__ import annotations
 
+from onnxopt.dtypes import dtype
 from onnxopt.fusion.region import Region
 
 from ..compile import compile_object, new_module
-from ..elementwise.types import ONNX_ENUM
 from ..target import Target
 from .desc import PoolKernelDesc
 from .kernels import PoolSpec, define_pool_functions
@@ -29,10 +29,11 @@ def build_pool(region: Region, target: Target) -> tuple[bytes, PoolKernelDesc, s
     ir_text = str(module)
     obj = compile_object(ir_text, target)
     a = p.attrs
+    enum = dtype(p.dtype).onnx  # the graph's element type (fusion/pool.py), as the custom op declares it
     desc = PoolKernelDesc(
         op_type=region.op_type, op=p.op,
-        in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
-        out_types=[ONNX_ENUM["float32"]] * len(region.outputs),
+        in_types=[enum] * len(region.inputs),
+        out_types=[enum] * len(region.outputs),
         lanes=spec.lanes, rows=syms.get("rows"), glob=syms.get("global"),
         kernel=spec.kernel, strides=spec.strides, dilations=spec.dilations,
         pads=tuple(a.get("pads", (0, 0, 0, 0))), auto_pad=int(a.get("auto_pad", 0)),

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from onnxopt.codegen.elementwise.lower import emit_body
+from onnxopt.codegen.glue.contract import POOL_ARGS, POOL_MAX_EXTRA, POOL_MAX_OUT
 from onnxopt.codegen.vmath.irutil import broadcast, intrinsic, masked_store, suffix
 from onnxopt.codegen.vmath.irutil import while_loop as _loop
 from onnxopt.codegen.vmath.isa import set_features
@@ -52,13 +53,14 @@ VOID = ir.VoidType()
 POSITION, CHANNEL, COLUMN, SCALAR = 0, 1, 2, 3
 FLOAT_LOWEST = -3.4028234663852886e38  # -FLT_MAX: exactly a float
 
-MAX_OUTPUTS = 4
-MAX_EXTRAS = 8
-SLOT_SRC, SLOT_STRIDE, SLOT_OW, SLOT_N, SLOT_INV_H, SLOT_INV_W = range(6)
-SLOT_OUT = 6
-SLOT_EXTRA = SLOT_OUT + MAX_OUTPUTS
-SLOT_VW, SLOT_PL, SLOT_ROW0, SLOT_VH, SLOT_PADROW = range(SLOT_EXTRA + MAX_EXTRAS, SLOT_EXTRA + MAX_EXTRAS + 5)
-SLOTS = SLOT_PADROW + 1
+# pool_args: 8-byte slots (codegen/glue/contract.py, POOL_ARGS; pool_exec.c fills the struct generated from it).
+MAX_OUTPUTS = POOL_MAX_OUT.value
+MAX_EXTRAS = POOL_MAX_EXTRA.value
+SLOT_SRC, SLOT_STRIDE, SLOT_OW, SLOT_N, SLOT_INV_H, SLOT_INV_W = (
+    POOL_ARGS.index(n) for n in ("src", "stride", "ow", "n", "inv_h", "inv_w"))
+SLOT_OUT, SLOT_EXTRA = POOL_ARGS.index("out"), POOL_ARGS.index("extra")
+SLOT_VW, SLOT_PL, SLOT_ROW0, SLOT_VH, SLOT_PADROW = (POOL_ARGS.index(n) for n in ("vw", "pl", "row0", "vh", "padrow"))
+SLOTS = POOL_ARGS.n_slots
 
 OPS = ("max", "avg", "gmax", "gavg")
 

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from onnxopt.codegen.glue.library import INLINE_FLOPS, INLINE_FLOPS_WIDE, link_library
+from onnxopt.codegen.glue.library import INLINE_FLOPS, INLINE_FLOPS_WIDE
 from onnxopt.emit.model import DOMAIN, build_fused_model
 from onnxopt.emit.sequence import make_sequences
 from onnxopt.fusion.layout import blocked_inputs, blocked_outputs
@@ -115,7 +115,7 @@ class DecisionStage:
                 if not os.path.exists(feeds_path):
                     np.savez(feeds_path, **feeds)
                 return time_pair_in_new_process(files[0], files[1], feeds_path, self.opts.threads,
-                                                provider=self.opts.target.execution_provider)
+                                                provider=self.backend.execution_provider(self.opts.target))
             except Exception as e:  # noqa: BLE001 - no new process here: new sessions in this one
                 decisions.setdefault("second_look_errors", []).append(str(e)[:300])
                 s_trial = session(trial_regions)
@@ -229,7 +229,7 @@ class DecisionStage:
             path = os.path.join(self.tmpdir, f"sequences{len(self.sequence_libraries)}.so")
             wide = os.path.basename(library) == "candidates-inline.so"
             used = [built[op] for op in dict.fromkeys(r.op_type for r in regions) if op in built]
-            link_library([b[1] for b in used] + seqs, [b[0] for b in used], self.opts.target, path,
+            self.backend.link([b[1] for b in used] + seqs, [b[0] for b in used], self.opts.target, path,
                          inline_flops=INLINE_FLOPS_WIDE if wide else INLINE_FLOPS)
             self.sequence_libraries[key] = path
         return self.sequence_libraries[key]
@@ -264,7 +264,7 @@ class DecisionStage:
             return entry, None
         wide = os.path.join(self.tmpdir, "candidates-inline.so")
         if not os.path.exists(wide):  # every plan's kernels, linked once for all the plans that try it
-            link_library([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, wide,
+            self.backend.link([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, wide,
                          inline_flops=INLINE_FLOPS_WIDE)
         # Both sessions new: the plan's own session has run the earlier timings, and one session of a model can run
         # a few percent faster than another (Inception-v3's wide library once measured 1.10x against the old session

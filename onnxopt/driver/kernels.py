@@ -11,21 +11,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from onnxopt.codegen.compute.build import build_compute, tile_sets_of
+from onnxopt.codegen.compute.build import tile_sets_of
 from onnxopt.codegen.compute.tile_sets import prebuild
-from onnxopt.codegen.elementwise.build import build_elementwise
-from onnxopt.codegen.copy.build import build_copy
-from onnxopt.codegen.pool.build import build_pool
 from onnxopt.codegen.microkernel.depthwise import depthwise_mi_for
-from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
-from onnxopt.codegen.glue.library import link_library
 from onnxopt.cost_cache import open_cost_cache
-from onnxopt.kinds import kind_of
+from onnxopt.kinds import kind_for
 from onnxopt.fusion.compute import apply_tile
 from onnxopt.fusion.elementwise import _opset
 from onnxopt.fusion.layout import (blocked_inputs, blocked_outputs, from_blocked, is_depthwise, to_blocked,
                                    with_channel_vectors)
-from onnxopt.fusion.params import ComputeParams, CopyParams, ElementwiseParams, PoolParams
 from onnxopt.fusion.region import Region
 from onnxopt.measure import exact_integer_reference as _exact_integer_reference
 from onnxopt.measure import bytes_moved as _bytes_moved
@@ -42,9 +36,6 @@ from onnxopt.tune.tile_search import kernel_tolerance
 from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare
 from onnxopt.driver.policy import COLD_REGION_BYTES, SETTLED_BEYOND, ALONE_CHECK_S, _machine, custom_ops
 
-# The built-in kinds' kernel builders, by the type of a region's params; registered kinds build with their own.
-BUILDERS = {ElementwiseParams: build_elementwise, ComputeParams: build_compute, PoolParams: build_pool,
-            CopyParams: build_copy}
 
 
 class KernelStage:
@@ -65,11 +56,8 @@ class KernelStage:
             todo.setdefault(r.op_type, []).append(r)
 
         def job(r):
-            kind = kind_of(r)
-            if kind is not None:
-                return lambda: kind.build(r, self.opts.target)
-            builder = BUILDERS[type(r.params)]
-            return lambda: builder(r, self.opts.target)
+            # The kind's lowering for the target's backend (onnxopt/backends, onnxopt/kinds).
+            return lambda: self.backend.lower(kind_for(r), r, self.opts.target)
 
         # The compute kernels' tile sets first, each distinct one once (codegen/compute/tile_sets.py): most
         # convolutions of a network share a few. The kernels then only describe themselves.
@@ -136,7 +124,7 @@ class KernelStage:
         return t_orig, t_fused
 
     def _tile_of(self, r: Region) -> list[int]:
-        mk = select_micro_kernel(self.opts.target)
+        mk = self.backend.layout(self.opts.target)
         c = r.compute
         if c.op in ("afusion", "siblings"):  # the parts' tiles
             return [self._tile_of(p) for p in c.parts]
@@ -197,7 +185,7 @@ class KernelStage:
             if res.changed:
                 try:
                     if res.vectors == "channels":
-                        mk = select_micro_kernel(self.opts.target)
+                        mk = self.backend.layout(self.opts.target)
                         with_channel_vectors(r, mk.lanes, mk.tile.ni, _opset(work))
                     else:
                         apply_tile(r, res.tile)
@@ -301,7 +289,7 @@ class KernelStage:
         if res is None:
             return
         if res.m:
-            mk = select_micro_kernel(self.opts.target)
+            mk = self.backend.layout(self.opts.target)
             winograd.apply_winograd(r, res.m, mk.lanes, mk.tile.ni)
             self.say(f"Winograd {winograd.label(r.compute.attrs['kernel'], res.m)} for {r.describe()}"
                      + (f" ({res.to_report()['gain']:.2f}x the direct kernel)" if "gain" in res.to_report() else ""))
@@ -363,7 +351,7 @@ class KernelStage:
                 self.report["regions"].append(r.measured)
             return accepted
         lib = os.path.join(self.tmpdir, "candidates.so")
-        link_library([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, lib)
+        self.backend.link([b[1] for b in built.values()], [b[0] for b in built.values()], self.opts.target, lib)
         bindings = self._bindings()
         accepted = []
         machine = _machine()
@@ -438,7 +426,7 @@ class KernelStage:
                     entry.update(self.tile_info.get(id(r)) or {"tile": self._tile_of(r)})
                 elif id(r) in self.tile_info:  # an int8 kind's schedule search
                     entry.update(self.tile_info[id(r)])
-                kind = kind_of(r)
+                kind = kind_for(r)
                 if kind is not None and kind.report is not None:
                     try:
                         entry.update(kind.report(r, feeds, desc))

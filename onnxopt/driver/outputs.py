@@ -14,7 +14,6 @@ from collections import Counter
 import numpy as np
 import onnx
 
-from onnxopt.codegen.glue.library import link_library
 from onnxopt.emit.model import DOMAIN, build_fused_model, set_library_name, set_library_sha256
 from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, VerificationError
@@ -141,7 +140,7 @@ class OutputStage:
                                              "concat_inputs_in_place": sum(v is not None for v in q.slot_view)}
                                             for q in seqs]
             lib_path = staging.path(LIBRARY_SUFFIX)
-            sha = link_library(descs, [o for o, _ in used], self.opts.target, lib_path,
+            sha = self.backend.link(descs, [o for o, _ in used], self.opts.target, lib_path,
                                inline_flops=self.inline_flops)
             set_library_sha256(fused, sha)
         try:
@@ -228,7 +227,8 @@ class OutputStage:
         so = session_options(threads or self.opts.threads)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", runtime.LibraryNotUsedWarning)
-            sess = runtime.InferenceSession(written, so, providers=[self.opts.target.execution_provider])
+            sess = runtime.InferenceSession(written, so,
+                                           providers=[self.backend.execution_provider(self.opts.target)])
         if lib_path is not None and runtime.registered_library(sess) is None:
             why = "; ".join(str(w.message) for w in caught) or "no reason given"
             raise VerificationError(f"the written model's kernel library is not picked up by onnxopt.runtime ({why}); "
@@ -278,7 +278,8 @@ class OutputStage:
         try:
             self._written_session(written, lib, threads=1)
             if self.opts.verify_fallback and lib is not None:
-                ort.InferenceSession(written, session_options(1), providers=[self.opts.target.execution_provider])
+                ort.InferenceSession(written, session_options(1),
+                                     providers=[self.backend.execution_provider(self.opts.target)])
         except VerificationError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -400,7 +401,7 @@ class OutputStage:
         much as onnxruntime differs from itself, on either side."""
         if base is None:  # `base`: already run (under emulation)
             base = make_session(_as_specified(source), self.opts.threads, optimization="none",
-                                provider=self.opts.target.execution_provider).run(names, feeds)
+                                provider=self.backend.execution_provider(self.opts.target)).run(names, feeds)
         spread = {n: _finite_spread(a, b) for n, a, b in zip(names, want, base) if np.asarray(a).dtype.kind == "f"}
         tol = Tolerance(dict(self.opts.tolerance.rtol), dict(self.opts.tolerance.atol), dict(self.opts.tolerance.stol))
         widest = 2.0 * max(spread.values(), default=0.0)
@@ -417,7 +418,7 @@ class OutputStage:
         if diffs is None:
             try:
                 sess = ort.InferenceSession(written, session_options(self.opts.threads),
-                                            providers=[self.opts.target.execution_provider])
+                                            providers=[self.backend.execution_provider(self.opts.target)])
                 got = sess.run(names, feeds)
             except Exception as e:  # noqa: BLE001
                 raise VerificationError(f"the optimized model does not run without its kernel library "

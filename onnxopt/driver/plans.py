@@ -10,7 +10,6 @@ import time
 
 from onnx import numpy_helper
 
-from onnxopt.codegen.microkernel.registry import select as select_micro_kernel
 from onnxopt.kinds import KINDS
 from onnxopt.fusion import blocked_passthrough
 from onnxopt.fusion.blocked_copy import fuse_copies, plain_concats, plain_slices
@@ -33,7 +32,7 @@ class PlanStage:
         """Compute regions with the tensors between fused convolutions in the blocked layout (fusion/layout.py),
         running through the ops onnxruntime can compute on blocked tensors (fusion/blocked_passthrough.py); empty
         when no tensor can be blocked."""
-        mk = select_micro_kernel(self.opts.target)
+        mk = self.backend.layout(self.opts.target)
         self._blocked_rule = None
         if mk.lanes < 8:
             return []
@@ -128,7 +127,7 @@ class PlanStage:
         not overlap its choice is built and timed too (the *probe*), and the search runs again on the measured
         times once the kernels are checked (_measured_afusion): a group the roofline misjudged is then kept or
         dropped on what it measured."""
-        mk = select_micro_kernel(self.opts.target)
+        mk = self.backend.layout(self.opts.target)
         rule = self._blocked_rule or ComputeRule(work, mk.tile.mi, blocked=_channel_vector_kernel(mk),
                                   panel=_packed_panel(mk))
         pairs, refused = afusion_pairs(blocked_plan, rule.index, rule.ew.shape_of, mk.lanes,

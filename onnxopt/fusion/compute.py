@@ -280,7 +280,9 @@ class ComputeRule:
         ew_nodes = [idx.nodes[m] for m in members if idx.nodes[m] is not node and idx.nodes[m] is not bn]
         consts: dict = {}
         ops: list[EwOp] = []
-        params = ComputeParams(self._ops[node.op_type])
+        # The element type of the op's input (admits() takes float32 only, the one type the kernels are built for)
+        params = ComputeParams(self._ops[node.op_type], dtype=self.ew.dtype_of(node.input[0]))
+        dt = params.dtype
         head_out = (bn or node).output[0]
         uid = node.output[0]
         inputs: list[str]
@@ -293,15 +295,15 @@ class ComputeRule:
             body += head_body
             if bias_name:
                 pre_extras.append((bias_name, CHANNEL))
-                ops.append(EwOp("Add", (ACC, bias_name), head_out, "float32"))
+                ops.append(EwOp("Add", (ACC, bias_name), head_out, dt))
         else:
             inputs, head_body, c_name, c_kind = self._matmul(node, params, head_out, uid, out_shape)
             body += head_body
             if c_name:
                 pre_extras.append((c_name, c_kind))
-                ops.append(EwOp("Add", (ACC, c_name), head_out, "float32"))
+                ops.append(EwOp("Add", (ACC, c_name), head_out, dt))
         if not ops:
-            ops.append(EwOp("Identity", (ACC,), head_out, "float32"))
+            ops.append(EwOp("Identity", (ACC,), head_out, dt))
         for n in ew_nodes:
             ops.append(self.ew._to_op(n, consts))
             m = onnx.NodeProto()
@@ -318,8 +320,8 @@ class ComputeRule:
         used = {x for m in members for x in idx.nodes[m].input}
         params.orig_consts = [numpy_helper.from_array(self.materialized[x], x) for x in sorted(used)
                               if x in self.materialized]
-        prog = EwProgram(inputs=[Value(ACC, "float32")] + [Value(x, "float32") for x, _ in all_extras],
-                         consts=consts, ops=ops, outputs=[Value(o, "float32") for o in outputs])
+        prog = EwProgram(inputs=[Value(ACC, dt)] + [Value(x, dt) for x, _ in all_extras],
+                         consts=consts, ops=ops, outputs=[Value(o, dt) for o in outputs])
         kind = self.kind_names[params.op]
         region = Region(kind, [idx.nodes[m] for m in members], inputs + [x for x, _ in all_extras], outputs, prog,
                         list(out_shape))

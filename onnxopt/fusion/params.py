@@ -59,9 +59,14 @@ class ElementwiseParams(KindParams):
     family: ClassVar[str] = "elementwise"
     blocked_lanes: int = 0
     replaces: list = field(default_factory=list)
+    # The schedule (kinds/builtin.py): lanes of the row loop's vectors, and the elements from which a call is split
+    # over the pool; 0: the target's lanes, the kind's threshold.
+    lanes: int = 0
+    parallel_min: int = 0
 
     def op_type_text(self, target_name: str) -> str:
-        return ""  # the program's signature is the whole kernel
+        # the program's signature is the whole kernel, with its schedule where it is not the default
+        return f"|schedule[{self.lanes},{self.parallel_min}]" if self.lanes or self.parallel_min else ""
 
     def tensor_lanes(self) -> int:
         return self.blocked_lanes
@@ -90,10 +95,14 @@ class ComputeParams(KindParams):
     # op "afusion": the convolution regions fused into one kernel, producer first (onnxopt/fusion/afusion/siso.py);
     # op "siblings": the convolution regions reading one input (onnxopt/fusion/siblings.py)
     parts: list = field(default_factory=list)
+    # The element type of the op's input and output, from the graph (onnxopt/dtypes.py names it)
+    dtype: str = "float32"
 
     def op_type_text(self, target_name: str) -> str:
         text = "|" + json.dumps([self.op, self.extra_kinds, self.extra_nstride,
                                  {k: repr(v) for k, v in sorted(self.attrs.items())}], sort_keys=True)
+        if self.dtype != "float32":  # float32's op types stay the ones they were before the field
+            text += "|dtype" + self.dtype
         for part in self.parts:  # AFUSION: the fused convolutions' own kernels
             text += "|part" + part.compute_op_type(target_name)
         if self.tile is not None:  # a searched register tile: another kernel, another op type
@@ -119,9 +128,11 @@ class PoolParams(KindParams):
     # A pool on blocked tensors (attrs["blocked"] = lanes): its function fallback, the pool rewritten for the 5-D
     # form (fusion/blocked_passthrough.py), instead of the original node.
     body: list = field(default_factory=list)
+    dtype: str = "float32"  # the element type of the pooled tensor, from the graph
 
     def key(self) -> list:
-        return [self.op, self.extra_kinds, self.extra_nstride, {k: repr(v) for k, v in sorted(self.attrs.items())}]
+        key = [self.op, self.extra_kinds, self.extra_nstride, {k: repr(v) for k, v in sorted(self.attrs.items())}]
+        return key if self.dtype == "float32" else key + [self.dtype]  # float32's op types as before the field
 
     def op_type_text(self, target_name: str) -> str:
         return "|pool" + json.dumps(self.key(), sort_keys=True)

@@ -114,7 +114,8 @@ class PoolRule:
     def _build(self, node, members, extras, kinds, outputs, out_shape) -> Region:
         idx = self.index
         op = POOL_OPS[node.op_type]
-        params = PoolParams(op)
+        params = PoolParams(op, dtype=self.ew.dtype_of(node.input[0]))  # admits() takes float32 only
+        dt = params.dtype
         xs = self.ew.info[node.input[0]].shape
         params.attrs["rank"] = len(xs)
         if op in ("max", "avg"):
@@ -130,13 +131,13 @@ class PoolRule:
             if op == "avg":
                 params.attrs["count_include_pad"] = int(_attr(node, "count_include_pad", 0))
         consts: dict = {}
-        ops = [EwOp("Identity", (ACC,), node.output[0], "float32")]
+        ops = [EwOp("Identity", (ACC,), node.output[0], dt)]
         for m in members[1:]:
             ops.append(self.ew._to_op(idx.nodes[m], consts))
         params.extra_kinds = list(kinds)
         params.extra_nstride = [self.cr._nstride(x, k, out_shape, "conv") for x, k in zip(extras, kinds)]
-        prog = EwProgram(inputs=[Value(ACC, "float32")] + [Value(x, "float32") for x in extras], consts=consts,
-                         ops=ops, outputs=[Value(o, "float32") for o in outputs])
+        prog = EwProgram(inputs=[Value(ACC, dt)] + [Value(x, dt) for x in extras], consts=consts,
+                         ops=ops, outputs=[Value(o, dt) for o in outputs])
         if out_shape is not None:
             shape = list(out_shape)
         else:  # symbolic sizes that shape inference could not follow through the window: the rank is enough

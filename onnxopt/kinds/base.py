@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 
 def c_signature(prefix: str, op_type: str, kind_id: str, in_types: list[int], out_types: list[int]) -> tuple[str, str]:
@@ -24,7 +24,8 @@ class Kind:
     `find(model, claimed, rejected)` returns the kind's regions among the nodes whose indices are not in `claimed`
     (it adds the nodes it takes) and appends `{"nodes": [...], "reason": "..."}` to `rejected` (when not None) for
     each node of its ops it refuses. `build(region, target)` returns (object code, the glue's description, LLVM IR
-    text); the description has `op_type` and `c_source(prefix)`, the C that defines `<prefix>_desc`. Its regions
+    text); the description has `op_type`, `in_types` and `out_types` (ONNX element types) and `c_source(prefix)`,
+    the C that defines `<prefix>_desc`. Its regions
     carry their typed parameters in `Region.params` (its `key()` is part of the op type)."""
 
     name: str  # its params' family, its Region.label, its --skip-fusion name and its folder
@@ -39,3 +40,31 @@ class Kind:
     # layouts(regions, index, shape_of, opset) -> the regions it converted: in the blocked plan, which of the
     # kind's regions pass their tensors to each other in a blocked layout (kinds/qconv/layout.py)
     layouts: Callable | None = None
+    # Its lowerings for the backends other than LLVM (onnxopt/backends/): {"c": build_c}, each build's signature;
+    # a backend a kind has no lowering for leaves its regions to onnxruntime.
+    lowerings: Mapping[str, Callable] = field(default_factory=dict)
+    # The element types its kernels are built for (onnxopt/dtypes.py names); asked for another, it refuses.
+    dtypes: tuple[str, ...] = ("float32",)
+    # Where it is asked among the kinds (lower first); kinds of equal order by name.
+    order: int = 100
+    # schedule(region, target) -> ScheduleSpace (kinds/schedule.py): its kernel's knobs, the default first; the
+    # lowering builds any point of it. None: a kernel with no knobs.
+    schedule: Callable | None = None
+
+    def lowering(self, backend: str) -> Callable | None:
+        """Its build for `backend` (a Target's backend name), or None when it has none there."""
+        return self.build if backend == "llvm" else self.lowerings.get(backend)
+
+    def space(self, region, target):
+        """The schedule space of the region's kernel on `target` (one point where the kind declares no knobs)."""
+        from .schedule import ScheduleSpace
+
+        if self.schedule is None:
+            return ScheduleSpace(self.name, note="its kernel has no knobs")
+        return self.schedule(region, target)
+
+    def dtype_refusal(self, dtype: str) -> str | None:
+        """Why its kernels are not built for `dtype`, as a sentence; None when they are."""
+        if dtype in self.dtypes:
+            return None
+        return f"the {self.name} kind builds {', '.join(self.dtypes)} kernels, not {dtype}"

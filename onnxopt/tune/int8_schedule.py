@@ -48,12 +48,11 @@ class ScheduleResult:
 
 
 def schedule_space(params, target, threads: int) -> list:
-    """The schedules timed for `params` on `target`, the default (mr 4, 16 tasks) first."""
-    nr = max(1, 16 // (target.vector_bits // 32))  # accumulators a row: a panel of 16 lanes
-    registers = 32 if target.has("avx512f") or target.arch == "aarch64" else 16
-    rows = [m for m in (4, 2, 6, 8) if m * nr + nr + 1 <= registers]
-    if getattr(params, "out_blocked", False):  # a tile writes whole groups of 4 channels (kinds/qconv/layout.py)
-        rows = [m for m in rows if m % 4 == 0]
+    """The schedules timed for `params` on `target`, the default (mr 4, 16 tasks) first: the kind's rows
+    (onnxopt/kinds/schedule.py int8_rows, its declared space) by the default extent and one task per thread."""
+    from onnxopt.kinds.schedule import int8_rows
+
+    rows = int8_rows(target, bool(getattr(params, "out_blocked", False)))
     extents = list(dict.fromkeys([16, max(1, threads)]))
     return [replace(params, mr=m, tasks=t) for m in rows for t in extents]
 

@@ -1,4 +1,5 @@
-"""Every elementwise op we lower, on every dtype we claim, against onnxruntime running the same node.
+"""Every elementwise op we lower, on every dtype we claim, against onnxruntime running the same node, built by each
+CPU backend: LLVM IR (codegen/elementwise) and plain C (onnxopt/backends/c).
 
 Inputs mix random values with the special ones (0, -0, +-inf, NaN, tiny, huge), a row of 37 elements so the vector
 loop and its masked tail both run, and a broadcast operand so the splat path runs too.
@@ -9,7 +10,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kernel_harness import assert_close, fuse, make_model, run_both
+from onnxopt.backends import parse_target
 from onnxopt.fusion.elementwise_ops import SUPPORTED
+
+
+@pytest.fixture(params=["native", "c"], ids=["llvm", "c"])
+def target(request):
+    """The target of every kernel this module builds: this host through the LLVM backend, or through the C one."""
+    return parse_target(request.param)
 
 SPECIAL = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 88.5, -88.5, 100.0, -100.0,
                     1e-8, 0.5, -0.5, 3.0, -3.0, 6.0, 2.5, -2.5], dtype=np.float64)
@@ -54,7 +62,7 @@ def _tp(dt):
 
 
 @pytest.mark.parametrize("op,dtype", list(_cases()))
-def test_op_matches_onnxruntime(op, dtype, tmp_path):
+def test_op_matches_onnxruntime(op, dtype, tmp_path, target):
     rng = np.random.default_rng(0)
     shape = [3, 37]
     out_dt = "bool" if op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual") else dtype
@@ -76,7 +84,7 @@ def test_op_matches_onnxruntime(op, dtype, tmp_path):
         feeds = {"x": _values(dtype, 3 * 37, rng, special).reshape(shape)}
     outputs = [helper.make_tensor_value_info("z", _tp(out_dt), shape)]
     model = make_model(nodes, inputs, outputs, opset=OPSET.get(op, 17))
-    fused, lib, regions = fuse(model, tmp_path)
+    fused, lib, regions = fuse(model, tmp_path, target=target)
     assert len(regions) == 1 and regions[0].program.ops[0].op == op
     want, got = run_both(model, fused, lib, feeds)
     # Our transcendental functions are within a few ulp; onnxruntime's are too, so compare at 4e-6.
@@ -84,29 +92,29 @@ def test_op_matches_onnxruntime(op, dtype, tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["gelu_tanh"])
-def test_gelu_tanh(variant, tmp_path):
+def test_gelu_tanh(variant, tmp_path, target):
     model = make_model([helper.make_node("Gelu", ["x"], ["z"], approximate="tanh")],
                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 40])],
                        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [5, 40])], opset=20)
-    fused, lib, _ = fuse(model, tmp_path)
+    fused, lib, _ = fuse(model, tmp_path, target=target)
     x = (np.random.default_rng(1).standard_normal((5, 40)) * 4).astype(np.float32)
     assert_close(*run_both(model, fused, lib, {"x": x}), rtol=4e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("exponent", [2.0, 3.0, -1.0, 0.5, 1.5, 0.0, -2.0])
-def test_pow_constant_exponent(exponent, tmp_path):
+def test_pow_constant_exponent(exponent, tmp_path, target):
     e = numpy_helper.from_array(np.array(exponent, dtype=np.float32), "e")
     model = make_model([helper.make_node("Pow", ["x", "e"], ["z"]), helper.make_node("Neg", ["z"], ["w"])],
                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 33])],
                        [helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 33])], [e])
-    fused, lib, regions = fuse(model, tmp_path)
+    fused, lib, regions = fuse(model, tmp_path, target=target)
     assert [o.op for o in regions[0].program.ops] == ["Pow", "Neg"]
     x = (np.random.default_rng(2).random((4, 33)) * 5 + 0.01).astype(np.float32)
     assert_close(*run_both(model, fused, lib, {"x": x}), rtol=4e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8"])
-def test_clip_min_max_variadic(dtype, tmp_path):
+def test_clip_min_max_variadic(dtype, tmp_path, target):
     rng = np.random.default_rng(3)
     lo = numpy_helper.from_array(np.array(-2, dtype=dtype) if np.dtype(dtype).kind != "u" else np.array(2, dtype),
                                  "lo")
@@ -117,7 +125,7 @@ def test_clip_min_max_variadic(dtype, tmp_path):
          helper.make_node("Min", ["m", "y"], ["z"])],
         [helper.make_tensor_value_info("x", tp, [2, 3, 19]), helper.make_tensor_value_info("y", tp, [3, 1])],
         [helper.make_tensor_value_info("z", tp, [2, 3, 19])], [lo, hi])
-    fused, lib, regions = fuse(model, tmp_path, min_ops=2)
+    fused, lib, regions = fuse(model, tmp_path, min_ops=2, target=target)
     assert len(regions) == 1 and len(regions[0].program.ops) == 3
     feeds = {"x": _values(dtype, 114, rng, False).reshape(2, 3, 19), "y": _values(dtype, 3, rng, False).reshape(3, 1)}
     assert_close(*run_both(model, fused, lib, feeds))
@@ -127,26 +135,26 @@ def test_clip_min_max_variadic(dtype, tmp_path):
                                      ("float32", "float64"), ("float64", "float32"), ("int32", "int8"),
                                      ("uint8", "float32"), ("float32", "bool"), ("bool", "float32"),
                                      ("int64", "int32"), ("int8", "int64")])
-def test_cast(src, dst, tmp_path):
+def test_cast(src, dst, tmp_path, target):
     rng = np.random.default_rng(4)
     model = make_model([helper.make_node("Cast", ["x"], ["c"], to=_tp(dst)), helper.make_node("Identity", ["c"], ["z"])],
                        [helper.make_tensor_value_info("x", _tp(src), [3, 21])],
                        [helper.make_tensor_value_info("z", _tp(dst), [3, 21])])
-    fused, lib, _ = fuse(model, tmp_path, min_ops=2)
+    fused, lib, _ = fuse(model, tmp_path, min_ops=2, target=target)
     x = _values(src, 63, rng, False).reshape(3, 21)
     if np.dtype(src).kind == "f" and np.dtype(dst).kind in "iu":
         x = np.clip(x, -100, 100)  # out-of-range float->int casts are undefined in onnxruntime too
     assert_close(*run_both(model, fused, lib, {"x": x}))
 
 
-def test_where_with_bool_condition(tmp_path):
+def test_where_with_bool_condition(tmp_path, target):
     rng = np.random.default_rng(5)
     model = make_model(
         [helper.make_node("Greater", ["x", "y"], ["c"]), helper.make_node("Where", ["c", "x", "y"], ["z"])],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1, 23]),
          helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 1])],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 3, 23])])
-    fused, lib, regions = fuse(model, tmp_path, min_ops=2)
+    fused, lib, regions = fuse(model, tmp_path, min_ops=2, target=target)
     assert len(regions) == 1
     feeds = {"x": rng.standard_normal((4, 1, 23)).astype(np.float32),
              "y": rng.standard_normal((3, 1)).astype(np.float32)}

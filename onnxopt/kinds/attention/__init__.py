@@ -6,4 +6,4 @@ from .lower import build
 from .plan import report
 
 # First: the compute rule would otherwise take the chain's two MatMuls as matmul kernels of their own.
-KIND = Kind(name="attention", find=find_regions, build=build, first=True, report=report)
+KIND = Kind(name="attention", find=find_regions, build=build, first=True, report=report, order=10)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnxopt.dtypes import from_onnx
+
 from ..base import c_signature
 
 MASK_KINDS = {"none": 0, "add": 1, "select": 2, "fill": 3}
@@ -26,8 +28,10 @@ class AttentionKernelDesc:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_attention_desc, glue.h)."""
         decls, sig = c_signature(prefix, self.op_type, "KIND_ATTENTION", self.in_types, self.out_types)
         perms = ", ".join("{" + ", ".join(str(x) for x in (p or range(self.rank)) or [0]) + "}" for p in self.perms)
-        return (f"extern void {self.fn}(const float *, int64_t, const float *, int64_t, const float *, int64_t, "
-                f"const void *, int64_t, float *, int64_t, int64_t, int64_t, int64_t, int64_t, float *, int64_t);\n"
+        elem = from_onnx(self.in_types[0])
+        ct, acc = elem.c, elem.accumulator.c  # q, K^T and V panels, the output; the scores' scratch
+        return (f"extern void {self.fn}(const {ct} *, int64_t, const {ct} *, int64_t, const {ct} *, int64_t, "
+                f"const void *, int64_t, {ct} *, int64_t, int64_t, int64_t, int64_t, int64_t, {acc} *, int64_t);\n"
                 f"{decls}static const onnxopt_attention_desc {prefix}_desc = {{{sig}, {int(self.k_transposed)}, "
                 f"{MASK_KINDS[self.mask_kind]}, {self.block}, {self.rows_block}, {self.fn}, {int(any(self.perms))}, "
                 f"{{{perms}}}}};\n")

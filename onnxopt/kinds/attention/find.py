@@ -107,12 +107,13 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
         rank = rule.info[chain.q].rank
         taken, (q, k, v), output, perms = fold_layouts(chain, rule, claimed, rank)
         inputs = [q, k, v] + ([chain.mask] if chain.mask is not None else [])
+        dt = rule.dtype_of(chain.q)  # the graph's element type (refusal() takes float32 only)
         params = AttentionParams(chain.scale, chain.k_transposed, chain.mask_kind, chain.fill, chain.nan_guard,
-                                 perms)
+                                 perms, dt)
         # The program only names the computation (the op type hashes it); lower.py writes the kernel.
         program = EwProgram(inputs=[Value(x, rule.dtype_of(x)) for x in inputs], consts={},
-                            ops=[EwOp("Attention", tuple(inputs), output, "float32")],
-                            outputs=[Value(output, "float32")])
+                            ops=[EwOp("Attention", tuple(inputs), output, dt)],
+                            outputs=[Value(output, dt)])
         dims = rule.info[output].shape if output in rule.info else None
         shape = [d if isinstance(d, (int, str)) and not str(d).startswith("unk__") else None for d in (dims or [])]
         nodes = sorted([rule.index.nodes[i] for i in taken] + list(chain.nodes), key=lambda n: position[id(n)])

@@ -23,15 +23,15 @@ from __future__ import annotations
 from llvmlite import ir
 
 from onnxopt.codegen.compile import compile_object, new_module
-from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.exp import vexp_nonpositive
 from onnxopt.codegen.vmath.irutil import broadcast, fma, masked_load, masked_store, reduce_lanes as _reduce, while_loop
+from onnxopt.dtypes import dtype
 
 from .desc import AttentionKernelDesc
 from .params import AttentionParams
 
-F32 = ir.FloatType()
+F32 = ir.FloatType()  # the kernel's element type: it is written for float32 (build() checks the params' dtype)
 I64 = ir.IntType(64)
 I32 = ir.IntType(32)
 I8 = ir.IntType(8)
@@ -202,14 +202,16 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
 def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
     """Returns (object code, the glue's description, LLVM IR text)."""
     p = region.params
+    elem = dtype(p.dtype)
+    if elem.memory != F32:
+        raise ValueError(f"the attention kernel is written for float32 tensors, not {elem.name}")
     module = new_module(target, region.op_type)
     sym = define_attention(module, f"{region.op_type}_attn", p, target.float32_lanes)
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
-    f32 = ONNX_ENUM["float32"]
-    in_types = [f32, f32, f32] + ([f32 if p.mask_kind == "add" else ONNX_ENUM["bool"]] if p.mask_kind != "none"
-                                  else [])
-    desc = AttentionKernelDesc(op_type=region.op_type, in_types=in_types, out_types=[f32],
+    e = elem.onnx
+    in_types = [e, e, e] + ([e if p.mask_kind == "add" else dtype("bool").onnx] if p.mask_kind != "none" else [])
+    desc = AttentionKernelDesc(op_type=region.op_type, in_types=in_types, out_types=[e],
                                k_transposed=p.k_transposed, mask_kind=p.mask_kind,
                                block=NR * target.float32_lanes, rows_block=MR, fn=sym,
                                rank=max((len(x) for x in p.perms), default=0), perms=p.perms)

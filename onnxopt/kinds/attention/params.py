@@ -21,7 +21,9 @@ class AttentionParams(KindParams):
     # The head split and merge folded into the indexing: per tensor (q, k, v, out) the permutation that makes the
     # chain's logical tensor from the one in memory (logical dim i is memory dim perm[i]); () is the identity.
     perms: tuple = ((), (), (), ())
+    dtype: str = "float32"  # of q, k, v, the output and an additive mask, from the graph
 
     def key(self) -> list:
         key = [repr(self.scale), self.k_transposed, self.mask_kind, repr(self.fill), self.nan_guard]
-        return key + [list(p) for p in self.perms] if any(self.perms) else key
+        key = key + [list(p) for p in self.perms] if any(self.perms) else key
+        return key if self.dtype == "float32" else key + [self.dtype]  # float32's op types as before the field

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnxopt.dtypes import from_onnx
+
 from ..base import c_signature
 
 
@@ -20,7 +22,8 @@ class LayerNormKernelDesc:
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_layernorm_desc, glue.h)."""
         decls, sig = c_signature(prefix, self.op_type, "KIND_LAYERNORM", self.in_types, self.out_types)
-        return (f"extern void {self.rows}(const float *, const float *, const float *, const float *, float *, "
-                f"float *, int64_t, int64_t);\n{decls}"
+        ct = from_onnx(self.in_types[0]).c  # the element's C type
+        return (f"extern void {self.rows}(const {ct} *, const {ct} *, const {ct} *, const {ct} *, {ct} *, "
+                f"{ct} *, int64_t, int64_t);\n{decls}"
                 f"static const onnxopt_layernorm_desc {prefix}_desc = {{{sig}, {int(self.residual)}, "
                 f"{int(self.sum_output)}, {int(self.has_bias)}, {self.rows}}};\n")

@@ -192,13 +192,14 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
             sum_output, rows_in = False, [norm.x]
         inputs = rows_in + [scale] + ([bias] if bias else [])
         outputs = [y] + ([add[1].output[0]] if sum_output else [])
-        params = LayerNormParams(norm.epsilon, add is not None, sum_output, bias is not None)
+        dt = rule.dtype_of(norm.x)  # the graph's element type (refusal() and _decomposed() take float32 only)
+        params = LayerNormParams(norm.epsilon, add is not None, sum_output, bias is not None, dt)
         # The program only names the computation (the op type hashes it); lower.py writes the kernel.
-        ops = [EwOp("LayerNormalization", (norm.x, *inputs[len(rows_in):]), y, "float32")]
+        ops = [EwOp("LayerNormalization", (norm.x, *inputs[len(rows_in):]), y, dt)]
         if add is not None:
-            ops.insert(0, EwOp("Add", tuple(rows_in), add[1].output[0], "float32"))
-        program = EwProgram(inputs=[Value(x, "float32") for x in inputs], consts={}, ops=ops,
-                            outputs=[Value(o, "float32") for o in outputs])
+            ops.insert(0, EwOp("Add", tuple(rows_in), add[1].output[0], dt))
+        program = EwProgram(inputs=[Value(x, dt) for x in inputs], consts={}, ops=ops,
+                            outputs=[Value(o, dt) for o in outputs])
         ti = rule.info[norm.x]
         dims = ti.shape or [None] * ti.rank
         shape = [d if isinstance(d, (int, str)) and not str(d).startswith("unk__") else None for d in dims]

@@ -13,14 +13,14 @@ from __future__ import annotations
 from llvmlite import ir
 
 from onnxopt.codegen.compile import compile_object, new_module
-from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.irutil import broadcast, for_range, intrinsic, masked_load, masked_store, reduce_lanes
 from onnxopt.codegen.vmath.irutil import when
+from onnxopt.dtypes import dtype
 
 from .desc import LayerNormKernelDesc
 
-F32 = ir.FloatType()
+F32 = ir.FloatType()  # the kernel's element type: it is written for float32 (build() checks the params' dtype)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
 
@@ -109,12 +109,14 @@ def define_rows(module: ir.Module, name: str, params, lanes: int) -> str:
 def build(region, target: Target) -> tuple[bytes, LayerNormKernelDesc, str]:
     """Returns (object code, the glue's description, LLVM IR text)."""
     p = region.params
+    elem = dtype(p.dtype)
+    if elem.memory != F32:
+        raise ValueError(f"the layernorm row kernel is written for float32 rows, not {elem.name}")
     module = new_module(target, region.op_type)
-    sym = define_rows(module, f"{region.op_type}_rows", p, target.float32_lanes)
+    sym = define_rows(module, f"{region.op_type}_rows", p, p.lanes or target.float32_lanes)
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
-    f32 = ONNX_ENUM["float32"]
-    desc = LayerNormKernelDesc(op_type=region.op_type, in_types=[f32] * len(region.inputs),
-                               out_types=[f32] * len(region.outputs), residual=p.residual, sum_output=p.sum_output,
-                               has_bias=p.has_bias, rows=sym)
+    desc = LayerNormKernelDesc(op_type=region.op_type, in_types=[elem.onnx] * len(region.inputs),
+                               out_types=[elem.onnx] * len(region.outputs), residual=p.residual,
+                               sum_output=p.sum_output, has_bias=p.has_bias, rows=sym)
     return obj, desc, ir_text

@@ -6,6 +6,7 @@ from ..base import Kind
 from .find import find_regions
 from .layout import assign
 from .lower import build
+from .schedule import space
 
 
 
@@ -15,4 +16,5 @@ def report(region, feeds, desc) -> dict:
 
 
 # Asked before the compute and elementwise rules, which would take the Cast -> Mul -> Add after a ConvInteger.
-KIND = Kind(name="qconv", find=find_regions, build=build, first=True, layouts=assign, report=report)
+KIND = Kind(name="qconv", find=find_regions, build=build, first=True, layouts=assign, report=report, order=50,
+            schedule=space)

@@ -1,10 +1,91 @@
-"""The glue's description of one qconv op type (exec.c runs it), and its C initializer."""
+"""The glue's description of one qconv op type (exec.c runs it), and its C initializer; the kind's contract with its
+C (codegen/glue/contract.py): the limits, the tile's record `qc_tile` (lower.py reads its slots, exec.c fills it)
+and the descriptor `onnxopt_qconv_desc`, whose C codegen/glue/kinds.py writes before glue.h."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnxopt.codegen.glue.contract import ONNXOPT_SIG, ArgBlock, Contract, Field, FnType, Limit, Struct
+
 from ..base import c_signature
+
+QC_MAX_OUT = Limit("QC_MAX_OUT", 4)
+QC_MAX_EXTRA = Limit("QC_MAX_EXTRA", 8)
+QC_MAX_MR = Limit("QC_MAX_MR", 8)
+QC_MAX_TAPS = Limit("QC_MAX_TAPS", 64, "the implicit form's kernel windows (find.py)")
+QCONV_TILE_FN = FnType("qconv_tile_fn", "void", "const int64_t *tile", "a tile (lower.py): a qc_tile")
+
+QC_TILE = ArgBlock("qc_tile", [
+    Field("w", "const int8_t *", comment="the packed weights: [cout][k4]"),
+    Field("panel", "const uint8_t *", comment="the packed activations of 16 output pixels: [k4 / 4][16][4]; "
+                                              "implicit: the panel's first pixel's window position per tap, "
+                                              "const uint8_t *[taps]"),
+    Field("k4q", "int64_t", comment="k4 / 4"),
+    Field("azp", "int64_t", comment="the packed activations' zero point"),
+    Field("m0", "int64_t", comment="the first output channel"),
+    Field("vsum", "const int32_t *", comment="per channel: the sum of its weights less their zero point"),
+    Field("dvec", "const int32_t *", comment="per channel: what each activation adds besides its weight "
+                                             "(has_asum), or NULL"),
+    Field("asum", "const int32_t *", comment="the panel's per-pixel sums of activations, or NULL"),
+    Field("ncols", "int64_t", comment="valid pixels in the panel"),
+    Field("out_off", "int64_t", comment="the element of (image, channel 0, the panel's first pixel) in the output"),
+    Field("ohw", "int64_t", comment="elements between channels of the output (blocked: bytes between groups of 4)"),
+    Field("fix_offsets", "const int32_t *", comment="per channel [cout + 1]"),
+    Field("fix_entries", "const int32_t *", comment="(a group's first k, its 4 s8 residuals)"),
+    Field("chan_base", "int64_t", comment="image * cout: a CHANNEL input's index is (chan_base + channel) % its "
+                                          "count"),
+    Field("bias", "const int32_t *", comment="QUANT, or FLOAT with int_bias: the int32 bias per channel"),
+    Field("scale", "const float *", comment="QUANT: x_scale * w_scale / y_scale per channel"),
+    Field("taps", "int64_t", comment="implicit: kh * kw"),
+    Field("plane4", "int64_t", comment="implicit: bytes between channel groups of the input"),
+    Field("cin4q", "int64_t", comment="implicit: cin4 / 4"),
+    Field("out", "void *", QC_MAX_OUT),
+    Field("extra", "const float *", QC_MAX_EXTRA),
+    Field("extra_count", "int64_t", QC_MAX_EXTRA),
+    Field("dw_in", "const uint8_t *", comment="depthwise: the channel's input plane padded with the zero point"),
+    Field("dw_w", "const int32_t *", comment="depthwise: the weights [cout][taps] less their zero point"),
+    Field("dw_wp", "int64_t", comment="depthwise: the padded plane's row length"),
+    Field("dw_y0", "int64_t", comment="depthwise: the output rows [y0, y1)"),
+    Field("dw_y1", "int64_t"),
+    Field("dw_ow", "int64_t", comment="depthwise: the output's width"),
+    Field("lut", "const uint8_t *", comment="QUANT with a tail (lookup.py): [cout][256] output bytes, 4 bytes of "
+                                            "slack"),
+], prefix="QC_SLOT_", comment="a qconv tile's record (lower.py)")
+
+QC_DESC = Struct("onnxopt_qconv_desc", [
+    Field("sig", ONNXOPT_SIG),
+    *(Field(n, "int64_t") for n in ("cin", "cout", "kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr", "dh", "dw", "k4")),
+    Field("group", "int64_t", comment="channels in independent groups; k4 is a group's reduction (k = tap with one "
+                                      "input channel)"),
+    Field("mode", "int", comment="0 FLOAT, 1 QUANT"),
+    Field("has_asum", "int"),
+    Field("has_fix", "int"),
+    Field("flip", "int", comment="the activations' top bit is flipped while packing (their zero point's too): s8 "
+                                 "ones for a u8 x s8 instruction, u8 ones for sdot (a - 128)"),
+    Field("packed_signed", "int", comment="the packed activations are s8 (sdot): sums and the zero point read them "
+                                          "signed"),
+    Field("implicit", "int", comment="stride 1: the tile reads the input laid out [c / 4][h + pads][w + pads][4] "
+                                     "itself, no im2col"),
+    Field("depthwise", "int", comment="one input channel per output channel: tiles[0] runs a channel's rows on its "
+                                      "padded plane"),
+    Field("int_bias", "int", comment="FLOAT: an int32 bias per channel input, added before the Cast"),
+    Field("in_blocked", "int", comment="the input, the output as [n][c / 4][h][w][4], channels past c zero "
+                                       "(layout.py)"),
+    Field("out_blocked", "int"),
+    Field("lut", "int", comment="QUANT: the requantized values go through a table a channel (lookup.py)"),
+    Field("n_extra", "int"),
+    Field("extra_kind", "int", QC_MAX_EXTRA, "0 POSITION, 1 CHANNEL, 3 SCALAR", partial=True),
+    Field("mr", "int"),
+    Field("tasks", "int", comment="most tasks a call is split into"),
+    Field("tiles", QCONV_TILE_FN, QC_MAX_MR, "tiles[mi - 1]: mi output channels", partial=True),
+    Field("half_cols", "int64_t", comment="a panel of at most this many pixels runs on half_tiles (0: none)"),
+    Field("half_tiles", QCONV_TILE_FN, QC_MAX_MR, "tiles of one vector of pixels: the last, short panel of a row "
+                                                  "or plane", partial=True),
+], comment="an int8 convolution with its epilogue (exec.c)")
+
+CONTRACT = Contract("onnxopt/kinds/qconv/desc.py", [QC_MAX_OUT, QC_MAX_EXTRA, QC_MAX_MR, QC_MAX_TAPS, QCONV_TILE_FN,
+                                                   QC_TILE, QC_DESC])
 
 
 @dataclass
@@ -21,16 +102,17 @@ class QConvKernelDesc:
     half_tiles: list[str] | None = None
 
     def c_source(self, prefix: str) -> str:
-        """Declarations and the descriptor `<prefix>_desc` (onnxopt_qconv_desc, glue.h)."""
+        """Declarations and the descriptor `<prefix>_desc` (onnxopt_qconv_desc: QC_DESC above, by member name)."""
         p = self.params
         decls, sig = c_signature(prefix, self.op_type, "KIND_QCONV", self.in_types, self.out_types)
         half = self.half_tiles or []
         externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles + half)
-        geometry = [p.cin, p.cout, *p.kernel, *p.strides, *p.pads, *p.dilations, p.k4, p.group]
-        kinds = ", ".join(str(k) for k in p.extra_kinds) or "0"
-        return (f"{externs}{decls}static const onnxopt_qconv_desc {prefix}_desc = {{{sig}, "
-                f"{', '.join(str(v) for v in geometry)}, {p.mode}, {int(p.has_asum)}, {int(p.has_fix)}, "
-                f"{int(p.act_signed != self.packed_signed)}, {int(self.packed_signed)}, {int(p.implicit)}, "
-                f"{int(p.depthwise)}, {int(p.int_bias)}, {int(p.in_blocked)}, {int(p.out_blocked)}, {int(p.lut)}, "
-                f"{len(p.extra_kinds)}, {{{kinds}}}, {self.mr}, {p.tasks}, {{{', '.join(self.tiles)}}}, "
-                f"{self.half_cols}, {{{', '.join(half) or '0'}}}}};\n")
+        geometry = dict(zip(("cin", "cout", "kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr", "dh", "dw", "k4", "group"),
+                            (p.cin, p.cout, *p.kernel, *p.strides, *p.pads, *p.dilations, p.k4, p.group), strict=True))
+        return f"{externs}{decls}static const onnxopt_qconv_desc {prefix}_desc = " + QC_DESC.initializer({
+            "sig": sig, **geometry, "mode": p.mode, "has_asum": p.has_asum, "has_fix": p.has_fix,
+            "flip": p.act_signed != self.packed_signed, "packed_signed": self.packed_signed, "implicit": p.implicit,
+            "depthwise": p.depthwise, "int_bias": p.int_bias, "in_blocked": p.in_blocked,
+            "out_blocked": p.out_blocked, "lut": p.lut, "n_extra": len(p.extra_kinds),
+            "extra_kind": list(p.extra_kinds), "mr": self.mr, "tasks": p.tasks, "tiles": list(self.tiles),
+            "half_cols": self.half_cols, "half_tiles": list(half)}) + ";\n"

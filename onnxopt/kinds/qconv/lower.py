@@ -1,7 +1,7 @@
 """The int8 convolution tile in LLVM IR: mr output channels x one panel of 16 output pixels, the K loop on a
 dot-product instruction of codegen/instructions, then the zero-point terms, the corrections and the epilogue.
 
-    tile_m<mi>(const int64 *t)      t: the qc_tile record of glue.h, filled per call by exec.c
+    tile_m<mi>(const int64 *t)      t: the qc_tile record of desc.py, filled per call by exec.c
 
 The activations are the instruction's vector operand: exec.c packs each panel's receptive fields (im2col) as
 [k4 / 4][16 pixels][4] u8, so one load gives 8 (AVX2) or 16 (AVX-512) pixels their 4 consecutive k. In the implicit
@@ -28,33 +28,34 @@ from llvmlite import ir
 from onnxopt.codegen.compile import compile_object, new_module
 from onnxopt.codegen.elementwise.lower import emit_body
 from onnxopt.codegen.elementwise.types import ONNX_ENUM
+from onnxopt.codegen.isa import isa_of
 from onnxopt.codegen.microkernel.outer_product import lane_mask
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.irutil import (broadcast, for_range, intrinsic, masked_load, masked_store,
                                            record_function)
 from onnxopt.kinds.qmatmul.lower import instruction_for, signed_operand
 
-from .desc import QConvKernelDesc
-from .find import MAX_EXTRAS, MAX_OUTPUTS, TAP_SHIFT
+from .desc import QC_MAX_EXTRA, QC_MAX_OUT, QC_TILE, QConvKernelDesc
+from .find import TAP_SHIFT
 from .params import CHANNEL, PANEL, POSITION, QUANT, SCALAR
 
 F32, I8, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 # A tile: p.mr output channels (4 by default; onnxopt/tune/int8_schedule.py times others) x NR s32 accumulators,
 # NR activation vectors, one weight splat and temporaries
-# qc_tile slots (glue.h)
+# qc_tile slots (desc.py, QC_TILE)
 (SLOT_W, SLOT_PANEL, SLOT_K4Q, SLOT_AZP, SLOT_M0, SLOT_VSUM, SLOT_DVEC, SLOT_ASUM, SLOT_NCOLS, SLOT_OUT_OFF,
  SLOT_OHW, SLOT_FIX_OFFSETS, SLOT_FIX_ENTRIES, SLOT_CHAN_BASE, SLOT_BIAS, SLOT_SCALE, SLOT_TAPS, SLOT_PLANE4,
- SLOT_CIN4Q) = range(19)
-MAX_OUT, MAX_EXTRA = MAX_OUTPUTS, MAX_EXTRAS  # glue.h QC_MAX_OUT, QC_MAX_EXTRA
-SLOT_OUT = 19
-SLOT_EXTRA = SLOT_OUT + MAX_OUT
-SLOT_EXTRA_COUNT = SLOT_EXTRA + MAX_EXTRA
-# the depthwise tile's slots (glue.h): the channel's padded input plane, the weights [cout][taps] (int32, less their
-# zero point), the padded plane's row length, the output rows [y0, y1) and the output's width
-SLOT_DW_IN, SLOT_DW_W, SLOT_DW_WP, SLOT_DW_Y0, SLOT_DW_Y1, SLOT_DW_OW = range(SLOT_EXTRA_COUNT + MAX_EXTRA,
-                                                                         SLOT_EXTRA_COUNT + MAX_EXTRA + 6)
-SLOT_LUT = SLOT_DW_OW + 1  # QUANT with a tail: the tables (lookup.py)
+ SLOT_CIN4Q) = (QC_TILE.index(n) for n in ("w", "panel", "k4q", "azp", "m0", "vsum", "dvec", "asum", "ncols",
+                                            "out_off", "ohw", "fix_offsets", "fix_entries", "chan_base", "bias",
+                                            "scale", "taps", "plane4", "cin4q"))
+MAX_OUT, MAX_EXTRA = QC_MAX_OUT.value, QC_MAX_EXTRA.value
+SLOT_OUT, SLOT_EXTRA, SLOT_EXTRA_COUNT = QC_TILE.index("out"), QC_TILE.index("extra"), QC_TILE.index("extra_count")
+# the depthwise tile's slots: the channel's padded input plane, the weights [cout][taps] (int32, less their zero
+# point), the padded plane's row length, the output rows [y0, y1) and the output's width
+SLOT_DW_IN, SLOT_DW_W, SLOT_DW_WP, SLOT_DW_Y0, SLOT_DW_Y1, SLOT_DW_OW = (
+    QC_TILE.index(n) for n in ("dw_in", "dw_w", "dw_wp", "dw_y0", "dw_y1", "dw_ow"))
+SLOT_LUT = QC_TILE.index("lut")  # QUANT with a tail: the tables (lookup.py)
 
 
 def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int, emit) -> list:
@@ -420,7 +421,7 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
             raise
         ins = None  # the depthwise tile needs no dot-product instruction
     module = new_module(target, region.op_type)
-    module.gather_dwords = target.arch == "x86_64" and target.has("avx2")  # _table_lookup (an AVX-only CPU has none)
+    module.gather_dwords = isa_of(target).gather_dwords  # _table_lookup (an AVX-only CPU has none)
     names = []
     if p.depthwise:  # its own tile: no dot-product instruction, a product per tap and pixel
         names.append(f"{region.op_type}_dw")

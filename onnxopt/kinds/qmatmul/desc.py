@@ -1,11 +1,61 @@
-"""The glue's description of one qmatmul op type (exec.c runs it), and its C initializer."""
+"""The glue's description of one qmatmul op type (exec.c runs it), and its C initializer; the kind's contract with
+its C (codegen/glue/contract.py): the limits, the tile's record `qm_tile` (lower.py reads its slots, exec.c fills it)
+and the descriptor `onnxopt_qmatmul_desc`, whose C codegen/glue/kinds.py writes before glue.h."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnxopt.codegen.glue.contract import ONNXOPT_SIG, ArgBlock, Contract, Field, FnType, Limit, Struct
+
 from ..base import c_signature
 from .params import PANEL
+
+QM_MAX_OUT = Limit("QM_MAX_OUT", 4)
+QM_MAX_EXTRA = Limit("QM_MAX_EXTRA", 8)
+QM_MAX_MR = Limit("QM_MAX_MR", 8)
+QMATMUL_TILE_FN = FnType("qmatmul_tile_fn", "void", "const int64_t *tile", "a tile (lower.py): a qm_tile")
+
+QM_TILE = ArgBlock("qm_tile", [
+    Field("a", "const uint8_t *"),
+    Field("a_rs", "int64_t", comment="bytes between rows of A"),
+    Field("b", "const int8_t *", comment="the panel: [K / 4][panel][4]"),
+    Field("colsum", "const int32_t *", comment="the panel's column sums of B"),
+    Field("k4", "int64_t"),
+    Field("azp", "int64_t"),
+    Field("m0", "int64_t"),
+    Field("ldc", "int64_t"),
+    Field("n0", "int64_t"),
+    Field("ncols", "int64_t"),
+    Field("fix", "const int32_t *", comment="the panel's corrections: (k, column, residual) triples (find.py)"),
+    Field("nfix", "int64_t", comment="their count"),
+    Field("out", "float *", QM_MAX_OUT),
+    Field("extra", "const float *", QM_MAX_EXTRA),
+    Field("extra_rows", "int64_t", QM_MAX_EXTRA, "rows of a POSITION or CHANNEL input: row r reads its row "
+                                                 "r % extra_rows"),
+    Field("qscale", "const float *", comment="QUANT: the panel's a_scale * b_scale / y_scale per column"),
+    Field("qbias", "const int32_t *", comment="QUANT with a bias: the panel's int32 bias per column"),
+], prefix="QM_SLOT_", comment="a qmatmul tile's record (lower.py)")
+
+QM_DESC = Struct("onnxopt_qmatmul_desc", [
+    Field("sig", ONNXOPT_SIG),
+    Field("k", "int64_t"),
+    Field("n", "int64_t"),
+    Field("panel", "int64_t"),
+    Field("has_azp", "int"),
+    Field("mode", "int", comment="0 FLOAT, 1 QUANT (the scale per column is the input after the corrections)"),
+    Field("has_bias", "int", comment="QUANT: an int32 bias per column is the input after the scales"),
+    Field("has_fix", "int", comment="inputs after the column sums: fix offsets [panels + 1], fix entries [count][3], "
+                                    "and two tables of the function fallback's that the kernel does not read"),
+    Field("n_extra", "int"),
+    Field("extra_kind", "int", QM_MAX_EXTRA, "0 POSITION, 1 CHANNEL, 2 COLUMN, 3 SCALAR", partial=True),
+    Field("mr", "int"),
+    Field("tasks", "int", comment="most tasks a call is split into"),
+    Field("tiles", QMATMUL_TILE_FN, QM_MAX_MR, "tiles[mi - 1]: mi rows", partial=True),
+], comment="an int8 GEMM with its float epilogue (exec.c)")
+
+CONTRACT = Contract("onnxopt/kinds/qmatmul/desc.py", [QM_MAX_OUT, QM_MAX_EXTRA, QM_MAX_MR, QMATMUL_TILE_FN, QM_TILE,
+                                                     QM_DESC])
 
 
 @dataclass
@@ -26,12 +76,11 @@ class QMatMulKernelDesc:
     has_bias: bool = False  # QUANT: an int32 bias per column
 
     def c_source(self, prefix: str) -> str:
-        """Declarations and the descriptor `<prefix>_desc` (onnxopt_qmatmul_desc, glue.h)."""
+        """Declarations and the descriptor `<prefix>_desc` (onnxopt_qmatmul_desc: QM_DESC above, by member name)."""
         decls, sig = c_signature(prefix, self.op_type, "KIND_QMATMUL", self.in_types, self.out_types)
         externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles)
-        kinds = ", ".join(str(k) for k in self.extra_kinds) or "0"
-        tiles = ", ".join(self.tiles)
-        return (f"{externs}{decls}static const onnxopt_qmatmul_desc {prefix}_desc = {{{sig}, {self.k}, {self.n}, "
-                f"{PANEL}, {int(self.has_azp)}, {self.mode}, {int(self.has_bias)}, {int(self.has_fix)}, "
-                f"{len(self.extra_kinds)}, {{{kinds}}}, "
-                f"{self.mr}, {self.tasks}, {{{tiles}}}}};\n")
+        return f"{externs}{decls}static const onnxopt_qmatmul_desc {prefix}_desc = " + QM_DESC.initializer({
+            "sig": sig, "k": self.k, "n": self.n, "panel": PANEL, "has_azp": self.has_azp, "mode": self.mode,
+            "has_bias": self.has_bias, "has_fix": self.has_fix, "n_extra": len(self.extra_kinds),
+            "extra_kind": list(self.extra_kinds), "mr": self.mr, "tasks": self.tasks,
+            "tiles": list(self.tiles)}) + ";\n"

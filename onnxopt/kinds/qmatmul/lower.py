@@ -1,7 +1,7 @@
 """The int8 GEMM tile in LLVM IR: mr rows of A x one panel of B (16 columns), the K loop on a dot-product
 instruction of codegen/instructions, then A's zero point, the float epilogue and the stores.
 
-    tile_m<mi>(const int64 *t)      t: the qm_tile record of glue.h, filled per call by exec.c
+    tile_m<mi>(const int64 *t)      t: the qm_tile record of desc.py, filled per call by exec.c
 
 Per group of 4 along K, each row's 4 bytes of A are loaded as one i32 and splat over the lanes (the operand the
 inspector finds broadcast along the instruction's lanes), the panel's 16 x 4 bytes are one or two vector loads, and
@@ -25,22 +25,21 @@ from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.irutil import (broadcast, for_range, intrinsic, masked_load, masked_store,
                                            record_function)
 
-from .desc import QMatMulKernelDesc
+from .desc import QM_MAX_EXTRA, QM_MAX_OUT, QM_TILE, QMatMulKernelDesc
 from .params import CHANNEL, COLUMN, PANEL, QUANT, SCALAR
 
 F32, I8, I32, I64 = ir.FloatType(), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 # A tile: p.mr rows (4 by default; onnxopt/tune/int8_schedule.py times others) x NR s32 accumulators, NR panel
 # vectors, one splat of A and the sequence's temporaries
-# qm_tile slots (glue.h)
-SLOT_A, SLOT_A_RS, SLOT_B, SLOT_COLSUM, SLOT_K4, SLOT_AZP, SLOT_M0, SLOT_LDC, SLOT_N0, SLOT_NCOLS = range(10)
-SLOT_FIX, SLOT_NFIX = 10, 11  # the panel's corrections: (k, column, residual) int32 triples, and their count
-MAX_OUT, MAX_EXTRA = 4, 8
-SLOT_OUT = 12
-SLOT_EXTRA = SLOT_OUT + MAX_OUT
-SLOT_EXTRA_ROWS = SLOT_EXTRA + MAX_EXTRA
-SLOT_QSCALE = SLOT_EXTRA_ROWS + MAX_EXTRA  # QUANT: the panel's scales per column
-SLOT_QBIAS = SLOT_QSCALE + 1  # QUANT with a bias: the panel's int32 bias per column
+# qm_tile slots (desc.py, QM_TILE)
+SLOT_A, SLOT_A_RS, SLOT_B, SLOT_COLSUM, SLOT_K4, SLOT_AZP, SLOT_M0, SLOT_LDC, SLOT_N0, SLOT_NCOLS = (
+    QM_TILE.index(n) for n in ("a", "a_rs", "b", "colsum", "k4", "azp", "m0", "ldc", "n0", "ncols"))
+SLOT_FIX, SLOT_NFIX = QM_TILE.index("fix"), QM_TILE.index("nfix")  # the panel's (k, column, residual) triples
+MAX_OUT, MAX_EXTRA = QM_MAX_OUT.value, QM_MAX_EXTRA.value
+SLOT_OUT, SLOT_EXTRA, SLOT_EXTRA_ROWS = QM_TILE.index("out"), QM_TILE.index("extra"), QM_TILE.index("extra_rows")
+SLOT_QSCALE = QM_TILE.index("qscale")  # QUANT: the panel's scales per column
+SLOT_QBIAS = QM_TILE.index("qbias")  # QUANT with a bias: the panel's int32 bias per column
 
 
 def instruction_for(target: Target):

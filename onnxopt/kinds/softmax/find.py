@@ -48,13 +48,14 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
         x, y = node.input[0], node.output[0]
         rank = rule.info[x].rank
         axis = int(_attr(node, "axis", -1 if rule.opset >= 13 else 1)) % rank
+        dt = rule.dtype_of(x)  # the graph's element type (refusal() takes float32 only)
         # The program only names the computation (the op type hashes it); lower.py writes the kernel.
-        program = EwProgram(inputs=[Value(x, "float32")], consts={}, ops=[EwOp(node.op_type, (x,), y, "float32")],
-                            outputs=[Value(y, "float32")])
+        program = EwProgram(inputs=[Value(x, dt)], consts={}, ops=[EwOp(node.op_type, (x,), y, dt)],
+                            outputs=[Value(y, dt)])
         dims = rule.info[x].shape or [None] * rank
         shape = [d if isinstance(d, (int, str)) and not str(d).startswith("unk__") else None for d in dims]
         region = Region("softmax", [node], [x], [y], program, shape)
-        region.params = SoftmaxParams(OPS[node.op_type], axis)
+        region.params = SoftmaxParams(OPS[node.op_type], axis, dt)
         claimed.add(i)
         regions.append(region)
     return regions

@@ -12,16 +12,16 @@ from __future__ import annotations
 from llvmlite import ir
 
 from onnxopt.codegen.compile import compile_object, new_module
-from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.exp import vexp_nonpositive
 from onnxopt.codegen.vmath.irutil import broadcast, for_range as _loop, masked_load, masked_store
 from onnxopt.codegen.vmath.irutil import reduce_lanes as _reduce, when as _when
 from onnxopt.codegen.vmath.log import vlog
+from onnxopt.dtypes import dtype
 
 from .desc import SoftmaxKernelDesc
 
-F32 = ir.FloatType()
+F32 = ir.FloatType()  # the kernel's element type: it is written for float32 (build() checks the params' dtype)
 I64 = ir.IntType(64)
 I32 = ir.IntType(32)
 PTR = ir.PointerType()
@@ -109,10 +109,13 @@ def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
 def build(region, target: Target) -> tuple[bytes, SoftmaxKernelDesc, str]:
     """Returns (object code, the glue's description, LLVM IR text)."""
     p = region.params
+    elem = dtype(p.dtype)
+    if elem.memory != F32:
+        raise ValueError(f"the softmax row kernel is written for float32 rows, not {elem.name}")
     module = new_module(target, region.op_type)
-    sym = define_rows(module, f"{region.op_type}_rows", p.op, target.float32_lanes)
+    sym = define_rows(module, f"{region.op_type}_rows", p.op, p.lanes or target.float32_lanes)
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
-    desc = SoftmaxKernelDesc(op_type=region.op_type, in_types=[ONNX_ENUM["float32"]],
-                             out_types=[ONNX_ENUM["float32"]], axis=p.axis, rows=sym)
+    desc = SoftmaxKernelDesc(op_type=region.op_type, in_types=[elem.onnx], out_types=[elem.onnx], axis=p.axis,
+                             rows=sym)
     return obj, desc, ir_text

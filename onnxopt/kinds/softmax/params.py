@@ -14,6 +14,7 @@ class SoftmaxParams(KindParams):
     op: str  # "softmax" or "log_softmax"
     axis: int  # rows are the dims from `axis` on, flattened (opset 13's last axis, or opset 1-12's coercion to 2-D)
     dtype: str = "float32"
+    lanes: int = 0  # the schedule (schedule.py): float32 lanes of the row loop's vectors; 0, the target's
 
     def key(self) -> list:
-        return [self.op, self.axis, self.dtype]
+        return [self.op, self.axis, self.dtype] + ([self.lanes] if self.lanes else [])

