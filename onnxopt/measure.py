@@ -358,8 +358,8 @@ def region_feeds(region: Region, info, bindings, seed, model) -> dict[str, np.nd
 def kernel_error_bound(region: Region) -> float:
     """The error a compute kernel may show against onnxruntime, as a fraction of its output's largest magnitude: a
     reduction in another order (2e-6), or a Winograd convolution's transforms (fusion/winograd.py, error_bound)."""
-    m = region.compute.attrs.get("winograd") if region.compute is not None else None
-    return winograd.error_bound(region.compute.attrs["kernel"], m) if m else 2e-6
+    m = region.compute.attrs.winograd if region.compute is not None else None
+    return winograd.error_bound(region.compute.attrs.kernel, m) if m else 2e-6
 
 
 def region_flops(region: Region, feeds, outs) -> float:
@@ -380,7 +380,7 @@ def region_flops(region: Region, feeds, outs) -> float:
     a = feeds.get(region.inputs[0])
     if a is None:
         return 0.0
-    k = a.shape[-2] if c.attrs.get("trans_a") else a.shape[-1]
+    k = a.shape[-2] if c.attrs.trans_a else a.shape[-1]
     return 2.0 * out.size * k
 
 

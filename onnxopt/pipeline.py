@@ -485,7 +485,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             out = []
             for r in rs:
                 a = r.compute.attrs if r.compute is not None else None
-                layout = (a.get("in_blocked", 0), a.get("out_blocked", 0), a.get("channel_vectors", 0)) \
+                layout = (a.in_blocked, a.out_blocked, a.channel_vectors) \
                     if a is not None else (r.params.tensor_lanes(),)
                 key = (r.label, tuple(n.output[0] for n in r.nodes), layout)
                 out.append(seen.setdefault(key, r))

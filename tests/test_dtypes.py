@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxopt.codegen.elementwise import types
 from onnxopt.dtypes import DTYPES, DType, dtype, from_onnx
 from onnxopt.fusion.elementwise_ops import SUPPORTED
-from onnxopt.fusion.params import ComputeParams, PoolParams
+from onnxopt.fusion.params import ComputeAttrs, ComputeParams, PoolParams
 from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL
 
 from onnx_builders import make_model  # noqa: E402
@@ -221,7 +221,7 @@ def test_pool_region_carries_the_graph_dtype_to_its_description():
 
 
 def test_float32_op_types_do_not_change_and_other_dtypes_do():
-    c = ComputeParams("conv", attrs={"oc": 8})
+    c = ComputeParams("conv", attrs=ComputeAttrs(oc=8))
     assert "dtype" not in c.op_type_text("t")
     assert c.op_type_text("t") == dataclasses.replace(c, dtype="float32").op_type_text("t")
     assert c.op_type_text("t") != dataclasses.replace(c, dtype="float16").op_type_text("t")

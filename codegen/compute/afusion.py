@@ -19,7 +19,7 @@ from .tile_sets import TileSetRequest
 def describe_afusion(region: Region, name: str, target: Target) -> tuple[AfKernelDesc, list[TileSetRequest]]:
     """The glue's description of the fused op and the tile sets of its convolutions."""
     first, *seconds = region.compute.parts
-    miso = int(region.compute.attrs.get("miso_extra", -1))
+    miso = int(region.compute.attrs.miso_extra)
     d1, sets = describe_compute(first, f"{name}_first", target)
     descs, inputs, at = [], [], len(first.inputs)
     for b, second in enumerate(seconds):
@@ -37,9 +37,9 @@ def describe_afusion(region: Region, name: str, target: Target) -> tuple[AfKerne
         in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
         out_types=[ONNX_ENUM["float32"]] * len(region.outputs),
         first=d1, seconds=descs, second_inputs=inputs,
-        band_rows=int(region.compute.attrs["band_rows"]),
+        band_rows=int(region.compute.attrs.band_rows),
         miso_extra=miso,
-        chain=int(region.compute.attrs.get("chain", 0)),
-        pool=region.compute.attrs.get("pool"),
+        chain=int(region.compute.attrs.chain),
+        pool=region.compute.attrs.pool,
     )
     return desc, sets

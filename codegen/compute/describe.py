@@ -20,7 +20,7 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     c = region.compute
     kernel = select(target)
     tile = kernel.tile
-    packed_b = int(c.attrs.get("packed_b", 0))
+    packed_b = int(c.attrs.packed_b)
     if packed_b:  # a constant B packed in panels for the target's mask-free tile (fusion/compute.py)
         tile = kernel.packed_b_tile
         if packed_b != tile.ni * tile.lanes:
@@ -31,21 +31,21 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
             raise ValueError(f"register tile {c.tile} is for {c.tile.lanes} lanes, the target has {tile.lanes}")
         tile = c.tile
     # ConvTranspose packs its weights for the default tile.
-    if c.attrs.get("packed_ni", tile.ni) != tile.ni or c.attrs.get("packed_mi", tile.mi) != tile.mi:
+    if c.attrs.packed_ni not in (None, tile.ni) or c.attrs.packed_mi not in (None, tile.mi):
         raise ValueError(f"the weights are packed for another register tile than {tile}")
     spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul", packed_b=packed_b)
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
-    channel_vectors = c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")
+    channel_vectors = c.attrs.out_blocked or c.attrs.channel_vectors
     mi, ni = tile.mi, tile.ni
-    wino = int(c.attrs.get("winograd", 0) or 0)
+    wino = int(c.attrs.winograd or 0)
     sets = []
     if wino:
         # The per-position products are blocked tiles with an empty epilogue; the epilogue runs in the output
         # transform (codegen/compute/winograd.py, glue winograd_exec.c).
         req = TileSetRequest("blocked", TileSpec(tile, identity_program(c.dtype), (), packed_a=True))
-        sets.append(TileSetRequest("winograd", spec, winograd=wino, wino_kernel=tuple(c.attrs["kernel"])))
+        sets.append(TileSetRequest("winograd", spec, winograd=wino, wino_kernel=tuple(c.attrs.kernel)))
     elif channel_vectors and is_depthwise(c):  # one channel vector times its filters
-        kw, sw, dw = c.attrs["kernel"][1], c.attrs["strides"][1], c.attrs["dilations"][1]
+        kw, sw, dw = c.attrs.kernel[1], c.attrs.strides[1], c.attrs.dilations[1]
         mi, ni = depthwise_mi_for(kernel, kw), 1
         req = TileSetRequest("depthwise", spec, (mi, kw, sw, dw))
     else:
@@ -59,18 +59,18 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         out_types=[enum] * len(region.outputs),
         mi=mi, ni=ni, lanes=tile.lanes, tiles=tiles,
         extra_kinds=list(c.extra_kinds), extra_nstride=list(c.extra_nstride),
-        trans_a=int(a.get("trans_a", 0)),
+        trans_a=int(a.trans_a),
     )
     if packed_b:
-        desc.packed_b, desc.oc = packed_b, int(a["n"])
+        desc.packed_b, desc.oc = packed_b, int(a.n)
     if c.op in ("conv", "conv_transpose"):
-        desc.oc, desc.groups, desc.ic_g = a["oc"], a["groups"], a["ic_g"]
-        desc.kernel, desc.strides, desc.dilations = a["kernel"], a["strides"], a["dilations"]
-        desc.pads, desc.auto_pad = a["pads"], a["auto_pad"]
-        desc.in_blocked, desc.out_blocked = int(a.get("in_blocked", 0)), int(a.get("out_blocked", 0))
-        desc.channel_vectors = int(a.get("channel_vectors", 0))
+        desc.oc, desc.groups, desc.ic_g = a.oc, a.groups, a.ic_g
+        desc.kernel, desc.strides, desc.dilations = a.kernel, a.strides, a.dilations
+        desc.pads, desc.auto_pad = a.pads, a.auto_pad
+        desc.in_blocked, desc.out_blocked = int(a.in_blocked), int(a.out_blocked)
+        desc.channel_vectors = int(a.channel_vectors)
         desc.transposed = int(c.op == "conv_transpose")
-        desc.output_padding = tuple(a.get("output_padding", (0, 0)))
+        desc.output_padding = tuple(a.output_padding or (0, 0))
     if wino:
         desc.winograd = wino
         desc.wino_in, desc.wino_out = sets[0].names()[0]

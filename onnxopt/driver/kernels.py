@@ -128,10 +128,10 @@ class KernelStage:
         c = r.compute
         if c.op in ("afusion", "siblings"):  # the parts' tiles
             return [self._tile_of(p) for p in c.parts]
-        if is_depthwise(c) and (c.attrs.get("out_blocked") or c.attrs.get("channel_vectors")):
+        if is_depthwise(c) and (c.attrs.out_blocked or c.attrs.channel_vectors):
             # Its own tile: pixels of one channel vector (codegen/microkernel/depthwise.py), as build_compute picks.
-            return [depthwise_mi_for(mk, c.attrs["kernel"][1]), 1, 1]
-        if c.attrs.get("packed_b"):  # a constant B in panels: the mask-free tile (codegen/compute/describe.py)
+            return [depthwise_mi_for(mk, c.attrs.kernel[1]), 1, 1]
+        if c.attrs.packed_b:  # a constant B in panels: the mask-free tile (codegen/compute/describe.py)
             t = mk.packed_b_tile
             return [t.mi, t.ni, t.mii]
         t = c.tile if c.tile is not None else mk.tile
@@ -291,7 +291,7 @@ class KernelStage:
         if res.m:
             mk = self.backend.layout(self.opts.target)
             winograd.apply_winograd(r, res.m, mk.lanes, mk.tile.ni)
-            self.say(f"Winograd {winograd.label(r.compute.attrs['kernel'], res.m)} for {r.describe()}"
+            self.say(f"Winograd {winograd.label(r.compute.attrs.kernel, res.m)} for {r.describe()}"
                      + (f" ({res.to_report()['gain']:.2f}x the direct kernel)" if "gain" in res.to_report() else ""))
         self.tile_info[id(r)] = {"tile": self._tile_of(r), "winograd": res.to_report()}
 

@@ -70,7 +70,7 @@ class PlanStage:
             # in _search_tiles).
             m = int(self.opts.winograd)
             plan = [winograd.to_winograd(r, m, mk.lanes, mk.tile.ni)
-                    if winograd.applies(r) is None and m in winograd.sizes(r.compute.attrs["kernel"]) else r
+                    if winograd.applies(r) is None and m in winograd.sizes(r.compute.attrs.kernel) else r
                     for r in plan]
         relayouts = [r for r in blocked if r.relayout is not None]
         claimed.update(rule.index.producer[r.outputs[0]] for r in relayouts)

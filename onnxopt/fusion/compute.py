@@ -27,7 +27,7 @@ from onnx import helper, numpy_helper
 
 from . import conv_transpose
 from .elementwise import ElementwiseRule, _attr
-from .params import ComputeParams
+from .params import ComputeAttrs, ComputeParams
 from .region import EwOp, EwProgram, Region, Value
 
 MAX_OUTPUTS = 4
@@ -41,23 +41,23 @@ def conv_macs_per_output(params: ComputeParams) -> float | None:
     1 / (sh * sw) of the output pixels); None for a matmul."""
     if params.op == "afusion":  # per element of the first second's output; the halo recomputation is not counted
         first, seconds = params.parts[0].compute, [p.compute for p in params.parts[1:]]
-        pool = params.attrs.get("pool")
+        pool = params.attrs.pool
         if pool is not None:  # conv -> pool: the conv's MACs over the pool's output (the window's adds are free)
             return conv_macs_per_output(first) * pool["strides"][0] * pool["strides"][1]
         ref = seconds[0].attrs
         # each output pixel of the seconds needs ~stride^2 pixels of the first's output (MISO: one)
-        per_first = 1 if params.attrs.get("miso_extra", -1) >= 0 else ref["strides"][0] * ref["strides"][1]
-        per_pixel = sum(conv_macs_per_output(c) * c.attrs["oc"] for c in seconds) \
-            + conv_macs_per_output(first) * first.attrs["oc"] / per_first
-        return per_pixel / ref["oc"]
+        per_first = 1 if params.attrs.miso_extra >= 0 else ref.strides[0] * ref.strides[1]
+        per_pixel = sum(conv_macs_per_output(c) * c.attrs.oc for c in seconds) \
+            + conv_macs_per_output(first) * first.attrs.oc / per_first
+        return per_pixel / ref.oc
     if params.op == "siblings":  # per element of the first sibling's output (the siblings share its size)
-        return sum(conv_macs_per_output(p.compute) * p.compute.attrs["oc"] for p in params.parts) \
-            / params.parts[0].compute.attrs["oc"]
+        return sum(conv_macs_per_output(p.compute) * p.compute.attrs.oc for p in params.parts) \
+            / params.parts[0].compute.attrs.oc
     if params.op not in ("conv", "conv_transpose"):
         return None
-    kh, kw = params.attrs["kernel"]
-    per = 1 if params.op == "conv" else params.attrs["strides"][0] * params.attrs["strides"][1]
-    return params.attrs["ic_g"] * kh * kw / per
+    kh, kw = params.attrs.kernel
+    per = 1 if params.op == "conv" else params.attrs.strides[0] * params.attrs.strides[1]
+    return params.attrs.ic_g * kh * kw / per
 
 
 class ComputeRule:
@@ -374,9 +374,11 @@ class ComputeRule:
         pads = list(_attr(node, "pads", [0, 0, 0, 0]))
         auto = _attr(node, "auto_pad", b"NOTSET")
         auto = auto.decode() if isinstance(auto, bytes) else auto
-        params.attrs = dict(oc=oc, groups=groups, kernel=(kh, kw), strides=tuple(strides), dilations=tuple(dil),
-                            pads=(pads[0], pads[1], pads[2], pads[3]) if auto in ("NOTSET", "VALID") else (0, 0, 0, 0),
-                            auto_pad={"SAME_UPPER": 1, "SAME_LOWER": 2}.get(auto, 0), ic_g=icg, packed_shape=packed.shape)
+        params.attrs = ComputeAttrs(oc=oc, groups=groups, kernel=(kh, kw), strides=tuple(strides), dilations=tuple(dil),
+                                    pads=(pads[0], pads[1], pads[2], pads[3]) if auto in ("NOTSET", "VALID")
+                                    else (0, 0, 0, 0),
+                                    auto_pad={"SAME_UPPER": 1, "SAME_LOWER": 2}.get(auto, 0), ic_g=icg,
+                                    packed_shape=packed.shape)
         # The fallback: unpack the weights, then the original convolution (BatchNorm already folded in).
         def const(name, arr):
             return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr, np.int64),
@@ -402,7 +404,7 @@ class ComputeRule:
         trans_a = 0
         c_name, c_kind = None, None
         if node.op_type == "MatMul":
-            params.attrs = dict(trans_a=0)
+            params.attrs = ComputeAttrs(trans_a=0)
             packed = self._packed_b(node.input[1], node.input[0], params, uid, head_out, node.name)
             if packed is not None:
                 return *packed, None, None
@@ -431,7 +433,7 @@ class ComputeRule:
             c_kind = self._epilogue_kind(c, out_shape, "matmul")
             if c_kind is None:
                 raise _Reject("Gemm's C does not broadcast as a row, a column or the whole output")
-        params.attrs = dict(trans_a=trans_a)
+        params.attrs = ComputeAttrs(trans_a=trans_a)
         if not trans_a:
             packed = self._packed_b(b_name, node.input[0], params, uid, head_out, node.name, b, c_name)
             if packed is not None:
@@ -460,7 +462,7 @@ class ComputeRule:
         packed = np.ascontiguousarray(padded.reshape(k, pn, p).transpose(1, 0, 2))
         wname = f"{uid}__packed_b"
         params.initializers.append(numpy_helper.from_array(packed, wname))
-        params.attrs.update(packed_b=p, n=n)
+        params.attrs.packed_b, params.attrs.n = p, n
         u = f"{uid}__unpack"
 
         def const(name, arr):
@@ -532,9 +534,9 @@ def apply_tile(region: Region, tile) -> Region:
     c = region.compute
     if c is None:
         raise ValueError("only compute regions have a register tile")
-    new = replace(c, tile=tile, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
+    new = replace(c, tile=tile, attrs=replace(c.attrs), initializers=list(c.initializers), body=list(c.body))
     if c.op == "conv":
-        if c.attrs.get("in_blocked") or c.attrs.get("out_blocked"):
+        if c.attrs.in_blocked or c.attrs.out_blocked:
             raise ValueError("a blocked-layout convolution has its own tile")
         wname = region.inputs[1]
         old = next((t for t in c.initializers if t.name == wname), None)
@@ -542,12 +544,12 @@ def apply_tile(region: Region, tile) -> Region:
             raise ValueError(f"no packed weights {wname} in the region")
         packed = numpy_helper.to_array(old)  # [groups, mb, k, mi0]
         groups, mb0, k, mi0 = packed.shape
-        ocg = c.attrs["oc"] // groups
+        ocg = c.attrs.oc // groups
         w = packed.transpose(0, 1, 3, 2).reshape(groups, mb0 * mi0, k)[:, :ocg, :].reshape(groups * ocg, k)
         repacked = pack_weights(w, groups, tile.mi)
         new.initializers = [numpy_helper.from_array(repacked, wname) if t.name == wname else t
                             for t in c.initializers]
-        new.attrs["packed_shape"] = repacked.shape
+        new.attrs.packed_shape = repacked.shape
         # The fallback reshapes the transposed packed weights to [groups, mb * MI, k] before slicing oc_g rows.
         s1 = wname[:-len("__packed_w")] + "__unpack_s1"
         shape = numpy_helper.from_array(np.asarray([groups, repacked.shape[1] * tile.mi, k], np.int64), s1)

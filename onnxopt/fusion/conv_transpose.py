@@ -17,6 +17,7 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from .elementwise import _attr
+from .params import ComputeAttrs
 
 MAX_PHASES = 64  # sh * sw; the glue's phase table (CB_MAX_PHASES)
 
@@ -136,10 +137,13 @@ def build(rule, node, bn, params, head_out: str, uid: str, *, has_position_input
     if bias is not None:
         bname = f"{uid}__bias"
         params.initializers.append(numpy_helper.from_array(bias, bname))
-    params.attrs = dict(oc=oc, groups=1, kernel=(kh, kw), strides=strides, dilations=dil, pads=tuple(pads),
-                        auto_pad=0, ic_g=ic, output_padding=out_pad, packed_shape=packed.shape, in_blocked=0,
-                        out_blocked=0, channel_vectors=int(not pixels), block=lanes)
-    params.attrs["packed_mi" if pixels else "packed_ni"] = width if pixels else ni
+    params.attrs = ComputeAttrs(oc=oc, groups=1, kernel=(kh, kw), strides=strides, dilations=dil, pads=tuple(pads),
+                                auto_pad=0, ic_g=ic, output_padding=out_pad, packed_shape=packed.shape, in_blocked=0,
+                                out_blocked=0, channel_vectors=int(not pixels), block=lanes)
+    if pixels:
+        params.attrs.packed_mi = width
+    else:
+        params.attrs.packed_ni = ni
 
     def const(name, values):
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(values, np.int64),

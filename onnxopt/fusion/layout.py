@@ -62,8 +62,8 @@ def blocked_inputs(region: Region) -> set[str]:
         case ComputeParams(op="siblings") as c:
             return set().union(*(blocked_inputs(p) for p in c.parts))
         case ComputeParams(op="conv") as c:
-            names = {region.inputs[0]} if c.attrs.get("in_blocked") else set()
-            if c.attrs.get("out_blocked"):
+            names = {region.inputs[0]} if c.attrs.in_blocked else set()
+            if c.attrs.out_blocked:
                 extras = region.inputs[len(region.inputs) - len(c.extra_kinds):]
                 names |= {x for x, k in zip(extras, c.extra_kinds) if k == POSITION}
             return names
@@ -83,7 +83,7 @@ def blocked_outputs(region: Region) -> set[str]:
         case ComputeParams(op="siblings") as c:
             return set().union(*(blocked_outputs(p) for p in c.parts))
         case ComputeParams() as c:
-            return set(region.outputs) if c.attrs.get("out_blocked") else set()
+            return set(region.outputs) if c.attrs.out_blocked else set()
         case KindParams() as p:
             return set(region.outputs) if p.blocked_io()[1] else set()
     return set()
@@ -94,7 +94,7 @@ def is_depthwise(c) -> bool:
     """A convolution with one input and one output channel per group, which the depthwise channel-vector tiles
     compute (codegen/microkernel/depthwise.py)."""
     a = c.attrs
-    return (c.op == "conv" and a.get("groups", 1) > 1 and a.get("ic_g") == 1 and a.get("oc") == a["groups"]
+    return (c.op == "conv" and (a.groups or 1) > 1 and a.ic_g == 1 and a.oc == a.groups
             and c.weights is not None)
 
 
@@ -135,7 +135,7 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
     # blocked tensors is dropped until none changes: a tensor stays blocked only if its producer and every consumer
     # handle it. (A depthwise convolution reads channel vectors; on an NCHW input it reorders it first, below.)
     blocked_regions = {id(r) for r in regions
-                       if is_conv(r) and (r.compute.attrs["groups"] == 1 or is_depthwise(r.compute))
+                       if is_conv(r) and (r.compute.attrs.groups == 1 or is_depthwise(r.compute))
                        and static(r.inputs[0]) and all(static(o) for o in r.outputs)}
     blocked_nodes = {i for i in passthrough if i not in owner}
     by_id = {id(r): r for r in regions}
@@ -192,7 +192,7 @@ def assign_blocked_layouts(regions: list[Region], index, shape_of, lanes: int, n
         # channel per group (a 7x7 /2 of NASNet's stem on it took 4 ms, 10x onnxruntime); an NCHW input is
         # reordered to blocked inside the kernel, as onnxruntime's NCHWc depthwise convolution does.
         exit_vectors = not out_blocked and r.compute.weights is not None and (
-            (in_blocked and r.compute.attrs.get("groups") == 1)
+            (in_blocked and r.compute.attrs.groups == 1)
             or (is_depthwise(r.compute) and static(r.inputs[0]) and all(static(o) for o in r.outputs)))
         if in_blocked or out_blocked or exit_vectors:
             _convert(r, in_blocked, out_blocked, shape_of, lanes, ni, opset, channel_vectors=exit_vectors)
@@ -271,14 +271,14 @@ def use_channel_vectors(r: Region, lanes: int, ni: int, opset: int) -> None:
     """Give a one-group NCHW convolution the blocked kernel (vectors of output channels), NCHW in and out: it
     computes into blocked buffers and reorders at the end, which pays where the NCHW kernel leaves lanes idle."""
     # A region reading a blocked input with the NCHW kernel (a chain's exit) keeps its blocked input.
-    _convert(r, bool(r.compute.attrs.get("in_blocked")), False, None, lanes, ni, opset, channel_vectors=True)
+    _convert(r, bool(r.compute.attrs.in_blocked), False, None, lanes, ni, opset, channel_vectors=True)
 
 
 def with_channel_vectors(region: Region, lanes: int, ni: int, opset: int) -> Region:
     """`use_channel_vectors` on a region whose compute params may be shared (a plan's copy): the params are copied
     first, and the op type recomputed. Returns the region."""
     c = region.compute
-    region.params = replace(c, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
+    region.params = replace(c, attrs=replace(c.attrs), initializers=list(c.initializers), body=list(c.body))
     region.inputs = list(region.inputs)
     use_channel_vectors(region, lanes, ni, opset)
     if region.op_type_key:
@@ -289,8 +289,8 @@ def with_channel_vectors(region: Region, lanes: int, ni: int, opset: int) -> Reg
 def channel_vectors_apply(region: Region, lanes: int) -> bool:
     """Whether the channel-vector kernel can replace this region's NCHW kernel."""
     c = region.compute
-    return (lanes >= 8 and c is not None and c.op == "conv" and c.attrs.get("groups") == 1 and c.weights is not None
-            and not c.attrs.get("in_blocked") and not c.attrs.get("channel_vectors"))
+    return (lanes >= 8 and c is not None and c.op == "conv" and c.attrs.groups == 1 and c.weights is not None
+            and not c.attrs.in_blocked and not c.attrs.channel_vectors)
 
 
 def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni, opset, channel_vectors=False):
@@ -298,7 +298,7 @@ def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni
     a = c.attrs
     body = list(c.body)
     # Converted before with a blocked input (then given channel vectors): its prologue already unblocks the input.
-    unblocked = bool(a.get("in_blocked")) and in_blocked
+    unblocked = bool(a.in_blocked) and in_blocked
     conv_at = next(i for i, n in enumerate(body) if n.op_type == "Conv")
     conv = body[conv_at]
     if out_blocked or channel_vectors:
@@ -324,7 +324,7 @@ def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni
         prologue_kept = [n for n in body[:conv_at] if all(o.startswith(conv.input[0]) for o in n.output)] \
             if unblocked else []
         body = prologue_kept + unpack + body[conv_at:]
-        a["packed_shape"] = packed.shape
+        a.packed_shape = packed.shape
     renames: dict[str, str] = {}
     prologue: list[onnx.NodeProto] = []
     epilogue: list[onnx.NodeProto] = []
@@ -352,7 +352,7 @@ def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni
                 m.output[i] = renames[x]
         new_body.append(m)
     c.body = prologue + new_body + epilogue
-    a["in_blocked"] = int(in_blocked)
-    a["out_blocked"] = int(out_blocked)
-    a["channel_vectors"] = int(out_blocked or channel_vectors)
-    a["block"] = lanes
+    a.in_blocked = int(in_blocked)
+    a.out_blocked = int(out_blocked)
+    a.channel_vectors = int(out_blocked or channel_vectors)
+    a.block = lanes

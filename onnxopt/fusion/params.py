@@ -9,7 +9,7 @@ A kind folder of onnxopt/kinds/ subclasses `KindParams` in its params.py.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import numpy as np
@@ -75,6 +75,66 @@ class ElementwiseParams(KindParams):
         return self.replaces
 
 
+class _Absent(int):
+    """The default of a ComputeAttrs field whose readers assume a number when the op has not set it: it reads as
+    that number, but the field stays absent (left out of `ComputeAttrs.items()`, so out of the op type) until a rule
+    sets it, even to the same number. The dict these fields replaced had no key there, and a region whose rule sets
+    in_blocked = 0 (ConvTranspose's, the layout pass's) has another op type than one that leaves it out."""
+
+    __slots__ = ()
+
+
+@dataclass(slots=True)
+class ComputeAttrs:
+    """The attributes of a compute region's op (ComputeParams.attrs): what its kernel, its function fallback and the
+    passes after fusion read. Each rule sets those of its op; a field it leaves at its default is absent (None, or
+    the number readers assume, see `_Absent`) and not part of the op type. An unknown name is a TypeError."""
+
+    # A convolution's and a transposed convolution's (fusion/compute.py, fusion/conv_transpose.py)
+    oc: int | None = None  # output channels
+    groups: int | None = None
+    ic_g: int | None = None  # input channels per group
+    kernel: tuple[int, int] | None = None  # (kh, kw)
+    strides: tuple[int, int] | None = None
+    dilations: tuple[int, int] | None = None
+    pads: tuple[int, int, int, int] | None = None  # (top, left, bottom, right); (0, 0, 0, 0) with a SAME auto_pad
+    auto_pad: int | None = None  # 0: NOTSET or VALID, 1: SAME_UPPER, 2: SAME_LOWER
+    output_padding: tuple[int, int] | None = None  # a transposed convolution's; readers take (0, 0) without one
+    # the shape of the packed weights (the region's second input): repacked by the layout pass, the tile search and
+    # Winograd
+    packed_shape: tuple[int, ...] | None = None
+    # A transposed convolution's weights are packed for the default tile: its MI (pixel vectors) or its NI (channel
+    # vectors); readers take the tile's own without one
+    packed_mi: int | None = None
+    packed_ni: int | None = None
+    # The blocked layout (fusion/layout.py; AFUSION and sibling regions: their parts'): 1 when the op reads its
+    # input, writes its output, or computes on vectors of output channels in it; `block` its lanes
+    in_blocked: int = _Absent(0)
+    out_blocked: int = _Absent(0)
+    channel_vectors: int = _Absent(0)
+    block: int = _Absent(0)
+    winograd: int = _Absent(0)  # m of the F(m, kernel) tiles the convolution runs as (fusion/winograd.py); 0: none
+    # A matmul's (fusion/compute.py): A transposed (a Gemm's transA), and a constant B packed in panels of
+    # `packed_b` columns, of which `n` are B's
+    trans_a: int = _Absent(0)
+    packed_b: int = _Absent(0)
+    n: int | None = None
+    # An AFUSION region's (fusion/afusion/): output rows per band; 1 for a chain of three; the index among the
+    # second's epilogue inputs of the first's output (MISO; -1: not MISO); the pool's parameters (conv -> pool,
+    # conv_pool.pool_params)
+    band_rows: int | None = None
+    chain: int = _Absent(0)
+    miso_extra: int = _Absent(-1)
+    pool: dict | None = None
+    siblings: int | None = None  # a sibling region's (fusion/siblings.py): how many convolutions
+
+    def items(self) -> list[tuple[str, object]]:
+        """(name, value) of the fields that are set, in field order: the keys and values of the dict they replaced
+        (ComputeParams.op_type_text hashes them)."""
+        return [(f.name, v) for f in fields(self)
+                if (v := getattr(self, f.name)) is not None and not isinstance(v, _Absent)]
+
+
 @dataclass
 class ComputeParams(KindParams):
     """The compute op of a region (fusion/compute.py) and what its kernel and function fallback need."""
@@ -83,7 +143,7 @@ class ComputeParams(KindParams):
     op: str  # "conv", "conv_transpose", "matmul", "afusion" or "siblings"
     extra_kinds: list[int] = field(default_factory=list)
     extra_nstride: list[int] = field(default_factory=list)  # 1 when the input has the batch dim, 0 when shared
-    attrs: dict = field(default_factory=dict)
+    attrs: ComputeAttrs = field(default_factory=ComputeAttrs)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     body: list[onnx.NodeProto] = field(default_factory=list)  # the function fallback
     # Constants the original nodes read that are not initializers (ConstantOfShape outputs, left unfolded because
@@ -110,7 +170,7 @@ class ComputeParams(KindParams):
         return text
 
     def tensor_lanes(self) -> int:
-        return self.attrs.get("block", 0)
+        return self.attrs.block
 
     def fallback_body(self) -> list:
         return self.body

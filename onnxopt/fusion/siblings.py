@@ -23,6 +23,7 @@ from onnxopt.graph.order import stable_order
 
 from .afusion.siso import _distinct_names, channel_vector_parts, conv_part_reason
 from .compute import ComputeParams
+from .params import ComputeAttrs
 from .region import EwProgram, Region
 
 MAX_SIBLINGS = c_define("siblings.h", "SB_MAX_PART")
@@ -59,7 +60,7 @@ def sibling_reason(regions: list[Region], lanes: int, shape_of=None) -> str | No
     inputs = {r.inputs[0] for r in regions}
     if len(inputs) != 1:
         return f"the convolutions read different inputs ({', '.join(sorted(inputs))}); siblings share one"
-    layouts = {bool(r.compute.attrs.get("in_blocked")) for r in regions}
+    layouts = {bool(r.compute.attrs.in_blocked) for r in regions}
     if len(layouts) > 1:
         return "the convolutions read their input in different layouts (blocked and NCHW)"
     made = {o for r in regions for o in r.outputs}
@@ -88,8 +89,7 @@ def fuse_siblings(regions: list[Region], lanes: int, ni: int, opset: int) -> Reg
         body += _distinct_names(p.compute.body, body, f"__sibling{b + 1}")
     compute = ComputeParams(
         op="siblings",
-        attrs={"in_blocked": int(parts[0].compute.attrs.get("in_blocked", 0)), "block": lanes,
-               "siblings": len(parts)},
+        attrs=ComputeAttrs(in_blocked=int(parts[0].compute.attrs.in_blocked), block=lanes, siblings=len(parts)),
         initializers=[t for p in parts for t in p.compute.initializers],
         body=body,
         orig_consts=[t for p in parts for t in p.compute.orig_consts],

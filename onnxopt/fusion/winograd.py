@@ -185,17 +185,17 @@ def applies(region: Region) -> str | None:
     if c is None or c.op != "conv":
         return "not a convolution"
     a = c.attrs
-    kernel = tuple(a.get("kernel", ()))
+    kernel = tuple(a.kernel or ())
     if not sizes(kernel):
         offered = ", ".join(f"{h}x{w}" for h, w in SIZES_BY_KERNEL)
         return f"kernel {'x'.join(map(str, kernel))}: Winograd tiles are for {offered}"
-    if tuple(a.get("strides", ())) != (1, 1) or tuple(a.get("dilations", ())) != (1, 1):
+    if tuple(a.strides or ()) != (1, 1) or tuple(a.dilations or ()) != (1, 1):
         return "strided or dilated"
-    if a.get("groups", 1) != 1:
+    if (a.groups or 1) != 1:
         return "grouped"
     if c.weights is None or c.weights.ndim != 4:
         return "no constant weights"
-    if not (a.get("out_blocked") or a.get("channel_vectors")):
+    if not (a.out_blocked or a.channel_vectors):
         return "not on the blocked (channel-vector) kernel"
     if c.tile is not None:
         return "a searched register tile"
@@ -211,7 +211,7 @@ def left_inverse(m: int, r: int = 3) -> np.ndarray:
 
 def to_winograd(region: Region, m: int, lanes: int, ni: int) -> Region:
     """A copy of a blocked convolution region (`applies`) computed by F(m, kernel) tiles: weights transformed and
-    packed, attrs["winograd"] = m, and the fallback's weight unpacking replaced by the way back from the transformed
+    packed, attrs.winograd = m, and the fallback's weight unpacking replaced by the way back from the transformed
     weights. The op type is recomputed."""
     why = applies(region)
     if why is not None:
@@ -261,7 +261,7 @@ def to_winograd(region: Region, m: int, lanes: int, ni: int) -> Region:
               helper.make_node("MatMul", [f"{u}_gw", f"{u}_pt"], [f"{u}_half"]),
               helper.make_node("MatMul", [f"{u}_p", f"{u}_half"], [conv.input[1]])]
     new_body = kept + unpack + body[at:]
-    attrs = dict(c.attrs, winograd=m, packed_shape=packed.shape)
+    attrs = replace(c.attrs, winograd=m, packed_shape=packed.shape)
     inits = [t for t in c.initializers if t.name != old] + [numpy_helper.from_array(packed, name)]
     new = replace(region, inputs=[region.inputs[0], name] + list(region.inputs[2:]), outputs=list(region.outputs),
                   measured={}, rejected=None,

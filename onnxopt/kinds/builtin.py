@@ -39,8 +39,8 @@ def _compute_space(region, target) -> ScheduleSpace:
     c = region.compute
     if target.backend != "llvm":
         return ScheduleSpace("compute", note=f"no lowering on the {target.backend} backend")
-    fixed = (c.op not in ("conv", "matmul") or c.attrs.get("in_blocked") or c.attrs.get("out_blocked")
-             or c.attrs.get("packed_b") or c.attrs.get("channel_vectors") or c.attrs.get("winograd"))
+    fixed = (c.op not in ("conv", "matmul") or c.attrs.in_blocked or c.attrs.out_blocked
+             or c.attrs.packed_b or c.attrs.channel_vectors or c.attrs.winograd)
     if fixed:
         return ScheduleSpace("compute", note="its layout fixes the tile (blocked, packed B, Winograd, AFUSION and "
                                              "sibling parts: their parts' tiles)")

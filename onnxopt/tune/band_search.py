@@ -58,7 +58,7 @@ def band_candidates(rows: int, out_h: int, batch: int, threads: int) -> list[int
 def with_band_rows(region, rows: int):
     """A copy of the AFUSION region with another band height (and so another op type)."""
     c = region.compute
-    r = replace(region, params=replace(c, attrs=dict(c.attrs, band_rows=int(rows))), measured={})
+    r = replace(region, params=replace(c, attrs=replace(c.attrs, band_rows=int(rows))), measured={})
     if region.op_type_key:
         r.compute_op_type(region.op_type_key)
     return r
@@ -71,7 +71,7 @@ def search_band(region, model, target, threads: int | None, *, info, bindings, s
     from onnxopt.measure import region_feeds as _region_feeds, region_models as _region_models
 
     c = region.compute
-    default = int(c.attrs["band_rows"])
+    default = int(c.attrs.band_rows)
     if os.environ.get("ONNXOPT_AFUSION_BAND_ROWS"):
         return BandSearchResult(default, default, skipped="the height is forced (ONNXOPT_AFUSION_BAND_ROWS)")
     out_shape = info[region.outputs[0]].shape if region.outputs[0] in info else None
@@ -89,7 +89,7 @@ def search_band(region, model, target, threads: int | None, *, info, bindings, s
         variants.append(v)
         descs.append(replace(desc, op_type=v.op_type, band_rows=rows))
     feeds = _region_feeds(region, info, bindings, seed, model)
-    lanes = c.attrs.get("block", 0)
+    lanes = c.attrs.block
     fused_feeds = {x: to_blocked(a, lanes) if x in blocked_inputs(region) else a for x, a in feeds.items()}
     t = time.perf_counter()
     candidates = [{"rows": rows} for rows in heights]
@@ -111,7 +111,7 @@ def search_band(region, model, target, threads: int | None, *, info, bindings, s
 
 def apply_band(region, rows: int) -> None:
     """Give the region the band height found (its op type changes with it)."""
-    region.params = replace(region.compute, attrs=dict(region.compute.attrs, band_rows=int(rows)))
+    region.params = replace(region.compute, attrs=replace(region.compute.attrs, band_rows=int(rows)))
     if region.op_type_key:
         region.compute_op_type(region.op_type_key)
 

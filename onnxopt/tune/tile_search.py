@@ -109,7 +109,7 @@ def region_flops(region, info, bindings) -> float:
     a = info.get(region.inputs[0])
     if a is None or not a.shape:
         return 0.0
-    k = dims(a.shape)[-2] if c.attrs.get("trans_a") and len(a.shape) >= 2 else dims(a.shape)[-1]
+    k = dims(a.shape)[-2] if c.attrs.trans_a and len(a.shape) >= 2 else dims(a.shape)[-1]
     return 2.0 * out * k
 
 
@@ -136,11 +136,11 @@ def search_tile(region, model, target, threads: int | None = None, cache=None, *
     if region.compute is None:
         return TileSearchResult(default, default, skipped="not a compute region")
     c = region.compute
-    if c.attrs.get("in_blocked") or c.attrs.get("out_blocked"):
+    if c.attrs.in_blocked or c.attrs.out_blocked:
         return TileSearchResult(default, default, skipped="blocked layout: the tile is the blocked kernel's")
     if c.op == "conv_transpose":
         return TileSearchResult(default, default, skipped="a transposed convolution's kernel is chosen by its output channels")
-    if c.attrs.get("packed_b"):
+    if c.attrs.packed_b:
         own = select(target).packed_b_tile
         return TileSearchResult(own, own, skipped="a matmul with its B packed in panels runs the mask-free tile")
     current = c.tile if c.tile is not None else default
@@ -337,7 +337,7 @@ def _fused_feeds(region, feeds):
     """The feeds in the fused op's layout: blocked inputs reordered (fusion/layout.py)."""
     from onnxopt.fusion.layout import blocked_inputs, to_blocked
 
-    lanes = region.compute.attrs.get("block", 0) if region.compute is not None else 0
+    lanes = region.compute.attrs.block if region.compute is not None else 0
     b_in = blocked_inputs(region)
     return {x: to_blocked(v, lanes) if x in b_in else v for x, v in feeds.items()}
 

@@ -95,7 +95,7 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
     why = winograd.applies(region)
     if why is not None:
         return WinogradSearchResult(0, skipped=why)
-    kernel = tuple(region.compute.attrs["kernel"])
+    kernel = tuple(region.compute.attrs.kernel)
     if winograd.check_opset(model) is not None:
         return WinogradSearchResult(0, kernel, skipped=winograd.check_opset(model))
     info = info if info is not None else tensor_info(model)

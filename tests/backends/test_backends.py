@@ -126,3 +126,32 @@ def test_the_cuda_backend_cannot_link_yet_and_says_why():
     with pytest.raises(Exception, match="GPU issue"):
         cuda.link([], [], parse_target("cuda:sm_90"), "/nonexistent/lib.so")
     assert cuda.layout(parse_target("cuda:sm_90")) is None
+
+
+def test_the_c_backends_exp_is_within_2_ulp_and_keeps_the_special_values(tmp_path):
+    """kernel.h's vectorizable expf over every exponent range, against float64 exp rounded to float32."""
+    import ctypes
+
+    from onnxopt.backends.c import compile_c
+    from onnxopt.codegen.glue.library import _cc
+
+    source = ('#include "kernel.h"\nvoid ex(const float *x, float *y, int64_t n) {\n'
+              "  for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);\n}\n")
+    obj = tmp_path / "ex.o"
+    obj.write_bytes(compile_c(source, parse_target("c")))
+    so = tmp_path / "ex.so"
+    subprocess.run([_cc(), "-shared", "-o", str(so), str(obj)], check=True)
+    lib = ctypes.CDLL(str(so))
+    x = np.concatenate([np.linspace(-104, 89, 200001, dtype=np.float32),
+                        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 88.72, 88.73, -87.3, -103.9, -104.0, 1e-30],
+                                 np.float32)])
+    y = np.empty_like(x)
+    lib.ex(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(x.size))
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(np.isnan(y), np.isnan(want)) and np.array_equal(np.isinf(y), np.isinf(want))
+    finite = np.isfinite(want) & (want >= np.finfo(np.float32).tiny)  # normal results: ulps
+    ulp = np.abs(y[finite].view(np.int32).astype(np.int64) - want[finite].view(np.int32).astype(np.int64))
+    assert ulp.max() <= 2, (ulp.max(), x[finite][ulp.argmax()])
+    sub = np.isfinite(want) & (want < np.finfo(np.float32).tiny)  # denormal results: within a denormal step
+    assert np.all(np.abs(y[sub] - want[sub]) <= 2 * np.finfo(np.float32).smallest_subnormal)

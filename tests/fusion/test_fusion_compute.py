@@ -325,8 +325,8 @@ def test_packed_weight_layout(oc, ic, groups, kh, kw, mi):
     np.testing.assert_array_equal(unpacked, numpy_helper.to_array(w))
     assert (padding == 0).all()
     a = r.compute.attrs
-    assert (a["oc"], a["groups"], a["ic_g"], a["kernel"]) == (oc, groups, ic_g, (kh, kw))
-    assert a["packed_shape"] == packed.shape
+    assert (a.oc, a.groups, a.ic_g, a.kernel) == (oc, groups, ic_g, (kh, kw))
+    assert a.packed_shape == packed.shape
 
 
 def _bn_model(conv_bias=True, extra_consumer=False):
@@ -385,7 +385,7 @@ def test_gemm_folds_alpha_beta_and_transposes_b():
     np.testing.assert_allclose(inits["y__b"], b.T * 0.5, rtol=1e-6)
     np.testing.assert_allclose(inits["y__c"], c * -2.0, rtol=1e-6)
     assert r.inputs == ["a", "y__b", "y__c"]
-    assert r.compute.attrs["trans_a"] == 1
+    assert r.compute.attrs.trans_a == 1
     assert r.compute.extra_kinds == [POSITION] and r.compute.extra_nstride == [0]
     # The fallback: one Gemm on the folded operands, transA kept.
     (g,) = r.compute.body

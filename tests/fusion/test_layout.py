@@ -185,7 +185,7 @@ def test_assignment_with_a_two_output_epilogue():
     f = ch.conv("comb", "f", 12, k=3)
     regions, count = regions_of(ch.model([f]))
     assert regions["a"].outputs == ["a", "pre"]
-    assert count == 3 and regions["d"].compute.attrs["in_blocked"] == 1 and regions["f"].compute.attrs["in_blocked"]
+    assert count == 3 and regions["d"].compute.attrs.in_blocked == 1 and regions["f"].compute.attrs.in_blocked
 
 
 def test_assignment_chain_ends_and_graph_outputs():
@@ -212,7 +212,7 @@ def test_chain_exit_computes_on_channel_vectors():
         ch.conv(a, "b", oc)
         regions, _ = regions_of(ch.model(["b"]))
         attrs = regions["b"].compute.attrs
-        assert (attrs["in_blocked"], attrs["out_blocked"], attrs["channel_vectors"]) == (1, 0, vectors)
+        assert (attrs.in_blocked, attrs.out_blocked, attrs.channel_vectors) == (1, 0, vectors)
 
 
 @needs_vectors

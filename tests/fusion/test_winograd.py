@@ -104,12 +104,13 @@ def test_applies_to_stride_1_kernels_that_offer_the_tile(tmp_path):
 
 def test_reasons():
     from onnxopt.fusion.compute import ComputeParams
+    from onnxopt.fusion.params import ComputeAttrs
     from onnxopt.fusion.region import Region
 
     def region(**attrs):
         a = {"kernel": [3, 3], "strides": [1, 1], "dilations": [1, 1], "groups": 1, "out_blocked": 1}
         a.update(attrs)
-        c = ComputeParams(op="conv", attrs=a, weights=np.zeros((4, 4, 3, 3), np.float32))
+        c = ComputeParams(op="conv", attrs=ComputeAttrs(**a), weights=np.zeros((4, 4, 3, 3), np.float32))
         return Region(label="Conv", nodes=[], inputs=["x", "w"], outputs=["y"], program=None, shape=[1, 4, 4, 4],
                       params=c)
 

@@ -22,7 +22,10 @@ from onnxopt.errors import ToolchainError, UsageError
 # LLVM feature names (Target.features) that gcc and clang take as -m<name>.
 _X86_FLAGS = ("sse4.1", "sse4.2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq",
               "avx512vl", "avx512cd", "avx512vnni", "avx512bf16", "avxvnni")
-CFLAGS = ("-O3", "-std=c11", "-fPIC", "-fno-math-errno", "-Wall", "-Werror")
+# -fopenmp-simd: the kernels' `#pragma omp simd reduction(...)` loops (row sums and maxima) are vectorized without
+# letting the compiler reassociate anything else.
+CFLAGS = ("-O3", "-std=c11", "-fPIC", "-fno-math-errno", "-fopenmp-simd", "-Wall", "-Werror")
+KERNEL_H = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.h")
 
 
 def cpu_flags(target: Target) -> list[str]:
@@ -44,7 +47,7 @@ def compile_c(source: str, target: Target) -> bytes:
         src = os.path.join(tmp, "kernel.c")
         obj = os.path.join(tmp, "kernel.o")
         write_sources(tmp, [(src, source.encode())])
-        cmd = [cc, *CFLAGS, *cpu_flags(target), "-c", src, "-o", obj]
+        cmd = [cc, *CFLAGS, *cpu_flags(target), "-I", os.path.dirname(KERNEL_H), "-c", src, "-o", obj]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as e:

@@ -14,7 +14,7 @@ from onnxopt.fusion.region import EwProgram, Region
 from . import compile_c
 from .expr import C_MEMORY, body
 
-PRELUDE = "#include <math.h>\n#include <stdint.h>\n"
+PRELUDE = '#include "kernel.h"\n'  # libm, stdint and a vectorizable expf (kernel.h)
 
 
 def _pointers(prog: EwProgram) -> list[str]:

@@ -14,6 +14,7 @@ without their intermediates; its outputs are C's; its fallback is the three regi
 
 from __future__ import annotations
 
+from ..params import ComputeAttrs
 from ..region import Region
 from .siso import DEFAULT_SCRATCH_BYTES, balanced_rows, channel_vector_parts, fused_region, siso_reason
 
@@ -31,19 +32,19 @@ def chain_reason(a: Region, b: Region, c: Region, lanes: int, consumers: dict[st
 def _rows_read(r: Region, rows: int) -> int:
     """Input rows that `rows` output rows of convolution region `r` read (its padding rows included)."""
     at = r.compute.attrs
-    return (rows - 1) * at["strides"][0] + (at["kernel"][0] - 1) * at["dilations"][0] + 1
+    return (rows - 1) * at.strides[0] + (at.kernel[0] - 1) * at.dilations[0] + 1
 
 
 def _padded_width(r: Region, width: int) -> int:
-    return width + r.compute.attrs["pads"][1] + r.compute.attrs["pads"][3]
+    return width + r.compute.attrs.pads[1] + r.compute.attrs.pads[3]
 
 
 def chain_band_bytes(a: Region, b: Region, c: Region, lanes: int, band_rows: int, out_w_a: int, out_w_b: int) -> int:
     """Bytes of both scratch bands for `band_rows` output rows of C (afusion_chain_exec.c)."""
     s2 = _rows_read(c, band_rows)
     s1 = _rows_read(b, s2)
-    band2 = -(-b.compute.attrs["oc"] // lanes) * s2 * _padded_width(c, out_w_b) * lanes * 4
-    band1 = -(-a.compute.attrs["oc"] // lanes) * s1 * _padded_width(b, out_w_a) * lanes * 4
+    band2 = -(-b.compute.attrs.oc // lanes) * s2 * _padded_width(c, out_w_b) * lanes * 4
+    band1 = -(-a.compute.attrs.oc // lanes) * s1 * _padded_width(b, out_w_a) * lanes * 4
     return band1 + band2
 
 
@@ -62,6 +63,6 @@ def fuse_chain(a: Region, b: Region, c: Region, lanes: int, ni: int, opset: int,
     pa, pb, pc = parts
     inputs = list(pa.inputs) + list(pb.inputs[1:]) + list(pc.inputs[1:])
     return fused_region(a, parts, inputs=inputs, outputs=list(pc.outputs),
-                        attrs={"band_rows": int(band_rows), "chain": 1,
-                               "in_blocked": int(pa.compute.attrs.get("in_blocked", 0)),
-                               "out_blocked": int(pc.compute.attrs.get("out_blocked", 0)), "block": lanes})
+                        attrs=ComputeAttrs(band_rows=int(band_rows), chain=1,
+                                           in_blocked=int(pa.compute.attrs.in_blocked),
+                                           out_blocked=int(pc.compute.attrs.out_blocked), block=lanes))

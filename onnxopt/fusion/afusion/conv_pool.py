@@ -22,7 +22,7 @@ What the kernel supports (`pool_reason` says why not):
 from __future__ import annotations
 
 from ..compute import ComputeParams
-from ..params import RelayoutParams
+from ..params import ComputeAttrs, RelayoutParams
 from ..elementwise import _attr
 from ..region import EwProgram, Region
 from .siso import (
@@ -106,7 +106,7 @@ def pool_reason(first: Region, pool: Region, lanes: int, consumers: dict[str, li
     t = first.outputs[0]
     if pool.inputs[0] != t:
         return "the pool does not read the convolution's output"
-    if not first.compute.attrs.get("out_blocked"):
+    if not first.compute.attrs.out_blocked:
         return "the convolution's output is not blocked"
     return kept_inside_reason(first, consumers, graph_outputs)
 
@@ -114,7 +114,7 @@ def pool_reason(first: Region, pool: Region, lanes: int, consumers: dict[str, li
 def pool_band_bytes(first: Region, params: dict, lanes: int, band_rows: int, out_w1: int) -> int:
     """Bytes of the scratch band for `band_rows` pool output rows: the conv rows they need, all channels."""
     rows = (band_rows - 1) * params["strides"][0] + (params["kernel"][0] - 1) * params["dilations"][0] + 1
-    return -(-first.compute.attrs["oc"] // lanes) * rows * out_w1 * lanes * 4
+    return -(-first.compute.attrs.oc // lanes) * rows * out_w1 * lanes * 4
 
 
 def pool_band_rows(first: Region, params: dict, lanes: int, out_h2: int, out_w1: int, batch: int, threads: int,
@@ -135,8 +135,8 @@ def fuse_conv_pool(first: Region, pool: Region, lanes: int, ni: int, opset: int,
         raise ValueError("the pool's fallback nodes would reassign a tensor of the convolution's")
     compute = ComputeParams(
         op="afusion",
-        attrs={"band_rows": int(band_rows), "in_blocked": int(p1.compute.attrs.get("in_blocked", 0)),
-               "out_blocked": 1, "block": lanes, "pool": params},
+        attrs=ComputeAttrs(band_rows=int(band_rows), in_blocked=int(p1.compute.attrs.in_blocked),
+                           out_blocked=1, block=lanes, pool=params),
         initializers=list(p1.compute.initializers),
         body=list(p1.compute.body) + blocked_form(pool),
         orig_consts=list(p1.compute.orig_consts),

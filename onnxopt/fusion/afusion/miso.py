@@ -18,6 +18,7 @@ What the kernel supports (`miso_reason` says why not):
 from __future__ import annotations
 
 from ..compute import POSITION
+from ..params import ComputeAttrs
 from ..region import Region
 from .siso import (
     DEFAULT_SCRATCH_BYTES,
@@ -79,6 +80,6 @@ def fuse_miso(first: Region, second: Region, lanes: int, ni: int, opset: int, ba
     drop = len(p2.inputs) - len(p2.compute.extra_kinds) + e  # the intermediate's place among the second's inputs
     inputs = list(p1.inputs) + [x for i, x in enumerate(p2.inputs) if i != drop]
     return fused_region(first, [p1, p2], inputs,
-                        attrs={"band_rows": int(band_rows), "in_blocked": int(p1.compute.attrs.get("in_blocked", 0)),
-                               "out_blocked": int(p2.compute.attrs.get("out_blocked", 0)), "block": lanes,
-                               "miso_extra": e})
+                        attrs=ComputeAttrs(band_rows=int(band_rows), in_blocked=int(p1.compute.attrs.in_blocked),
+                                           out_blocked=int(p2.compute.attrs.out_blocked), block=lanes,
+                                           miso_extra=e))

@@ -139,7 +139,7 @@ def _miso_pairs(convs, index, shape_of, lanes, threads, refused, scratch_bytes) 
                 refused.append({"nodes": first.node_names + second.node_names, "reason": f"AFUSION MISO: {why}"})
                 continue
             kw = {} if scratch_bytes is None else {"scratch_bytes": scratch_bytes}
-            rows = miso_band_rows(second.compute.attrs["oc"], lanes, out[2], out[3], out[0], threads, **kw)
+            rows = miso_band_rows(second.compute.attrs.oc, lanes, out[2], out[3], out[0], threads, **kw)
             forced = os.environ.get("ONNXOPT_AFUSION_BAND_ROWS")
             if forced:
                 rows = max(1, int(forced))

@@ -37,10 +37,10 @@ def simo_reason(first: Region, seconds: list[Region], lanes: int, consumers: dic
     t = first.outputs[0]
     if consumers is not None and len(consumers.get(t, [])) != len(seconds):
         return "the intermediate is also read outside the fused convolutions; it would have to be written"
-    strides = {tuple(r.compute.attrs["strides"]) for r in seconds}
+    strides = {tuple(r.compute.attrs.strides) for r in seconds}
     if len(strides) > 1:
         return f"the convolutions reading the intermediate have different strides ({sorted(strides)})"
-    layouts = {bool(r.compute.attrs.get("out_blocked")) for r in seconds}
+    layouts = {bool(r.compute.attrs.out_blocked) for r in seconds}
     if len(layouts) > 1:
         return "the convolutions reading the intermediate write different layouts (blocked and NCHW)"
     return None

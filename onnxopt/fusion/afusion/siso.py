@@ -22,6 +22,7 @@ import onnx
 
 from ..compute import POSITION, ComputeParams
 from ..layout import is_depthwise, with_channel_vectors
+from ..params import ComputeAttrs
 from ..region import EwProgram, Region
 
 # The band lives in the core's private L2 next to the weights it streams; half of it for the band.
@@ -35,17 +36,17 @@ def conv_part_reason(r: Region, which: str, depthwise: bool | None = None) -> st
     if c is None or c.op != "conv":
         return f"the {which} region is not a convolution"
     a = c.attrs
-    if len(a.get("kernel", ())) != 2:
+    if len(a.kernel or ()) != 2:
         return f"the {which} convolution is not 2-D"
     depthwise = which == "first" if depthwise is None else depthwise
-    if a["groups"] != 1 and not (depthwise and is_depthwise(c)):
+    if a.groups != 1 and not (depthwise and is_depthwise(c)):
         return f"the {which} convolution is grouped" + \
             (" (only depthwise ones are supported)" if depthwise else " (a depthwise one can only be the first)")
     if c.weights is None:
         return f"the {which} convolution's weights are not constant"
     if c.tile is not None:
         return f"the {which} convolution has a searched register tile"
-    if a.get("winograd"):
+    if a.winograd:
         return f"the {which} convolution runs as Winograd tiles (its own kernel)"
     return None
 
@@ -94,11 +95,11 @@ def band_bytes(first: Region, seconds, lanes: int, band_rows: int, out_w1: int) 
     union of the rows and columns each second reads, its padding included."""
     seconds = _seconds(seconds)
     a1 = first.compute.attrs
-    pt = max(r.compute.attrs["pads"][0] for r in seconds)
-    rows = max((band_rows - 1) * a["strides"][0] + (a["kernel"][0] - 1) * a["dilations"][0] + 1 + pt - a["pads"][0]
+    pt = max(r.compute.attrs.pads[0] for r in seconds)
+    rows = max((band_rows - 1) * a.strides[0] + (a.kernel[0] - 1) * a.dilations[0] + 1 + pt - a.pads[0]
                for a in (r.compute.attrs for r in seconds))
-    cols = out_w1 + max(r.compute.attrs["pads"][1] for r in seconds) + max(r.compute.attrs["pads"][3] for r in seconds)
-    return -(-a1["oc"] // lanes) * rows * cols * lanes * 4
+    cols = out_w1 + max(r.compute.attrs.pads[1] for r in seconds) + max(r.compute.attrs.pads[3] for r in seconds)
+    return -(-a1.oc // lanes) * rows * cols * lanes * 4
 
 
 def choose_band_rows(first: Region, seconds, lanes: int, out_h2: int, out_w1: int, batch: int,
@@ -154,8 +155,8 @@ def fuse_group(first: Region, seconds: list[Region], lanes: int, ni: int, opset:
     parts = channel_vector_parts([first, *seconds], lanes, ni, opset)
     p1, rest = parts[0], parts[1:]
     return fused_region(first, parts, inputs=list(p1.inputs) + [x for p in rest for x in p.inputs[1:]],
-                        attrs={"band_rows": int(band_rows), "in_blocked": int(p1.compute.attrs.get("in_blocked", 0)),
-                               "out_blocked": int(rest[0].compute.attrs.get("out_blocked", 0)), "block": lanes})
+                        attrs=ComputeAttrs(band_rows=int(band_rows), in_blocked=int(p1.compute.attrs.in_blocked),
+                                           out_blocked=int(rest[0].compute.attrs.out_blocked), block=lanes))
 
 
 def channel_vector_parts(regions: list[Region], lanes: int, ni: int, opset: int) -> list[Region]:
@@ -164,8 +165,8 @@ def channel_vector_parts(regions: list[Region], lanes: int, ni: int, opset: int)
     for r in regions:
         r = replace(r, inputs=list(r.inputs), outputs=list(r.outputs), measured={})
         c = r.compute
-        if c.attrs.get("out_blocked") or c.attrs.get("channel_vectors"):
-            r.params = replace(c, attrs=dict(c.attrs), initializers=list(c.initializers), body=list(c.body))
+        if c.attrs.out_blocked or c.attrs.channel_vectors:
+            r.params = replace(c, attrs=replace(c.attrs), initializers=list(c.initializers), body=list(c.body))
             if r.op_type_key:
                 r.compute_op_type(r.op_type_key)
         else:
@@ -174,7 +175,7 @@ def channel_vector_parts(regions: list[Region], lanes: int, ni: int, opset: int)
     return parts
 
 
-def fused_region(first: Region, parts: list[Region], inputs: list[str], attrs: dict,
+def fused_region(first: Region, parts: list[Region], inputs: list[str], attrs: ComputeAttrs,
                  outputs: list[str] | None = None) -> Region:
     """The AFUSION region of `parts` (first first): its fallback is the parts' fallbacks in order, its outputs the
     later parts' (or `outputs`: a chain's, the last part's only)."""

@@ -13,12 +13,13 @@ def rows_source(symbol: str, p) -> str:
     if p.residual:
         keep = "sum + r * n" if p.sum_output else "yr"
         first = (f"float *vr = {keep};\n    const float *rr = r + off;\n"
+                 "    #pragma omp simd reduction(+:acc)\n"
                  "    for (int64_t j = 0; j < n; j++) { const float v = xr[j] + rr[j]; vr[j] = v; acc += v; }")
     else:
-        first = "const float *vr = xr;\n    for (int64_t j = 0; j < n; j++) acc += xr[j];"
+        first = ("const float *vr = xr;\n    #pragma omp simd reduction(+:acc)\n"
+                 "    for (int64_t j = 0; j < n; j++) acc += xr[j];")
     bias = " + beta[j]" if p.has_bias else ""
-    return f"""#include <math.h>
-#include <stdint.h>
+    return f"""#include "kernel.h"
 void {symbol}(const float *x, const float *r, const float *gamma, const float *beta, float *y, float *sum,
               int64_t rows, int64_t n) {{
   const float inv_n = 1.0f / (float)n;
@@ -31,6 +32,7 @@ void {symbol}(const float *x, const float *r, const float *gamma, const float *b
     {first}
     const float mean = acc * inv_n;
     float var = 0.0f;
+    #pragma omp simd reduction(+:var)
     for (int64_t j = 0; j < n; j++) {{ const float d = vr[j] - mean; var += d * d; }}
     const float rstd = 1.0f / sqrtf(var * inv_n + {literal(p.epsilon, "float32")});
     for (int64_t j = 0; j < n; j++) yr[j] = (vr[j] - mean) * rstd * gamma[j]{bias};

@@ -15,15 +15,16 @@ def rows_source(symbol: str, op: str) -> str:
     else:
         second = "s += e;"
         third = "const float ls = logf(s);\n    for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - m) - ls;"
-    return f"""#include <math.h>
-#include <stdint.h>
+    return f"""#include "kernel.h"
 void {symbol}(const float *restrict x, float *restrict y, int64_t rows, int64_t n) {{
   for (int64_t r = 0; r < rows; r++) {{
     const float *xr = x + r * n;
     float *yr = y + r * n;
     float m = -INFINITY;
+    #pragma omp simd reduction(max:m)
     for (int64_t j = 0; j < n; j++) m = m > xr[j] ? m : xr[j];
     float s = 0.0f;
+    #pragma omp simd reduction(+:s)
     for (int64_t j = 0; j < n; j++) {{
       const float e = expf(xr[j] - m);
       {second}
