@@ -8,8 +8,8 @@ A backend is one folder here with a `BACKEND` (a `Backend`) in its `__init__.py`
     lowering        a kind's lowering for it (`lower`): the kind's own (Kind.lowering(name)); a kind with none
                     here is not fused (`families_not_lowered`, which the driver adds to the kinds it skips)
     compile, link   source -> object code (`compile`), descriptions + objects -> the library (`link`)
-    execution       the onnxruntime execution provider its ops declare (`execution_provider`), where their
-                    inputs are fed (`feeds`), the sessions that check and time them (`session`)
+    execution       the onnxruntime execution provider its ops declare (`execution_provider`), and the sessions
+                    that feed, check and time them (`session`)
     device check    why its kernels cannot run on this machine, or None (`cannot_run`)
 
 llvm (LLVM IR through llvmlite, the kernels of codegen/) is the default; c (plain C through the system compiler)

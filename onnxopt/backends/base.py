@@ -55,12 +55,9 @@ class Backend:
     def execution_provider(self, target: Target) -> str:
         return target.execution_provider
 
-    def feeds(self, arrays: dict) -> dict:
-        """The inputs as its sessions take them: host numpy arrays for the CPU backends."""
-        return arrays
-
     def session(self, model, target: Target, threads: int | None = None, library: str | None = None, **options):
-        """An onnxruntime session on its execution provider (onnxopt/timing.py), the library registered."""
+        """An onnxruntime session on its execution provider (onnxopt/timing.py), the library registered: how the
+        driver feeds, checks and times its kernels (host arrays for the CPU backends)."""
         from onnxopt.timing import make_session
 
         return make_session(model, threads, library=library, provider=self.execution_provider(target), **options)

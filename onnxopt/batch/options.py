@@ -25,7 +25,8 @@ PASS_THROUGH = (
     ("tune_budget", "float", "seconds of Winograd/tile/band searches per model (optimize's default 12)"),
     ("search_budget", "float", "seconds of the fusion-plan search per model (optimize's default 60)"),
     ("target", "str", "CPU to compile for: native (default), x86-64-v3, x86-64-v4, aarch64, aarch64-dotprod (Armv8.2-A's "
-               "int8 dot products), or cpu=NAME,+feature,... (an x86-64 or aarch64 CPU: cpu=neoverse-n1,+dotprod)"),
+               "int8 dot products), or cpu=NAME,+feature,... (an x86-64 or aarch64 CPU: cpu=neoverse-n1,+dotprod); "
+               "c, c:x86-64-v3, c:x86-64-v4: the C backend"),
     ("skip_fusion", "list", "do not fuse regions of this kind (repeatable, or comma-separated): "
                             + ", ".join(FUSION_KINDS)),
     ("min_speedup", "float", "optimize's --min-speedup"),

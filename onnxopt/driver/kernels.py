@@ -37,7 +37,6 @@ from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare
 from onnxopt.driver.policy import COLD_REGION_BYTES, SETTLED_BEYOND, ALONE_CHECK_S, _machine, custom_ops
 
 
-
 class KernelStage:
 
     def _build(self, regions):

@@ -155,3 +155,17 @@ def test_the_c_backends_exp_is_within_2_ulp_and_keeps_the_special_values(tmp_pat
     assert ulp.max() <= 2, (ulp.max(), x[finite][ulp.argmax()])
     sub = np.isfinite(want) & (want < np.finfo(np.float32).tiny)  # denormal results: within a denormal step
     assert np.all(np.abs(y[sub] - want[sub]) <= 2 * np.finfo(np.float32).smallest_subnormal)
+
+
+def test_each_host_backend_compiles_its_source_to_an_object():
+    """The protocol's compile: LLVM IR text for the llvm backend, C for the c backend, both ELF objects of the
+    target's machine."""
+    from onnxopt.codegen.compile import new_module
+
+    target = parse_target("native")
+    module = new_module(target, "k")
+    module.triple = target.triple
+    llvm_obj = backend_named("llvm").compile(str(module) + "define void @k() {\n  ret void\n}\n", target)
+    c_obj = backend_named("c").compile("void k(void) {}\n", parse_target("c"))
+    for obj in (llvm_obj, c_obj):
+        assert obj[:4] == b"\x7fELF"

@@ -7,4 +7,6 @@ from .lower import build
 from .schedule import space
 
 # Asked before the compute and elementwise rules, which would take the Cast -> Mul -> Add after the MatMulInteger.
-KIND = Kind(name="qmatmul", schedule=space, find=find_regions, build=build, first=True, order=40)
+# The int8 kinds' dtypes are their activations': u8 or s8 in, requantized to them or dequantized to float32.
+KIND = Kind(name="qmatmul", find=find_regions, build=build, first=True, order=40, schedule=space,
+            dtypes=("uint8", "int8"))
