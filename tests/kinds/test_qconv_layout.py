@@ -34,6 +34,8 @@ pytestmark = pytest.mark.skipif(not available(host_target(), ("u8", "s8")),
          relu=True)  # the implicit form (find.py implicit)
 @example(cin=9, cout=70, r=1, stride=1, pad=0, n=1, h=3, w=32, seed=2, side="both", signed_in=True, signed_out=True,
          relu=False)  # 1x1: whole panels copied as words
+@example(cin=10, cout=65, r=3, stride=1, pad=0, n=1, h=8, w=17, seed=625, side="in", signed_in=False, signed_out=False,
+         relu=False)  # onnxruntime's QDQ conv a step off the spec at one element; the kernel exact
 def test_blocked_kernels_are_exact_on_drawn_shapes(tmp_path_factory, cin, cout, r, stride, pad, n, h, w, seed, side,
                                                    signed_in, signed_out, relu):
     """A QDQ unit reading and/or writing the blocked layout, odd channels (a partial last group), padding, strides,
@@ -69,8 +71,12 @@ def test_blocked_kernels_are_exact_on_drawn_shapes(tmp_path_factory, cin, cout, 
         np.testing.assert_array_equal(got, to_blocked(from_blocked(got, cout), 4))  # channels past C are zero
         got = from_blocked(got, cout)
     np.testing.assert_array_equal(got.astype(np.int64), want)
-    alone = make_session(fused, 1, optimization="none").run(None, feeds)[0]  # the function fallback
-    np.testing.assert_array_equal(from_blocked(alone, cout) if ob else alone, got)
+    # The function fallback is onnxruntime's own ops on the same tensors: bit for bit what onnxruntime gives for the
+    # original model, which may itself be a step off the spec where the scaled sum lies within float32's error of a
+    # half (seed 625 below: 55.499977 rounds to 56 there).
+    alone = make_session(fused, 1, optimization="none").run(None, feeds)[0]
+    original = make_session(model, 1, optimization="none").run(None, {"xq": x})[0]
+    np.testing.assert_array_equal(from_blocked(alone, cout) if ob else alone, original)
 
 
 def _chain(tmp_path, seed: int, qoperator: bool = False, residual: bool = False) -> str:
