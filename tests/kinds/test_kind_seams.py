@@ -104,7 +104,15 @@ def _qmatmul():
     return m, kind.find(m, set(), [])
 
 
-MODELS = {"elementwise": _elementwise, "softmax": lambda: _rows("softmax"), "layernorm": lambda: _rows("layernorm"),
+def _attention():
+    from attention_models import attention_model
+
+    m = onnx.shape_inference.infer_shapes(attention_model("bert", 1, 2, 37, 40, 16, "add", False))
+    kind = next(k for k in KINDS if k.name == "attention")
+    return m, kind.find(m, set(), [])
+
+
+MODELS = {"elementwise": _elementwise, "attention": _attention, "softmax": lambda: _rows("softmax"), "layernorm": lambda: _rows("layernorm"),
           "compute": _conv, "qmatmul": _qmatmul}
 
 

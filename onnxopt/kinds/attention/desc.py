@@ -20,6 +20,7 @@ class AttentionKernelDesc:
     mask_kind: str
     block: int  # the kernel's column block: score rows are padded to it, K^T and V packed in panels of it
     rows_block: int  # query rows of the micro-kernel: a task's rows are a multiple of it
+    min_tasks: int  # the schedule (schedule.py): fewer rows a task rather than fewer tasks than this
     fn: str  # the generated function (glue.h attention_fn)
     rank: int = 0  # of q, k, v and the output, where perms are given
     perms: tuple = ((), (), (), ())  # AttentionParams.perms
@@ -33,5 +34,6 @@ class AttentionKernelDesc:
         return (f"extern void {self.fn}(const {ct} *, int64_t, const {ct} *, int64_t, const {ct} *, int64_t, "
                 f"const void *, int64_t, {ct} *, int64_t, int64_t, int64_t, int64_t, int64_t, {acc} *, int64_t);\n"
                 f"{decls}static const onnxopt_attention_desc {prefix}_desc = {{{sig}, {int(self.k_transposed)}, "
-                f"{MASK_KINDS[self.mask_kind]}, {self.block}, {self.rows_block}, {self.fn}, {int(any(self.perms))}, "
+                f"{MASK_KINDS[self.mask_kind]}, {self.block}, {self.rows_block}, {self.min_tasks}, {self.fn}, "
+                f"{int(any(self.perms))}, "
                 f"{{{perms}}}}};\n")

@@ -3,7 +3,6 @@
    and calls the kernel on its rows, which keeps the scores of one micro-kernel block of rows at a time: its working
    set is K^T and V, L * (d + dv) floats, and MR score rows (the row-kept order, T_L = L, of the data-movement model,
    onnxopt/annotate/data_movement.py; kinds/attention/plan.py reports it). */
-#define ATTN_MIN_TASKS 8 /* fewer rows a task rather than fewer tasks than this (threads to feed) */
 
 typedef struct {
   const onnxopt_attention_desc *d;
@@ -202,7 +201,7 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   /* rows a task: all of a (batch, head)'s rows unless that leaves fewer tasks than threads to feed, in whole
      micro-kernel blocks; a task packs its head's K^T and V once, so fewer rows a task cost more packing */
   int64_t mr = d->rows_block, rows = j.M;
-  int64_t want_blocks = (ATTN_MIN_TASKS + lead_total - 1) / lead_total;
+  int64_t want_blocks = (d->min_tasks + lead_total - 1) / lead_total;
   if (want_blocks > 1) {
     rows = (j.M + want_blocks - 1) / want_blocks;
     if (rows >= mr) rows = (rows + mr - 1) / mr * mr;

@@ -13,6 +13,7 @@ typedef struct {
   int mask_kind;    /* 0: none; 1: a float mask added to the scores; bool masks: 2 keep where true, 3 fill there */
   int block;        /* the kernel's column block: a score row is padded to a multiple of it; K^T and V panels */
   int rows_block;   /* the micro-kernel's query rows */
+  int min_tasks;    /* the schedule: fewer rows a task rather than fewer tasks than this (threads to feed) */
   attention_fn fn;
   /* has_perms: q, k, v and the output are read and written through perm[t] (find.py): logical dim i of tensor t
      is dim perm[t][i] of the tensor in memory (the head split's and merge's Transposes, folded). */

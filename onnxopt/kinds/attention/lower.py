@@ -39,6 +39,9 @@ PTR = ir.PointerType()
 # Query rows x vectors of the micro-kernel: MR * NR accumulators, NR loads and one broadcast in 16 AVX2 registers
 # (the packed-B GEMM's 6 x 16 tile); 4 x 2 read K^T unpacked and was load-bound.
 MR, NR = 6, 2
+# The default schedule: a call is split into at least this many tasks where the (batch, head) pairs are fewer, by
+# giving a task fewer query rows (threads to feed); the schedule space's knob (schedule.py).
+MIN_TASKS = 8
 SOFTMAX_ROWS = 2  # rows a softmax pass carries at once: NR * SOFTMAX_ROWS max and sum chains
 
 
@@ -213,6 +216,7 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
     in_types = [e, e, e] + ([e if p.mask_kind == "add" else dtype("bool").onnx] if p.mask_kind != "none" else [])
     desc = AttentionKernelDesc(op_type=region.op_type, in_types=in_types, out_types=[e],
                                k_transposed=p.k_transposed, mask_kind=p.mask_kind,
-                               block=NR * target.float32_lanes, rows_block=MR, fn=sym,
+                               block=NR * target.float32_lanes, rows_block=MR, min_tasks=p.min_tasks or MIN_TASKS,
+                               fn=sym,
                                rank=max((len(x) for x in p.perms), default=0), perms=p.perms)
     return obj, desc, ir_text

@@ -22,8 +22,10 @@ class AttentionParams(KindParams):
     # chain's logical tensor from the one in memory (logical dim i is memory dim perm[i]); () is the identity.
     perms: tuple = ((), (), (), ())
     dtype: str = "float32"  # of q, k, v, the output and an additive mask, from the graph
+    min_tasks: int = 0  # the schedule (schedule.py): the fewest tasks a call is split into; 0, MIN_TASKS
 
     def key(self) -> list:
         key = [repr(self.scale), self.k_transposed, self.mask_kind, repr(self.fill), self.nan_guard]
         key = key + [list(p) for p in self.perms] if any(self.perms) else key
-        return key if self.dtype == "float32" else key + [self.dtype]  # float32's op types as before the field
+        key = key if self.dtype == "float32" else key + [self.dtype]  # float32's op types as before the field
+        return key + ([f"tasks{self.min_tasks}"] if self.min_tasks else [])

@@ -14,14 +14,12 @@ import math
 
 from onnxopt.annotate.data_movement import gemm_chain, illegal, movement, softmax_strategy
 
-from .lower import MR
-
-MIN_TASKS = 8  # exec.c ATTN_MIN_TASKS
+from .lower import MIN_TASKS, MR
 
 
-def task_rows(M: int, heads: int) -> int:
+def task_rows(M: int, heads: int, min_tasks: int = MIN_TASKS) -> int:
     """exec.c's rows a task, for these extents."""
-    want_blocks = -(-MIN_TASKS // max(heads, 1))
+    want_blocks = -(-min_tasks // max(heads, 1))
     if want_blocks <= 1:
         return max(1, M)
     rows = -(-M // want_blocks)
@@ -54,7 +52,7 @@ def report(region, feeds: dict, desc) -> dict:
     heads = math.prod(max(a, b, c) for a, b, c in zip(q[:-2], k[:-2], v[:-2]))
     if 0 in (M, L, d, dv, heads):  # an empty chain moves nothing
         return {}
-    rows = task_rows(M, heads)
+    rows = task_rows(M, heads, desc.min_tasks)
     buffer = scratch_floats(L, d, dv, desc.block)
     chain = gemm_chain(M, dv, d, L, batch=heads, middle="softmax")
     tiles = {"b": 1, "m": rows, "l": L, "k": d, "n": dv}
