@@ -12,6 +12,12 @@ MAX_INPUTS = c_define("copy.h", "CP_MAX_IN")
 MAX_RANK = c_define("glue.h", "MAX_RANK")
 
 
+# The default schedule: 64 tasks at most, and one thread below 65536 floats written (waking onnxruntime's pool cost
+# more than it saved).
+MAX_TASKS = 64
+INLINE_FLOATS = 65536
+
+
 @dataclass
 class CopyKernelDesc:
     op_type: str
@@ -22,6 +28,8 @@ class CopyKernelDesc:
     axis: int = 1
     # a Slice (lanes 0, one input): the input's dims and the box's start and end per axis
     slice: tuple[list[int], list[int], list[int]] | None = None
+    max_tasks: int = MAX_TASKS  # the schedule (the copy kind's space): the most tasks a call is split into
+    inline_floats: int = INLINE_FLOATS  # the schedule: below this many floats written, one thread
 
 
 def copy_source(i: int, k: CopyKernelDesc) -> str:
@@ -43,4 +51,4 @@ def copy_source(i: int, k: CopyKernelDesc) -> str:
             f"static const int y{i}_out_types[] = {{{outs}}};\n"
             f'static const onnxopt_copy_desc y{i}_desc = {{{{"{k.op_type}", KIND_COPY, {len(k.in_types)}, '
             f"{len(k.out_types)}, y{i}_in_types, y{i}_out_types}}, {k.lanes}, {{{fh}}}, {{{fw}}}, {k.axis}, "
-            f"{len(dims)}, {arr(dims)}, {arr(start)}, {arr(end)}}};\n")
+            f"{len(dims)}, {arr(dims)}, {arr(start)}, {arr(end)}, {int(k.max_tasks)}, {int(k.inline_floats)}}};\n")

@@ -14,6 +14,8 @@ typedef struct {
      slice_rank (0: not a slice). */
   int slice_rank;
   int64_t slice_dims[MAX_RANK], slice_start[MAX_RANK], slice_end[MAX_RANK];
+  int64_t max_tasks;     /* the schedule: the most tasks a call is split into */
+  int64_t inline_floats; /* the schedule: below this many floats written, one thread (waking the pool costs more) */
 } onnxopt_copy_desc;
 
 #endif

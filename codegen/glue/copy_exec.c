@@ -10,9 +10,9 @@
  * than onnxruntime's is rejected and the passthrough nodes run instead (fusion/blocked_copy.py).
  */
 
-#define CP_TARGET_TASKS 64
 #define CP_TASK_MIN_FLOATS 16384 /* floats written per task, at least */
-#define CP_INLINE_FLOATS 65536   /* below this, one thread is faster than waking the pool */
+/* The descriptor's schedule (codegen/copy/desc.py, the copy kind's space in onnxopt/kinds/builtin.py): at most
+   d->max_tasks tasks, and one thread below d->inline_floats floats written. */
 
 typedef struct {
   const onnxopt_copy_desc *d;
@@ -81,13 +81,13 @@ static OrtStatus *cp_run(cp_job *j, OrtKernelContext *ctx) {
   if (j->rows == 0 || j->W == 0) return NULL;
   int64_t total = j->rows * j->W * j->L;
   j->tasks = total / CP_TASK_MIN_FLOATS;
-  if (j->tasks > CP_TARGET_TASKS) j->tasks = CP_TARGET_TASKS;
+  if (j->tasks > j->d->max_tasks) j->tasks = j->d->max_tasks;
   if (j->tasks > j->rows) j->tasks = j->rows;
   if (j->tasks < 1) j->tasks = 1;
   int repeats = 0;
   for (int k = 0; k < j->n_in; k++) repeats |= j->d->fh[k] != 1 || j->d->fw[k] != 1;
   void (*run)(void *, size_t) = repeats ? cp_run_task : cp_run_span;
-  if (total < CP_INLINE_FLOATS || j->tasks == 1) {
+  if (total < j->d->inline_floats || j->tasks == 1) {
     j->tasks = 1;
     run(j, 0);
     return NULL;
@@ -189,9 +189,9 @@ static OrtStatus *cp_slice(const onnxopt_copy_desc *d, OrtKernelContext *ctx) {
   j.run = j.out_dims[d->slice_rank - 1];
   j.runs = total / j.run;
   j.tasks = total / CP_TASK_MIN_FLOATS;
-  if (j.tasks > CP_TARGET_TASKS) j.tasks = CP_TARGET_TASKS;
+  if (j.tasks > d->max_tasks) j.tasks = d->max_tasks;
   if (j.tasks > j.runs) j.tasks = j.runs;
-  if (total < CP_INLINE_FLOATS || j.tasks < 2) {
+  if (total < d->inline_floats || j.tasks < 2) {
     j.tasks = 1;
     cp_slice_task(&j, 0);
     return NULL;

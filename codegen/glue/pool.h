@@ -19,6 +19,8 @@ typedef struct {
   const int64_t *extra_nstride; /* 1: has the batch dim, 0: shared by the batch */
   int blocked;                  /* lanes of a blocked input [N, C / L, H, W, L], or 0 */
   int64_t exit_channels;        /* a blocked global pool that writes NCHW [N, C, 1, 1]: C; 0 writes it blocked */
+  int64_t max_tasks;            /* the schedule: the most tasks a call is split into */
+  double inline_work;           /* the schedule: below this many taps, one thread (waking the pool costs more) */
 } onnxopt_pool_desc;
 
 #endif

@@ -19,16 +19,16 @@
  */
 
 enum { PX_POSITION = 0, PX_CHANNEL = 1, PX_COLUMN = 2, PX_SCALAR = 3 }; /* epilogue input kinds */
-#define POOL_TARGET_TASKS 64
+/* The descriptor's schedule (codegen/pool/desc.py, the pool kind's space in onnxopt/kinds/builtin.py): at most
+   d->max_tasks tasks, and one thread below d->inline_work taps. */
 #define POOL_TASK_MIN_WORK 65536.0   /* taps (or elements read) per task, at least */
-#define POOL_INLINE_WORK 393216.0    /* below this, one thread is faster than waking the pool */
 #define POOL_BAND_BYTES 16384        /* input rows of a band, read once per strip of output columns */
 
-/* Tasks for `work` taps over `units` independent units: one below POOL_INLINE_WORK, else one per
-   POOL_TASK_MIN_WORK, at most POOL_TARGET_TASKS and at most one per unit. */
-static int64_t pool_task_count(double work, int64_t units) {
-  int64_t tasks = work < POOL_INLINE_WORK ? 1 : (int64_t)(work / POOL_TASK_MIN_WORK);
-  if (tasks > POOL_TARGET_TASKS) tasks = POOL_TARGET_TASKS;
+/* Tasks for `work` taps over `units` independent units: one below d->inline_work, else one per
+   POOL_TASK_MIN_WORK, at most d->max_tasks and at most one per unit. */
+static int64_t pool_task_count(const onnxopt_pool_desc *d, double work, int64_t units) {
+  int64_t tasks = work < d->inline_work ? 1 : (int64_t)(work / POOL_TASK_MIN_WORK);
+  if (tasks > d->max_tasks) tasks = d->max_tasks;
   if (tasks > units) tasks = units;
   return tasks < 1 ? 1 : tasks;
 }
@@ -350,7 +350,7 @@ static OrtStatus *pool_blocked_global_compute(const onnxopt_pool_desc *d, OrtKer
   if (j.rows == 0) return NULL;
   CHECK(API(GetTensorMutableData)((OrtValue *)xv, (void **)&j.x));
   double work = (double)j.rows * (double)(j.H * j.W) * (double)L;
-  j.tasks = pool_task_count(work, j.rows);
+  j.tasks = pool_task_count(d, work, j.rows);
   if (j.tasks == 1) {
     pool_blocked_globals(&j, 0, j.rows);
     return NULL;
@@ -395,7 +395,7 @@ static OrtStatus *pool_blocked_compute(const onnxopt_pool_desc *d, OrtKernelCont
     j.inv_h = inv, j.inv_w = inv + j.OH;
   }
   double work = (double)j.rows * (double)j.OW * (double)(d->kh * d->kw) * (double)L;
-  j.tasks = pool_task_count(work, j.rows);
+  j.tasks = pool_task_count(d, work, j.rows);
   OrtStatus *st = NULL;
   if (j.tasks == 1)
     pool_blocked_rows(&j, 0, j.rows);
@@ -480,8 +480,8 @@ static OrtStatus *pool_compute(const onnxopt_pool_desc *d, OrtKernelContext *ctx
     /* Bands of output rows: enough units for the threads when there are few planes, and few enough input rows
        that the strips after the first one of a band read them from L1. */
     double want = work / POOL_TASK_MIN_WORK;
-    if (want > POOL_TARGET_TASKS) want = POOL_TARGET_TASKS;
-    int64_t bands = work < POOL_INLINE_WORK ? 1 : (int64_t)(want / (double)planes + 0.999);
+    if (want > (double)d->max_tasks) want = (double)d->max_tasks;
+    int64_t bands = work < d->inline_work ? 1 : (int64_t)(want / (double)planes + 0.999);
     int64_t fit = (POOL_BAND_BYTES / (j.W * (int64_t)sizeof(float) + 1) - (d->kh - 1) * d->dh) / d->sh;
     if (fit < 4) fit = 4;
     if (bands < (j.OH + fit - 1) / fit) bands = (j.OH + fit - 1) / fit;
@@ -491,7 +491,7 @@ static OrtStatus *pool_compute(const onnxopt_pool_desc *d, OrtKernelContext *ctx
     j.bands = (j.OH + j.band_rows - 1) / j.band_rows;
     j.units = planes * j.bands;
   }
-  j.tasks = pool_task_count(work, j.units);
+  j.tasks = pool_task_count(d, work, j.units);
   if (global) {
     if (j.tasks == 1) {
       pool_global_units(&j, 0, j.units);

@@ -8,7 +8,7 @@ from onnxopt.fusion.region import Region
 
 from ..compile import compile_object, new_module
 from ..target import Target
-from .desc import PoolKernelDesc
+from .desc import INLINE_WORK, MAX_TASKS, PoolKernelDesc
 from .kernels import PoolSpec, define_pool_functions
 
 
@@ -40,5 +40,6 @@ def build_pool(region: Region, target: Target) -> tuple[bytes, PoolKernelDesc, s
         ceil_mode=int(a.get("ceil_mode", 0)), count_include_pad=int(a.get("count_include_pad", 0)),
         rank=int(a["rank"]), extra_kinds=list(p.extra_kinds), extra_nstride=list(p.extra_nstride),
         blocked=int(a.get("blocked", 0)), exit_channels=int(a.get("exit_channels", 0)),
+        max_tasks=p.max_tasks or MAX_TASKS, inline_work=p.inline_work or INLINE_WORK,
     )
     return obj, desc, ir_text

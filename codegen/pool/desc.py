@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The default schedule, measured when the pool kernels were written: 64 tasks at most, and one thread below 393216
+# taps, where waking onnxruntime's pool cost more than it saved.
+MAX_TASKS = 64
+INLINE_WORK = 393216.0
+
 
 @dataclass
 class PoolKernelDesc:
@@ -28,6 +33,8 @@ class PoolKernelDesc:
     extra_nstride: list[int] = field(default_factory=list)
     blocked: int = 0  # lanes of a blocked input [N, C / L, H, W, L] (pool_exec.c's blocked path), or 0
     exit_channels: int = 0  # a blocked global pool writing NCHW [N, C, 1, 1]: C (0: its output is blocked too)
+    max_tasks: int = MAX_TASKS  # the schedule (the pool kind's space): the most tasks a call is split into
+    inline_work: float = INLINE_WORK  # the schedule: below this many taps, one thread
 
 
 _POOL_OP = {"max": "POOL_MAX", "avg": "POOL_AVG", "gmax": "POOL_GMAX", "gavg": "POOL_GAVG"}
@@ -49,7 +56,7 @@ def pool_source(i: int, k: PoolKernelDesc) -> str:
                  f"{k.strides[0]}, {k.strides[1]}, {k.dilations[0]}, {k.dilations[1]}, "
                  f"{{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ceil_mode}, {k.count_include_pad}, "
                  f"{k.rank}, {len(k.extra_kinds or [])}, p{i}_extra_kind, p{i}_extra_nstride, {int(k.blocked)}, "
-                 f"{int(k.exit_channels)}}};\n")
+                 f"{int(k.exit_channels)}, {int(k.max_tasks)}, {float(k.inline_work)!r}}};\n")
     return "".join(parts)
 
 

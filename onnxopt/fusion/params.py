@@ -189,10 +189,15 @@ class PoolParams(KindParams):
     # form (fusion/blocked_passthrough.py), instead of the original node.
     body: list = field(default_factory=list)
     dtype: str = "float32"  # the element type of the pooled tensor, from the graph
+    # The schedule (the pool kind's space, kinds/builtin.py): the most tasks a call is split into, and the taps
+    # below which it runs on one thread; 0: the defaults (codegen/pool/desc.py)
+    max_tasks: int = 0
+    inline_work: float = 0.0
 
     def key(self) -> list:
         key = [self.op, self.extra_kinds, self.extra_nstride, {k: repr(v) for k, v in sorted(self.attrs.items())}]
-        return key if self.dtype == "float32" else key + [self.dtype]  # float32's op types as before the field
+        key = key if self.dtype == "float32" else key + [self.dtype]  # float32's op types as before the field
+        return key + ([self.max_tasks, repr(self.inline_work)] if self.max_tasks or self.inline_work else [])
 
     def op_type_text(self, target_name: str) -> str:
         return "|pool" + json.dumps(self.key(), sort_keys=True)
@@ -216,10 +221,15 @@ class CopyParams(KindParams):
     axis: int = 1  # a plain Concat's (>= 0)
     # a Slice (plain_slices): the input's dims, and the box's start and end per axis
     slice: tuple[list[int], list[int], list[int]] | None = None
+    # The schedule (the copy kind's space, kinds/builtin.py): the most tasks a call is split into, and the floats
+    # written below which it runs on one thread; 0: the defaults (codegen/copy/desc.py)
+    max_tasks: int = 0
+    inline_floats: int = 0
 
     def key(self) -> list:
         return [self.lanes, [list(f) for f in self.factors]] + ([] if self.lanes else [self.axis]) + \
-            ([[list(v) for v in self.slice]] if self.slice else [])
+            ([[list(v) for v in self.slice]] if self.slice else []) + \
+            ([self.max_tasks, self.inline_floats] if self.max_tasks or self.inline_floats else [])
 
     def op_type_text(self, target_name: str) -> str:
         return "|copy" + json.dumps(self.key())

@@ -29,6 +29,31 @@ def _elementwise_space(region, target) -> ScheduleSpace:
     return ScheduleSpace("elementwise", (lanes_knob(target), split), params_apply(defaults))
 
 
+def _pool_space(region, target) -> ScheduleSpace:
+    """The most tasks a pool call is split into and the taps below which it stays on one thread, the measured
+    defaults first (codegen/pool/desc.py)."""
+    from onnxopt.codegen.pool.desc import INLINE_WORK, MAX_TASKS
+
+    tasks = Knob("max_tasks", tuple(dict.fromkeys((MAX_TASKS, 1, 4, 16, 32, 128))),
+                 "the most tasks a call is split into")
+    inline = Knob("inline_work", tuple(dict.fromkeys((INLINE_WORK, 65536.0, 98304.0, 1572864.0))),
+                  "taps below which a call runs on one thread")
+    return ScheduleSpace("pool", (tasks, inline), params_apply({"max_tasks": MAX_TASKS, "inline_work": INLINE_WORK}))
+
+
+def _copy_space(region, target) -> ScheduleSpace:
+    """The most tasks a copy call is split into and the floats below which it stays on one thread, the defaults
+    first (codegen/copy/desc.py)."""
+    from onnxopt.codegen.copy.desc import INLINE_FLOATS, MAX_TASKS
+
+    tasks = Knob("max_tasks", tuple(dict.fromkeys((MAX_TASKS, 1, 4, 16, 32, 128))),
+                 "the most tasks a call is split into")
+    inline = Knob("inline_floats", tuple(dict.fromkeys((INLINE_FLOATS, 4096, 16384, 262144))),
+                  "floats written below which a call runs on one thread")
+    return ScheduleSpace("copy", (tasks, inline), params_apply({"max_tasks": MAX_TASKS,
+                                                                "inline_floats": INLINE_FLOATS}))
+
+
 def _compute_space(region, target) -> ScheduleSpace:
     """A convolution's or matmul's register tile (codegen/microkernel: every legal MI x NI, the tile search's
     candidates), where the kernel takes any: a plain convolution, a matmul that reads B unpacked."""
@@ -68,8 +93,8 @@ ELEMENTWISE = Kind(name="elementwise", find=None, build=build_elementwise, lower
                            "uint64", "bool"))
 # Conv, ConvTranspose, MatMul and Gemm with their epilogues; AFUSION and sibling groups are its ops too.
 COMPUTE = Kind(name="compute", find=None, build=build_compute, schedule=_compute_space)
-POOL = Kind(name="pool", find=None, build=build_pool)
-COPY = Kind(name="copy", find=None, build=build_copy)
+POOL = Kind(name="pool", find=None, build=build_pool, schedule=_pool_space)
+COPY = Kind(name="copy", find=None, build=build_copy, schedule=_copy_space)
 
 BUILTIN_KINDS: tuple[Kind, ...] = (ELEMENTWISE, COMPUTE, POOL, COPY)
 BUILTIN_BY_FAMILY = {k.name: k for k in BUILTIN_KINDS}

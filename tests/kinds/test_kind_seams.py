@@ -112,7 +112,29 @@ def _attention():
     return m, kind.find(m, set(), [])
 
 
-MODELS = {"elementwise": _elementwise, "attention": _attention, "softmax": lambda: _rows("softmax"), "layernorm": lambda: _rows("layernorm"),
+def _pool():
+    x = helper.make_tensor_value_info("x", F, [1, 16, 40, 40])
+    y = helper.make_tensor_value_info("y", F, [1, 16, 20, 20])
+    m = _model([helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+                helper.make_node("Relu", ["p"], ["y"])], [x], [y])
+    from onnxopt.fusion.pool import PoolRule
+
+    return m, PoolRule(m).find_regions(set(), [])
+
+
+def _copy():
+    a = helper.make_tensor_value_info("a", F, [1, 24, 30, 40])
+    b = helper.make_tensor_value_info("b", F, [1, 40, 30, 40])
+    y = helper.make_tensor_value_info("y", F, [1, 64, 30, 40])
+    m = _model([helper.make_node("Concat", ["a", "b"], ["y"], axis=1)], [a, b], [y])
+    from onnxopt.fusion.blocked_copy import plain_concats
+    from onnxopt.fusion.elementwise import ElementwiseRule
+
+    rule = ElementwiseRule(m)
+    return m, plain_concats(rule.index, rule.shape_of, rule.dtype_of, set())
+
+
+MODELS = {"elementwise": _elementwise, "attention": _attention, "pool": _pool, "copy": _copy, "softmax": lambda: _rows("softmax"), "layernorm": lambda: _rows("layernorm"),
           "compute": _conv, "qmatmul": _qmatmul}
 
 
