@@ -1,18 +1,23 @@
 """The C backend's kernels against the LLVM backend's and onnxruntime, on the kinds both lower.
 
     python benchmarks/c_backend.py [--threads 2] [--min-time 4]
+    python benchmarks/c_backend.py --corpus ~/.cache/onnxopt/corpus-small   # the C backend over the float corpus
 
 Per case (an elementwise chain, softmax rows, a residual LayerNorm, at transformer and CNN sizes) the model is
 optimized twice with every correct kernel kept (`min_speedup=0`, no sequences): `--target native` (LLVM IR) and
 `--target c` (plain C through the system compiler, `-O3` with the target's `-m` flags). The original and the two
-written models, each loaded as a user loads it, are then timed interleaved in one process.
+written models, each loaded as a user loads it, are then timed interleaved in one process. With --corpus, every
+float model of a `benchmarks/corpus.py` folder is optimized with `--target c` (no measurement: every correct kernel
+kept) and the table says what was fused and that the written files were verified with and without the library.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -49,11 +54,34 @@ def cases():
     yield "residual LayerNorm 1x128x768", _model(ln, [1, 128, 768], [g, b], ["r"])
 
 
+QUANTIZED = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger"}
+
+
+def corpus(folder: Path, threads: int) -> None:
+    print("| model | regions checked (elementwise / softmax / layernorm) | kernel calls, one run of the written model | "
+          "verified with the library / without |\n|---|---|---|---|")
+    for e in json.loads((folder / "manifest.json").read_text()):
+        path = folder / e["file"]
+        if QUANTIZED & {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}:
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            r = onnxopt.optimize(str(path), os.path.join(d, "f.onnx"), target="c", measure=False, threads=threads,
+                                 verify_fallback=True, cost_cache=False).report
+        kinds = [reg["op_type"].rsplit("_", 1)[0].lower() for reg in r["regions"]]
+        v, fb = r.get("verification", {}), r.get("fallback_verification", {})
+        counts = " / ".join(str(kinds.count(k)) for k in ("elementwise", "softmax", "layernorm"))
+        print(f"| {path.stem} | {counts} | {v.get('kernel_calls') or 0} | {v.get('ok')} / {fb.get('ok')} |",
+              flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-time", type=float, default=4.0)
+    ap.add_argument("--corpus", type=Path, help="a benchmarks/corpus.py folder: the C backend over its float models")
     a = ap.parse_args(argv)
+    if a.corpus:
+        return corpus(a.corpus, a.threads)
     print("| case | onnxruntime ms | LLVM ms | C ms | LLVM / ORT | C / ORT | C / LLVM |\n|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, model in cases():

@@ -66,7 +66,7 @@ def test_a_c_kernel_for_an_avx2_target_has_no_avx512_code(tmp_path):
         assert "ymm" in asm
 
 
-def _model(path):
+def _model(path, external: bool = False):
     x = helper.make_tensor_value_info("x", F, [2, 16, 96])
     r = helper.make_tensor_value_info("r", F, [2, 16, 96])
     y = helper.make_tensor_value_info("y", F, [2, 16, 96])
@@ -80,14 +80,20 @@ def _model(path):
     m = helper.make_model(helper.make_graph(nodes, "g", [x, r], [y], [g, b]),
                           opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 8
-    onnx.save(m, path)
+    if external:  # the weights in a file beside the model, as big exports are saved
+        onnx.save(m, path, save_as_external_data=True, all_tensors_to_one_file=True, location="m.onnx.data",
+                  size_threshold=0)
+    else:
+        onnx.save(m, path)
 
 
-def test_the_c_backend_end_to_end(tmp_path):
-    """Compiled, linked, checked and timed by the driver; the written files loaded by a user, with and without the
-    library; the compute kinds it has no lowering for left to onnxruntime."""
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external-data"])
+def test_the_c_backend_end_to_end(tmp_path, external):
+    """Compiled, linked, checked and timed by the driver; the written files loaded by a user in a fresh process,
+    whose library counts one Compute call per fused node, and run without the library; the compute kinds it has no
+    lowering for left to onnxruntime."""
     src = str(tmp_path / "m.onnx")
-    _model(src)
+    _model(src, external)
     out = str(tmp_path / "out" / "fused.onnx")
     os.makedirs(os.path.dirname(out))
     res = onnxopt.optimize(src, out, target="c", min_speedup=0, threads=2, sequences=False)
@@ -99,9 +105,11 @@ def test_the_c_backend_end_to_end(tmp_path):
     r = np.random.default_rng(2).standard_normal([2, 16, 96]).astype(np.float32)
     want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"x": x, "r": r})[0]
     code = ("import sys, numpy as np, onnxopt.runtime as rt\n"
-            "s = rt.InferenceSession(sys.argv[1]); assert rt.registered_library(s)\n"
+            "from onnxopt.runtime.kernel_calls import kernel_calls\n"
+            "s = rt.InferenceSession(sys.argv[1]); lib = rt.registered_library(s, loadable=True); assert lib\n"
             "x = np.load(sys.argv[2]); r = np.load(sys.argv[3])\n"
-            "np.save(sys.argv[4], s.run(None, {'x': x, 'r': r})[0])\n")
+            "np.save(sys.argv[4], s.run(None, {'x': x, 'r': r})[0])\n"
+            "assert sum(kernel_calls(lib).values()) == 3, kernel_calls(lib)\n")
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "r.npy", r)
     subprocess.run([sys.executable, "-c", code, out, str(tmp_path / "x.npy"), str(tmp_path / "r.npy"),
