@@ -2,7 +2,8 @@
 TVM's C backend and tinygrad's CPU backend work. It lowers the elementwise chains and the row kinds (softmax,
 LayerNorm: their folders' c.py); the glue, link, sessions and checks are the host ones every CPU backend shares.
 
-It proves the backend protocol end to end on any machine with a C compiler, and runs where LLVM lacks the target.
+It proves the backend protocol end to end on any machine with a C compiler; its kernels need nothing of LLVM (the
+target's description still comes from llvmlite's host query).
 Targets: `c` (this machine), `c:x86-64-v2`, `c:x86-64-v3`, `c:x86-64-v4`: the vector width comes from the target's
 features (-m flags, and 512-bit vectors preferred where it has AVX-512), never from the host.
 """
@@ -32,6 +33,8 @@ def cpu_flags(target: Target) -> list[str]:
     """The compiler's flags for the target's instruction set."""
     if target.arch == "aarch64":
         return ["-march=armv8.2-a+dotprod" if target.has("dotprod") else "-march=armv8-a"]
+    if target.arch != "x86_64":
+        return []  # the compiler's default for its own machine
     flags = ["-march=x86-64", "-mtune=generic"] + [f"-m{f}" for f in target.features if f in _X86_FLAGS]
     if target.has("avx512f"):
         flags.append("-mprefer-vector-width=512")
