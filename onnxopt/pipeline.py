@@ -26,7 +26,7 @@ from onnxopt.codegen.target import Target
 from onnxopt.emit.model import fallback_key
 from onnxopt.errors import InputError, UsageError
 from onnxopt.fusion.compute import ComputeRule
-from onnxopt.fusion.elementwise import ElementwiseRule
+from onnxopt.fusion.elementwise import ElementwiseRule, _opset
 from onnxopt.fusion.pool import PoolRule
 from onnxopt.fusion.region import Region
 from onnxopt.graph.classifier_conv import classifiers_as_convs
@@ -39,15 +39,18 @@ from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.large import SharedWeights, check_model, inference_session
 from onnxopt.graph.quantized import (dedicate_unit_dequantizers, integer_product_units, is_quantized,
                                      qdq_conv_units, qdq_matmul_units, quantized_nodes)
+from onnxopt.graph.quantized_weights import fold_quantized_weights
 from onnxopt.graph.publish import check_destination, probe_writable
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
 from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
 from onnxopt.graph.unary_through_concat import push_unary_through_concats
 from onnxopt.fusion import winograd
-from onnxopt.verify import Tolerance, check_given_inputs, load_check_inputs
+from onnxopt.verify import Tolerance, check_given_inputs, load_check_inputs, make_inputs
 from onnxopt.driver.policy import (PLANS, FUSION_KINDS, passthroughs_kept, _consistent_layouts, _op_counts,
                                    _channel_vector_kernel, _packed_panel)
 from onnxopt.driver.decision import DecisionStage
+from onnxopt.driver.precision import (DEFAULT_ACCURACY_BUDGET, choose_auto, kernel_path, lower_regions,
+                                      parse_budget, parse_precision)
 from onnxopt.driver.result import Result
 from onnxopt.driver.kernels import KernelStage
 from onnxopt.driver.outputs import OutputStage
@@ -96,6 +99,10 @@ class Options:
     input_files: tuple = ()  # files read besides the model (--check-input): never written over
     also_writes: tuple = ()  # files the caller writes besides the outputs, never read nor written over
     report_file: str | None = None  # the report's JSON, published with the outputs (driver/outputs.py)
+    # The constant-B GEMMs' weights in bf16 or fp16, or bf16 where the model stays within `accuracy_budget` ("auto");
+    # fp32 lowers nothing (driver/precision.py)
+    precision: str = "fp32"
+    accuracy_budget: float = DEFAULT_ACCURACY_BUDGET
 
 
 def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | os.PathLike | None = None, *,
@@ -120,6 +127,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | o
              prune: bool = True,
              sequences: bool = True,
              winograd: str | int = "auto",
+             precision: str = "fp32",
+             accuracy_budget: float | str | None = None,
              verify_fallback: bool = True,
              emulate: bool = True,
              also_writes: Sequence[str | os.PathLike] | None = None,
@@ -160,6 +169,11 @@ def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | o
         prune: prune fusion candidates the roofline predicts no gain for.
         sequences: merge runs of fused ops into sequence ops that run in one parallel section.
         winograd: Winograd tiles: "auto" (timed), "off", or a tile length m (2, 4, 6) on every convolution that has it.
+        precision: "fp32" (the default: nothing lowered), "bf16" or "fp16" (the fused GEMMs' constant weights in that
+            type, float32 sums, checked against the float32 original at the bf16 tolerance), or "auto" (bf16 per
+            GEMM while the model stays within accuracy_budget); driver/precision.py.
+        accuracy_budget: with precision="auto", the largest error allowed on any output, as a fraction of that
+            output's largest magnitude (default 0.01).
         verify_fallback: also run the written model without its library (its function bodies) and compare.
         emulate: for a foreign target, check the written model with its library under qemu where set up.
         also_writes: files the caller writes besides the outputs: never read as inputs, never overwritten.
@@ -299,6 +313,12 @@ def optimize(model: str | os.PathLike | onnx.ModelProto | bytes, output: str | o
             emulate=switch("emulate", emulate),
         )
         _check_numbers(opts, named)
+        opts.precision = parse_precision(precision, named)
+        if accuracy_budget is not None:
+            if opts.precision != "auto":
+                raise UsageError(f"{named('accuracy_budget', accuracy_budget)}: the budget is for --precision auto "
+                                 f"(precision is {opts.precision})")
+            opts.accuracy_budget = parse_budget(accuracy_budget, named)
         if opts.winograd not in WINOGRAD_MODES:
             raise UsageError(f"{named('winograd', winograd)}: one of {', '.join(WINOGRAD_MODES)}")
         result = _Optimizer(model, output, opts).run()
@@ -417,6 +437,38 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self._close_cost_cache()
 
+    def _lower_precision(self, work, regions) -> None:
+        """Store the constant-B GEMMs' weights in the requested precision (driver/precision.py), in place; with
+        "auto" only those that keep the model within the accuracy budget, by simulation on the check inputs."""
+        opts = self.opts
+        entry = {"requested": opts.precision, "kernels": kernel_path(opts.precision, opts.target)}
+        self.say(f"precision {opts.precision}: {entry['kernels']}")
+        opset = _opset(work)
+        candidates = regions
+        refused: list[dict] = []
+        if opts.precision == "auto":
+            entry["accuracy_budget"] = opts.accuracy_budget
+            entry["budget_metric"] = "max over outputs of max |lowered - float32| / max |float32|"
+            # only regions the lowering takes, each GEMM once (the plans share their regions' nodes)
+            lowerable = {}
+            for r in regions:
+                if r.compute is not None and r.compute.op == "matmul" and r.compute.attrs.packed_b:
+                    lowerable.setdefault(r.nodes[0].output[0], []).append(r)
+            feeds = make_inputs(work, self._bindings(), opts.seed, opts.check_inputs)
+            round_a = opts.target.has("avx512bf16")
+            chosen, refused, entry["auto"] = choose_auto(
+                work, [rs[0] for rs in lowerable.values()], opts.accuracy_budget, round_a,
+                lambda m, outputs: self._session(m).run(outputs, feeds))
+            chosen_heads = {r.nodes[0].output[0] for r in chosen}
+            candidates = [r for r in regions if r.compute is None or r.nodes[0].output[0] in chosen_heads
+                          or r.nodes[0].output[0] not in lowerable]
+        lowered, kept = lower_regions(candidates, opts.precision, opset)
+        seen = set()
+        entry["float32_regions"] = [e for e in refused + kept
+                                    if not (tuple(e["nodes"]) in seen or seen.add(tuple(e["nodes"])))]
+        entry["lowered_candidates"] = len(lowered)
+        self.report["precision"] = entry
+
     def _check_loadable(self, model, path):
         import onnxruntime as ort
 
@@ -455,8 +507,11 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         _check_tensor_sizes(static)
         # A quantized model keeps the structure onnxruntime's int8 fusions match (graph/quantized.py): no rewrites
         # but one that makes each QDQ convolution unit whole, and no region that touches a unit but the int8 kinds'.
+        # Weights the quantizer quantizes at run time (a Paddle export's Constant nodes) are folded to their integers
+        # first, as onnxruntime computes them (graph/quantized_weights.py).
         if is_quantized(work):
             rewrites = {"skipped": "the model is quantized",
+                        "quantized_weights_folded": fold_quantized_weights(work),
                         "dequantizers_per_unit": dedicate_unit_dequantizers(work)}
         else:
             rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
@@ -559,6 +614,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             plans = plans[:1]  # only timing chooses between plans: without it, build and check the first only
         self.plans = plans
         regions = list({id(r): r for _, plan in plans for r in plan}.values())
+        if self.opts.precision != "fp32":  # before the op types: a lowered kernel is another op
+            self._lower_precision(work, regions)
         for r in regions:
             if r.relayout is None:  # a relayout is emitted as its nodes: no function
                 r.fallback_key = fallback_key(r, work)

@@ -74,7 +74,7 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
             fl = [(r["achieved_flops"], r.get("peak_fraction", 0)) for r in rs if "achieved_flops" in r]
             best = max(fl) if fl else None
             # int8 kernels' integer ops against the int8 peak: GOP/s, marked
-            unit = " int8" if any(r.get("arithmetic") == "int8" for r in rs) else ""
+            unit = " int8" if any(r.get("arithmetic") in ("int8", "amx_int8") for r in rs) else ""
             rt.add_row(ops, str(len(rs)), f"{sp[len(sp) // 2]:.2f}x" if sp else "-", f"{pred:.1f}",
                        f"{sum(timed) * 1e6:.1f}" if timed else "-",
                        f"{max(bw) / 1e9:.1f}" if bw else "-", f"{100 * max(frac):.0f}%" if frac else "-",
@@ -89,6 +89,7 @@ def render_optimize_report(report: dict, console: Console | None = None, verbose
         for reason, n in reasons.most_common(None if verbose else 10):
             rj.add_row(reason, str(n))
         console.print(rj)
+    _render_precision(report.get("precision"), console, verbose)
     v = report.get("verification")
     if report.get("kernels_not_run"):
         if v and v.get("emulated"):
@@ -169,8 +170,27 @@ def render_bench(result: dict, console: Console | None = None) -> None:
     for side in ("a", "b"):
         s = result[side]
         t.add_row(s["path"], f"{s['median'] * 1e3:.3f}", f"{s['p10'] * 1e3:.3f}", f"{s['p90'] * 1e3:.3f}",
-                  "yes" if s["library"] else "-")
+                  ("yes" if s["library"] else "-")
+                  + (f" ({s['precision']} weights)" if s.get("precision", "fp32") != "fp32" else ""))
     console.print(t)
     match = "outputs match" if result["outputs_match"] else "[red]outputs differ[/red]"
     console.print(f"speedup (A/B): [bold]{result['speedup']:.3f}x[/bold]  ({match}, "
                   f"max abs diff {result['max_abs_diff']:.3g})")
+
+
+def _render_precision(p: dict | None, console, verbose: bool) -> None:
+    """--precision: the path the target takes, the regions lowered and kept float32 (why), and the cost against the
+    float32 original (onnxopt/driver/precision.py)."""
+    if not p:
+        return
+    written = p.get("written") or {}
+    console.print(f"[cyan]precision {p['requested']}[/cyan]: {p['kernels']}; "
+                  f"{written.get('lowered_regions', 0)} lowered GEMM kernels written (of "
+                  f"{p.get('lowered_candidates', 0)} built), "
+                  f"{len(p.get('float32_regions', []))} regions kept float32")
+    for e in p.get("float32_regions", [])[:None if verbose else 5]:
+        console.print(f"  float32: {', '.join(e['nodes'][:2])}: {e['reason']}")
+    for c in p.get("cost", []):
+        top1 = f", top-1 {'agrees' if c['top1_agrees'] else 'differs'}" if "top1_agrees" in c else ""
+        console.print(f"  cost on {c['output']}: max rel {c['max_rel_error']:.3g}, mean rel {c['mean_rel_error']:.3g},"
+                      f" cosine {c['cosine']:.6f}{top1}")

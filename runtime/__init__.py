@@ -35,9 +35,10 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxopt.emit.model import META_CPU_FLAGS, META_LIBRARY, META_SHA256
+from onnxopt.emit.model import META_CPU_FLAGS, META_LIBRARY, META_PRECISION, META_PRECISION_DETAIL, META_SHA256
 
 from .kernel_calls import kernel_calls
+from .matrix_engine import amx_status
 
 
 class LibraryNotUsedWarning(UserWarning):
@@ -53,6 +54,12 @@ class LibraryCheck:
     # What to register or dlopen when usable: a name bound to the very file that was checked for the rest of this
     # process (/proc/self/fd/N, or a private copy), never the path, which may have been swapped since.
     load_path: str | None = None
+    # The precision the model's fused GEMMs were built in (its metadata; "fp32" when it records none), and what ran
+    # them, in words: a bf16 model's answers differ from the float32 original's by the bf16 tolerance.
+    precision: str = "fp32"
+    precision_detail: str = ""
+    # After a session registered the library: {"state", "why"} of its AMX tiles (runtime/matrix_engine.py)
+    amx: dict | None = None
 
 
 def _metadata(model) -> dict[str, str]:
@@ -66,6 +73,25 @@ def check_library(model_path: str, model: onnx.ModelProto | None = None, library
     """Is the model's kernel library present, intact, safe to trust and runnable on this CPU? `library`: a path the
     caller chose, anywhere, instead of the model's own; it passes the same checks."""
     meta = _metadata(model if model is not None else model_path)
+    chk = _check_library(meta, model_path, library)
+    chk.precision = meta.get(META_PRECISION, "fp32")
+    chk.precision_detail = _precision_words(meta)
+    return chk
+
+
+def _precision_words(meta: dict[str, str]) -> str:
+    """The metadata's precision record in words (emit/model.py META_PRECISION_DETAIL), "" without one."""
+    import json
+
+    try:
+        d = json.loads(meta.get(META_PRECISION_DETAIL, ""))
+        return (f"{d['precision']} weights in {d['lowered_regions']} GEMM kernels ({d['kernels']}), "
+                f"{d['float32_compute_regions']} compute kernels float32; asked: {d['requested']}")
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def _check_library(meta: dict[str, str], model_path: str, library: str | None) -> LibraryCheck:
     name = meta.get(META_LIBRARY)
     if not name:
         return LibraryCheck(None, False, "the model has no onnxopt kernel library", named=False)
@@ -249,6 +275,8 @@ def InferenceSession(model_path, sess_options=None, providers=None, library: str
     so, chk = _options(path, sess_options, library, warn=True)
     sess = ort.InferenceSession(path, so, providers=providers or ["CPUExecutionProvider"], **kwargs)
     sess._onnxopt_library = chk if chk.usable else None
+    if chk.usable:  # registered now: whether its AMX tiles run here, and why not (glue/matrix_engine.c)
+        chk.amx = amx_status(chk.load_path)
     return sess
 
 
@@ -280,6 +308,6 @@ def registered_library(session, loadable: bool = False) -> str | None:
     return chk.load_path if loadable else chk.path
 
 
-__all__ = ["InferenceSession", "session_options", "check_library", "registered_library", "kernel_calls",
+__all__ = ["InferenceSession", "session_options", "check_library", "registered_library", "kernel_calls", "amx_status",
            "written_session", "LibraryCheck",
            "LibraryNotUsedWarning"]

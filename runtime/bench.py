@@ -15,7 +15,8 @@ import onnx
 
 from onnxopt.errors import InputError, UsageError
 from onnxopt.timing import make_session, time_in_turns, time_interleaved
-from onnxopt.verify import Tolerance, check_given_inputs, compare, load_check_inputs, make_inputs
+from onnxopt.verify import (LOW_PRECISION_TOLERANCE, Tolerance, check_given_inputs, compare, load_check_inputs,
+                            make_inputs)
 
 from . import check_library
 from .kernel_calls import kernel_calls
@@ -35,7 +36,7 @@ def _load_side(path: str, threads: int | None, spinning: bool = False):
         sess = make_session(path, threads, library=lib, spinning=spinning)
     except Exception as e:  # noqa: BLE001
         raise InputError(f"{path}: onnxruntime cannot load it ({str(e).splitlines()[0][:300]})") from None
-    return model, sess, (chk.path if chk.usable else None), lib
+    return model, sess, (chk.path if chk.usable else None), lib, chk.precision
 
 
 def _check_same_inputs(sess_a, sess_b, path_a: str, path_b: str) -> None:
@@ -61,8 +62,8 @@ def bench(path_a: str, path_b: str, threads: int | None = None, min_time: float 
     if not math.isfinite(min_time) or min_time <= 0:
         raise UsageError(f"--min-time {min_time}: give a finite number of seconds, more than 0")
     threads = threads or os.cpu_count()
-    model_a, sess_a, lib_a, load_a = _load_side(path_a, threads, spinning)
-    model_b, sess_b, lib_b, load_b = _load_side(path_b, threads, spinning)
+    model_a, sess_a, lib_a, load_a, precision_a = _load_side(path_a, threads, spinning)
+    model_b, sess_b, lib_b, load_b, precision_b = _load_side(path_b, threads, spinning)
     _check_same_inputs(sess_a, sess_b, path_a, path_b)
     given = load_check_inputs(inputs) if inputs else None
     if given:
@@ -73,7 +74,9 @@ def bench(path_a: str, path_b: str, threads: int | None = None, min_time: float 
     names = [o.name for o in sess_a.get_outputs()]
     calls_before = [kernel_calls(x) if x else {} for x in (load_a, load_b)]
     try:
-        diffs = compare(names, sess_a.run(names, feeds), sess_b.run(names, feeds), Tolerance())
+        # a side whose weights were lowered (--precision) matches at the bf16 tolerance
+        tol = Tolerance() if precision_a == precision_b == "fp32" else LOW_PRECISION_TOLERANCE
+        diffs = compare(names, sess_a.run(names, feeds), sess_b.run(names, feeds), tol)
     except Exception as e:  # noqa: BLE001 - onnxruntime's errors on inputs it cannot take
         raise InputError(f"the models do not run on these inputs ({str(e).splitlines()[0][:300]}); give real ones "
                          "with --input name:file.npy") from None
@@ -90,8 +93,8 @@ def bench(path_a: str, path_b: str, threads: int | None = None, min_time: float 
         ta, tb = time_interleaved([sess_a, sess_b], feeds, min_time=min_time, max_blocks=400, min_blocks=10,
                                   warm_below_s=math.inf)
     return {
-        "a": {"path": path_a, "library": lib_a, "kernel_calls": calls[0], **ta},
-        "b": {"path": path_b, "library": lib_b, "kernel_calls": calls[1], **tb},
+        "a": {"path": path_a, "library": lib_a, "kernel_calls": calls[0], "precision": precision_a, **ta},
+        "b": {"path": path_b, "library": lib_b, "kernel_calls": calls[1], "precision": precision_b, **tb},
         "speedup": ta["median"] / tb["median"],
         "threads": threads,
         "spinning": spinning,

@@ -33,7 +33,9 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     # ConvTranspose packs its weights for the default tile.
     if c.attrs.packed_ni not in (None, tile.ni) or c.attrs.packed_mi not in (None, tile.mi):
         raise ValueError(f"the weights are packed for another register tile than {tile}")
-    spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul", packed_b=packed_b)
+    b_format = b_format_for(c.attrs.b_dtype, target, tile.lanes) if packed_b else "f32"
+    spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul", packed_b=packed_b,
+                    b_format=b_format)
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
     channel_vectors = c.attrs.out_blocked or c.attrs.channel_vectors
     mi, ni = tile.mi, tile.ni
@@ -55,7 +57,9 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     enum = dtype(c.dtype).onnx  # the graph's element type (fusion/compute.py), as the custom op declares it
     desc = CtKernelDesc(
         op_type=name, kind=c.op,
-        in_types=[enum] * len(region.inputs),
+        # a packed B in a lower precision is op input 1 in its own element type (the glue reads its size from it)
+        in_types=[enum if i != 1 or b_format == "f32" else dtype(c.attrs.b_dtype).onnx
+                  for i in range(len(region.inputs))],
         out_types=[enum] * len(region.outputs),
         mi=mi, ni=ni, lanes=tile.lanes, tiles=tiles,
         extra_kinds=list(c.extra_kinds), extra_nstride=list(c.extra_nstride),
@@ -75,6 +79,20 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         desc.winograd = wino
         desc.wino_in, desc.wino_out = sets[0].names()[0]
     return desc, [req] + sets
+
+
+def b_format_for(b_dtype: str | None, target: Target, lanes: int) -> str:
+    """The packed-B tile's format (microkernel/outer_product.py, B_FORMATS) for weights stored as `b_dtype`:
+    bfloat16 on vdpbf16ps where the target has avx512_bf16 (16 lanes), else widened to float32 in registers."""
+    if b_dtype in (None, "float32"):
+        return "f32"
+    if b_dtype == "bfloat16":
+        return "bf16_dot" if target.has("avx512bf16") and lanes == 16 else "bf16"
+    if b_dtype == "float16":
+        if not target.has("f16c"):
+            raise ValueError("float16 weights need F16C (vcvtph2ps), which the target lacks")
+        return "f16"
+    raise ValueError(f"no packed-B kernel for weights stored as {b_dtype}")
 
 
 def identity_program(elem: str = "float32") -> EwProgram:

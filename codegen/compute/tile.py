@@ -29,7 +29,7 @@ from onnxopt.codegen.vmath.isa import set_features
 from onnxopt.fusion.region import EwProgram
 
 from ..glue.contract import CT_MAX_EXTRA, CT_MAX_OUT, CT_NV_MAX, CT_TILE
-from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask
+from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, emit_packed_b_low_precision, lane_mask
 from ..vmath.irutil import broadcast, masked_load, masked_store
 from ..microkernel.register_tile import RegisterTile
 
@@ -60,6 +60,9 @@ class TileSpec:
     extra_kinds: tuple[int, ...]
     packed_a: bool  # A is packed [M/MI][K][MI]: a_ms = 1, a_ks = MI, known at compile time
     packed_b: int = 0  # > 0: B is a constant matrix packed [N / packed_b][K][packed_b] (the tile's panel from b)
+    # How a packed B is stored and multiplied (microkernel/outer_product.py, B_FORMATS): "f32", or bfloat16 /
+    # float16 weights with float32 sums (onnxopt/driver/precision.py)
+    b_format: str = "f32"
 
 
 def _slot(b, tile_ptr, index, ty):
@@ -93,8 +96,12 @@ def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, 
     if spec.packed_b:
         partial, phase = _slot(b, t, SLOT_ACC, PTR), _slot(b, t, SLOT_PHASE, I64)
         init = _load_partial_sums(b, partial, phase, mi, nv, lanes)
-    acc = emit_outer_product(b, spec.tile, mi, nv, a, a_ms, a_ks, bp, koff, k_count, voff, masks,
-                             b_panel=spec.packed_b, init=init)
+    if spec.b_format != "f32":
+        acc = emit_packed_b_low_precision(b, spec.tile, mi, nv, a, a_ms, bp, k_count, voff, spec.packed_b,
+                                          spec.b_format, init=init)
+    else:
+        acc = emit_outer_product(b, spec.tile, mi, nv, a, a_ms, a_ks, bp, koff, k_count, voff, masks,
+                                 b_panel=spec.packed_b, init=init)
     if spec.packed_b:
         _store_partial_sums(b, acc, partial, phase, lanes)
 

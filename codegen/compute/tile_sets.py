@@ -98,6 +98,8 @@ def _digest(req: TileSetRequest) -> str:
              bool(s.packed_a), tuple(req.depthwise), req.winograd, tuple(req.wino_kernel))
     if s.packed_b:  # a later field: the sets without it keep their names
         parts += ("packed_b", s.packed_b)
+    if s.b_format != "f32":  # a lower-precision B (driver/precision.py): float32 sets keep their names
+        parts += ("b_format", s.b_format)
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

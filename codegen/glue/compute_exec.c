@@ -28,7 +28,8 @@ enum { EX_POSITION = 0, EX_CHANNEL = 1, EX_COLUMN = 2, EX_SCALAR = 3 };
 typedef struct {
   const onnxopt_ct_desc *d;
   int64_t items, groups, M, K, P; /* P: columns per row of C (OH * OW, or N of a matmul) */
-  int64_t K_rows;                  /* rows of a packed conv weights block when more than K are stored; 0: K */
+  int64_t K_rows;                  /* rows of a packed conv weights block, or of a bfloat16 B panel (K rounded up
+                                      to pairs), when more than K are stored; 0: K */
   int64_t mblocks, ptiles, ptasks, mtasks;
   int rows_mode;
   int64_t OH, OW, Wph, cseg;
@@ -41,10 +42,19 @@ typedef struct {
   int64_t extra_count[CT_MAX_EXTRA]; /* elements per batch item (POSITION/CHANNEL) */
 } ct_job;
 
-/* K per block of a packed-B matmul: one panel's block of B, KC x (ni * lanes) floats, fits L1 (16 KiB); the
+/* Bytes per element of a packed B: its op input's element type (1 float, 16 bfloat16, 10 float16). The 16-bit
+   forms (onnxopt/driver/precision.py) are laid out with the same element offsets as float32's; bfloat16 in pairs
+   along K, so its K blocks stay even. */
+static int64_t ct_packed_b_size(const onnxopt_ct_desc *d) {
+  int t = d->sig.in_types[1];
+  return t == 16 || t == 10 ? 2 : (int64_t)sizeof(float);
+}
+
+/* K per block of a packed-B matmul: one panel's block of B, KC x (ni * lanes) elements, fits L1 (16 KiB); the
    partial sums wait in a per-task buffer between blocks. */
 static int64_t ct_packed_kc(const onnxopt_ct_desc *d, int64_t K) {
-  int64_t kc = 16384 / (d->packed_b * (int64_t)sizeof(float));
+  int64_t esize = ct_packed_b_size(d), kc = 16384 / (d->packed_b * esize);
+  if (esize == 2) kc &= ~(int64_t)1; /* bfloat16 pairs: even blocks */
   if (kc < 128) kc = 128;
   return K <= kc + kc / 2 ? K : kc;
 }
@@ -54,7 +64,7 @@ static int64_t ct_packed_kc(const onnxopt_ct_desc *d, int64_t K) {
    (GotoBLAS's order; at 512 tokens A is larger than L2). */
 static int64_t ct_packed_group(const onnxopt_ct_desc *d, int64_t K) {
   int64_t kc = ct_packed_kc(d, K);
-  int64_t block = (kc > 0 ? kc : 1) * d->packed_b * (int64_t)sizeof(float);
+  int64_t block = (kc > 0 ? kc : 1) * d->packed_b * ct_packed_b_size(d);
   int64_t g = 131072 / block;
   return g < 1 ? 1 : g;
 }
@@ -63,6 +73,7 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
                           int64_t b1) {
   const onnxopt_ct_desc *d = job->d;
   int64_t K = job->K, NRF = d->packed_b, kc = ct_packed_kc(d, K), group = ct_packed_group(d, K);
+  int64_t esize = ct_packed_b_size(d), KB = job->K_rows ? job->K_rows : K; /* rows stored per panel */
   int64_t nkb = K > 0 ? (K + kc - 1) / kc : 1; /* K = 0: one empty block, so the epilogue still runs on zeros */
   float *sums = NULL;
   if (nkb > 1) {
@@ -86,7 +97,7 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
         for (int64_t tile = g0; tile < g1; tile++) {
           int nv = 0;
           int64_t p0 = tile * NRF;
-          t->b = job->b + tile * K * NRF + k0 * NRF;
+          t->b = (const float *)((const char *)job->b + (tile * KB * NRF + k0 * NRF) * esize);
           for (int j = 0; j < d->ni && p0 + j * d->lanes < job->P; j++, nv++) {
             int64_t left = job->P - (p0 + j * d->lanes);
             t->voff[j] = j * d->lanes;

@@ -126,11 +126,14 @@ static OrtStatus *ct_matmul(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   CHECK(ct_dims(ctx, 1, &bv, bd, &br));
   if (ar < 2 || br < 2) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul operands must have rank 2 or more");
   int64_t M = d->trans_a ? ad[ar - 1] : ad[ar - 2], K = d->trans_a ? ad[ar - 2] : ad[ar - 1];
-  int64_t N = bd[br - 1];
+  int64_t N = bd[br - 1], k_rows = 0;
   if (d->packed_b) { /* [ceil(N / packed_b)][K][packed_b]: a constant matrix, no batch dims */
     if (br != 3 || bd[2] != d->packed_b || bd[0] != (d->oc + d->packed_b - 1) / d->packed_b)
       return fail(ORT_INVALID_ARGUMENT, "onnxopt: packed matmul weights do not match the kernel");
-    if (bd[1] != K) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul inner dimensions differ");
+    /* bfloat16 pairs along K: an odd K is stored with a zero row to make the last pair */
+    int64_t stored = d->sig.in_types[1] == 16 ? K + (K & 1) : K;
+    if (bd[1] != stored) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul inner dimensions differ");
+    k_rows = stored != K ? stored : 0;
     N = d->oc;
     bd[0] = K;
     bd[1] = N;
@@ -157,6 +160,7 @@ static OrtStatus *ct_matmul(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   job.groups = 1;
   job.M = M;
   job.K = K;
+  job.K_rows = k_rows;
   job.P = N;
   CHECK(ct_extras(d, &job, ctx, batch, M * N, M, N));
   if (batch == 0 || M == 0 || N == 0) return NULL;

@@ -139,7 +139,7 @@ def headers_source() -> str:
 
 def runtime_translation_unit() -> str:
     """The runtime's source: shared helpers, every kind's executors, the dispatch, the custom-op callbacks."""
-    text = headers_source() + _inc(_glue_dir(), "runtime.c")
+    text = headers_source() + _inc(_glue_dir(), "runtime.c") + _inc(_glue_dir(), "matrix_engine.c")
     for k in glue_kinds():
         for f in k.executors:
             text += _inc(k.folder, f)
@@ -156,7 +156,7 @@ def runtime_translation_unit() -> str:
 def source_files() -> list[str]:
     """Every C file the translation units include (their contents key the runtime's cache, with the unit's own text,
     which holds the contracts' generated C)."""
-    files = [os.path.join(_glue_dir(), f) for f in ("glue.h", "runtime.c", "register.c")]
+    files = [os.path.join(_glue_dir(), f) for f in ("glue.h", "runtime.c", "matrix_engine.c", "register.c")]
     for k in glue_kinds():
         files += [os.path.join(k.folder, f) for f in (k.header, *k.executors)]
     return files

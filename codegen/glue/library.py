@@ -163,6 +163,9 @@ def library_source(kernels: list, target: Target, inline_flops: float = INLINE_F
     parts.append(f"const int onnxopt_n_ops = {len(kernels)};\n")
     parts.append(f"const double onnxopt_inline_flops = {float(inline_flops)!r};\n")
     parts.append(f'const char onnxopt_execution_provider[] = "{target.execution_provider}";\n')
+    # 1: AMX tiles, run where granted (glue/matrix_engine.c); 2: emulated ones (tests), which need no permission
+    amx = [k for k in kernels if getattr(k, "uses_amx", False)]
+    parts.append(f"const int onnxopt_uses_amx = {2 if any(k.amx_emulated for k in amx) else int(bool(amx))};\n")
     parts.append(_cpu_check(target))
     return headers_source() + "".join(parts)
 

@@ -69,6 +69,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
   if (!ort) return NULL; /* ORT older than 1.17: nothing registered, the function bodies run */
   g_api = seq_api_table(ort);
   if (!onnxopt_cpu_ok()) return NULL; /* this CPU lacks an instruction the kernels use: same fallback */
+  amx_request(); /* before any kernel runs: the AMX tiles need the OS's permission (matrix_engine.c) */
   OrtCustomOpDomain *domain;
   CHECK(API(CreateCustomOpDomain)("onnxopt", &domain));
   if (!g_ops) {

@@ -1,9 +1,12 @@
 """Tensorized dot-product instructions (UNIT, AMOS): each one file holding its description (expr.py's tiny tensor
 language) and its implementation; the inspector (inspector.py) finds how an operator's loops map onto one, the
 mapper (mapping.py) enumerates and validates AMOS's loop-to-intrinsic mappings. Adding an instruction is adding a
-file here, its line in INSTRUCTIONS, and its name in the rows of codegen/isa.py that may use it."""
+file here, its line in INSTRUCTIONS, and its name in the rows of codegen/isa.py that may use it.
 
-from . import arm_sdot, arm_udot, avx2_u8s8, avx512_vnni, avx_vnni, wmma_f16
+Matrix instructions (2-D tiles: AMX) are described in matrix.py, listed in amx.py, and run as tile programs
+(tile_program.py) that the reference interpreter checks on any host."""
+
+from . import amx, arm_sdot, arm_udot, avx2_u8s8, avx512_vnni, avx_vnni, wmma_f16
 
 # Best first, per architecture. Which of them a target uses is its ISA row's (codegen/isa.py `dot_instructions`).
 INSTRUCTIONS = (
@@ -27,3 +30,15 @@ def available(target, sources: tuple[str, str] | None = None) -> list:
 
     return [i for i in map(by_name, isa_of(target).dot_instructions)
             if sources is None or i.source_dtypes == sources]
+
+
+MATRIX_INSTRUCTIONS = amx.INSTRUCTIONS
+
+
+def matrix_available(target, sources: tuple[str, str] | None = None) -> list:
+    """The matrix instructions `target` may use (its ISA row's), best first; with `sources`, only those whose (a, b)
+    dtypes are those."""
+    from ..isa import isa_of
+
+    by = {i.name: i for i in MATRIX_INSTRUCTIONS}
+    return [by[n] for n in isa_of(target).matrix_instructions if sources is None or by[n].source_dtypes == sources]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..vmath.irutil import broadcast, fma, masked_load
+from ..vmath.irutil import broadcast, fma, intrinsic, masked_load, masked_store
 from .register_tile import RegisterTile
 
 F32 = ir.FloatType()
@@ -144,3 +144,138 @@ def emit_k_loop(b: ir.IRBuilder, lanes: int, mi: int, nv: int, k_count, step, in
             row.append(p)
         result.append(row)
     return result
+
+
+# A constant B stored in a lower precision (onnxopt/driver/precision.py, fusion/compute.py `lower_packed_b`), read
+# by the packed-B tile. Accumulation stays float32 in every format.
+#   "bf16_dot": bfloat16 pairs along K, [K/2][panel][2], times A rounded to bfloat16 (round to nearest even) on
+#               vdpbf16ps (avx512_bf16): two multiply-adds per lane per instruction.
+#   "bf16":     the same pairs widened to float32 in registers (a shift and a mask) and float32 FMAs with A as it
+#               is: half the weight bytes, the float32 FMA rate (targets without avx512_bf16).
+#   "f16":      float16, [K][panel], widened by vcvtph2ps (F16C) and float32 FMAs: half the weight bytes.
+B_FORMATS = ("f32", "bf16_dot", "bf16", "f16")
+I16 = ir.IntType(16)
+F16 = ir.HalfType()
+
+
+def emit_packed_b_low_precision(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_ptr, a_ms, b_ptr,
+                                k_count, voff: list, b_panel: int, b_format: str, init=None) -> list[list[ir.Value]]:
+    """The K loop of a packed-B tile whose B is bfloat16 or float16 (`b_format`, B_FORMATS), at the builder's
+    position; returns the float32 accumulators. A is row-major (a_ks = 1: the glue packs B only without transA),
+    rows a_ms apart. The bfloat16 formats step K two at a time: the glue gives them even K blocks but for the
+    last of an odd K, whose pair has a zero row stored for its second k (fusion/compute.py `bfloat16_pairs`)."""
+    lanes = tile.lanes
+    vty = ir.VectorType(F32, lanes)
+    ity = ir.VectorType(I32, lanes)
+    a_ms = as_i64(a_ms)
+    k_count = as_i64(k_count)
+    a_rows = [b.gep(a_ptr, [b.mul(ir.Constant(I64, i), a_ms)], source_etype=F32) for i in range(mi)]
+
+    if b_format == "f16":
+        hty = ir.VectorType(F16, lanes)
+
+        def step(k, acc):
+            b_row = b.gep(b_ptr, [b.mul(k, ir.Constant(I64, b_panel))], source_etype=F16)
+            bvec = [b.fpext(b.load(b.gep(b_row, [voff[j]], source_etype=F16), typ=hty, align=2), vty)
+                    for j in range(nv)]
+            avals = [broadcast(b, b.load(b.gep(a_rows[i], [k], source_etype=F32), typ=F32), lanes)
+                     for i in range(mi)]
+            return [[fma(b, avals[i], bvec[j], acc[i][j]) for j in range(nv)] for i in range(mi)]
+
+        return emit_k_loop(b, lanes, mi, nv, k_count, step, init)
+
+    def b_pairs(kk):
+        """The nv vectors of pair kk: lane c holds columns c's (B[2kk, c], B[2kk + 1, c]) as one i32."""
+        row = b.gep(b_ptr, [b.mul(kk, ir.Constant(I64, 2 * b_panel))], source_etype=I16)
+        return [b.load(b.gep(row, [b.mul(voff[j], ir.Constant(I64, 2))], source_etype=I16), typ=ity, align=4)
+                for j in range(nv)]
+
+    if b_format == "bf16":
+        high = ir.Constant(ity, [0xFFFF0000 - (1 << 32)] * lanes)  # the odd k's bf16 is the pair's high half
+        shift = ir.Constant(ity, [16] * lanes)
+
+        def step(kk, acc, halves=2):
+            words = b_pairs(kk)
+            k = b.shl(kk, ir.Constant(I64, 1))
+            out = [list(row) for row in acc]
+            for h in range(halves):  # the even k's weights are the low halves, the odd k's the high ones
+                vecs = [b.bitcast(b.shl(w, shift) if h == 0 else b.and_(w, high), vty) for w in words]
+                at = b.add(k, ir.Constant(I64, h))
+                for i in range(mi):
+                    a = broadcast(b, b.load(b.gep(a_rows[i], [at], source_etype=F32), typ=F32), lanes)
+                    for j in range(nv):
+                        out[i][j] = fma(b, a, vecs[j], out[i][j])
+            return out
+
+        acc = emit_k_loop(b, lanes, mi, nv, b.lshr(k_count, ir.Constant(I64, 1)), step, init)
+        # An odd K's last k: the even half of its pair only (A has no k + 1 to read).
+        return _if_then(b, b.trunc(k_count, ir.IntType(1)), acc,
+                        lambda: step(b.lshr(k_count, ir.Constant(I64, 1)), acc, halves=1))
+
+    if b_format != "bf16_dot" or lanes != 16:
+        raise ValueError(f"B format {b_format!r} on {lanes} lanes: vdpbf16ps takes 16 (avx512_bf16)")
+    # A's rows rounded to bfloat16 once per call, into a stack buffer [mi][k_count rounded up to pairs, the odd
+    # one's second k zero] that the loop's broadcasts read: per pair, one load per row instead of a load, a
+    # conversion and a broadcast.
+    stride = b.and_(b.add(k_count, ir.Constant(I64, 1)), ir.Constant(I64, -2))
+    a16 = b.alloca(I16, size=b.mul(stride, ir.Constant(I64, mi)))
+    _round_rows_to_bf16(b, a_rows, a16, k_count, stride)
+    a16_rows = [b.gep(a16, [b.mul(ir.Constant(I64, i), stride)], source_etype=I16) for i in range(mi)]
+    dot = "llvm.x86.avx512bf16.dpbf16ps.512"
+
+    def step(kk, acc):
+        words = b_pairs(kk)
+        k = b.shl(kk, ir.Constant(I64, 1))
+        avals = [broadcast(b, b.load(b.gep(a16_rows[i], [k], source_etype=I16), typ=I32, align=4), lanes)
+                 for i in range(mi)]
+        return [[intrinsic(b, dot, vty, [acc[i][j], avals[i], words[j]]) for j in range(nv)] for i in range(mi)]
+
+    return emit_k_loop(b, lanes, mi, nv, b.lshr(stride, ir.Constant(I64, 1)), step, init)
+
+
+def _if_then(b: ir.IRBuilder, cond, acc, then) -> list[list[ir.Value]]:
+    """The accumulators after `then()` (which emits code and returns new ones) where `cond` holds, else `acc`."""
+    pre = b.block
+    then_bb = b.function.append_basic_block("k.tail")
+    join = b.function.append_basic_block("k.joined")
+    b.cbranch(cond, then_bb, join)
+    b.position_at_end(then_bb)
+    new = then()
+    then_end = b.block
+    b.branch(join)
+    b.position_at_end(join)
+    out = []
+    for row, new_row in zip(acc, new):
+        out.append([])
+        for v, w in zip(row, new_row):
+            p = b.phi(v.type)
+            p.add_incoming(v, pre)
+            p.add_incoming(w, then_end)
+            out[-1].append(p)
+    return out
+
+
+def _round_rows_to_bf16(b: ir.IRBuilder, a_rows: list, out, k_count, stride) -> None:
+    """out[i * stride + k] = bfloat16(A[i, k]) (vcvtneps2bf16: round to nearest even) for k < k_count, and 0 up to
+    `stride` (k_count rounded up to pairs), 16 values per step, the last step masked."""
+    vty = ir.VectorType(F32, 16)
+    hty = ir.VectorType(I16, 16)
+    fn = b.function
+    pre = b.block
+    loop = fn.append_basic_block("a16.loop")
+    done = fn.append_basic_block("a16.done")
+    b.cbranch(b.icmp_signed(">", k_count, ir.Constant(I64, 0)), loop, done)
+    b.position_at_end(loop)
+    k = b.phi(I64, name="ka")
+    k.add_incoming(ir.Constant(I64, 0), pre)
+    valid = lane_mask(b, b.sub(k_count, k), 16)  # lanes past k_count load as zeros
+    written = lane_mask(b, b.sub(stride, k), 16)
+    for i, row in enumerate(a_rows):
+        x = masked_load(b, b.gep(row, [k], source_etype=F32), vty, valid, 4)
+        h = intrinsic(b, "llvm.x86.avx512bf16.cvtneps2bf16.512", hty, [x])
+        dst = b.gep(out, [b.add(b.mul(ir.Constant(I64, i), stride), k)], source_etype=I16)
+        masked_store(b, h, dst, written, 2)
+    k_next = b.add(k, ir.Constant(I64, 16))
+    k.add_incoming(k_next, b.block)
+    b.cbranch(b.icmp_signed("<", k_next, stride), loop, done)
+    b.position_at_end(done)

@@ -33,7 +33,8 @@ from onnxopt.timing import time_interleaved
 from onnxopt.fusion import winograd
 from onnxopt.tune import search_tile
 from onnxopt.tune.tile_search import kernel_tolerance
-from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, Tolerance, compare
+from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, LOW_PRECISION_TOLERANCE, Tolerance, compare
+from onnxopt.driver.precision import is_lowered
 from onnxopt.driver.policy import COLD_REGION_BYTES, SETTLED_BEYOND, ALONE_CHECK_S, _machine, custom_ops
 
 
@@ -395,6 +396,8 @@ class KernelStage:
                     # terms cancel, the relative error of a small result is large while the error itself is
                     # rounding. Judge it against the output's scale.
                     tol = kernel_tolerance(want, kernel_error_bound(r))
+                if is_lowered(r):  # bf16 / fp16 weights (driver/precision.py): against float32 at their tolerance
+                    tol = LOW_PRECISION_TOLERANCE
                 diffs = compare(r.outputs, want, got, tol)
                 bad = [d for d in diffs if not d.ok]
                 if bad:
@@ -407,17 +410,22 @@ class KernelStage:
                 entry = {"op_type": r.op_type, "ops": r.describe(), "nodes": r.node_names, "inputs": r.inputs,
                          "outputs": r.outputs, "shape": r.shape, "bytes": bytes_moved,
                          "max_abs_err": max(d.max_abs for d in diffs)}
+                if is_lowered(r):  # its weights' type; "% of peak" is still against the float32 peak
+                    entry["weights_dtype"] = r.compute.attrs.b_dtype
                 if blocked_inputs(r) or blocked_outputs(r):
                     entry["layout"] = (("blocked" if r.inputs[0] in blocked_inputs(r) else "nchw") + "->"
                                        + ("blocked" if blocked_outputs(r) else "nchw"))
+                if getattr(desc, "matrix_instruction", ""):  # AMX tiles, where the CPU and the OS allow them
+                    entry["matrix_instruction"] = desc.matrix_instruction
                 flops = _region_flops(r, feeds, want)
                 if flops:
                     entry["flops"] = flops
-                    entry["arithmetic"] = _peak_dtype(r)  # int8: the flops are integer ops, against the int8 peak
+                    # int8: the flops are integer ops, against the int8 (or the AMX int8) peak
+                    entry["arithmetic"] = _peak_dtype(r, desc, machine, self.opts.target)
                 if machine is not None:
                     level = machine.level_for(bytes_moved)
                     # Roofline: the slower of the arithmetic at peak and the bytes at the level's bandwidth.
-                    peak = machine.peak_flops.get(_peak_dtype(r)) or machine.peak_flops["float32"]
+                    peak = machine.peak_flops.get(_peak_dtype(r, desc, machine, self.opts.target)) or machine.peak_flops["float32"]
                     entry["predicted_s"] = max(bytes_moved / level.bandwidth, flops / peak if flops else 0.0)
                     entry["memory_level"] = level.name
                     entry["level_bandwidth"] = level.bandwidth
@@ -467,7 +475,7 @@ class KernelStage:
                         entry["bandwidth_fraction"] = entry["achieved_bandwidth"] / entry["level_bandwidth"]
                     if flops:
                         entry["achieved_flops"] = flops / t_fused["median"]
-                        peak = machine.peak_flops.get(_peak_dtype(r)) if machine is not None else None
+                        peak = machine.peak_flops.get(_peak_dtype(r, desc, machine, self.opts.target)) if machine is not None else None
                         if peak:
                             entry["peak_fraction"] = entry["achieved_flops"] / peak
                     # A region of a blocked chain is judged with its chain, in the whole-model timing (`chained`).

@@ -26,6 +26,7 @@ from onnxopt.timing import make_session, session_options, time_interleaved
 from onnxopt.verify import Tolerance, compare, make_inputs
 from onnxopt.driver.policy import WHOLE_MODEL_MARGIN, offline_split, _op_counts
 from onnxopt.driver.result import Result
+from onnxopt.driver.precision import is_lowered, kernel_path, low_precision_tolerance, precision_cost, worst_error
 
 INT8_FAMILIES = ("qmatmul", "qconv")  # kinds that run quantized units whole (graph/quantized.py)
 WRITTEN_TIME_S = 0.5  # seconds timing the written model against the original (report["written_timing"])
@@ -119,9 +120,10 @@ class OutputStage:
     def _emit_staged(self, staging: Staging, original, accepted, built, loaded, src_path, t) -> Result:
         lib_path = sha = None
         lib_name = os.path.basename(staging.destination) + LIBRARY_SUFFIX
+        precision = self._written_precision(accepted)
         if accepted:
             fused = build_fused_model(self.emit_base, accepted, lib_name, None, self.opts.target.to_dict(),
-                                      self.opts.target.required_cpu_flags)
+                                      self.opts.target.required_cpu_flags, precision=precision)
         else:  # nothing wins: the user gets their model back as it was, and the report says why
             fused = onnx.ModelProto()
             fused.CopyFrom(original)
@@ -184,6 +186,24 @@ class OutputStage:
         # A stale library of an earlier run would not match this model: it goes (and comes back on failure).
         return (Result(fused, self.report, self.output, staging.destination + LIBRARY_SUFFIX if lib_path else None),
                 suffixes, [] if lib_path else [LIBRARY_SUFFIX])
+
+    def _written_precision(self, accepted) -> dict | None:
+        """What the written model's weights were lowered to (its metadata, driver/precision.py), None when float32
+        was asked for; with lowered kernels, the whole-model checks take the low-precision tolerance."""
+        if self.opts.precision == "fp32":
+            return None
+        lowered = [r for r in accepted if is_lowered(r)]
+        b_dtypes = {r.compute.attrs.b_dtype for r in lowered}
+        record = {"precision": {"bfloat16": "bf16", "float16": "fp16"}[b_dtypes.pop()] if lowered else "fp32",
+                  "requested": self.opts.precision,
+                  "kernels": kernel_path(self.opts.precision, self.opts.target) if lowered else "fp32",
+                  "lowered_regions": len(lowered),
+                  "float32_compute_regions": sum(r.compute is not None and not is_lowered(r) for r in accepted)}
+        self.report.setdefault("precision", {}).update({"written": record,
+                                                        "lowered": [r.node_names for r in lowered]})
+        if lowered:
+            self.opts.tolerance = low_precision_tolerance(self.opts.tolerance)
+        return record
 
     def _without_quantized(self, plan: list[Region]) -> list[Region]:
         """The plan less the regions that would take a node of a quantized pattern from onnxruntime; an int8 GEMM
@@ -252,6 +272,11 @@ class OutputStage:
             ran = {op: after.get(op, 0) - before.get(op, 0) for op in want}
             wrong = {op: (ran[op], n) for op, n in want.items() if ran[op] != n}
             self.report.setdefault("verification", {})["kernel_calls"] = sum(ran.values())
+            from onnxopt.runtime.matrix_engine import amx_status
+
+            amx = amx_status(lib)
+            if amx["state"] != "no AMX kernels":  # which tiles the int8 kernels ran here, and why not AMX
+                self.report["verification"]["amx"] = amx
             if wrong:
                 op, (have, need) = next(iter(wrong.items()))
                 raise VerificationError(f"the written model ran {have} of its {need} {op} kernels through its library "
@@ -327,6 +352,8 @@ class OutputStage:
         if quantized:
             tol, spread = self._int8_tolerance(source, names, feeds, want, base)
         diffs = compare(names, want, got, tol)
+        if self.report.get("precision", {}).get("written", {}).get("lowered_regions"):
+            self._precision_cost(names, want, got)
         self.report["verification"].update({"outputs": [d.__dict__ for d in diffs], "ok": all(d.ok for d in diffs),
                                             "library": lib is not None})
         if emulated:
@@ -429,6 +456,20 @@ class OutputStage:
                                                 "ok": all(d.ok for d in diffs)}
         self._fail_if_differs(diffs, "verification failed without the kernel library: output {} of the "
                               "function bodies differs", "Please report it")
+
+    def _precision_cost(self, names, want, got) -> None:
+        """What the lowered weights cost on the check inputs (driver/precision.py); `auto` must have kept the
+        model within its budget, or nothing is written."""
+        entry = self.report["precision"]
+        entry["cost"] = precision_cost(names, want, got)
+        if self.opts.precision == "auto":
+            err = worst_error(entry["cost"])
+            entry["within_budget"] = err <= self.opts.accuracy_budget
+            if not entry["within_budget"]:
+                raise VerificationError(f"--precision auto: the written model's max relative error {err:.3g} is "
+                                        f"past --accuracy-budget {self.opts.accuracy_budget:g} (its simulation "
+                                        f"gave {entry['auto']['simulated_max_rel_error']:.3g}); nothing was "
+                                        "written. Give a smaller budget, or --precision fp32")
 
     def _fail_if_differs(self, diffs, what: str, advice: str) -> None:
         bad = [d for d in diffs if not d.ok]

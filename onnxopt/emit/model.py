@@ -27,6 +27,11 @@ META_SHA256 = "onnxopt.library_sha256"
 META_TARGET = "onnxopt.target"
 META_CPU_FLAGS = "onnxopt.cpu_flags"
 META_VERSION = "onnxopt.version"
+# The precision the fused GEMMs' weights were lowered to ("bf16", "fp16"; absent: float32 throughout), and which
+# regions took it (JSON: {"precision", "requested", "kernels", "lowered_regions", "float32_compute_regions"}); the
+# loader reports both (runtime/__init__.py, LibraryCheck.precision).
+META_PRECISION = "onnxopt.precision"
+META_PRECISION_DETAIL = "onnxopt.precision_detail"
 
 
 def _body_and_constants(region: Region, inits: dict) -> tuple[list, list[str]]:
@@ -120,9 +125,11 @@ def stable_toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
 
 
 def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_file: str | None, sha256: str | None,
-                      target: dict, cpu_flags: list[str], constants: onnx.ModelProto | None = None) -> onnx.ModelProto:
+                      target: dict, cpu_flags: list[str], constants: onnx.ModelProto | None = None,
+                      precision: dict | None = None) -> onnx.ModelProto:
     """`model` with the regions fused. `constants`: the model whose initializers the function bodies embed, when
-    `model` is a light copy whose large weights are only declared (graph/large.py, SharedWeights); default `model`."""
+    `model` is a light copy whose large weights are only declared (graph/large.py, SharedWeights); default `model`.
+    `precision`: what the weights were lowered to (META_PRECISION's "precision", with its detail), or None."""
     constants = model if constants is None else constants
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -183,6 +190,9 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
         meta[META_TARGET] = json.dumps(target, sort_keys=True)
         meta[META_CPU_FLAGS] = ",".join(cpu_flags)
     meta[META_VERSION] = __version__
+    if precision is not None:
+        meta[META_PRECISION] = precision["precision"]
+        meta[META_PRECISION_DETAIL] = json.dumps(precision, sort_keys=True)
     del out.metadata_props[:]
     for k, v in meta.items():
         out.metadata_props.add(key=k, value=v)

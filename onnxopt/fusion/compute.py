@@ -567,3 +567,91 @@ def retile(region: Region, tile) -> Region:
     from dataclasses import replace
 
     return apply_tile(replace(region, measured={}, rejected=None), tile)
+
+
+def bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values as bfloat16 bit patterns (uint16), rounded to nearest even (vcvtneps2bf16's rounding)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def bfloat16_values(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 and widened back (what the bfloat16 kernels multiply)."""
+    return (bfloat16_bits(x).astype(np.uint32) << 16).view(np.float32)
+
+
+def bfloat16_pairs(packed: np.ndarray) -> np.ndarray:
+    """Packed float32 panels [pn][K][P] as the bfloat16 tiles read them: bit patterns [pn][ceil(K/2)][P][2], the
+    two k of a pair side by side in each column (vdpbf16ps's operand); an odd K's last pair has a zero second k."""
+    pn, k, p = packed.shape
+    if k % 2:
+        packed = np.concatenate([packed, np.zeros((pn, 1, p), packed.dtype)], axis=1)
+        k += 1
+    return bfloat16_bits(np.ascontiguousarray(packed.reshape(pn, k // 2, 2, p).transpose(0, 1, 3, 2)))
+
+
+FLOAT16_MAX = 65504.0
+
+
+def lower_packed_b(region: Region, b_dtype: str, opset: int) -> str | None:
+    """Store a matmul region's packed constant B as `b_dtype` ("bfloat16" or "float16") for the low-precision
+    packed-B tiles (codegen/microkernel/outer_product.py), in place; the function fallback casts it back to float32
+    first, so the weights are stored once. Returns why the region keeps float32 weights, or None when lowered.
+
+    bfloat16 is stored in pairs along K, [ceil(N / P)][K2/2][P][2] under the shape [ceil(N / P)][K2][P], K2 = K
+    rounded up to pairs (vdpbf16ps multiplies a pair per lane; the glue reads the odd K's extra zero row from the
+    shape); float16 as the float32 form is, [ceil(N / P)][K][P], and only when every weight is within float16's
+    range."""
+    c = region.compute
+    if c is None or c.op in ("conv", "conv_transpose", "afusion", "siblings"):
+        return "conv: float32, bf16 not lowered yet"
+    if c.op != "matmul" or not c.attrs.packed_b:
+        return "B is not a constant matrix packed for the kernel"
+    if c.attrs.b_dtype is not None:
+        return None if c.attrs.b_dtype == b_dtype else f"B is already stored as {c.attrs.b_dtype}"
+    if opset < 13:
+        return f"opset {opset}: the fallback's Cast from {b_dtype} needs opset 13"
+    wname = next((t.name for t in c.initializers if t.name.endswith("__packed_b")), None)
+    if wname is None:
+        return "no packed B in the region"
+    packed = numpy_helper.to_array(next(t for t in c.initializers if t.name == wname))
+    pn, k, p = packed.shape
+    if not np.all(np.isfinite(packed)):
+        return "B has values that are not finite"
+    u = f"{wname}__cast"
+    body = [helper.make_node("Cast", [wname], [f"{u}_f"], to=onnx.TensorProto.FLOAT)]
+    if b_dtype == "bfloat16":
+        k2 = k + k % 2
+        tensor = helper.make_tensor(wname, onnx.TensorProto.BFLOAT16, (pn, k2, p), bfloat16_pairs(packed).tobytes(),
+                                    raw=True)
+
+        def const(name, arr):
+            return helper.make_node("Constant", [], [name],
+                                    value=numpy_helper.from_array(np.asarray(arr, np.int64), name))
+        body += [const(f"{u}_s4", [pn, k2 // 2, p, 2]),
+                 helper.make_node("Reshape", [f"{u}_f", f"{u}_s4"], [f"{u}_r4"]),
+                 helper.make_node("Transpose", [f"{u}_r4"], [f"{u}_t"], perm=[0, 1, 3, 2]),
+                 const(f"{u}_s3", [pn, k2, p]),
+                 helper.make_node("Reshape", [f"{u}_t", f"{u}_s3"], [f"{u}_w"])]
+        unpacked = f"{u}_w"
+        if k2 != k:  # the odd K's zero row
+            body += [const(f"{u}_starts", [0]), const(f"{u}_ends", [k]), const(f"{u}_axes", [1]),
+                     helper.make_node("Slice", [unpacked, f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_k"])]
+            unpacked = f"{u}_k"
+    elif b_dtype == "float16":
+        big = float(np.max(np.abs(packed))) if packed.size else 0.0
+        if big > FLOAT16_MAX:
+            return f"a weight of magnitude {big:.4g} is past float16's 65504"
+        tensor = numpy_helper.from_array(packed.astype(np.float16), wname)
+        unpacked = f"{u}_f"
+    else:
+        raise ValueError(f"no low-precision B as {b_dtype}")
+    for node in c.body:
+        for i, x in enumerate(node.input):
+            if x == wname:
+                node.input[i] = unpacked
+    c.body[:0] = body
+    c.initializers = [tensor if t.name == wname else t for t in c.initializers]
+    c.attrs.b_dtype = b_dtype
+    return None

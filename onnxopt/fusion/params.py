@@ -119,6 +119,9 @@ class ComputeAttrs:
     trans_a: int = _Absent(0)
     packed_b: int = _Absent(0)
     n: int | None = None
+    # the element type the packed B is stored in when lower than the op's (onnxopt/driver/precision.py: "bfloat16",
+    # "float16"); None: the op's own
+    b_dtype: str | None = None
     # An AFUSION region's (fusion/afusion/): output rows per band; 1 for a chain of three; the index among the
     # second's epilogue inputs of the first's output (MISO; -1: not MISO); the pool's parameters (conv -> pool,
     # conv_pool.pool_params)

@@ -36,8 +36,8 @@ from onnxopt.hardware.machine_model import Machine, MemoryLevel
 # keep the names the tests read importable from this module.
 from .cpu import CacheLevel, _fallback_cache_levels, _parse_cpu_list, _parse_size  # noqa: F401
 from .cpu import _mem_available, cache_levels, cpu_flags, cpu_mhz, cpu_name, isa_flags, usable_cpus
-from .probe_kernels import (_JitKernel, _fma_kernel, _is_x86, _read_kernel, _scale_kernel, _vector_registers,
-                            _int8_kernel)
+from .probe_kernels import (_amx_kernel, _bf16_kernel, _JitKernel, _fma_kernel, _int8_kernel, _is_x86, _read_kernel,
+                            _scale_kernel, _vector_registers, request_amx)
 from .probe_kernels import build_fma_kernel, kernel_assembly  # noqa: F401
 
 _MEASURE_COUNT = 0  # how many times measure_machine ran in this process (the cache tests read it)
@@ -104,7 +104,7 @@ def _calibrate(run_once, work0: int, target_s: float) -> int:
 def _peak(kernel: _JitKernel, info: dict, cpus: list[int], in_bytes: bytes, target_s: float,
           repeats: int) -> tuple[float, float]:
     """(1-core, all-core) op/s of a register-only kernel."""
-    out_bytes = info["accumulators"] * 64
+    out_bytes = info.get("out_bytes") or info["accumulators"] * 64
 
     def setup(_i):
         pin = _aligned(len(in_bytes), np.uint8, 0)
@@ -219,6 +219,12 @@ def measure_machine(quick: bool = False) -> Machine:
             i8_1, i8_all = _peak(vk, vinfo, cpus, operands, peak_s, peak_reps)
             peak["int8"], peak_1["int8"] = i8_all, i8_1
             kernels["int8"] = dict(vinfo)
+        if target.has("avx512bf16"):  # the bf16 GEMMs' vdpbf16ps (--precision bf16)
+            bk, binfo = _bf16_kernel(target)
+            operands = np.full(32, 0x3F803F80, dtype=np.uint32).tobytes()  # bf16 pairs of 1.0
+            peak_1["bfloat16"], peak["bfloat16"] = _peak(bk, binfo, cpus, operands, peak_s, peak_reps)
+            kernels["bfloat16"] = dict(binfo)
+        _measure_amx(target, cpus, peak_s, peak_reps, peak, peak_1, kernels)
 
     rk, rinfo = _read_kernel(target)
     kernels["read"] = dict(rinfo)
@@ -300,8 +306,35 @@ def cache_dir() -> Path:
 
 
 # What the measurement measures: a change (2: an int8 peak on every target with a dot-product instruction, not
-# only VNNI) invalidates the models cached by earlier code of the same version.
-MEASUREMENTS = 2
+# only VNNI; 3: the vdpbf16ps and AMX peaks) invalidates the models cached by earlier code of the same version.
+MEASUREMENTS = 3
+
+
+# The machine model's name of each matrix instruction's peak, by its source dtype.
+AMX_PEAKS = {"u8": "amx_int8", "bf16": "amx_bf16", "f16": "amx_fp16"}
+
+
+def _measure_amx(target, cpus, peak_s, peak_reps, peak, peak_1, kernels) -> None:
+    """The tile unit's peaks (int8, bf16, fp16: the best instruction of each the host has), where the CPU has AMX
+    and Linux grants this process the tile state; else why not, in kernels["amx"]."""
+    from onnxopt.codegen.instructions import matrix_available
+
+    found = matrix_available(target)
+    if not found:
+        return
+    granted, why = request_amx()
+    if not granted:
+        kernels["amx"] = {"error": why}
+        return
+    for ins in found:
+        name = AMX_PEAKS.get(ins.source_dtypes[0])
+        if name is None or name in peak:
+            continue
+        k, info = _amx_kernel(target, ins)
+        info["out_bytes"] = 4 * 1024
+        one, every = _peak(k, info, cpus, bytes(1024), peak_s, peak_reps)
+        peak[name], peak_1[name] = every, one
+        kernels[name] = dict(info)
 
 
 def machine_key() -> str:

@@ -123,6 +123,65 @@ def build_int8_kernel(target, instruction) -> tuple[str, dict]:
                     "accumulators": nacc, "ops_per_iter": 2 * macs * nacc}
 
 
+def build_bf16_kernel(target) -> tuple[str, dict]:
+    """`void peak_bf16(i64 iters, i32* in, float* out)`: independent chains of vdpbf16ps zmm (avx512_bf16: 16 lanes,
+    each the sum of 2 bf16 products added to a float32, 64 FLOPs an instruction), as the bf16 GEMM kernels use it
+    (microkernel/outer_product.py, "bf16_dot")."""
+    from onnxopt.codegen.vmath.irutil import intrinsic
+
+    f32, i32, i64, ptr = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.PointerType()
+    acc_t, src_t = ir.VectorType(f32, 16), ir.VectorType(i32, 16)
+    nacc = 16
+    m = _module(target, "peak_bf16")
+    fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [i64, ptr, ptr]), name="peak_bf16")
+    iters, pin, pout = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    x = b.load(b.gep(pin, [ir.Constant(i64, 0)], source_etype=src_t), typ=src_t)
+    y = b.load(b.gep(pin, [ir.Constant(i64, 1)], source_etype=src_t), typ=src_t)
+    accs = [b.alloca(acc_t, name=f"acc{k}") for k in range(nacc)]
+    for k, a in enumerate(accs):
+        b.store(ir.Constant(acc_t, [float(k)] * 16), a)
+
+    def body(bb, _i):
+        for a in accs:
+            bb.store(intrinsic(bb, "llvm.x86.avx512bf16.dpbf16ps.512", acc_t, [bb.load(a, typ=acc_t), x, y]), a)
+
+    _counted_loop(b, fn, iters, "loop", body)
+    for k, a in enumerate(accs):
+        b.store(b.load(a, typ=acc_t), b.gep(pout, [ir.Constant(i64, k)], source_etype=acc_t))
+    b.ret_void()
+    return str(m), {"name": "peak_bf16", "instruction": "vdpbf16ps", "accumulators": nacc,
+                    "ops_per_iter": nacc * 16 * 2 * 2}
+
+
+def build_amx_kernel(target, instruction) -> tuple[str, dict]:
+    """`void peak_amx(i64 iters, i8* in, i32* out)`: a 2 x 2 block of C tiles, each += A_i x B_j with
+    `instruction` (codegen/instructions/amx.py) per iteration, A and B loaded once: the tile unit's own rate, 4
+    independent chains to cover its latency. Written as a tile program (tile_program.py), as the kernels are."""
+    from onnxopt.codegen.instructions.tile_program import Dot, Load, Repeat, Store, TileProgram, Zero, affine
+
+    m, n, k = instruction.shape
+    c_shape, a_shape, b_shape = instruction.shapes_for(m, n, k)
+    steps = [Zero(f"c{i}{j}") for i in range(2) for j in range(2)]
+    steps += [Load(t, "in", affine(const=0), affine(const=64)) for t in ("a0", "a1", "b0", "b1")]
+    steps.append(Repeat("i", affine("iters"), tuple(Dot(instruction, f"c{i}{j}", f"a{i}", f"b{j}")
+                                                    for i in range(2) for j in range(2))))
+    steps += [Store(f"c{i}{j}", "out", affine(const=(2 * i + j) * 1024), affine(const=64))
+              for i in range(2) for j in range(2)]
+    shapes = ([(f"c{i}{j}", c_shape) for i in range(2) for j in range(2)] + [("a0", a_shape), ("a1", a_shape)]
+              + [("b0", b_shape), ("b1", b_shape)])
+    program = TileProgram("peak_amx", tuple(shapes), tuple(steps), (instruction,))
+    i64, ptr = ir.IntType(64), ir.PointerType()
+    mod = _module(target, "peak_amx")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64, ptr, ptr]), name="peak_amx")
+    iters, pin, pout = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    program.emit(b, {"in": pin, "out": pout}, {"iters": iters})
+    b.ret_void()
+    return str(mod), {"name": "peak_amx", "instruction": instruction.name, "tiles": 8,
+                      "ops_per_iter": 4 * 2 * m * n * k}
+
+
 def build_read_kernel(target, accumulators: int = 8) -> tuple[str, dict]:
     """`void bw_read(float* buf, i64 blocks, i64 reps, float* out)`: `reps` sweeps over `blocks` blocks of
     `accumulators` vectors each, summed into `accumulators` vector chains (reads only); the sum goes to `out`."""
@@ -248,6 +307,39 @@ def _int8_kernel(target) -> tuple[_JitKernel, dict]:
     k = _JitKernel(text, "peak_int8", [_I64, _P, _P], target)
     info["asm"] = _asm_stats(k.asm, "vpdpbusd" if found[0].name.endswith("vnni") else "vpmaddubsw")
     return k, info
+
+
+@functools.lru_cache(maxsize=None)
+def _bf16_kernel(target) -> tuple[_JitKernel, dict]:
+    text, info = build_bf16_kernel(target)
+    k = _JitKernel(text, "peak_bf16", [_I64, _P, _P], target)
+    info["asm"] = _asm_stats(k.asm, "vdpbf16ps")
+    return k, info
+
+
+@functools.lru_cache(maxsize=None)
+def _amx_kernel(target, instruction) -> tuple[_JitKernel, dict]:
+    text, info = build_amx_kernel(target, instruction)
+    k = _JitKernel(text, "peak_amx", [_I64, _P, _P], target)
+    info["asm"] = _asm_stats(k.asm, instruction.name)
+    return k, info
+
+
+def request_amx() -> tuple[bool, str]:
+    """Ask Linux for the tile state in this process (what the kernel libraries do when registered:
+    codegen/glue/matrix_engine.c), so that the probes may run AMX: (granted, why not)."""
+    import errno
+    import os
+    import platform
+
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False, "AMX is asked of Linux on x86-64 only"
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(158), ctypes.c_long(0x1023), ctypes.c_long(18)) == 0:  # ARCH_REQ_XCOMP_PERM
+        return True, ""
+    err = ctypes.get_errno()
+    return False, f"Linux refused the tile state ({errno.errorcode.get(err, err)}: {os.strerror(err)})"
 
 
 @functools.lru_cache(maxsize=None)

@@ -46,16 +46,18 @@ AVX2 = "avx2_fp32_outer_product"
 AVX512 = "avx512_fp32_outer_product"
 
 # spec -> (ISA row, micro-kernel, float32 lanes, vector bits, dot instructions, _cpu_check's text), as the code
-# answered before the table (the same code's output, written down). `cpu=NAME` without features has none: parse_target
-# adds only a level's features, so sapphirerapids and znver* get the 128-bit row.
+# answered before the table (the same code's output, written down). `cpu=NAME` now brings the CPU's own features
+# (target.py CPU_FEATURES; before, only a level's, and these three got the 128-bit row).
 BEFORE = {
     "x86-64": ("sse", SSE, 4, 128, [], _gcc()),
     "x86-64-v2": ("sse", SSE, 4, 128, [], _gcc("sse4.1", "sse4.2")),
     "x86-64-v3": ("avx2", AVX2, 8, 256, ["avx2_u8s8"], _gcc(*V3_CHECK)),
     "x86-64-v4": ("avx512", AVX512, 16, 512, ["avx2_u8s8"], _gcc(*V4_CHECK)),
-    "cpu=sapphirerapids": ("sse", SSE, 4, 128, [], _gcc()),
-    "cpu=znver4": ("sse", SSE, 4, 128, [], _gcc()),
-    "cpu=znver3": ("sse", SSE, 4, 128, [], _gcc()),
+    "cpu=sapphirerapids": ("avx512", AVX512, 16, 512, ["avx512_vnni", "avx_vnni", "avx2_u8s8"],
+                           _gcc(*V4_VNNI_CHECK[:2], "avx512bf16", *V4_VNNI_CHECK[2:])),
+    "cpu=znver4": ("avx512", AVX512, 16, 512, ["avx512_vnni", "avx2_u8s8"],
+                   _gcc(*V4_VNNI_CHECK[:2], "avx512bf16", *V4_VNNI_CHECK[2:])),
+    "cpu=znver3": ("avx2", AVX2, 8, 256, ["avx2_u8s8"], _gcc(*V3_CHECK)),
     "cpu=x86-64,+avx,+avx2": ("avx2-nofma", SSE, 8, 256, ["avx2_u8s8"], _gcc("avx", "avx2")),
     "cpu=x86-64-v3,+avxvnni": ("avx2", AVX2, 8, 256, ["avx_vnni", "avx2_u8s8"], _gcc(*V3_CHECK)),
     "cpu=x86-64-v4,+avx512vnni": ("avx512", AVX512, 16, 512, ["avx512_vnni", "avx2_u8s8"], _gcc(*V4_VNNI_CHECK)),
@@ -264,7 +266,11 @@ def test_rows_name_what_exists():
         for name in row.dot_instructions:
             assert by_name(name).arch == row.arch, (row.name, name)
         assert len(set(row.dot_instructions)) == len(row.dot_instructions)
-        assert row.matrix_instructions == ()  # AMX comes with the next issue
+        from onnxopt.codegen.instructions import MATRIX_INSTRUCTIONS
+
+        matrix = {i.name: i for i in MATRIX_INSTRUCTIONS}
+        for name in row.matrix_instructions:  # tiles, on a row of their architecture, dispatched at run time
+            assert matrix[name].arch == row.arch and set(matrix[name].features) <= set(isa.DISPATCHED_AT_RUN_TIME)
         assert row.vmath in ("avx512", "portable")
         assert row.vector_bits in (128, 256, 512) and row.lanes(4) * 32 == row.vector_bits
         assert set(row.runtime_check) <= vocabulary[row.arch], row.name

@@ -257,6 +257,53 @@ def test_int8_kernel_assembly_uses_the_instruction(level, mnemonic, reg):
         assert run_info["asm"]["count"] >= run_info["accumulators"] and run_info["asm"]["spills"] == 0
 
 
+def test_bf16_peak_kernel_and_its_peak():
+    """vdpbf16ps chains for a CPU with avx512_bf16 on any host; the model has the bf16 peak where the host has the
+    instruction, none elsewhere."""
+    from onnxopt.codegen.target import host_target, parse_target
+    from onnxopt.hardware.probe_kernels import build_bf16_kernel, kernel_assembly
+
+    t = parse_target("cpu=znver4")
+    text, info = build_bf16_kernel(t)
+    asm = kernel_assembly(text, t)
+    assert asm.count("vdpbf16ps") >= info["accumulators"] and "Spill" not in asm
+    m = measure.measure_machine(quick=True)
+    assert ("bfloat16" in m.peak_flops) == host_target().has("avx512bf16")
+
+
+@pytest.mark.parametrize("name", ["tdpbusd", "tdpbf16ps", "tdpfp16ps"])
+def test_amx_peak_kernel_assembly(name):
+    """The tile unit's probe, for a CPU with the instruction, on any host: one tile configuration, four
+    instructions on four C tiles each iteration, nothing spilled."""
+    from onnxopt.codegen.instructions import amx
+    from onnxopt.codegen.target import parse_target
+    from onnxopt.hardware.probe_kernels import build_amx_kernel, kernel_assembly
+
+    t = parse_target("cpu=graniterapids")
+    ins = next(i for i in amx.INSTRUCTIONS if i.name == name)
+    text, info = build_amx_kernel(t, ins)
+    asm = kernel_assembly(text, t)
+    assert asm.count("ldtilecfg") == 1 and asm.count(name) >= 4 and asm.count("tilestored") == 4
+    m, n, k = ins.shape
+    assert info["ops_per_iter"] == 4 * 2 * m * n * k
+
+
+def test_amx_peaks_are_measured_only_where_granted():
+    """On a host with AMX the model has the tile unit's peaks (or says why not); elsewhere none."""
+    from onnxopt.codegen.instructions import matrix_available
+    from onnxopt.codegen.target import host_target
+
+    m = measure.measure_machine(quick=True)
+    if not matrix_available(host_target()):
+        assert not any(k.startswith("amx_") for k in m.peak_flops)
+        return
+    granted, why = measure.request_amx()
+    if granted:
+        assert m.peak_flops["amx_int8"] > m.peak_flops["int8"]  # tiles beat VNNI's vectors
+    else:
+        assert "amx_int8" not in m.peak_flops and m.details["kernels"]["amx"]["error"] == why
+
+
 def test_cache_levels_from_sysfs_or_fallback():
     levels = measure.cache_levels()
     assert levels and levels[0].level == 1

@@ -80,25 +80,45 @@ def test_missing_or_tampered_library_warns_and_falls_back(optimized, tmp_path):
 
 
 def test_library_for_missing_cpu_feature_is_not_loaded(tmp_path, monkeypatch):
-    """Compiled for a CPU with AMX, loaded on one without: loads, warns, and answers right through the functions.
-    The host is made to lack AMX on every machine (ONNXOPT_HOST_LEVEL caps the features the loader sees), so the
-    test runs on AMX hosts too."""
+    """Compiled for Sapphire Rapids, loaded on a CPU without its AVX-512 FP16 and BF16: loads, warns, and answers
+    right through the functions. The host is made to lack them on every machine (ONNXOPT_HOST_LEVEL caps the
+    features the loader sees), so the test runs on such hosts too. AMX itself is not a requirement: the library
+    checks it at run time and carries kernels without it (codegen/isa.py DISPATCHED_AT_RUN_TIME)."""
     from onnxopt.codegen.target import host_cpu_flags
 
     monkeypatch.setenv("ONNXOPT_HOST_LEVEL", "x86-64-v4")
-    assert "amx_tile" not in host_cpu_flags()
+    assert "avx512_fp16" not in host_cpu_flags()
+    src = str(tmp_path / "m.onnx")
+    onnx.save(build_model("mobilenetv3", image_size=32), src)
+    out = str(tmp_path / "spr.onnx")
+    res = onnxopt.optimize(src, out, target="cpu=sapphirerapids", measure=False)
+    assert res.report["fused_regions"] > 0 and "kernels_not_run" in res.report
+    meta = {p.key: p.value for p in onnx.load(out).metadata_props}
+    flags = meta["onnxopt.cpu_flags"].split(",")
+    assert "avx512_fp16" in flags and not any(f.startswith("amx") for f in flags)
+    x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    with pytest.warns(rt.LibraryNotUsedWarning, match="lacks .*avx512_fp16"):
+        sess = rt.InferenceSession(out)
+    np.testing.assert_allclose(sess.run(None, {"input": x})[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_library_for_an_amx_target_runs_its_kernels_without_amx(tmp_path, monkeypatch):
+    """AVX-512 plus AMX, loaded on an AVX-512 CPU without AMX (made so on every host): the kernels run."""
+    from onnxopt.codegen.target import host_cpu_flags
+
+    if "avx512f" not in host_cpu_flags():
+        pytest.skip("this CPU has no AVX-512")
+    monkeypatch.setenv("ONNXOPT_HOST_LEVEL", "x86-64-v4")
     src = str(tmp_path / "m.onnx")
     onnx.save(build_model("mobilenetv3", image_size=32), src)
     out = str(tmp_path / "amx.onnx")
-    res = onnxopt.optimize(src, out, target="cpu=x86-64-v4,+amx-tile", measure=False)
-    assert res.report["fused_regions"] > 0 and "kernels_not_run" in res.report
-    meta = {p.key: p.value for p in onnx.load(out).metadata_props}
-    assert "amx_tile" in meta["onnxopt.cpu_flags"]
+    res = onnxopt.optimize(src, out, target="cpu=x86-64-v4,+amx-tile,+amx-int8", measure=False)
+    assert res.report["fused_regions"] > 0 and "kernels_not_run" not in res.report
+    sess = rt.InferenceSession(out)
     x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
-    want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
-    with pytest.warns(rt.LibraryNotUsedWarning, match="lacks amx_tile"):
-        sess = rt.InferenceSession(out)
-    np.testing.assert_allclose(sess.run(None, {"input": x})[0], want, rtol=1e-4, atol=1e-5)
+    sess.run(None, {"input": x})
+    assert sum(rt.kernel_calls(rt.registered_library(sess, loadable=True)).values()) > 0
 
 
 def test_two_models_share_one_process(tmp_path):

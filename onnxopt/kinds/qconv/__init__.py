@@ -11,8 +11,12 @@ from .schedule import space
 
 
 def report(region, feeds, desc) -> dict:
-    """The elementwise tail its tables run (lookup.py), by the nodes' outputs."""
-    return {"tail": list(region.params.tail)} if region.params.lut else {}
+    """The elementwise tail its tables run (lookup.py), by the nodes' outputs, and how weights with a zero point
+    reach the tile (find.py signed_weights)."""
+    out = {"tail": list(region.params.tail)} if region.params.lut else {}
+    if region.params.weights_note:
+        out["weights"] = region.params.weights_note
+    return out
 
 
 # Asked before the compute and elementwise rules, which would take the Cast -> Mul -> Add after a ConvInteger.

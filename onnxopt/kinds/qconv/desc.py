@@ -4,7 +4,7 @@ and the descriptor `onnxopt_qconv_desc`, whose C codegen/glue/kinds.py writes be
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from onnxopt.codegen.glue.contract import ONNXOPT_SIG, ArgBlock, Contract, Field, FnType, Limit, Struct
 
@@ -14,6 +14,7 @@ QC_MAX_OUT = Limit("QC_MAX_OUT", 4)
 QC_MAX_EXTRA = Limit("QC_MAX_EXTRA", 8)
 QC_MAX_MR = Limit("QC_MAX_MR", 8)
 QC_MAX_TAPS = Limit("QC_MAX_TAPS", 64, "the implicit form's kernel windows (find.py)")
+QC_MAX_AMX = Limit("QC_MAX_AMX", 4)
 QCONV_TILE_FN = FnType("qconv_tile_fn", "void", "const int64_t *tile", "a tile (lower.py): a qc_tile")
 
 QC_TILE = ArgBlock("qc_tile", [
@@ -51,6 +52,8 @@ QC_TILE = ArgBlock("qc_tile", [
     Field("dw_ow", "int64_t", comment="depthwise: the output's width"),
     Field("lut", "const uint8_t *", comment="QUANT with a tail (lookup.py): [cout][256] output bytes, 4 bytes of "
                                             "slack"),
+    Field("bias_rest", "const float *", comment="QUANT with bias_rest: per channel, the part of a float bias below "
+                                                "the sums' step, in output steps, added after the scale"),
 ], prefix="QC_SLOT_", comment="a qconv tile's record (lower.py)")
 
 QC_DESC = Struct("onnxopt_qconv_desc", [
@@ -74,6 +77,7 @@ QC_DESC = Struct("onnxopt_qconv_desc", [
                                        "(layout.py)"),
     Field("out_blocked", "int"),
     Field("lut", "int", comment="QUANT: the requantized values go through a table a channel (lookup.py)"),
+    Field("bias_rest", "int", comment="QUANT: a float per channel input after the scales, added after the scale"),
     Field("n_extra", "int"),
     Field("extra_kind", "int", QC_MAX_EXTRA, "0 POSITION, 1 CHANNEL, 3 SCALAR", partial=True),
     Field("mr", "int"),
@@ -82,10 +86,13 @@ QC_DESC = Struct("onnxopt_qconv_desc", [
     Field("half_cols", "int64_t", comment="a panel of at most this many pixels runs on half_tiles (0: none)"),
     Field("half_tiles", QCONV_TILE_FN, QC_MAX_MR, "tiles of one vector of pixels: the last, short panel of a row "
                                                   "or plane", partial=True),
+    Field("amx_groups", "int", comment="the most groups of 16 channels an AMX tile takes (0: no AMX tiles)"),
+    Field("amx_tiles", QCONV_TILE_FN, QC_MAX_AMX, "amx_tiles[g - 1]: 16 g channels on AMX, run only where the CPU "
+                                                   "and the OS allow it (glue/matrix_engine.c)", partial=True),
 ], comment="an int8 convolution with its epilogue (exec.c)")
 
-CONTRACT = Contract("onnxopt/kinds/qconv/desc.py", [QC_MAX_OUT, QC_MAX_EXTRA, QC_MAX_MR, QC_MAX_TAPS, QCONV_TILE_FN,
-                                                   QC_TILE, QC_DESC])
+CONTRACT = Contract("onnxopt/kinds/qconv/desc.py", [QC_MAX_OUT, QC_MAX_EXTRA, QC_MAX_MR, QC_MAX_TAPS, QC_MAX_AMX,
+                                                   QCONV_TILE_FN, QC_TILE, QC_DESC])
 
 
 @dataclass
@@ -100,19 +107,27 @@ class QConvKernelDesc:
     packed_signed: bool = False  # the instruction takes s8 activations (sdot): they are packed as s8
     half_cols: int = 0  # a panel of at most this many pixels runs on half_tiles (one vector of lanes)
     half_tiles: list[str] | None = None
+    amx_tiles: list[str] = field(default_factory=list)  # amx_tiles[g - 1]: 16 g channels on AMX (amx.py)
+    matrix_instruction: str = ""  # what the AMX tiles run on ("" for none)
+    amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
+
+    @property
+    def uses_amx(self) -> bool:
+        return bool(self.amx_tiles)
 
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_qconv_desc: QC_DESC above, by member name)."""
         p = self.params
         decls, sig = c_signature(prefix, self.op_type, "KIND_QCONV", self.in_types, self.out_types)
         half = self.half_tiles or []
-        externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles + half)
+        externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles + half + self.amx_tiles)
         geometry = dict(zip(("cin", "cout", "kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr", "dh", "dw", "k4", "group"),
                             (p.cin, p.cout, *p.kernel, *p.strides, *p.pads, *p.dilations, p.k4, p.group), strict=True))
         return f"{externs}{decls}static const onnxopt_qconv_desc {prefix}_desc = " + QC_DESC.initializer({
             "sig": sig, **geometry, "mode": p.mode, "has_asum": p.has_asum, "has_fix": p.has_fix,
             "flip": p.act_signed != self.packed_signed, "packed_signed": self.packed_signed, "implicit": p.implicit,
             "depthwise": p.depthwise, "int_bias": p.int_bias, "in_blocked": p.in_blocked,
-            "out_blocked": p.out_blocked, "lut": p.lut, "n_extra": len(p.extra_kinds),
+            "out_blocked": p.out_blocked, "lut": p.lut, "bias_rest": p.bias_rest, "n_extra": len(p.extra_kinds),
             "extra_kind": list(p.extra_kinds), "mr": self.mr, "tasks": p.tasks, "tiles": list(self.tiles),
-            "half_cols": self.half_cols, "half_tiles": list(half)}) + ";\n"
+            "half_cols": self.half_cols, "half_tiles": list(half), "amx_groups": len(self.amx_tiles),
+            "amx_tiles": list(self.amx_tiles)}) + ";\n"

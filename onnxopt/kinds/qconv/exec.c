@@ -28,6 +28,8 @@ typedef struct {
   /* the GEMM */
   qc_tile proto;
   int64_t mblocks, bpg, ptasks, mtasks, group; /* bpg: blocks of output channels a channel group */
+  int64_t block; /* output channels a block: 16 x amx_groups on AMX, else mr */
+  int amx;       /* the AMX tiles run: the library has them and the CPU and the OS allow them (matrix_engine.c) */
   int64_t out_elems_per_image;
   int64_t ostep; /* the output's elements a pixel: 4 blocked (its group's 4 channels), else 1 */
 } qc_job;
@@ -384,9 +386,9 @@ static void qc_gemm_task(void *usr, size_t index) {
   for (int64_t g0 = p0; g0 < p1; g0 += j->group) { /* panels in L2-sized groups, the weights streamed per group */
     int64_t g1 = g0 + j->group < p1 ? g0 + j->group : p1;
     for (int64_t mb = b0; mb < b1; mb++) {
-      int64_t grp = mb / j->bpg, in_group = (mb % j->bpg) * d->mr; /* blocks never straddle channel groups */
-      t.m0 = grp * j->cout_g + in_group;
-      int64_t mi = j->cout_g - in_group < d->mr ? j->cout_g - in_group : d->mr;
+      int64_t grp = mb / j->bpg, in_group = (mb % j->bpg) * j->block; /* blocks never straddle channel groups */
+      int64_t m0 = grp * j->cout_g + in_group;
+      int64_t mi = j->cout_g - in_group < j->block ? j->cout_g - in_group : j->block;
       for (int64_t p = g0; p < g1; p++) {
         int64_t img = p / j->ppi, first = (p % j->ppi) * QC_PANEL;
         t.panel = j->packed + (grp * j->panels + p) * d->k4 * QC_PANEL;
@@ -394,7 +396,17 @@ static void qc_gemm_task(void *usr, size_t index) {
         t.ncols = j->pixels - first < QC_PANEL ? j->pixels - first : QC_PANEL;
         t.out_off = img * j->out_elems_per_image + first * j->ostep;
         t.chan_base = img * d->cout;
-        qc_tiles_for(d, t.ncols)[mi - 1]((const int64_t *)&t);
+        int64_t m = 0;
+        if (j->amx && mi >= 16) { /* whole groups of 16 channels on AMX, the rest on the dot-product tiles */
+          t.m0 = m0;
+          d->amx_tiles[mi / 16 - 1]((const int64_t *)&t);
+          m = mi / 16 * 16;
+        }
+        const qconv_tile_fn *tiles = qc_tiles_for(d, t.ncols);
+        for (; m < mi; m += d->mr) {
+          t.m0 = m0 + m;
+          tiles[(mi - m < d->mr ? mi - m : d->mr) - 1]((const int64_t *)&t);
+        }
       }
     }
   }
@@ -564,6 +576,10 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
     j.proto.bias = (const int32_t *)data;
     CHECK(glue_input(ctx, in++, other, &other_rank, &data));
     j.proto.scale = (const float *)data;
+    if (d->bias_rest) {
+      CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+      j.proto.bias_rest = (const float *)data;
+    }
     if (d->lut) {
       CHECK(glue_input(ctx, in++, other, &other_rank, &data));
       j.proto.lut = (const uint8_t *)data;
@@ -642,7 +658,9 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
       qc_pack_task(&j, 0);
     if (st) goto done;
   }
-  j.bpg = (j.cout_g + d->mr - 1) / d->mr;
+  j.amx = d->amx_groups > 0 && amx_ok();
+  j.block = j.amx ? 16 * (int64_t)d->amx_groups : d->mr;
+  j.bpg = (j.cout_g + j.block - 1) / j.block;
   j.mblocks = d->group * j.bpg;
   qc_plan(&j);
   int64_t tasks = j.ptasks * j.mtasks;

@@ -19,7 +19,14 @@ split (avx2_u8s8.split_pairs) into per-channel corrections (k, residual). The fu
 (Cast, ScatterND of the residuals, Reshape, Slice, Transpose) and runs the original nodes.
 
 A QDQ unit's Relu or Clip folds into the output's clamp, exactly: quantizing is monotone and maps 0 to the zero
-point. Its bias must be the quantizer's int32 one with scale x_scale * w_scale (then S + bias is QLinearConv's sum).
+point. Its bias is the quantizer's int32 one with scale x_scale * w_scale (then S + bias is QLinearConv's sum), or,
+where the quantizer did not see it as a bias (a Paddle export's Constant nodes), a float constant or a u8/s8 one
+quantized as an activation: that is added at float precision (an int32 part in steps of the sums, and the rest in
+output steps after the scale, `bias_rest`: graph/quantized_weights.py bias_in_sum_steps), as onnxruntime's float
+convolution adds it. Its weights are s8, or u8 (or s8 with a zero point), per tensor or per output channel: the
+form the quantizer writes for a Constant weight it quantized as an activation, after graph/quantized_weights.py
+folds its quantizer (signed_weights: s8 w - zw where that fits in s8, else u8 weights as above, w - 128 and the
+row term).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from onnxopt.fusion.compute import ComputeRule
 from onnxopt.fusion.elementwise import _attr
 from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 from onnxopt.graph.quantized import integer_product_units, quantized_nodes, qdq_conv_units
+from onnxopt.graph.quantized_weights import bias_in_sum_steps, dequantized_bias, signed_weights
 
 from .lookup import lookup_table, tail_after
 from .params import FLOAT, QUANT, QConvParams
@@ -357,6 +365,19 @@ def _dynamic_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     return region
 
 
+def _weights_note(shifted: bool, w_zero: np.ndarray, depthwise_tile: bool) -> str:
+    """The report's word on how u8 weights (or s8 ones with a zero point) reach the kernel, else ""."""
+    if shifted:
+        return "weights with a zero point stored as s8 w - zw (every difference fits in s8)"
+    if not np.any(np.asarray(w_zero) != 0) and np.asarray(w_zero).dtype == np.int8:
+        return ""
+    if depthwise_tile:
+        return "weights with a zero point: the depthwise tile takes them as int32 w - zw"
+    if np.asarray(w_zero).dtype == np.uint8:
+        return "u8 weights stored as s8 w - 128; the tile adds (128 - zw) x the window's sum of activations"
+    return "s8 weights with a zero point: the tile adds -zw x the window's sum of activations"
+
+
 def _copy(node):
     c = onnx.NodeProto()
     c.CopyFrom(node)
@@ -381,36 +402,52 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
         return "its input's scale or zero point is not a constant scalar"
     w = rule._const(w_dq.input[0])
     sw = rule._const(w_dq.input[1])
-    zw = rule._const(w_dq.input[2]) if len(w_dq.input) > 2 and w_dq.input[2] else np.zeros((), np.int8)
-    if w is None or w.dtype != np.int8 or sw is None or sw.dtype != np.float32 or zw is None:
-        return "its weights are not constant s8 with constant scales"
-    if np.any(zw != 0):
-        return "its weights' zero point is not 0"
+    zw = rule._const(w_dq.input[2]) if len(w_dq.input) > 2 and w_dq.input[2] else None
+    if w is None or w.dtype not in (np.int8, np.uint8) or sw is None or sw.dtype != np.float32 or \
+            (zw is None and len(w_dq.input) > 2 and w_dq.input[2]):
+        return "its weights are not constant u8 or s8 with constant scales"
+    zw = np.zeros((), w.dtype) if zw is None else zw
     cout = w.shape[0] if w.ndim == 4 else 0
     if sw.size not in (1, cout) or (sw.size > 1 and int(_attr(w_dq, "axis", 1)) != 0):
         return "its weights' scale is not per tensor or per output channel"
+    if zw.dtype != w.dtype or zw.size != sw.size:
+        return "its weights' zero point is not of their type, one per scale"
+    w, zw, shifted = signed_weights(w, zw)
     geo = _geometry(rule, node, w)
     if isinstance(geo, str):
         return geo
     sw = np.broadcast_to(sw.reshape(-1), (cout,)).astype(np.float32)
     members = [i, w_i]
-    bias = np.zeros(cout, np.int32)
+    bias, bias_note, bias_value = np.zeros(cout, np.int32), "", None  # bias_value: a float bias [cout], if any
     if len(node.input) > 2 and node.input[2]:
         b_i, b_dq = rule.producer(node.input[2])
-        b = rule._const(b_dq.input[0]) if b_dq is not None and b_dq.op_type == "DequantizeLinear" else None
-        if b is None or b.dtype != np.int32 or b.size != cout:
-            return "its bias is not the quantizer's int32 DequantizeLinear"
-        sb = rule._const(b_dq.input[1])
-        zb = rule._const(b_dq.input[2]) if len(b_dq.input) > 2 and b_dq.input[2] else np.zeros((), np.int32)
         want = (np.float32(sx) * sw).astype(np.float32)
-        if sb is None or zb is None or np.any(zb != 0) or (np.any(b != 0) and  # a zero bias: any scale
-                                                           not np.allclose(np.broadcast_to(sb.reshape(-1), (cout,)),
-                                                                           want, rtol=1e-6, atol=0)):
-            return "its bias's scale is not x_scale * w_scale"
-        bias = b.reshape(-1).astype(np.int32)
-        if rule.only_consumer(b_dq.output[0]) != i:
-            return "its bias's DequantizeLinear feeds another node too"
-        members.append(b_i)
+        float_bias = rule._const(node.input[2])
+        if float_bias is not None and float_bias.dtype == np.float32 and float_bias.size == cout:
+            # a Constant bias the quantizer left float (a Paddle export's)
+            bias_value = float_bias.reshape(-1)
+            bias_note = "; its float bias added at float precision"
+        else:
+            b = rule._const(b_dq.input[0]) if b_dq is not None and b_dq.op_type == "DequantizeLinear" else None
+            if b is None or b.dtype not in (np.int32, np.uint8, np.int8) or b.size != cout:
+                return "its bias is not the quantizer's int32 DequantizeLinear or a float constant"
+            sb = rule._const(b_dq.input[1])
+            zb = rule._const(b_dq.input[2]) if len(b_dq.input) > 2 and b_dq.input[2] else np.zeros((), b.dtype)
+            if b.dtype != np.int32:  # a Constant bias the quantizer quantized as an activation (u8, a zero point)
+                bias_value = dequantized_bias(b, sb, zb)
+                if bias_value is None:
+                    return "its bias is a u8 or s8 DequantizeLinear whose scale or zero point is not constant per " \
+                           "tensor or channel"
+                bias_note = "; its u8/s8 bias (quantized as an activation) dequantized, added at float precision"
+            elif sb is None or zb is None or np.any(zb != 0) or \
+                    (np.any(b != 0) and not np.allclose(np.broadcast_to(sb.reshape(-1), (cout,)), want, rtol=1e-6,
+                                                        atol=0)):  # a zero bias: any scale
+                return "its bias's scale is not x_scale * w_scale"
+            else:
+                bias = b.reshape(-1).astype(np.int32)
+            if rule.only_consumer(b_dq.output[0]) != i:
+                return "its bias's DequantizeLinear feeds another node too"
+            members.append(b_i)
     if rule.only_consumer(w_dq.output[0]) != i:
         return "its weights' DequantizeLinear feeds another node too"
     # The output: Conv [-> Relu | Clip] -> QuantizeLinear, each read by the next alone.
@@ -442,6 +479,12 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     if any(a.name in ("saturate", "block_size", "output_dtype") for a in q.attribute):
         return "its QuantizeLinear has attributes of opset 19 and later"
     members.append(nxt)
+    bias_rest = None
+    if bias_value is not None:
+        split = bias_in_sum_steps(bias_value, (np.float32(sx) * sw).astype(np.float32), sy)
+        if split is None:
+            return "its float bias overflows the int32 sums"
+        bias, bias_rest = split
     qmin, qmax = (0, 255) if zy.dtype == np.uint8 else (-128, 127)
     # Relu / Clip: clamp(q(y), q(lo), q(hi)), exact because quantizing is monotone.
     lo_q = qmin if lo_f == -np.inf else int(np.clip(np.round(np.float32(lo_f) / sy) + int(zy), qmin, qmax))
@@ -455,28 +498,34 @@ def _qdq_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     zx_name = x_dq.input[2] if len(x_dq.input) > 2 and x_dq.input[2] else None
 
     def fallback(unpacked: str) -> list:
-        """The same DequantizeLinear of the rebuilt weights, then the unit's own nodes."""
+        """The same DequantizeLinear of the rebuilt weights (s8 w - zw, zero point 0, where they were shifted),
+        then the unit's own nodes."""
         wdq = _copy(w_dq)
         wdq.input[0] = unpacked
+        if shifted:
+            del wdq.input[2:]
         return [wdq] + [_copy(idx.nodes[m]) for m in sorted(members) if m != w_i]
 
     region = _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy, (lo_q, hi_q), q.output[0],
-                           geo, fallback)
+                           geo, fallback, zw, _weights_note(shifted, zw, depthwise(w, geo[4])) + bias_note, bias_rest)
     claimed.update(members)
     return _with_tail(rule, region, claimed)
 
 
-def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy, clamp, out, geo, fallback):
-    """The QUANT region of a quantized convolution (a QDQ unit or a QLinearConv): its weights packed, its
-    requantization's tables made; `fallback(the rebuilt weights' name)` gives the function body's nodes after the
-    weights are rebuilt."""
+def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy, clamp, out, geo, fallback,
+                  w_zero=0, weights_note="", bias_rest=None):
+    """The QUANT region of a quantized convolution (a QDQ unit or a QLinearConv): its weights packed (with their
+    zero point `w_zero`: one, or one an output channel), its requantization's tables made (`bias_rest`: a float
+    per channel added after the scale, or None); `fallback(the rebuilt weights' name)` gives the function body's
+    nodes after the weights are rebuilt."""
     idx = rule.index
     cout = int(w.shape[0])
     uid = node.output[0]
-    grouped = implicit(geo, False, rule.ew.shape_of(out), cout, int(w.shape[1]))
-    tables, names, has_fix, has_asum = _tables(rule, uid, w, 0, grouped, geo[4])
+    has_asum = w.dtype == np.uint8 or bool(np.any(np.asarray(w_zero) != 0))
+    grouped = implicit(geo, has_asum, rule.ew.shape_of(out), cout, int(w.shape[1]))
+    tables, names, has_fix, has_asum = _tables(rule, uid, w, w_zero, grouped, geo[4])
     scale = (np.float32(sx) * sw / np.float32(sy)).astype(np.float32)  # as onnxruntime's QLinearConv computes it
-    extra = {"bias": bias, "scale": scale}
+    extra = {"bias": bias, "scale": scale} | ({"bias_rest": bias_rest} if bias_rest is not None else {})
     enames = {key: f"{uid}__qc{key}" for key in extra}
     out_dtype = "int8" if zy.dtype == np.int8 else "uint8"
     # Not lowered (QUANT's epilogue is lower.py's requantization); it names the output in the op type's signature.
@@ -493,7 +542,8 @@ def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy
                          has_asum=has_asum,
                          has_fix=has_fix, act_signed=act == "int8", implicit=grouped, depthwise=depthwise(w, geo[4]),
                          out_signed=zy.dtype == np.int8,
-                         clamp=clamp, out_zero=int(zy), body=tuple(body))
+                         clamp=clamp, out_zero=int(zy), weights_note=weights_note, bias_rest=bias_rest is not None,
+                         body=tuple(body))
     inputs = [xq, zx_name] + list(names.values()) + list(enames.values())
     shape = rule.ew.shape_of(out)
     region = Region("qconv", [idx.nodes[m] for m in sorted(members)], inputs, [out], program,
@@ -594,17 +644,21 @@ def _qlinear_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
         return f"its input is {act}, not u8 or s8"
     if sx is None or (node.input[2] and zx is None):
         return "its input's scale or zero point is not a constant scalar"
-    w, sw, zw = (rule._const(node.input[k]) if node.input[k] else None for k in (3, 4, 5))
-    if w is None or w.dtype != np.int8 or sw is None or sw.dtype != np.float32:
-        return "its weights are not constant s8 with constant scales"
-    if zw is not None and np.any(zw != 0):
-        return "its weights' zero point is not 0"
+    w, sw, zw = (rule._const(node.input[k]) if len(node.input) > k and node.input[k] else None for k in (3, 4, 5))
+    if w is None or w.dtype not in (np.int8, np.uint8) or sw is None or sw.dtype != np.float32 or \
+            (zw is None and len(node.input) > 5 and node.input[5]):
+        return "its weights are not constant u8 or s8 with constant scales"
+    zw = np.zeros((), w.dtype) if zw is None else zw
     geo = _geometry(rule, node, w)
     if isinstance(geo, str):
         return geo
     cout = int(w.shape[0])
     if sw.size not in (1, cout):
         return "its weights' scale is not per tensor or per output channel"
+    if zw.dtype != w.dtype or zw.size not in (1, cout):
+        return "its weights' zero point is not of their type, per tensor or per output channel"
+    # kept as they are (no shift to s8 w - zw): the fallback's QLinearConv reads the weights with their zero point
+    zw = zw.reshape(-1) if zw.size > 1 else zw.reshape(())
     sw = np.broadcast_to(sw.reshape(-1), (cout,)).astype(np.float32)
     sy = rule.scalar(node.input[6], np.float32)
     zy = rule.scalar(node.input[7]) if len(node.input) > 7 and node.input[7] else np.uint8(0)
@@ -624,6 +678,7 @@ def _qlinear_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
         return [conv]
 
     region = _quant_region(rule, node, [i], xq, act, node.input[2] or None, w, sw, bias, sx, sy, zy, clamp,
-                           node.output[0], geo, fallback)
+                           node.output[0], geo, fallback, zw,
+                           _weights_note(False, zw, depthwise(w, geo[4])))
     claimed.add(i)
     return _with_tail(rule, region, claimed)

@@ -28,6 +28,7 @@ from llvmlite import ir
 from onnxopt.codegen.compile import compile_object, new_module
 from onnxopt.codegen.elementwise.lower import emit_body
 from onnxopt.codegen.elementwise.types import ONNX_ENUM
+from onnxopt.codegen.instructions.tile_program import emulating
 from onnxopt.codegen.isa import isa_of
 from onnxopt.codegen.microkernel.outer_product import lane_mask
 from onnxopt.codegen.target import Target
@@ -35,6 +36,7 @@ from onnxopt.codegen.vmath.irutil import (broadcast, for_range, intrinsic, maske
                                            record_function)
 from onnxopt.kinds.qmatmul.lower import instruction_for, signed_operand
 
+from . import amx
 from .desc import QC_MAX_EXTRA, QC_MAX_OUT, QC_TILE, QConvKernelDesc
 from .find import TAP_SHIFT
 from .params import CHANNEL, PANEL, POSITION, QUANT, SCALAR
@@ -56,6 +58,7 @@ SLOT_OUT, SLOT_EXTRA, SLOT_EXTRA_COUNT = QC_TILE.index("out"), QC_TILE.index("ex
 SLOT_DW_IN, SLOT_DW_W, SLOT_DW_WP, SLOT_DW_Y0, SLOT_DW_Y1, SLOT_DW_OW = (
     QC_TILE.index(n) for n in ("dw_in", "dw_w", "dw_wp", "dw_y0", "dw_y1", "dw_ow"))
 SLOT_LUT = QC_TILE.index("lut")  # QUANT with a tail: the tables (lookup.py)
+SLOT_BIAS_REST = QC_TILE.index("bias_rest")  # QUANT: a float bias's part below the sums' step, in output steps
 
 
 def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int, emit) -> list:
@@ -80,33 +83,35 @@ def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: 
     return for_range(b, lo, hi, ir.Constant(I64, 1), entry, acc)
 
 
+def k_group(b, emit, wrows: list, act, g, acc: list, lanes: int, nr: int) -> list:
+    """One group of 4 along K: the 16 pixels' 4 bytes at `act`, the weights' at group g of each row in `wrows`."""
+    src_t = ir.VectorType(I8, 4 * lanes)
+    av = [b.load(b.gep(act, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=src_t, align=4)
+          for j in range(nr)]
+    out = list(acc)
+    for i, wrow in enumerate(wrows):
+        quad = b.load(b.gep(wrow, [b.mul(g, ir.Constant(I64, 4))], source_etype=I8), typ=I32, align=1)
+        wv = b.bitcast(broadcast(b, quad, lanes), src_t)
+        for j in range(nr):
+            out[i * nr + j] = emit(b, acc[i * nr + j], av[j], wv)
+    return out
+
+
 def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int, nr: int = 0) -> None:
     """mi output channels x one panel on the instruction `emit` (codegen/instructions), whose activation operand
     exec.c packs with the instruction's signedness; `nr`: the vectors of pixels it computes, the panel's PANEL //
     lanes by default (a half tile, half that, reads and writes only the panel's first PANEL / 2 pixels)."""
     nr = nr or PANEL // lanes
     b, slot = record_function(module, name)
-    w, panel, vsum = slot(SLOT_W, PTR), slot(SLOT_PANEL, PTR), slot(SLOT_VSUM, PTR)
-    k4q, azp, m0, ncols, out_off, ohw = (slot(s) for s in (SLOT_K4Q, SLOT_AZP, SLOT_M0, SLOT_NCOLS, SLOT_OUT_OFF,
-                                                           SLOT_OHW))
+    w, panel, k4q, m0 = slot(SLOT_W, PTR), slot(SLOT_PANEL, PTR), slot(SLOT_K4Q), slot(SLOT_M0)
     acc_t = ir.VectorType(I32, lanes)
-    src_t = ir.VectorType(I8, 4 * lanes)
     k4 = b.mul(k4q, ir.Constant(I64, 4))
     rows = [b.add(m0, ir.Constant(I64, i)) for i in range(mi)]
     wrows = [b.gep(w, [b.mul(r, k4)], source_etype=I8) for r in rows]
     zero = ir.Constant(acc_t, [0] * lanes)
 
     def step(act, g, acc):
-        """One group of 4 along K: the 16 pixels' 4 bytes at `act`, the weights' at group g of each row."""
-        av = [b.load(b.gep(act, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=src_t, align=4)
-              for j in range(nr)]
-        out = list(acc)
-        for i in range(mi):
-            quad = b.load(b.gep(wrows[i], [b.mul(g, ir.Constant(I64, 4))], source_etype=I8), typ=I32, align=1)
-            wv = b.bitcast(broadcast(b, quad, lanes), src_t)
-            for j in range(nr):
-                out[i * nr + j] = emit(b, acc[i * nr + j], av[j], wv)
-        return out
+        return k_group(b, emit, wrows, act, g, acc, lanes, nr)
 
     one = ir.Constant(I64, 1)
     if params.implicit:
@@ -137,6 +142,19 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
 
         def group_at(k):
             return b.gep(panel, [b.mul(b.ashr(k, ir.Constant(I64, 2)), ir.Constant(I64, PANEL * 4))], source_etype=I8)
+    finish_channels(b, slot, params, program, emit, acc, rows, m0, lanes, nr, group_at)
+    b.ret_void()
+
+
+def finish_channels(b, slot, params, program, emit, acc: list, rows: list, m0, lanes: int, nr: int,
+                    group_at) -> None:
+    """The sums of len(rows) channels (acc: nr vectors a channel) to outputs: the corrections of split weight
+    pairs (`group_at(k)`: the activations of K group k), the zero-point terms, then the requantization or the float
+    program, stored (the blocked int8 output from channel m0, a multiple of 4)."""
+    mi = len(rows)
+    azp, ncols, out_off, ohw = (slot(s) for s in (SLOT_AZP, SLOT_NCOLS, SLOT_OUT_OFF, SLOT_OHW))
+    vsum = slot(SLOT_VSUM, PTR)
+    acc_t = ir.VectorType(I32, lanes)
     if params.has_fix:
         offsets, entries = slot(SLOT_FIX_OFFSETS, PTR), slot(SLOT_FIX_ENTRIES, PTR)
         for i in range(mi):
@@ -179,7 +197,6 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
                 _float_epilogue(b, params, program, slot, rows, rows_sums, out_off, ohw, None, lanes)
             with otherwise:
                 _float_epilogue(b, params, program, slot, rows, rows_sums, out_off, ohw, masks, lanes)
-    b.ret_void()
 
 
 def _float_epilogue(b, params, program, slot, rows, rows_sums, out_off, ohw, masks, lanes: int) -> None:
@@ -218,15 +235,18 @@ def _float_epilogue(b, params, program, slot, rows, rows_sums, out_off, ohw, mas
 
 
 def _requantized(b, params, slot, r, sums, lanes: int) -> list:
-    """QUANT's arithmetic for one channel: float(S + bias) * scale, rounded half to even, plus the output's zero
-    point, clamped to the range the Relu or Clip leaves (int32 vectors)."""
+    """QUANT's arithmetic for one channel: float(S + bias) * scale [+ bias_rest], rounded half to even, plus the
+    output's zero point, clamped to the range the Relu or Clip leaves (int32 vectors)."""
     bias = b.load(b.gep(slot(SLOT_BIAS, PTR), [r], source_etype=I32), typ=I32)
     scale = b.load(b.gep(slot(SLOT_SCALE, PTR), [r], source_etype=F32), typ=F32)
+    rest = b.load(b.gep(slot(SLOT_BIAS_REST, PTR), [r], source_etype=F32), typ=F32) if params.bias_rest else None
     fty, ity = ir.VectorType(F32, lanes), ir.VectorType(I32, lanes)
     lo, hi = (broadcast(b, ir.Constant(I32, v), lanes) for v in params.clamp)
     out = []
     for s in sums:
         x = b.fmul(b.sitofp(b.add(s, broadcast(b, bias, lanes)), fty), broadcast(b, scale, lanes))
+        if rest is not None:
+            x = b.fadd(x, broadcast(b, rest, lanes))
         q = b.fptosi(intrinsic(b, f"llvm.roundeven.v{lanes}f32", fty, [x]), ity)
         q = b.add(q, broadcast(b, ir.Constant(I32, params.out_zero), lanes))
         q = b.select(b.icmp_signed("<", q, lo), lo, q)
@@ -312,6 +332,39 @@ def _requantize(b, params, slot, r, sums, row_off, masks, full, lanes: int) -> N
             store(False)
         with otherwise:
             store(True)
+
+
+def define_amx_tile(module: ir.Module, name: str, params, program, emit, ins_program, groups: int) -> None:
+    """`void name(const int64 *qc_tile)`: 16 x `groups` channels from m0 x one panel through `ins_program` (amx.py),
+    then per 4 channels the rest of K on the dot-product instruction `emit` and `finish_channels`."""
+    lanes, nr = PANEL, 1
+    b, slot = record_function(module, name)
+    w, panel, k4q, m0 = slot(SLOT_W, PTR), slot(SLOT_PANEL, PTR), slot(SLOT_K4Q), slot(SLOT_M0)
+    k4 = b.mul(k4q, ir.Constant(I64, 4))
+    acc_buf = b.alloca(I32, size=ir.Constant(I32, groups * amx.ROWS * PANEL))
+    chunks = b.udiv(k4q, ir.Constant(I64, 16))  # 64 bytes of K: 16 groups of 4
+    ins_program.emit(b, {"w": w, "panel": panel, "acc": acc_buf}, {"m0": m0, "k4": k4, "chunks": chunks},
+                     emulate=emulating())
+    acc_t = ir.VectorType(I32, lanes)
+
+    def group_at(k):
+        return b.gep(panel, [b.mul(b.ashr(k, ir.Constant(I64, 2)), ir.Constant(I64, PANEL * 4))], source_etype=I8)
+
+    def four_channels(q, _):
+        first = b.add(m0, b.mul(q, ir.Constant(I64, 4)))
+        rows = [b.add(first, ir.Constant(I64, i)) for i in range(4)]
+        wrows = [b.gep(w, [b.mul(r, k4)], source_etype=I8) for r in rows]
+        at = b.mul(q, ir.Constant(I64, 4 * PANEL))
+        acc = [b.load(b.bitcast(b.gep(acc_buf, [b.add(at, ir.Constant(I64, i * PANEL))]), acc_t.as_pointer()),
+                      align=4) for i in range(4)]
+        acc = for_range(b, b.mul(chunks, ir.Constant(I64, 16)), k4q, ir.Constant(I64, 1),
+                        lambda g, a: k_group(b, emit, wrows, b.gep(panel, [b.mul(g, ir.Constant(I64, PANEL * 4))],
+                                                                   source_etype=I8), g, a, lanes, nr), acc)
+        finish_channels(b, slot, params, program, emit, acc, rows, first, lanes, nr, group_at)
+        return []
+
+    for_range(b, ir.Constant(I64, 0), ir.Constant(I64, 4 * groups), ir.Constant(I64, 1), four_channels)
+    b.ret_void()
 
 
 def define_depthwise_tile(module: ir.Module, name: str, params, program, lanes: int) -> None:
@@ -434,6 +487,12 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
         define_tile(module, names[-1], p, region.program, ins.emit, ins.lanes, mi)
         if half:  # a short panel (7 pixels of a 7 x 7 plane) on half the panel's vectors
             define_tile(module, half[mi - 1], p, region.program, ins.emit, ins.lanes, mi, nr=PANEL // ins.lanes // 2)
+    matrix = amx.instruction(target, p) if ins is not None and not signed_operand(ins) else None
+    amx_names = []
+    if matrix is not None:
+        for groups in range(1, amx.MAX_GROUPS + 1):
+            amx_names.append(f"{region.op_type}_amx{groups}")
+            define_amx_tile(module, amx_names[-1], p, region.program, ins.emit, amx.program(matrix, groups), groups)
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     i32 = ONNX_ENUM["int32"]
@@ -443,7 +502,8 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
     if p.int_bias and p.mode != QUANT:
         in_types.append(i32)
     if p.mode == QUANT:
-        in_types += [i32, ONNX_ENUM["float32"]] + ([ONNX_ENUM["uint8"]] if p.lut else [])
+        in_types += [i32, ONNX_ENUM["float32"]] + ([ONNX_ENUM["float32"]] if p.bias_rest else []) + \
+            ([ONNX_ENUM["uint8"]] if p.lut else [])
         out_types = [ONNX_ENUM["int8" if p.out_signed else "uint8"]]
     else:
         in_types += [ONNX_ENUM["float32"]] * len(p.extra_kinds)
@@ -452,5 +512,7 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
                            mr=1 if p.depthwise else p.mr,
                            tiles=names, instruction=ins.name if ins else "s32 products",
                            packed_signed=ins is not None and signed_operand(ins),
-                           half_cols=PANEL // 2 if half else 0, half_tiles=half or None)
+                           half_cols=PANEL // 2 if half else 0, half_tiles=half or None, amx_tiles=amx_names,
+                           matrix_instruction=matrix.name if amx_names else "",
+                           amx_emulated=bool(amx_names) and emulating())
     return obj, desc, ir_text

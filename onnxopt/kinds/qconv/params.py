@@ -39,11 +39,17 @@ class QConvParams(KindParams):
     # elementwise tail after it (lookup.py); out_signed is then the tail's output type
     lut: bool = False
     lut_offset: int = 0
+    # QUANT: a float per channel added after the scale, the part of a float bias below the sums' step
+    # (graph/quantized_weights.py bias_in_sum_steps): a bias the quantizer left float is added at float precision
+    bias_rest: bool = False
     mr: int = 4  # the schedule (onnxopt/tune/int8_schedule.py): output channels a tile (the unrolled rows)
     tasks: int = 16  # the schedule: most tasks a call is split into (the parallel extent)
     # int8 tensors between qconv kernels (layout.py): [N, ceil(C / 4), H, W, 4], channels past C zero
     in_blocked: bool = False
     out_blocked: bool = False
+    # how weights with a zero point (u8 ones) reach the tile, for the report (find.py signed_weights); "" for s8
+    # weights of zero point 0
+    weights_note: str = field(default="", compare=False, hash=False)
     body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
     tail: tuple = field(default=(), compare=False, hash=False)  # the outputs of the nodes its tables run
 
@@ -56,7 +62,7 @@ class QConvParams(KindParams):
                 self.depthwise, self.int_bias,
                 list(self.extra_kinds),
                 self.out_signed, list(self.clamp), self.out_zero, self.mr, self.tasks, self.in_blocked,
-                self.out_blocked, self.lut, self.lut_offset]
+                self.out_blocked, self.lut, self.lut_offset, self.bias_rest]
 
     def tensor_lanes(self) -> int:
         return BLOCK if self.in_blocked or self.out_blocked else 0

@@ -4,7 +4,7 @@ and the descriptor `onnxopt_qmatmul_desc`, whose C codegen/glue/kinds.py writes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from onnxopt.codegen.glue.contract import ONNXOPT_SIG, ArgBlock, Contract, Field, FnType, Limit, Struct
 
@@ -14,6 +14,7 @@ from .params import PANEL
 QM_MAX_OUT = Limit("QM_MAX_OUT", 4)
 QM_MAX_EXTRA = Limit("QM_MAX_EXTRA", 8)
 QM_MAX_MR = Limit("QM_MAX_MR", 8)
+QM_MAX_AMX = Limit("QM_MAX_AMX", 4)
 QMATMUL_TILE_FN = FnType("qmatmul_tile_fn", "void", "const int64_t *tile", "a tile (lower.py): a qm_tile")
 
 QM_TILE = ArgBlock("qm_tile", [
@@ -52,10 +53,13 @@ QM_DESC = Struct("onnxopt_qmatmul_desc", [
     Field("mr", "int"),
     Field("tasks", "int", comment="most tasks a call is split into"),
     Field("tiles", QMATMUL_TILE_FN, QM_MAX_MR, "tiles[mi - 1]: mi rows", partial=True),
+    Field("amx_groups", "int", comment="the most groups of 16 rows an AMX tile takes (0: no AMX tiles)"),
+    Field("amx_tiles", QMATMUL_TILE_FN, QM_MAX_AMX, "amx_tiles[g - 1]: 16 g rows on AMX, run only where the CPU "
+                                                     "and the OS allow it (glue/matrix_engine.c)", partial=True),
 ], comment="an int8 GEMM with its float epilogue (exec.c)")
 
-CONTRACT = Contract("onnxopt/kinds/qmatmul/desc.py", [QM_MAX_OUT, QM_MAX_EXTRA, QM_MAX_MR, QMATMUL_TILE_FN, QM_TILE,
-                                                     QM_DESC])
+CONTRACT = Contract("onnxopt/kinds/qmatmul/desc.py", [QM_MAX_OUT, QM_MAX_EXTRA, QM_MAX_MR, QM_MAX_AMX, QMATMUL_TILE_FN,
+                                                     QM_TILE, QM_DESC])
 
 
 @dataclass
@@ -74,13 +78,20 @@ class QMatMulKernelDesc:
     tasks: int = 16  # most tasks a call is split into
     mode: int = 0  # 0 FLOAT, 1 QUANT
     has_bias: bool = False  # QUANT: an int32 bias per column
+    amx_tiles: list[str] = field(default_factory=list)  # amx_tiles[g - 1]: 16 g rows on AMX (amx.py)
+    matrix_instruction: str = ""  # what the AMX tiles run on ("" for none)
+    amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
+
+    @property
+    def uses_amx(self) -> bool:
+        return bool(self.amx_tiles)
 
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_qmatmul_desc: QM_DESC above, by member name)."""
         decls, sig = c_signature(prefix, self.op_type, "KIND_QMATMUL", self.in_types, self.out_types)
-        externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles)
+        externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles + self.amx_tiles)
         return f"{externs}{decls}static const onnxopt_qmatmul_desc {prefix}_desc = " + QM_DESC.initializer({
             "sig": sig, "k": self.k, "n": self.n, "panel": PANEL, "has_azp": self.has_azp, "mode": self.mode,
             "has_bias": self.has_bias, "has_fix": self.has_fix, "n_extra": len(self.extra_kinds),
             "extra_kind": list(self.extra_kinds), "mr": self.mr, "tasks": self.tasks,
-            "tiles": list(self.tiles)}) + ";\n"
+            "tiles": list(self.tiles), "amx_groups": len(self.amx_tiles), "amx_tiles": list(self.amx_tiles)}) + ";\n"

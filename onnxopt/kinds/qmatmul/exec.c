@@ -10,6 +10,8 @@ typedef struct {
   const float *qscale;  /* QUANT: per column, padded to whole panels */
   const int32_t *qbias; /* QUANT with a bias: likewise */
   int64_t rows, panels, mblocks, ptasks, mtasks;
+  int64_t block; /* rows a block: 16 x amx_groups on AMX, else mr */
+  int amx;       /* the AMX tiles run: the library has them and the CPU and the OS allow them (matrix_engine.c) */
 } qm_job;
 
 static void qm_task(void *usr, size_t index) {
@@ -33,9 +35,20 @@ static void qm_task(void *usr, size_t index) {
       t.nfix = j->fix_offsets[p + 1] - j->fix_offsets[p];
     }
     for (int64_t mb = b0; mb < b1; mb++) {
-      t.m0 = mb * d->mr;
-      int64_t mi = j->rows - t.m0 < d->mr ? j->rows - t.m0 : d->mr;
-      d->tiles[mi - 1]((const int64_t *)&t);
+      t.m0 = mb * j->block;
+      int64_t mi = j->rows - t.m0 < j->block ? j->rows - t.m0 : j->block;
+      if (j->amx && mi >= 16) { /* whole groups of 16 rows on AMX, the rest on the dot-product tiles */
+        int64_t g = mi / 16;
+        d->amx_tiles[g - 1]((const int64_t *)&t);
+        t.m0 += 16 * g;
+        mi -= 16 * g;
+      }
+      while (mi > 0) {
+        int64_t n = mi < d->mr ? mi : d->mr;
+        d->tiles[n - 1]((const int64_t *)&t);
+        t.m0 += n;
+        mi -= n;
+      }
     }
   }
 }
@@ -110,7 +123,9 @@ static OrtStatus *qmatmul_execute(const onnxopt_qmatmul_desc *d, OrtKernelContex
   }
   if (j.rows == 0 || d->n == 0) return NULL;
   j.panels = (d->n + d->panel - 1) / d->panel;
-  j.mblocks = (j.rows + d->mr - 1) / d->mr;
+  j.amx = d->amx_groups > 0 && amx_ok();
+  j.block = j.amx ? 16 * (int64_t)d->amx_groups : d->mr;
+  j.mblocks = (j.rows + j.block - 1) / j.block;
   qm_plan(&j);
   int64_t tasks = j.ptasks * j.mtasks;
   if (tasks == 1) {

@@ -29,6 +29,7 @@ from onnx import helper, numpy_helper
 from onnxopt.codegen.instructions.avx2_u8s8 import split_pairs
 from onnxopt.fusion.compute import ComputeRule
 from onnxopt.graph.quantized import integer_product_units, quantized_nodes
+from onnxopt.graph.quantized_weights import signed_weights
 from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 
 from .params import PANEL, QUANT, QMatMulParams
@@ -359,9 +360,9 @@ def _qgemm_region(rule, i: int, claimed: set[int]) -> Region | str:
 
 
 def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
-    """DequantizeLinear(A u8) -> MatMul or Gemm(DequantizeLinear(B constant s8, per tensor or per column), and a
-    Gemm's DequantizeLinear(bias int32 of scale a_scale * b_scale)) -> [Relu] -> QuantizeLinear(u8 or s8), run
-    whole."""
+    """DequantizeLinear(A u8) -> MatMul or Gemm(DequantizeLinear(B constant s8, or u8 with a zero point where
+    B - zw fits in s8; per tensor or per column), and a Gemm's DequantizeLinear(bias int32 of scale a_scale *
+    b_scale)) -> [Relu] -> QuantizeLinear(u8 or s8), run whole."""
     idx = rule.index
     node = idx.nodes[i]
     gemm = node.op_type == "Gemm"
@@ -386,13 +387,20 @@ def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
         return "A's scale or zero point is not a constant scalar"
     # a per-column scale runs along N: axis 1 of B [K, N], axis 0 of a transposed B [N, K]
     n_axes = (0, -2) if transb else (1, -1)
-    if w is None or w.dtype != np.int8 or w.ndim != 2 or sw is None or sw.dtype != np.float32 or \
+    if w is None or w.dtype not in (np.int8, np.uint8) or w.ndim != 2 or sw is None or sw.dtype != np.float32 or \
             sw.size not in (1, w.shape[n_axes[0]]) or \
             (sw.size > 1 and int(_attr(b_dq, "axis", 1)) not in n_axes):
-        return "its B is not a constant s8 matrix with a scale per tensor or per column"
-    if zw is not None and np.any(zw != 0):
-        return "B's zero point is not 0"
+        return "its B is not a constant u8 or s8 matrix with a scale per tensor or per column"
+    if zw is not None and (zw.dtype != w.dtype or zw.size != sw.size):
+        return "B's zero point is not of its type, one per scale"
     w = np.ascontiguousarray(w.T) if transb else w
+    # u8 B (or s8 with a zero point, as the quantizer writes a Constant weight it quantized as an activation): the
+    # kernel takes s8 B - zw where every difference fits in s8 (exact); the (128 - zw) x sum(a) row term that the
+    # others need is the qconv kind's alone so far
+    zw = np.zeros((), w.dtype) if zw is None else zw
+    w, _, shifted = signed_weights(w, zw, axis=1)
+    if w.dtype != np.int8:
+        return "B - its zero point does not fit in s8 (u8 weights need a row-sum term the int8 GEMM lacks)"
     members = [i, a_i, b_i]
     bias = None
     if has_c:
@@ -440,6 +448,8 @@ def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
             body.append(helper.make_node("Transpose", [unpacked], [f"{unpacked}_nk"], perm=[1, 0]))
             unpacked = f"{unpacked}_nk"
         bdq.input[0] = unpacked
+        if shifted:  # the rebuilt B is s8 B - zw: its zero point is 0
+            del bdq.input[2:]
         body.append(bdq)
         for m in sorted(members):
             if m != b_i:

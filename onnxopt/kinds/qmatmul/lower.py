@@ -20,11 +20,13 @@ from onnxopt.codegen.compile import compile_object, new_module
 from onnxopt.codegen.elementwise.lower import emit_body
 from onnxopt.codegen.elementwise.types import ONNX_ENUM
 from onnxopt.codegen.instructions import available
+from onnxopt.codegen.instructions.tile_program import emulating
 from onnxopt.codegen.microkernel.outer_product import lane_mask
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.irutil import (broadcast, for_range, intrinsic, masked_load, masked_store,
                                            record_function)
 
+from . import amx
 from .desc import QM_MAX_EXTRA, QM_MAX_OUT, QM_TILE, QMatMulKernelDesc
 from .params import CHANNEL, COLUMN, PANEL, QUANT, SCALAR
 
@@ -58,12 +60,11 @@ def signed_operand(ins) -> bool:
 
 
 def _corrections(b: ir.IRBuilder, acc: list, rows: list, fix, nfix, mi: int, nr: int, lanes: int,
-                 flip: bool) -> list:
+                 flip: bool, buf) -> list:
     """acc with the panel's corrections added: acc[i][column] += a[row i][k] * residual for each (k, column,
     residual), through a stack copy of the tile (a column is a lane known only at run time); only for panels that
     have any."""
-    acc_t = acc[0].type
-    buf = b.alloca(I32, size=ir.Constant(I32, mi * nr * lanes))  # the tile, row-major: [mi][nr * lanes]
+    acc_t = acc[0].type  # buf: the tile, row-major: [mi][nr * lanes]
 
     def vector_at(q):
         return b.bitcast(b.gep(buf, [ir.Constant(I64, q * lanes)]), acc_t.as_pointer())
@@ -109,20 +110,30 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
     """`flip`: the instruction takes s8 activations (signed_operand): A's bytes go in with their top bit flipped."""
     nr = PANEL // lanes
     b, slot = record_function(module, name)
-    a, a_rs, bp, colsum = slot(SLOT_A, PTR), slot(SLOT_A_RS), slot(SLOT_B, PTR), slot(SLOT_COLSUM, PTR)
-    k4, azp, m0, ldc, n0, ncols = (slot(s) for s in (SLOT_K4, SLOT_AZP, SLOT_M0, SLOT_LDC, SLOT_N0, SLOT_NCOLS))
-    acc_t = ir.VectorType(I32, lanes)
-    src_t = ir.VectorType(I8, 4 * lanes)
+    a, a_rs, m0 = slot(SLOT_A, PTR), slot(SLOT_A_RS), slot(SLOT_M0)
     rows = [b.gep(a, [b.mul(b.add(m0, ir.Constant(I64, i)), a_rs)], source_etype=I8) for i in range(mi)]
-    zero = ir.Constant(acc_t, [0] * lanes)
+    zero = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
+    acc = accumulate(b, slot, rows, emit, lanes, ir.Constant(I64, 0), [zero] * (mi * nr), flip)
+    fix_buf = b.alloca(I32, size=ir.Constant(I32, mi * nr * lanes)) if params.has_fix else None
+    finish_rows(b, slot, params, program, acc, rows, [b.add(m0, ir.Constant(I64, i)) for i in range(mi)], lanes,
+                flip, fix_buf)
+    b.ret_void()
+
+
+def accumulate(b: ir.IRBuilder, slot, rows: list, emit, lanes: int, start, acc: list, flip: bool) -> list:
+    """acc (len(rows) x NR vectors) plus the products of groups of 4 along K from group `start` to k4: each row's
+    4 bytes of A splat over the lanes, the panel's 16 x 4 bytes one or two vector loads."""
+    nr = PANEL // lanes
+    bp, k4 = slot(SLOT_B, PTR), slot(SLOT_K4)
+    src_t = ir.VectorType(I8, 4 * lanes)
 
     def k_step(g, acc):
         panel_row = b.gep(bp, [b.mul(g, ir.Constant(I64, 4 * PANEL))], source_etype=I8)
         bv = [b.load(b.gep(panel_row, [ir.Constant(I64, 4 * lanes * j)], source_etype=I8), typ=src_t, align=1)
               for j in range(nr)]
         out = list(acc)
-        for i in range(mi):
-            quad = b.load(b.gep(rows[i], [b.mul(g, ir.Constant(I64, 4))], source_etype=I8), typ=I32, align=1)
+        for i, row in enumerate(rows):
+            quad = b.load(b.gep(row, [b.mul(g, ir.Constant(I64, 4))], source_etype=I8), typ=I32, align=1)
             if flip:
                 quad = b.xor(quad, ir.Constant(I32, 0x80808080))
             av = b.bitcast(broadcast(b, quad, lanes), src_t)
@@ -130,9 +141,20 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
                 out[i * nr + j] = emit(b, acc[i * nr + j], av, bv[j])
         return out
 
-    acc = for_range(b, ir.Constant(I64, 0), k4, ir.Constant(I64, 1), k_step, [zero] * (mi * nr))
+    return for_range(b, start, k4, ir.Constant(I64, 1), k_step, acc)
+
+
+def finish_rows(b: ir.IRBuilder, slot, params, program, acc: list, rows: list, row_index: list, lanes: int,
+                flip: bool, fix_buf) -> None:
+    """The sums of len(rows) rows (acc: NR vectors a row) to outputs: the panel's corrections, A's zero point, then
+    the requantization or the float program, stored with the panel's column mask. `row_index`: each row's number
+    (an i64 value); `fix_buf`: the corrections' stack tile (allocated by the caller, outside any loop)."""
+    nr, mi = PANEL // lanes, len(rows)
+    colsum, azp, ldc, n0, ncols = (slot(SLOT_COLSUM, PTR), slot(SLOT_AZP), slot(SLOT_LDC), slot(SLOT_N0),
+                                   slot(SLOT_NCOLS))
+    acc_t = ir.VectorType(I32, lanes)
     if params.has_fix:
-        acc = _corrections(b, acc, rows, slot(SLOT_FIX, PTR), slot(SLOT_NFIX), mi, nr, lanes, flip)
+        acc = _corrections(b, acc, rows, slot(SLOT_FIX, PTR), slot(SLOT_NFIX), mi, nr, lanes, flip, fix_buf)
     za = b.trunc(azp, I32)
     if flip:
         za = b.sub(za, ir.Constant(I32, 128))
@@ -157,7 +179,7 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
             lo = max(lo, params.out_zero)
         ity = ir.VectorType(I32, lanes)
         for i in range(mi):
-            row = b.add(m0, ir.Constant(I64, i))
+            row = row_index[i]
             for j in range(nr):
                 x = b.fmul(b.sitofp(b.sub(acc[i * nr + j], corr[j]), fty), scales[j])
                 q = b.add(b.fptosi(intrinsic(b, f"llvm.roundeven.v{lanes}f32", fty, [x]), ity),
@@ -169,10 +191,9 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
                 pos = b.add(b.mul(row, ldc), b.add(n0, ir.Constant(I64, j * lanes)))
                 masked_store(b, b.trunc(q, ir.VectorType(I8, lanes)), b.gep(outs[0], [pos], source_etype=I8),
                              masks[j], 1)
-        b.ret_void()
         return
     for i in range(mi):
-        row = b.add(m0, ir.Constant(I64, i))
+        row = row_index[i]
         for j in range(nr):
             col = b.add(n0, ir.Constant(I64, j * lanes))
             values = {program.inputs[0].name: b.sub(acc[i * nr + j], corr[j])}
@@ -190,6 +211,30 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
             pos = b.add(b.mul(row, ldc), col)
             for k, v in enumerate(program.outputs):
                 masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j], 4)
+
+
+def define_amx_tile(module: ir.Module, name: str, params, prog, ins_program, emit, groups: int) -> None:
+    """`void name(const int64 *qm_tile)`: 16 x `groups` rows from row m0, through `ins_program` (amx.py) then the
+    dot-product instruction for the rest of K and the epilogue, a row at a time."""
+    lanes = PANEL
+    b, slot = record_function(module, name)
+    a, a_rs, k4, m0 = slot(SLOT_A, PTR), slot(SLOT_A_RS), slot(SLOT_K4), slot(SLOT_M0)
+    acc_buf = b.alloca(I32, size=ir.Constant(I32, groups * amx.ROWS * PANEL))
+    fix_buf = b.alloca(I32, size=ir.Constant(I32, lanes)) if params.has_fix else None
+    chunks = b.udiv(k4, ir.Constant(I64, 16))  # 16 groups of 4 bytes: 64 bytes of K a chunk
+    ins_program.emit(b, {"a": a, "b": slot(SLOT_B, PTR), "acc": acc_buf}, {"m0": m0, "a_rs": a_rs, "chunks": chunks},
+                     emulate=emulating())
+    acc_t = ir.VectorType(I32, lanes)
+
+    def row_step(i, _):
+        acc = b.load(b.bitcast(b.gep(acc_buf, [b.mul(i, ir.Constant(I64, PANEL))]), acc_t.as_pointer()), align=4)
+        index = b.add(m0, i)
+        row = b.gep(a, [b.mul(index, a_rs)], source_etype=I8)
+        acc = accumulate(b, slot, [row], emit, lanes, b.mul(chunks, ir.Constant(I64, 16)), [acc], False)
+        finish_rows(b, slot, params, prog, acc, [row], [index], lanes, False, fix_buf)
+        return []
+
+    for_range(b, ir.Constant(I64, 0), ir.Constant(I64, groups * amx.ROWS), ir.Constant(I64, 1), row_step)
     b.ret_void()
 
 
@@ -203,6 +248,12 @@ def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
     for mi in range(1, p.mr + 1):
         names.append(f"{region.op_type}_m{mi}")
         define_tile(module, names[-1], p, region.program, emit, lanes, mi, signed_operand(ins))
+    matrix, _ = amx.choose(target)
+    amx_names = []
+    if matrix is not None and not signed_operand(ins):
+        for groups in range(1, amx.MAX_GROUPS + 1):
+            amx_names.append(f"{region.op_type}_amx{groups}")
+            define_amx_tile(module, amx_names[-1], p, region.program, amx.program(matrix, groups), emit, groups)
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     in_types = [ONNX_ENUM["uint8"]] + ([ONNX_ENUM["uint8"]] if p.has_azp else []) + \
@@ -216,5 +267,7 @@ def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
                              out_types=out_types, k=p.k, n=p.n,
                              has_azp=p.has_azp, has_fix=p.has_fix, extra_kinds=list(p.extra_kinds), mr=p.mr,
                              tiles=names, instruction=ins.name, tasks=p.tasks, mode=p.mode,
-                             has_bias=p.has_bias)
+                             has_bias=p.has_bias, amx_tiles=amx_names,
+                             matrix_instruction=matrix.name if amx_names else "",
+                             amx_emulated=bool(amx_names) and emulating())
     return obj, desc, ir_text

@@ -1,0 +1,63 @@
+/* The matrix engine (AMX). Its tile data is an extended state Linux gives a process only when asked
+   (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA; Linux 5.16 and later): a tile instruction before that
+   dies with SIGILL, whatever the CPU flags say. The permission covers every thread of the process and its forks, so
+   the library asks once, when it is registered, and its kernels run their AMX tiles only when it was granted; else
+   the dot-product tiles the library also carries. The request fails with EINVAL on older kernels, ENOSPC when a
+   thread's signal stack is too small for the tile state (Python's faulthandler installs one), EPERM or EOPNOTSUPP
+   where it is not allowed. onnxopt_amx_status() tells the loader which (runtime/matrix_engine.py).
+   ONNXOPT_AMX=0 in the environment leaves the engine unused (to compare the two kinds of tiles). */
+extern const int onnxopt_uses_amx; /* the library's kernels carry AMX tiles: 1, or emulated ones (tests): 2 */
+
+enum { AMX_NOT_ASKED = 0, AMX_GRANTED = 1, AMX_EMULATED = 2, AMX_NO_CPU = -1000, AMX_TURNED_OFF = -1001 };
+static int g_amx_state; /* one of the above, or -errno of the refused request */
+
+static int amx_ok(void) {
+  int state = __atomic_load_n(&g_amx_state, __ATOMIC_ACQUIRE);
+  return state == AMX_GRANTED || state == AMX_EMULATED;
+}
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <errno.h>
+long syscall(long number, ...); /* unistd.h declares it only outside strict C11 */
+
+/* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (read directly: older compilers' __builtin_cpu_supports does
+   not know AMX's names). */
+static int amx_cpu(void) {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  return (d >> 24 & 1) && (d >> 25 & 1);
+}
+#define ONNXOPT_SYS_ARCH_PRCTL 158
+#define ONNXOPT_ARCH_REQ_XCOMP_PERM 0x1023
+#define ONNXOPT_XFEATURE_XTILEDATA 18
+
+static void amx_request(void) {
+  if (!onnxopt_uses_amx || __atomic_load_n(&g_amx_state, __ATOMIC_ACQUIRE) != AMX_NOT_ASKED) return;
+  int state;
+  const char *env = getenv("ONNXOPT_AMX");
+  if (env && env[0] == '0' && env[1] == 0) {
+    state = AMX_TURNED_OFF;
+  } else if (onnxopt_uses_amx == 2) {
+    state = AMX_EMULATED; /* plain code: nothing to ask of the CPU or the OS */
+  } else if (!amx_cpu()) {
+    state = AMX_NO_CPU;
+  } else {
+    errno = 0;
+    state = syscall(ONNXOPT_SYS_ARCH_PRCTL, ONNXOPT_ARCH_REQ_XCOMP_PERM, ONNXOPT_XFEATURE_XTILEDATA) == 0 ? AMX_GRANTED
+                                                                                                        : -errno;
+  }
+  __atomic_store_n(&g_amx_state, state, __ATOMIC_RELEASE);
+}
+#else
+static void amx_request(void) {
+  if (onnxopt_uses_amx)
+    __atomic_store_n(&g_amx_state, onnxopt_uses_amx == 2 ? AMX_EMULATED : AMX_NO_CPU, __ATOMIC_RELEASE);
+}
+#endif
+
+/* 0: the library has no AMX tiles (or no session registered it yet); 1: granted, they run; 2: emulated tiles (tests)
+   run; -1000: this CPU has no AMX; -1001: ONNXOPT_AMX=0; else -errno of the kernel's refusal. */
+__attribute__((visibility("default"))) int onnxopt_amx_status(void) {
+  return __atomic_load_n(&g_amx_state, __ATOMIC_ACQUIRE);
+}

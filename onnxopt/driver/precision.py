@@ -1,0 +1,232 @@
+"""`--precision fp32|bf16|fp16|auto`: which fused GEMMs keep their constant B in a 16-bit type, how they are
+checked against the float32 original, and what the precision cost (issue 46, items 5 and 8).
+
+What is lowered: the compute kind's MatMul and Gemm regions whose B is a constant matrix packed for the kernel
+(fusion/compute.py `lower_packed_b`). Their weights are converted offline (bfloat16: round to nearest even; float16:
+only when every weight is within 65504) and the sums stay float32, as do the epilogues (bias, activations, residual
+adds). bfloat16 runs on vdpbf16ps where the target has avx512_bf16, with A rounded to bfloat16 in the kernel; elsewhere
+the bfloat16 weights are widened in registers and multiplied with float32 FMAs (half the weight bytes, the float32
+FMA rate). float16 is always that widening (vcvtph2ps). Everything else stays float32: convolutions, attention,
+elementwise, softmax and LayerNorm regions, and any GEMM the lowering refuses (the report says which and why).
+onnxopt lowers nothing unless asked: fp32 is the default and builds exactly what it built before the option.
+
+The check: a lowered kernel, and the whole model with one, is compared with the float32 original at the bfloat16
+tolerance (LOW_PRECISION_TOLERANCE: 2% of the value plus 1% of the output's largest magnitude) instead of float32's,
+and the report says what the precision cost per output (`precision_cost`).
+
+`auto` takes bf16 per GEMM region only while the whole model stays within `--accuracy-budget`. The budget's metric is
+the precision cost's `max_rel_error`: over every float output, the largest |lowered - float32| divided by the
+output's largest |float32| (a scaled error: an element-wise relative error is unbounded where an output crosses
+zero). Before building, the regions' bfloat16 arithmetic is simulated in onnxruntime on the check inputs (B rounded
+to bfloat16, and A too where the kernel runs vdpbf16ps): all of them at once first; past the budget, regions are
+taken from the least to the most costly (each GEMM's own bf16 error on its real operands), as many as keep the
+simulated model within the budget; the others stay float32 and the report says why. The written model's own cost
+is then measured and reported as bf16's is, and must be within the budget, or nothing is written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnxopt.errors import UsageError
+from onnxopt.fusion.compute import bfloat16_values, lower_packed_b
+from onnxopt.verify import LOW_PRECISION_TOLERANCE, Tolerance
+
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
+DEFAULT_ACCURACY_BUDGET = 0.01
+B_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "auto": "bfloat16"}
+
+
+
+def low_precision_tolerance(tol: Tolerance) -> Tolerance:
+    """`tol` (the user's or the default whole-model tolerance) at least as loose as LOW_PRECISION_TOLERANCE for
+    float32 outputs."""
+    out = Tolerance(dict(tol.rtol), dict(tol.atol), dict(tol.stol))
+    for table, low in ((out.rtol, LOW_PRECISION_TOLERANCE.rtol), (out.atol, LOW_PRECISION_TOLERANCE.atol),
+                       (out.stol, LOW_PRECISION_TOLERANCE.stol)):
+        table["float32"] = max(table.get("float32", 0.0), low["float32"])
+    return out
+
+
+def parse_precision(value, named) -> str:
+    if not isinstance(value, str) or value not in PRECISIONS:
+        raise UsageError(f"{named('precision', value)}: give one of {', '.join(PRECISIONS)}")
+    return value
+
+
+def parse_budget(value, named) -> float:
+    try:
+        x = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not math.isfinite(x) or x <= 0 or x >= 1:
+        raise UsageError(f"{named('accuracy_budget', value)}: give the largest error allowed as a fraction of each "
+                         "output's largest magnitude, more than 0 and less than 1 (such as 0.01)")
+    return x
+
+
+def kernel_path(precision: str, target) -> str:
+    """How the target runs the lowered GEMMs, in words (the report, and the CLI's line for bf16)."""
+    if precision in ("bf16", "auto"):
+        if target.has("avx512bf16"):
+            return "bf16 on vdpbf16ps (avx512_bf16), float32 sums"
+        return (f"bf16 emulated: target {target.name} has no bf16 instruction (avx512_bf16 or AMX), so the weights "
+                "are stored in bf16 and widened to float32 in registers for float32 FMAs (half the weight bytes, the "
+                "float32 FMA rate)")
+    if precision == "fp16":
+        return "fp16 storage, widened by vcvtph2ps, float32 FMAs (half the weight bytes, the float32 FMA rate)"
+    return "fp32"
+
+
+def lower_regions(regions, precision: str, opset: int) -> tuple[list, list[dict]]:
+    """Lower every region that can take `precision` (in place); returns (the lowered regions, the float32 ones
+    that are GEMM or convolution regions, each with why)."""
+    lowered, kept = [], []
+    for r in regions:
+        if r.compute is None:
+            continue
+        why = lower_packed_b(r, B_DTYPE[precision], opset)
+        if why is None:
+            lowered.append(r)
+        else:
+            kept.append({"nodes": r.node_names, "ops": r.describe(), "precision": "fp32", "reason": why})
+    return lowered, kept
+
+
+def is_lowered(region) -> bool:
+    return region.compute is not None and region.compute.attrs.b_dtype is not None
+
+
+def precision_cost(names, want, got) -> list[dict]:
+    """What the lower precision cost on each float output, against the float32 original: max_rel_error (the largest
+    |got - want| over the output's largest |want|: the budget's metric), mean_rel_error (mean |got - want| over mean
+    |want|), cosine similarity, and for a classifier's logits (rank 2, [1, C]) whether the top-1 class agrees."""
+    out = []
+    for name, a, b in zip(names, want, got):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype.kind != "f" or a.shape != b.shape or a.size == 0:
+            continue
+        a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+        finite = np.isfinite(a64) & np.isfinite(b64)
+        a64, b64 = a64[finite], b64[finite]
+        err = np.abs(a64 - b64)
+        scale = float(np.max(np.abs(a64))) if a64.size else 0.0
+        mean_scale = float(np.mean(np.abs(a64))) if a64.size else 0.0
+        norm = float(np.linalg.norm(a64) * np.linalg.norm(b64))
+        entry = {"output": name,
+                 "max_rel_error": float(err.max()) / scale if scale > 0 else float(err.max(initial=0.0)),
+                 "mean_rel_error": float(err.mean()) / mean_scale if mean_scale > 0 else 0.0,
+                 "cosine": float(np.dot(a64, b64) / norm) if norm > 0 else 1.0}
+        if a.ndim == 2 and a.shape[0] == 1 and a.shape[1] > 1:
+            entry["top1_agrees"] = bool(np.argmax(a) == np.argmax(b))
+        out.append(entry)
+    return out
+
+
+def worst_error(cost: list[dict]) -> float:
+    return max((c["max_rel_error"] for c in cost), default=0.0)
+
+
+# ---- auto: which regions take bf16 within the budget ----
+
+def _simulated(model: onnx.ModelProto, regions, round_a: bool) -> onnx.ModelProto:
+    """`model` with each region's GEMM computing in bfloat16 as its kernel would: B rounded to bfloat16 (a new
+    initializer), and A too (Cast to bfloat16 and back) when `round_a`; sums stay float32."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    inits = {t.name: t for t in m.graph.initializer}
+    heads = {r.nodes[0].output[0]: r for r in regions}
+    new_nodes = []
+    for n in m.graph.node:
+        if n.output and n.output[0] in heads and n.op_type in ("MatMul", "Gemm") and n.input[1] in inits:
+            b = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
+            bname = f"{n.output[0]}__bf16_b"
+            m.graph.initializer.append(numpy_helper.from_array(bfloat16_values(b), bname))
+            a = n.input[0]
+            if round_a:
+                new_nodes.append(helper.make_node("Cast", [a], [f"{bname}_a16"], to=onnx.TensorProto.BFLOAT16))
+                new_nodes.append(helper.make_node("Cast", [f"{bname}_a16"], [f"{bname}_a"],
+                                                  to=onnx.TensorProto.FLOAT))
+                a = f"{bname}_a"
+            n.input[0], n.input[1] = a, bname
+        new_nodes.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(new_nodes)
+    return m
+
+
+def _gemm_of(model: onnx.ModelProto, region):
+    """The region's head MatMul or Gemm node and its constant B as [K, N] float32 (transB and alpha applied), or
+    None when B is not an initializer (what _simulated can round)."""
+    n = region.nodes[0]
+    if n.op_type not in ("MatMul", "Gemm"):
+        return None
+    init = next((t for t in model.graph.initializer if t.name == n.input[1]), None)
+    if init is None:
+        return None
+    b = numpy_helper.to_array(init).astype(np.float32)
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    if attrs.get("transB", 0):
+        b = b.T
+    return n, b * np.float32(attrs.get("alpha", 1.0))
+
+
+def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list, list[dict], dict]:
+    """The regions to take bf16 in `auto`: (chosen, refused with why, the simulation's record). `run(model, names)`
+    gives those outputs of a model on the check inputs.
+
+    All regions at once first (one session). Past the budget, each GEMM's own bf16 error is measured on its real
+    operands (its A from one float32 run of the model, in numpy), and the longest run of the least costly ones whose
+    simulated model stays within the budget is found by bisection (the error grows with the regions taken, near
+    enough monotonically): about log2(regions) sessions, not one per region."""
+    names = [o.name for o in model.graph.output]
+    gemms = {id(r): _gemm_of(model, r) for r in regions}
+    refused = [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
+                "reason": "its B is not an initializer, which the accuracy simulation needs"}
+               for r in regions if gemms[id(r)] is None]
+    regions = [r for r in regions if gemms[id(r)] is not None]
+
+    def cost(taken) -> float:
+        return worst_error(precision_cost(names, want, run(_simulated(model, taken, round_a), names)))
+
+    a_names = list(dict.fromkeys(gemms[id(r)][0].input[0] for r in regions))
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend([onnx.ValueInfoProto(name=a) for a in a_names if a not in known])
+    outs = run(probe, names + a_names)
+    want, a_values = outs[:len(names)], dict(zip(a_names, outs[len(names):]))
+    every = cost(regions)
+    if every <= budget:  # the common case: every region within the budget together
+        return list(regions), refused, {"simulated_max_rel_error": every, "regions_simulated": len(regions),
+                                        "sessions": 2}
+    own = []
+    for r in regions:
+        node, b = gemms[id(r)]
+        a = np.asarray(a_values[node.input[0]], np.float32)
+        if node.op_type == "Gemm" and any(x.name == "transA" and x.i for x in node.attribute):
+            a = a.T
+        a = a.reshape(-1, b.shape[0])
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        low = (bfloat16_values(a) if round_a else a).astype(np.float64) @ bfloat16_values(b).astype(np.float64)
+        scale = float(np.max(np.abs(exact))) if exact.size else 0.0
+        own.append((float(np.max(np.abs(exact - low))) / scale if scale > 0 else 0.0, r))
+    own.sort(key=lambda e: e[0])
+    lo, hi, best_err, sessions = 0, len(own), 0.0, 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        err = cost([r for _, r in own[:mid]])
+        sessions += 1
+        if err <= budget:
+            lo, best_err = mid, err
+        else:
+            hi = mid - 1
+    refused += [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
+                 "reason": f"bf16 here (its GEMM's own error {e:.3g}, more than the {lo} taken) would take the model "
+                           f"past the accuracy budget {budget:g}"} for e, r in own[lo:]]
+    return [r for _, r in own[:lo]], refused, {"simulated_max_rel_error": best_err,
+                                               "regions_simulated": len(own), "sessions": sessions}
