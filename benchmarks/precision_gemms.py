@@ -52,17 +52,19 @@ def session_options(threads: int) -> ort.SessionOptions:
     return so
 
 
-def interleaved(sessions, feeds, rounds: int, per: int = 5) -> list[float]:
-    for s in sessions:
+def interleaved(calls, rounds: int, per: int = 5) -> list[float]:
+    """Seconds of each of `calls` (no-argument functions), taking turns: per round each one's best of `per` runs,
+    the median over rounds (other load on the cores hits them alike)."""
+    for call in calls:
         for _ in range(3):
-            s.run(None, feeds)
-    best = [[] for _ in sessions]
+            call()
+    best = [[] for _ in calls]
     for _ in range(rounds):
-        for i, s in enumerate(sessions):
+        for i, call in enumerate(calls):
             times = []
             for _ in range(per):
                 t = time.perf_counter()
-                s.run(None, feeds)
+                call()
                 times.append(time.perf_counter() - t)
             best[i].append(min(times))
     return [float(np.median(b)) for b in best]
@@ -99,7 +101,7 @@ def main(argv=None) -> None:
                 raise SystemExit(f"{out}: its kernel did not run")
             row[f"{name}_max_rel"] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
             sessions.append(s)
-        times = interleaved(sessions, feeds, a.rounds)
+        times = interleaved([lambda s=s: s.run(None, feeds) for s in sessions], a.rounds)
         flops = 2.0 * m * k * n
         for (precision, target), t in zip((("onnxruntime", "fp32"),) + VARIANTS, times):
             name = "onnxruntime_fp32" if precision == "onnxruntime" else f"{precision}@{target}"

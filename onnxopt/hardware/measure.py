@@ -306,8 +306,8 @@ def cache_dir() -> Path:
 
 
 # What the measurement measures: a change (2: an int8 peak on every target with a dot-product instruction, not
-# only VNNI; 3: the vdpbf16ps and AMX peaks) invalidates the models cached by earlier code of the same version.
-MEASUREMENTS = 3
+# only VNNI; 3: the AMX peaks; 4: the vdpbf16ps peak) invalidates the models cached by earlier code of the same version.
+MEASUREMENTS = 4
 
 
 # The machine model's name of each matrix instruction's peak, by its source dtype.
