@@ -594,6 +594,11 @@ TORCH = [
 TORCH_QUANT = [
     quantized("bert_base_int8", "bert_base", "dynamic", base_shape=_SEQ + ["token_type_ids:1,64"], torch=True),
     quantized("all_minilm_l6_v2_int8", "all_minilm_l6_v2", "dynamic", base_shape=_SEQ, torch=True),
+    # quantize_static of the transformers (QDQ, the quantizer's defaults otherwise): issue 46's int8 corpus
+    quantized("all_minilm_l6_v2_qdq", "all_minilm_l6_v2", "static", base_shape=_SEQ, torch=True),
+    quantized("distilbert_base_int8", "distilbert_base", "dynamic", base_shape=_SEQ, torch=True),
+    quantized("distilbert_base_qdq", "distilbert_base", "static", base_shape=_SEQ, torch=True),
+    quantized("bert_base_qdq", "bert_base", "static", base_shape=_SEQ + ["token_type_ids:1,64"], torch=True),
     quantized("resnet50_qdq", "resnet50", "static", base_shape=[], torch=True),
     quantized("resnet50_qop", "resnet50", "qoperator", base_shape=[], torch=True),
 ]
