@@ -87,6 +87,8 @@ def main(argv=None) -> None:
             else:
                 s = rt.InferenceSession(out, session_options(a.threads))
             outputs.append(s.run(None, feeds))
+            if res.library is not None and not sum(rt.kernel_calls(rt.registered_library(s, loadable=True)).values()):
+                raise SystemExit(f"{out}: its kernels did not run")
             calls.append(lambda s=s: s.run(None, feeds))
             lowered = (res.report.get("precision") or {}).get("written", {}).get("lowered_regions", 0)
             labels.append(f"onnxopt_{precision}" + ("" if res.library else "_unchanged"))

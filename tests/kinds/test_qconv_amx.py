@@ -137,10 +137,12 @@ def test_a_qdq_unit_for_an_amx_target_requantizes_exactly_here(tmp_path):
 
 @pytest.mark.skipif(not HAS_VNNI, reason="this CPU has no AVX-512 VNNI (the AMX target's vector tiles)")
 @pytest.mark.parametrize("cout", [16, 36, 52, 70])
-@pytest.mark.parametrize("quant", [False, True])
-def test_the_amx_kernels_whole_path_with_emulated_tiles(tmp_path, monkeypatch, cout, quant):
+@pytest.mark.parametrize("form", ["float", "quant", "u8_weights"])
+def test_the_amx_kernels_whole_path_with_emulated_tiles(tmp_path, monkeypatch, cout, form):
     """Built with emulated tiles (ONNXOPT_EMULATE_TILES=1), the AMX kernels run here: blocks of 16 to 64 channels,
-    the rest of K on VNNI, the zero-point terms and the float or requantizing epilogue; exact."""
+    the rest of K on VNNI, the zero-point terms (u8 weights: stored w - 128, with the window-sum row term) and the
+    float or requantizing epilogue; exact."""
+    quant = form == "quant"
     monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
     rng = np.random.default_rng(cout)
     cin = 16
@@ -156,13 +158,18 @@ def test_the_amx_kernels_whole_path_with_emulated_tiles(tmp_path, monkeypatch, c
         exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
         want = requantized(exact, bias, sx, sw, sy, zy, relu=False)
     else:
-        model, wt, _ = _conv_integer(cout=cout, cin=cin, seed=cout)
+        if form == "u8_weights":
+            wt, zw = rng.integers(0, 256, (cout, cin, 3, 3)).astype(np.uint8), np.uint8(37)
+            model = conv_integer_model(wt, np.array(zw), attrs, (1, cin, 13, 13))
+        else:
+            (model, wt, _), zw = _conv_integer(cout=cout, cin=cin, seed=cout), 0
         feeds = {"x": x, "zx": np.array(9, np.uint8), "scale": np.array(0.01, np.float32)}
-        exact = conv_int(x, wt, np.uint8(9), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
+        exact = conv_int(x, wt, np.uint8(9), zw, attrs["strides"], attrs["pads"], attrs["dilations"])
         want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
             np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
     fused, _, region, ir_text = fuse_kind(KIND, model, tmp_path, target=parse_target(AMX_TARGET))
     assert "x86_amx" not in ir_text and "tile.c0" in ir_text
+    assert region.params.has_asum == (form == "u8_weights")  # the row term
     report, got = _run_written(tmp_path, fused, feeds)
     assert report["calls"] == 1 and report["amx"]["state"] == "emulated"
     np.testing.assert_array_equal(got.astype(want.dtype) if quant else got, want)
