@@ -27,6 +27,7 @@ from onnxopt.emit.model import fallback_key
 from onnxopt.errors import InputError, UsageError
 from onnxopt.fusion.compute import ComputeRule
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
+from onnxopt.fusion.layout import blocked_conv_refusal
 from onnxopt.fusion.pool import PoolRule
 from onnxopt.fusion.region import Region
 from onnxopt.graph.classifier_conv import classifiers_as_convs
@@ -49,8 +50,8 @@ from onnxopt.verify import Tolerance, check_given_inputs, load_check_inputs, mak
 from onnxopt.driver.policy import (PLANS, FUSION_KINDS, passthroughs_kept, _consistent_layouts, _op_counts,
                                    _channel_vector_kernel, _packed_panel)
 from onnxopt.driver.decision import DecisionStage
-from onnxopt.driver.precision import (DEFAULT_ACCURACY_BUDGET, choose_auto, kernel_path, lower_regions,
-                                      parse_budget, parse_precision)
+from onnxopt.driver.precision import (DEFAULT_ACCURACY_BUDGET, choose_auto, conv_refusal, kernel_path,
+                                      lower_regions, parse_budget, parse_precision)
 from onnxopt.driver.result import Result
 from onnxopt.driver.kernels import KernelStage
 from onnxopt.driver.outputs import OutputStage
@@ -451,8 +452,10 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             entry["budget_metric"] = "max over outputs of max |lowered - float32| / max |float32|"
             # only regions the lowering takes, each GEMM once (the plans share their regions' nodes)
             lowerable = {}
+            convs = conv_refusal(opts.precision, opts.target) is None
             for r in regions:
-                if r.compute is not None and r.compute.op == "matmul" and r.compute.attrs.packed_b:
+                if r.compute is not None and ((r.compute.op == "matmul" and r.compute.attrs.packed_b)
+                                              or (convs and blocked_conv_refusal(r) is None)):
                     lowerable.setdefault(r.nodes[0].output[0], []).append(r)
             feeds = make_inputs(work, self._bindings(), opts.seed, opts.check_inputs)
             round_a = opts.target.has("avx512bf16")
@@ -462,7 +465,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             chosen_heads = {r.nodes[0].output[0] for r in chosen}
             candidates = [r for r in regions if r.compute is None or r.nodes[0].output[0] in chosen_heads
                           or r.nodes[0].output[0] not in lowerable]
-        lowered, kept = lower_regions(candidates, opts.precision, opset)
+        lowered, kept = lower_regions(candidates, opts.precision, opset, opts.target)
         seen = set()
         entry["float32_regions"] = [e for e in refused + kept
                                     if not (tuple(e["nodes"]) in seen or seen.add(tuple(e["nodes"])))]

@@ -85,7 +85,7 @@ def _precision_words(meta: dict[str, str]) -> str:
 
     try:
         d = json.loads(meta.get(META_PRECISION_DETAIL, ""))
-        return (f"{d['precision']} weights in {d['lowered_regions']} GEMM kernels ({d['kernels']}), "
+        return (f"{d['precision']} weights in {d['lowered_regions']} GEMM or convolution kernels ({d['kernels']}), "
                 f"{d['float32_compute_regions']} compute kernels float32; asked: {d['requested']}")
     except (ValueError, KeyError, TypeError):
         return ""

@@ -37,7 +37,7 @@ from onnxopt.codegen.elementwise.lower import emit_body
 
 from ..glue.contract import CT_TILE
 from ..microkernel.depthwise import emit_depthwise
-from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, lane_mask
+from ..microkernel.outer_product import F32, I16, I64, PTR, emit_conv_bf16_dot, emit_outer_product, lane_mask
 from ..vmath.irutil import broadcast, masked_load
 from ..vmath.isa import set_features
 from .tile import (
@@ -114,9 +114,14 @@ def define_blocked_tile_function(module: ir.Module, name: str, spec: TileSpec, m
 
     def one_tile(index):
         first = b.mul(index, ir.Constant(I64, mi))
-        a_tile = b.gep(a, [b.mul(first, a_ms)], source_etype=F32)
-        acc = emit_outer_product(b, spec.tile, mi, nv, a_tile, a_ms, None, bp, koff, k_count, voff, masks,
-                                 a_by_table=True, b_ks=spec.tile.ni * lanes)
+        if spec.b_format == "bf16_dot":  # A is bfloat16, K counts pairs (the glue's bfloat16 input copy)
+            a_tile = b.gep(a, [b.mul(first, a_ms)], source_etype=I16)
+            acc = emit_conv_bf16_dot(b, spec.tile, mi, nv, a_tile, a_ms, bp, koff, k_count, voff,
+                                     spec.tile.ni * lanes)
+        else:
+            a_tile = b.gep(a, [b.mul(first, a_ms)], source_etype=F32)
+            acc = emit_outer_product(b, spec.tile, mi, nv, a_tile, a_ms, None, bp, koff, k_count, voff, masks,
+                                     a_by_table=True, b_ks=spec.tile.ni * lanes)
         _store_tile(b, spec, mi, nv, acc, extras, chan, ldc, coff, masks, outs, b.mul(first, ldc))
 
     _repeat(b, _slot(b, t, SLOT_COUNT, I64), one_tile, "tiles")

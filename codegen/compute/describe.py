@@ -34,6 +34,11 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     if c.attrs.packed_ni not in (None, tile.ni) or c.attrs.packed_mi not in (None, tile.mi):
         raise ValueError(f"the weights are packed for another register tile than {tile}")
     b_format = b_format_for(c.attrs.b_dtype, target, tile.lanes) if packed_b else "f32"
+    if c.op == "conv" and c.attrs.b_dtype is not None:  # a blocked convolution in bfloat16 (conv_bf16_refusal)
+        if c.attrs.b_dtype != "bfloat16" or not (target.has("avx512bf16") and tile.lanes == 16):
+            raise ValueError(f"a convolution with {c.attrs.b_dtype} weights runs only on vdpbf16ps (avx512_bf16, "
+                             "16 lanes)")
+        b_format = "bf16_dot"
     spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul", packed_b=packed_b,
                     b_format=b_format)
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
@@ -57,8 +62,9 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     enum = dtype(c.dtype).onnx  # the graph's element type (fusion/compute.py), as the custom op declares it
     desc = CtKernelDesc(
         op_type=name, kind=c.op,
-        # a packed B in a lower precision is op input 1 in its own element type (the glue reads its size from it)
-        in_types=[enum if i != 1 or b_format == "f32" else dtype(c.attrs.b_dtype).onnx
+        # a packed B in a lower precision is op input 1 in its stored element type (the glue reads its size from
+        # it): bfloat16, or its bits as uint16 before opset 13 (fusion/compute.py bfloat16_weights)
+        in_types=[enum if i != 1 or b_format == "f32" else _stored_type(region, c)
                   for i in range(len(region.inputs))],
         out_types=[enum] * len(region.outputs),
         mi=mi, ni=ni, lanes=tile.lanes, tiles=tiles,
@@ -79,6 +85,12 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         desc.winograd = wino
         desc.wino_in, desc.wino_out = sets[0].names()[0]
     return desc, [req] + sets
+
+
+def _stored_type(region: Region, c) -> int:
+    """The ONNX element type op input 1 (lower-precision weights) is stored in."""
+    init = next((t for t in c.initializers if t.name == region.inputs[1]), None)
+    return init.data_type if init is not None else dtype(c.attrs.b_dtype).onnx
 
 
 def b_format_for(b_dtype: str | None, target: Target, lanes: int) -> str:

@@ -42,12 +42,12 @@ typedef struct {
   int64_t extra_count[CT_MAX_EXTRA]; /* elements per batch item (POSITION/CHANNEL) */
 } ct_job;
 
-/* Bytes per element of a packed B: its op input's element type (1 float, 16 bfloat16, 10 float16). The 16-bit
-   forms (onnxopt/driver/precision.py) are laid out with the same element offsets as float32's; bfloat16 in pairs
-   along K, so its K blocks stay even. */
+/* Bytes per element of a packed B: its op input's element type (1 float, 16 bfloat16, 4 bfloat16's bits as uint16
+   before opset 13, 10 float16). The 16-bit forms (onnxopt/driver/precision.py) are laid out with the same element
+   offsets as float32's; bfloat16 in pairs along K, so its K blocks stay even. */
 static int64_t ct_packed_b_size(const onnxopt_ct_desc *d) {
   int t = d->sig.in_types[1];
-  return t == 16 || t == 10 ? 2 : (int64_t)sizeof(float);
+  return t == 16 || t == 10 || t == 4 ? 2 : (int64_t)sizeof(float);
 }
 
 /* K per block of a packed-B matmul: one panel's block of B, KC x (ni * lanes) elements, fits L1 (16 KiB); the

@@ -69,6 +69,9 @@ typedef struct {
   int weights_major;      /* tasks by group of vectors first (cb_split) */
   cb_window win;
   const float *in, *w;
+  /* bfloat16 weights (onnxopt/driver/precision.py): the tiles read `in16`, a bfloat16 copy of the blocked input
+     (zero-padded), and K, K_all and the tap tables count pairs of adjacent input channels (cb_prepare) */
+  const uint16_t *in16;
   float *out[CT_MAX_OUT];
   const float *extra[CT_MAX_EXTRA];
   int64_t extra_count[CT_MAX_EXTRA];
@@ -77,6 +80,12 @@ typedef struct {
 /* Whether the tile of `mi` pixels whose tap 0 of pixel 0 is input (ih0, iw0) reaches past the input. */
 static int cb_window_needed(const cb_window *w, int64_t ih0, int64_t iw0, int64_t mi) {
   return ih0 < 0 || ih0 + (w->kh - 1) * w->dh >= w->H || iw0 < 0 || iw0 + (mi - 1) * w->sw + w->reach_w >= w->W;
+}
+
+/* The tile's A at element `at` of the input the tiles read: the input (or its zero-padded copy), or its bfloat16
+   copy, whose elements are 2 bytes. */
+static inline const float *cb_input_at(const cb_job *job, int64_t at) {
+  return job->in16 ? (const float *)(const void *)(job->in16 + at) : job->in + at;
 }
 
 static void cb_run_task(const cb_job *job, int64_t task) {
@@ -118,7 +127,7 @@ static void cb_run_task(const cb_job *job, int64_t task) {
         if (d->extra_kind[e] == EX_CHANNEL) base += vb * L;
         t.extra[e] = base;
       }
-      const float *in_r = job->in + n * job->item_in + r * ph->in_row;
+      int64_t in_r = n * job->item_in + r * ph->in_row; /* elements into the input */
       int64_t out_r = ph->out_base + r * ph->out_row;
       /* The row in tiles of near-equal size (7 pixels: 4 + 3, not 6 + 1): a short last tile loads the weight
          vectors for few broadcasts and runs far below the others' rate. Consecutive tiles of one size that read
@@ -127,7 +136,7 @@ static void cb_run_task(const cb_job *job, int64_t task) {
       for (int64_t ti = 0, count; ti < tiles; ti += count) {
         int64_t p0 = ti * len / tiles, mi = (ti + 1) * len / tiles - p0;
         count = 1;
-        t.a = in_r + p0 * ph->a_ms;
+        t.a = cb_input_at(job, in_r + p0 * ph->a_ms);
         int in_place = 1;
         if (w->on) { /* a convolution: rows are output rows, pixels output columns */
           int64_t ih0 = r * w->sh - w->pt, iw0 = p0 * w->sw - w->pl;
@@ -139,7 +148,7 @@ static void cb_run_task(const cb_job *job, int64_t task) {
             in_place = 0;
           } else {
             t.koff = ph->aoff;
-            t.a = x_item + (ih0 * w->W + iw0) * w->ps;
+            t.a = cb_input_at(job, n * job->item_in + (ih0 * w->W + iw0) * w->ps);
           }
         }
         while (in_place && ti + count < tiles && (ti + count + 1) * len / tiles - (ti + count) * len / tiles == mi &&
@@ -278,6 +287,71 @@ static void cb_copy_row(void *usr, size_t index) {
   memset(dst, 0, (size_t)(p->pl * ps) * sizeof(float));
   memset(dst + (p->pl + p->W) * ps, 0, (size_t)((p->Wp - p->pl - p->W) * ps) * sizeof(float));
   memcpy(dst + p->pl * ps, p->x + (plane * p->H + h) * p->W * ps, (size_t)(p->W * ps) * sizeof(float));
+}
+
+/* The blocked input, zero-padded, as bfloat16 (round to nearest even, as vcvtneps2bf16 and the weights'
+   conversion, fusion/layout.py): what a bfloat16 convolution's tiles read, one task per padded row of one vector
+   of channels, as cb_copy_row. Half the bytes of the float32 copy; made whether or not the convolution pads. */
+typedef struct {
+  const float *x;
+  uint16_t *buf;
+  int64_t ps, H, W, Hp, Wp, pt, pl;
+  int64_t nchw_c; /* > 0: the input is NCHW with this many channels, blocked by the copy (16 lanes) */
+} cb_copy16_job;
+
+static inline uint16_t cb_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays a (quiet) NaN */
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* 16 floats at a time (the rounding above on AVX-512 integer lanes); returns how many it converted. */
+__attribute__((target("avx512f"))) static int64_t cb_bf16_run16(uint16_t *dst, const float *src, int64_t n) {
+  const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), inf = _mm512_set1_epi32(0x7F800000);
+  const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), quiet = _mm512_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absmask), inf);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet));
+    _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
+  }
+  return i;
+}
+#endif
+
+static void cb_copy16_row(void *usr, size_t index) {
+  const cb_copy16_job *p = (const cb_copy16_job *)usr;
+  int64_t ps = p->ps, hp = (int64_t)index % p->Hp, plane = (int64_t)index / p->Hp, h = hp - p->pt;
+  uint16_t *dst = p->buf + (int64_t)index * p->Wp * ps;
+  if (h < 0 || h >= p->H) {
+    memset(dst, 0, (size_t)(p->Wp * ps) * sizeof(uint16_t));
+    return;
+  }
+  memset(dst, 0, (size_t)(p->pl * ps) * sizeof(uint16_t));
+  memset(dst + (p->pl + p->W) * ps, 0, (size_t)((p->Wp - p->pl - p->W) * ps) * sizeof(uint16_t));
+  uint16_t *to = dst + p->pl * ps;
+  if (p->nchw_c) { /* plane = item * vectors + vector: its 16 channels gathered pixel by pixel */
+    int64_t C = p->nchw_c, vectors = (C + 15) / 16, item = plane / vectors, c0 = plane % vectors * 16;
+    int64_t lanes = C - c0 < 16 ? C - c0 : 16, HW = p->H * p->W;
+    const float *src = p->x + (item * C + c0) * HW + h * p->W;
+    for (int64_t w = 0; w < p->W; w++) {
+      int64_t l = 0;
+      for (; l < lanes; l++) to[w * 16 + l] = cb_bf16(src[l * HW + w]);
+      for (; l < 16; l++) to[w * 16 + l] = 0;
+    }
+    return;
+  }
+  const float *src = p->x + (plane * p->H + h) * p->W * ps;
+  int64_t n = p->W * ps, i = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (ps == 16) i = cb_bf16_run16(to, src, n); /* 16-lane blocked tensors exist only on AVX-512 targets */
+#endif
+  for (; i < n; i++) to[i] = cb_bf16(src[i]);
 }
 
 /* NCHW <-> blocked for the kernel that computes in the blocked layout but takes and gives NCHW tensors. One task

@@ -215,8 +215,15 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
   job->n_phases = d->transposed ? (int)(d->sh * d->sw) : 1;
   job->K_all = job->K * job->n_phases;
   int64_t C_in = C * d->groups;
-  int64_t planes = d->in_blocked ? (C_in + L - 1) / L : C_in; /* per batch item */
-  int64_t ps = d->in_blocked ? L : 1;
+  /* bfloat16 weights (onnxopt/driver/precision.py, fusion/layout.py lower_blocked_conv): pairs of adjacent input
+     channels, [groups][ceil(C / 2) * kh * kw][ni * lanes][2]; the tiles (vdpbf16ps) read a bfloat16 copy of the
+     input, blocked (an NCHW input is blocked by the copy), where a pair is one 32-bit broadcast. */
+  int bf16 = d->sig.in_types[1] == 16 || d->sig.in_types[1] == 4; /* bfloat16, or its bits as uint16 (opset < 13) */
+  if (bf16 && (d->transposed || L != 16 || d->groups != 1))
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: bfloat16 convolution weights need a one-group, 16-lane kernel");
+  int blocked_in = d->in_blocked || bf16;
+  int64_t planes = blocked_in ? (C_in + L - 1) / L : C_in; /* per batch item */
+  int64_t ps = blocked_in ? L : 1;
   int64_t block_size = job->OCB * OH * OW * L; /* per item */
   CHECK(ct_conv_outputs(d, ctx, (size_t)out0, N, OH, OW, r->user_out, job->out));
   /* Reuses the NCHW kernels' check: per-pixel inputs come in the outputs' layout. */
@@ -249,7 +256,8 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
   }
   if (!st && depthwise) st = cb_prepare_depthwise(r, d, x, H, W, pt, pl);
   if (st || depthwise) goto done;
-  job->win.on = !d->transposed && padded &&
+  if (bf16) job->K = job->K_all = (C + 1) / 2 * th * tw;
+  job->win.on = !bf16 && !d->transposed && padded &&
                 cb_window_pays(d, &job->win, N, planes, ps, H, W, OH, OW, Hp, Wp, pt, pl, job->groups_of_vectors);
   if (job->win.on) { /* the tables address the input itself */
     Hp = H;
@@ -262,7 +270,23 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
     st = fail(ORT_FAIL, "onnxopt: out of memory");
     goto done;
   }
-  if (!padded || job->win.on) {
+  if (bf16) {
+    int64_t total = N * job->item_in, rows = N * planes * Hp;
+    uint16_t *copy = (uint16_t *)glue_floats((size_t)(total + 1) / 2);
+    r->buf = (float *)copy;
+    if (!copy) {
+      st = fail(ORT_FAIL, "onnxopt: out of memory for the bfloat16 input");
+      goto done;
+    }
+    cb_copy16_job cj = {x, copy, ps, H, W, Hp, Wp, Pt, Pl, d->in_blocked ? 0 : C_in};
+    if (total < (1 << 16)) {
+      for (int64_t i = 0; i < rows; i++) cb_copy16_row(&cj, (size_t)i);
+    } else {
+      st = API(KernelContext_ParallelFor)(ctx, cb_copy16_row, (size_t)rows, 0, &cj);
+      if (st) goto done;
+    }
+    job->in16 = copy;
+  } else if (!padded || job->win.on) {
     job->in = x;
   } else {
     int64_t total = N * job->item_in;
@@ -318,8 +342,13 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
         p->w_off = 0;
         p->K = job->K;
       }
-      /* k = (r, c, ic) for a transposed convolution (its packing), (ic, r, c) for a convolution. */
-      for (int64_t ic = 0; ic < C; ic++)
+      /* k = (r, c, ic) for a transposed convolution (its packing), (ic, r, c) for a convolution; in bfloat16,
+         pair kk = (ic / 2, r, c), its tap's offset that of the pair's even channel. */
+      for (int64_t ic = 0; bf16 && ic < C; ic += 2)
+        for (int64_t rr = 0; rr < th; rr++)
+          for (int64_t c = 0; c < tw; c++)
+            tab[(ic / 2 * th + rr) * tw + c] = ((ic / L) * Hp * Wp + (rr * step_h) * Wp + c * step_w) * L + ic % L;
+      for (int64_t ic = 0; !bf16 && ic < C; ic++)
         for (int64_t rr = 0; rr < th; rr++)
           for (int64_t c = 0; c < tw; c++) {
             int64_t y = bh + rr * step_h, xx = bw + c * step_w;
@@ -342,7 +371,7 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
      16 -> 1 output head counted 0.4 MFLOP, ran inline on one thread, and took 0.37 ms). */
   job->weights_major = cb_weights_major(job, d->ni, L);
   r->tasks = cb_split(job, 2.0 * (double)N * (double)OH * OW * (double)(job->OCB * L) * (double)job->K_all /
-                               job->n_phases,
+                               job->n_phases * (bf16 ? 2 : 1),
                       N * job->rows, job->groups_of_vectors);
 done:
   if (st) {

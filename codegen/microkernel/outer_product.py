@@ -233,6 +233,40 @@ def emit_packed_b_low_precision(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv
     return emit_k_loop(b, lanes, mi, nv, b.lshr(stride, ir.Constant(I64, 1)), step, init)
 
 
+def emit_conv_bf16_dot(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv: int, a_ptr, a_ms, b_ptr, koff_ptr,
+                       pairs, voff: list, b_ks: int) -> list[list[ir.Value]]:
+    """The K loop of a blocked convolution in bfloat16 on vdpbf16ps (16 lanes), at the builder's position; returns
+    the float32 accumulators. A is the glue's bfloat16 copy of the blocked input: pixel i of pair kk at
+    a_ptr + i * a_ms + koff[kk] (bfloat16 elements), where two adjacent input channels of one tap lie side by side,
+    so one 32-bit broadcast is the instruction's pair. B is the weights' pairs, [pairs][b_ks][2] bfloat16 (rows
+    b_ks columns wide, zero-padded): vector j of pair kk at b_ptr + (kk * b_ks + voff[j]) * 2."""
+    if tile.lanes != 16:
+        raise ValueError(f"a bfloat16 convolution on {tile.lanes} lanes: vdpbf16ps takes 16 (avx512_bf16)")
+    vty = ir.VectorType(F32, 16)
+    ity = ir.VectorType(I32, 16)
+    a_ms = as_i64(a_ms)
+    dot = "llvm.x86.avx512bf16.dpbf16ps.512"
+    offsets = [b.mul(ir.Constant(I64, i), a_ms) for i in range(mi)]
+
+    def step(kk, acc):
+        table = b.load(b.gep(koff_ptr, [kk], source_etype=I64), typ=I64)
+        a_k = b.gep(a_ptr, [table], source_etype=I16)
+        row = b.gep(b_ptr, [b.mul(kk, ir.Constant(I64, 2 * b_ks))], source_etype=I16)
+        words = [b.load(b.gep(row, [b.mul(voff[j], ir.Constant(I64, 2))], source_etype=I16), typ=ity, align=4)
+                 for j in range(nv)]
+        out = [[None] * nv for _ in range(mi)]
+        for g in range(0, mi, tile.mii):
+            rows = range(g, min(g + tile.mii, mi))
+            avals = {i: broadcast(b, b.load(b.gep(a_k, [offsets[i]], source_etype=I16), typ=I32, align=2), 16)
+                     for i in rows}
+            for i in rows:
+                for j in range(nv):
+                    out[i][j] = intrinsic(b, dot, vty, [acc[i][j], avals[i], words[j]])
+        return out
+
+    return emit_k_loop(b, 16, mi, nv, pairs, step)
+
+
 def _if_then(b: ir.IRBuilder, cond, acc, then) -> list[list[ir.Value]]:
     """The accumulators after `then()` (which emits code and returns new ones) where `cond` holds, else `acc`."""
     pre = b.block

@@ -151,7 +151,10 @@ class KernelStage:
         # Winograd choices first: they gain 1.5-3x where they win, a register tile a few percent. Then largest first,
         # so that a tuning budget spent leaves the default tile on the cheapest regions.
         wino = self.opts.winograd == "auto"
-        order = sorted((r for r in regions if r.compute is not None and r.compute.op not in ("afusion", "siblings")),
+        # Regions lowered to bf16/fp16 (driver/precision.py) keep their default tile: the searches repack float32
+        # weights.
+        order = sorted((r for r in regions if r.compute is not None and r.compute.op not in ("afusion", "siblings")
+                        and r.compute.attrs.b_dtype is None),
                        key=lambda r: (not (wino and winograd.applies(r) is None),
                                       -region_flops(r, info, self._bindings())))
         split = {"build_s": 0.0, "measure_s": 0.0}

@@ -199,8 +199,11 @@ class OutputStage:
                   "kernels": kernel_path(self.opts.precision, self.opts.target) if lowered else "fp32",
                   "lowered_regions": len(lowered),
                   "float32_compute_regions": sum(r.compute is not None and not is_lowered(r) for r in accepted)}
-        self.report.setdefault("precision", {}).update({"written": record,
-                                                        "lowered": [r.node_names for r in lowered]})
+        entry = self.report.setdefault("precision", {})
+        # the regions kept float32 that were written (the candidates were every plan's)
+        written = {tuple(r.node_names) for r in accepted}
+        entry["float32_regions"] = [e for e in entry.get("float32_regions", []) if tuple(e["nodes"]) in written]
+        entry.update({"written": record, "lowered": [r.node_names for r in lowered]})
         if lowered:
             self.opts.tolerance = low_precision_tolerance(self.opts.tolerance)
         return record
@@ -475,6 +478,9 @@ class OutputStage:
         bad = [d for d in diffs if not d.ok]
         if bad:
             d = bad[0]
+            if self.opts.precision == "bf16":  # the model amplifies bfloat16's rounding past its tolerance
+                advice = ("With --precision bf16 the outputs moved past the bf16 tolerance: --precision auto "
+                          "--accuracy-budget X keeps the costly regions float32, --precision fp32 all of them")
             raise VerificationError(f"{what.format(d.name)} (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
                                     f"nothing was written. {advice}")
 

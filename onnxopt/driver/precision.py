@@ -1,25 +1,34 @@
-"""`--precision fp32|bf16|fp16|auto`: which fused GEMMs keep their constant B in a 16-bit type, how they are
-checked against the float32 original, and what the precision cost (issue 46, items 5 and 8).
+"""`--precision fp32|bf16|fp16|auto`: which fused GEMMs and convolutions keep their constant weights in a 16-bit type,
+how they are checked against the float32 original, and what the precision cost (issue 46, items 5 and 8).
 
-What is lowered: the compute kind's MatMul and Gemm regions whose B is a constant matrix packed for the kernel
-(fusion/compute.py `lower_packed_b`). Their weights are converted offline (bfloat16: round to nearest even; float16:
-only when every weight is within 65504) and the sums stay float32, as do the epilogues (bias, activations, residual
-adds). bfloat16 runs on vdpbf16ps where the target has avx512_bf16, with A rounded to bfloat16 in the kernel; elsewhere
-the bfloat16 weights are widened in registers and multiplied with float32 FMAs (half the weight bytes, the float32
-FMA rate). float16 is always that widening (vcvtph2ps). Everything else stays float32: convolutions, attention,
-elementwise, softmax and LayerNorm regions, and any GEMM the lowering refuses (the report says which and why).
-onnxopt lowers nothing unless asked: fp32 is the default and builds exactly what it built before the option.
+What is lowered:
+- the compute kind's MatMul and Gemm regions whose B is a constant matrix packed for the kernel (fusion/compute.py
+  `lower_packed_b`). Their weights are converted offline (bfloat16: round to nearest even; float16: only when every
+  weight is within 65504) and the sums stay float32, as do the epilogues (bias, activations, residual adds).
+  bfloat16 runs on vdpbf16ps where the target has avx512_bf16, with A rounded to bfloat16 in the kernel; elsewhere
+  the bfloat16 weights are widened in registers and multiplied with float32 FMAs (half the weight bytes, the float32
+  FMA rate). float16 is always that widening (vcvtph2ps).
+- bf16 only, on vdpbf16ps only: one-group convolutions on the blocked kernel (fusion/layout.py `lower_blocked_conv`):
+  weights in pairs of adjacent input channels, the input read from a bfloat16 copy the glue makes per call
+  (blocked, zero-padded; an NCHW input of 16 channels or more is blocked by that copy). A target without
+  avx512_bf16 keeps them float32: widening would save no time in a compute-bound convolution.
+Before opset 13 (Cast has no bfloat16) the weights are stored as their bits in UINT16 and the function bodies decode
+them exactly (fusion/compute.py `bfloat16_weights`). Everything else stays float32: depthwise and grouped
+convolutions, the NCHW kernel's, AFUSION and sibling groups, Winograd, attention, elementwise, softmax and LayerNorm
+regions, and any region the lowering refuses (the report says which and why). onnxopt lowers nothing unless asked:
+fp32 is the default and builds exactly what it built before the option.
 
 The check: a lowered kernel, and the whole model with one, is compared with the float32 original at the bfloat16
 tolerance (LOW_PRECISION_TOLERANCE: 2% of the value plus 1% of the output's largest magnitude) instead of float32's,
 and the report says what the precision cost per output (`precision_cost`).
 
-`auto` takes bf16 per GEMM region only while the whole model stays within `--accuracy-budget`. The budget's metric is
-the precision cost's `max_rel_error`: over every float output, the largest |lowered - float32| divided by the
-output's largest |float32| (a scaled error: an element-wise relative error is unbounded where an output crosses
-zero). Before building, the regions' bfloat16 arithmetic is simulated in onnxruntime on the check inputs (B rounded
-to bfloat16, and A too where the kernel runs vdpbf16ps): all of them at once first; past the budget, regions are
-taken from the least to the most costly (each GEMM's own bf16 error on its real operands), as many as keep the
+`auto` takes bf16 per GEMM or convolution region only while the whole model stays within `--accuracy-budget`. The
+budget's metric is the precision cost's `max_rel_error`: over every float output, the largest |lowered - float32|
+divided by the output's largest |float32| (a scaled error: an element-wise relative error is unbounded where an
+output crosses zero). Before building, the regions' bfloat16 arithmetic is simulated in onnxruntime on the check
+inputs (B rounded to bfloat16, and A too where the kernel runs vdpbf16ps, as a convolution always does): all of them
+at once first; past the budget, regions are taken from the least to the most costly (each GEMM's or convolution's
+own bf16 error on its real operands), as many as keep the
 simulated model within the budget; the others stay float32 and the report says why. The written model's own cost
 is then measured and reported as bf16's is, and must be within the budget, or nothing is written.
 """
@@ -34,6 +43,7 @@ from onnx import helper, numpy_helper
 
 from onnxopt.errors import UsageError
 from onnxopt.fusion.compute import bfloat16_values, lower_packed_b
+from onnxopt.fusion.layout import lower_blocked_conv
 from onnxopt.verify import LOW_PRECISION_TOLERANCE, Tolerance
 
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -82,14 +92,28 @@ def kernel_path(precision: str, target) -> str:
     return "fp32"
 
 
-def lower_regions(regions, precision: str, opset: int) -> tuple[list, list[dict]]:
+def conv_refusal(precision: str, target) -> str | None:
+    """Why the target's convolutions stay float32 at `precision`, or None when its blocked ones can take bf16."""
+    if precision not in ("bf16", "auto"):
+        return f"conv: float32 ({precision} covers the GEMMs only)"
+    if not target.has("avx512bf16"):
+        return (f"conv: float32 (bf16 convolutions run on vdpbf16ps only, and target {target.name} has no "
+                "avx512_bf16: widening the weights would save no time where the convolution is compute-bound)")
+    return None
+
+
+def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, list[dict]]:
     """Lower every region that can take `precision` (in place); returns (the lowered regions, the float32 ones
     that are GEMM or convolution regions, each with why)."""
     lowered, kept = [], []
+    conv_why = conv_refusal(precision, target)
     for r in regions:
         if r.compute is None:
             continue
-        why = lower_packed_b(r, B_DTYPE[precision], opset)
+        if r.compute.op == "conv":
+            why = conv_why or lower_blocked_conv(r, opset)
+        else:
+            why = lower_packed_b(r, B_DTYPE[precision], opset)
         if why is None:
             lowered.append(r)
         else:
@@ -142,12 +166,12 @@ def _simulated(model: onnx.ModelProto, regions, round_a: bool) -> onnx.ModelProt
     heads = {r.nodes[0].output[0]: r for r in regions}
     new_nodes = []
     for n in m.graph.node:
-        if n.output and n.output[0] in heads and n.op_type in ("MatMul", "Gemm") and n.input[1] in inits:
+        if n.output and n.output[0] in heads and n.op_type in LOWERED_OPS and n.input[1] in inits:
             b = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
             bname = f"{n.output[0]}__bf16_b"
             m.graph.initializer.append(numpy_helper.from_array(bfloat16_values(b), bname))
             a = n.input[0]
-            if round_a:
+            if round_a or n.op_type == "Conv":  # a bf16 convolution always reads a bfloat16 input copy
                 new_nodes.append(helper.make_node("Cast", [a], [f"{bname}_a16"], to=onnx.TensorProto.BFLOAT16))
                 new_nodes.append(helper.make_node("Cast", [f"{bname}_a16"], [f"{bname}_a"],
                                                   to=onnx.TensorProto.FLOAT))
@@ -159,20 +183,55 @@ def _simulated(model: onnx.ModelProto, regions, round_a: bool) -> onnx.ModelProt
     return m
 
 
+LOWERED_OPS = ("MatMul", "Gemm", "Conv")
+
+
 def _gemm_of(model: onnx.ModelProto, region):
-    """The region's head MatMul or Gemm node and its constant B as [K, N] float32 (transB and alpha applied), or
-    None when B is not an initializer (what _simulated can round)."""
+    """The region's head MatMul, Gemm or Conv node and its constant B: a GEMM's as [K, N] float32 (transB and alpha
+    applied), a convolution's weights as they are; None when B is not an initializer (what _simulated can round)."""
     n = region.nodes[0]
-    if n.op_type not in ("MatMul", "Gemm"):
+    if n.op_type not in LOWERED_OPS:
         return None
     init = next((t for t in model.graph.initializer if t.name == n.input[1]), None)
     if init is None:
         return None
     b = numpy_helper.to_array(init).astype(np.float32)
+    if n.op_type == "Conv":
+        return n, b
     attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
     if attrs.get("transB", 0):
         b = b.T
     return n, b * np.float32(attrs.get("alpha", 1.0))
+
+
+def _conv_own_error(model: onnx.ModelProto, node, a: np.ndarray) -> float:
+    """A convolution's own bf16 error on its real input `a`: the node alone in onnxruntime, float32 against its
+    input and weights rounded to bfloat16 (float32 sums), as max |diff| / max |float32|."""
+    import onnxruntime as ort
+
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    m = onnx.ModelProto()
+    m.ir_version = min(model.ir_version, 8)
+    m.opset_import.add(domain="", version=opset)
+    single = onnx.NodeProto()
+    single.CopyFrom(node)
+    del single.output[1:]
+    m.graph.node.append(single)
+    m.graph.input.append(helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, a.shape))
+    m.graph.output.append(onnx.ValueInfoProto(name=node.output[0]))
+    m.graph.initializer.extend(numpy_helper.from_array(np.asarray(inits[x], np.float32), x)
+                               for x in node.input[1:] if x)
+    exact = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {node.input[0]: a})[0].astype(np.float64)
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(numpy_helper.from_array(bfloat16_values(np.asarray(inits[x], np.float32))
+                                                       if i == 1 else np.asarray(inits[x], np.float32), x)
+                               for i, x in enumerate(node.input) if i > 0 and x)
+    low = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {node.input[0]: bfloat16_values(a)})[0].astype(np.float64)
+    scale = float(np.max(np.abs(exact))) if exact.size else 0.0
+    return float(np.max(np.abs(exact - low))) / scale if scale > 0 else 0.0
 
 
 def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list, list[dict], dict]:
@@ -184,6 +243,12 @@ def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list
     simulated model stays within the budget is found by bisection (the error grows with the regions taken, near
     enough monotonically): about log2(regions) sessions, not one per region."""
     names = [o.name for o in model.graph.output]
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 13:  # the simulation rounds A with a Cast to bfloat16, which opset 13 brought
+        return [], [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
+                     "reason": f"auto simulates bfloat16 with Cast, which opset {opset} lacks (13 has it): "
+                               "--precision bf16 lowers without the simulation"} for r in regions], \
+            {"simulated_max_rel_error": 0.0, "regions_simulated": 0, "sessions": 0}
     gemms = {id(r): _gemm_of(model, r) for r in regions}
     refused = [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
                 "reason": "its B is not an initializer, which the accuracy simulation needs"}
@@ -208,6 +273,9 @@ def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list
     for r in regions:
         node, b = gemms[id(r)]
         a = np.asarray(a_values[node.input[0]], np.float32)
+        if node.op_type == "Conv":
+            own.append((_conv_own_error(model, node, a), r))
+            continue
         if node.op_type == "Gemm" and any(x.name == "transA" and x.i for x in node.attribute):
             a = a.T
         a = a.reshape(-1, b.shape[0])

@@ -591,6 +591,38 @@ def bfloat16_pairs(packed: np.ndarray) -> np.ndarray:
     return bfloat16_bits(np.ascontiguousarray(packed.reshape(pn, k // 2, 2, p).transpose(0, 1, 3, 2)))
 
 
+def bfloat16_weights(name: str, bits: np.ndarray, dims, opset: int, out: str):
+    """A bfloat16 initializer `name` holding `bits` (uint16 bit patterns) under `dims`, and the function fallback's
+    nodes that read it as float32 into `out`. From opset 13 it is a BFLOAT16 tensor and one Cast. Before, Cast has no
+    bfloat16, so it is stored as UINT16 (the same bits: the glue takes either type) and decoded by arithmetic exact
+    for every finite bfloat16: sign, 8-bit exponent e and 7-bit mantissa m as (m + 128 [e > 0]) * 2^(max(e, 1) - 134).
+    """
+    if opset >= 13:
+        return (helper.make_tensor(name, onnx.TensorProto.BFLOAT16, dims, bits.tobytes(), raw=True),
+                [helper.make_node("Cast", [name], [out], to=onnx.TensorProto.FLOAT)])
+    tensor = numpy_helper.from_array(np.ascontiguousarray(bits, np.uint16).reshape(dims), name)
+    u = f"{name}__decode"
+
+    def f32(label, value):
+        return helper.make_node("Constant", [], [f"{u}_{label}"],
+                                value=numpy_helper.from_array(np.asarray(value, np.float32), f"{u}_{label}"))
+    n = helper.make_node
+    nodes = [f32("c2", 2.0 ** -15), f32("c32k", 32768.0), f32("c7", 2.0 ** -7), f32("c128", 128.0),
+             f32("one", 1.0), f32("two", 2.0), f32("c134", 134.0),
+             n("Cast", [name], [f"{u}_f"], to=onnx.TensorProto.FLOAT),
+             n("Mul", [f"{u}_f", f"{u}_c2"], [f"{u}_s0"]), n("Floor", [f"{u}_s0"], [f"{u}_sign"]),  # 0 or 1
+             n("Mul", [f"{u}_sign", f"{u}_c32k"], [f"{u}_s1"]), n("Sub", [f"{u}_f", f"{u}_s1"], [f"{u}_r"]),
+             n("Mul", [f"{u}_r", f"{u}_c7"], [f"{u}_e0"]), n("Floor", [f"{u}_e0"], [f"{u}_e"]),
+             n("Mul", [f"{u}_e", f"{u}_c128"], [f"{u}_e1"]), n("Sub", [f"{u}_r", f"{u}_e1"], [f"{u}_m"]),
+             n("Min", [f"{u}_e", f"{u}_one"], [f"{u}_normal"]), n("Mul", [f"{u}_normal", f"{u}_c128"], [f"{u}_h"]),
+             n("Add", [f"{u}_m", f"{u}_h"], [f"{u}_mant"]), n("Max", [f"{u}_e", f"{u}_one"], [f"{u}_e2"]),
+             n("Sub", [f"{u}_e2", f"{u}_c134"], [f"{u}_x"]), n("Pow", [f"{u}_two", f"{u}_x"], [f"{u}_p"]),
+             n("Mul", [f"{u}_mant", f"{u}_p"], [f"{u}_abs"]),
+             n("Mul", [f"{u}_sign", f"{u}_two"], [f"{u}_s2"]), n("Sub", [f"{u}_one", f"{u}_s2"], [f"{u}_sgn"]),
+             n("Mul", [f"{u}_abs", f"{u}_sgn"], [out])]
+    return tensor, nodes
+
+
 FLOAT16_MAX = 65504.0
 
 
@@ -610,8 +642,8 @@ def lower_packed_b(region: Region, b_dtype: str, opset: int) -> str | None:
         return "B is not a constant matrix packed for the kernel"
     if c.attrs.b_dtype is not None:
         return None if c.attrs.b_dtype == b_dtype else f"B is already stored as {c.attrs.b_dtype}"
-    if opset < 13:
-        return f"opset {opset}: the fallback's Cast from {b_dtype} needs opset 13"
+    if opset < 11:
+        return f"opset {opset}: the fallback's decoding of {b_dtype} needs opset 11"
     wname = next((t.name for t in c.initializers if t.name.endswith("__packed_b")), None)
     if wname is None:
         return "no packed B in the region"
@@ -623,8 +655,7 @@ def lower_packed_b(region: Region, b_dtype: str, opset: int) -> str | None:
     body = [helper.make_node("Cast", [wname], [f"{u}_f"], to=onnx.TensorProto.FLOAT)]
     if b_dtype == "bfloat16":
         k2 = k + k % 2
-        tensor = helper.make_tensor(wname, onnx.TensorProto.BFLOAT16, (pn, k2, p), bfloat16_pairs(packed).tobytes(),
-                                    raw=True)
+        tensor, body = bfloat16_weights(wname, bfloat16_pairs(packed), (pn, k2, p), opset, f"{u}_f")
 
         def const(name, arr):
             return helper.make_node("Constant", [], [name],

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .compute import POSITION
+from .compute import POSITION, bfloat16_bits, bfloat16_weights
 from .params import ComputeParams, CopyParams, ElementwiseParams, KindParams, PoolParams, RelayoutParams
 from .region import Region
 
@@ -356,3 +356,92 @@ def _convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, lanes, ni
     a.out_blocked = int(out_blocked)
     a.channel_vectors = int(out_blocked or channel_vectors)
     a.block = lanes
+
+
+BF16_NCHW_MIN_CHANNELS = 16
+
+
+def blocked_conv_refusal(region: Region, opset: int = 13) -> str | None:
+    """Why `lower_blocked_conv` would keep this region's weights float32, or None when it can lower them (already
+    lowered included). Changes nothing."""
+    c = region.compute
+    a = c.attrs if c is not None else None
+    if c is None or c.op != "conv":
+        return "not a convolution"
+    if a.b_dtype is not None:
+        return None if a.b_dtype == "bfloat16" else f"its weights are already stored as {a.b_dtype}"
+    if not (a.out_blocked or a.channel_vectors):
+        return "conv: float32 (bf16 convolutions run on the blocked kernel, vectors of output channels)"
+    if a.groups != 1:
+        return "conv: float32 (grouped and depthwise convolutions have no reduction over channel pairs)"
+    if not a.in_blocked and a.ic_g < BF16_NCHW_MIN_CHANNELS:
+        # the glue blocks an NCHW input in its bfloat16 copy, 16 channels a pixel: with few channels that copy is
+        # mostly zeros, larger than the float32 input, for a convolution with little arithmetic
+        return (f"conv: float32 (an NCHW input of {a.ic_g} channels, as a network's first convolution reads: its "
+                "blocked bfloat16 copy would be mostly padding)")
+    if a.winograd:
+        return "conv: float32 (Winograd)"
+    if a.block != 16:
+        return f"conv: float32 (bf16 convolutions take 16-lane blocks, vdpbf16ps; this one has {a.block})"
+    if opset < 11:
+        return f"opset {opset}: the fallback's decoding of bfloat16 needs opset 11"
+    if not any(t.name == region.inputs[1] for t in c.initializers) or a.packed_shape is None \
+            or len(a.packed_shape) != 3:
+        return "no packed weights in the region"
+    return None
+
+
+def lower_blocked_conv(region: Region, opset: int) -> str | None:
+    """Store a blocked convolution's packed weights as bfloat16 for its vdpbf16ps tiles (codegen/compute/
+    blocked_tile.py, `--precision bf16`), in place: pairs of adjacent input channels of one tap side by side,
+    [groups][ceil(IC / 2) * KH * KW][NI * L][2] under the shape [groups][2 * ceil(IC / 2) * KH * KW][NI * L] (an odd
+    IC's last pair has zero weights for its second channel, which the blocked input holds as zeros). The input may be
+    blocked or NCHW (with at least BF16_NCHW_MIN_CHANNELS channels): the glue's bfloat16 copy is blocked either way. The function
+    fallback casts them back to float32 and undoes the pairing, so the weights are stored once. Returns why the
+    region keeps float32 weights, or None when lowered. The glue makes the bfloat16 copy of the input the tiles read
+    (conv_blocked_prepare_exec.c)."""
+    why = blocked_conv_refusal(region, opset)
+    if why is not None or region.compute.attrs.b_dtype is not None:
+        return why
+    c = region.compute
+    a = c.attrs
+    name = region.inputs[1]
+    init = next(t for t in c.initializers if t.name == name)
+    packed = numpy_helper.to_array(init)
+    if not np.all(np.isfinite(packed)):
+        return "the weights have values that are not finite"
+    g, k, width = packed.shape
+    taps = a.kernel[0] * a.kernel[1]
+    ic = k // taps
+    if ic * taps != k or ic != a.ic_g:
+        return "the packed weights are not [groups][IC * KH * KW][NI * L]"
+    ic2 = ic + ic % 2
+    w = packed.reshape(g, ic, taps, width)
+    if ic2 != ic:
+        w = np.concatenate([w, np.zeros((g, 1, taps, width), w.dtype)], axis=1)
+    pairs = np.ascontiguousarray(w.reshape(g, ic2 // 2, 2, taps, width).transpose(0, 1, 3, 4, 2))
+    u = f"{name}__bf16"
+    tensor, body = bfloat16_weights(name, bfloat16_bits(pairs), (g, ic2 * taps, width), opset, f"{u}_f")
+    body += [_i64(f"{u}_s5", [g, ic2 // 2, taps, width, 2]),
+             helper.make_node("Reshape", [f"{u}_f", f"{u}_s5"], [f"{u}_r5"]),
+             helper.make_node("Transpose", [f"{u}_r5"], [f"{u}_t"], perm=[0, 1, 4, 2, 3]),
+             _i64(f"{u}_s4", [g, ic2, taps, width]),
+             helper.make_node("Reshape", [f"{u}_t", f"{u}_s4"], [f"{u}_r4"])]
+    full = f"{u}_r4"
+    if ic2 != ic:  # the odd IC's zero channel
+        body += [_i64(f"{u}_starts", [0]), _i64(f"{u}_ends", [ic]), _i64(f"{u}_axes", [1]),
+                 helper.make_node("Slice", [full, f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_sl"])]
+        full = f"{u}_sl"
+    body += [_i64(f"{u}_s3", [g, k, width]), helper.make_node("Reshape", [full, f"{u}_s3"], [f"{u}_w"])]
+    new_body = []
+    for node in c.body:
+        m = onnx.NodeProto()
+        m.CopyFrom(node)
+        for i, x in enumerate(m.input):
+            if x == name:
+                m.input[i] = f"{u}_w"
+        new_body.append(m)
+    c.body = body + new_body
+    c.initializers = [tensor if t.name == name else t for t in c.initializers]
+    a.b_dtype = "bfloat16"
+    return None
