@@ -263,6 +263,10 @@ QUANT = [
     # (u8, a zero point, per tensor), the form graph/quantized_weights.py folds (issue 46).
     quantized("ppocr_mobile_v2_cls_qdq", "ppocr_mobile_v2_cls", "static", small=True, base_shape=["x:1,3,48,192"]),
     quantized("ppocrv4_det_qdq", "ppocrv4_det", "static", base_shape=["x:1,3,320,320"]),
+    # quantize_static of YOLOv8n and the recognizer: QDQ around every Add, Mul, Concat, pool and Resize (issue 46)
+    quantized("nudenet_yolov8n_320_qdq", "nudenet_yolov8n_320", "static", small=True,
+              base_shape=["images:1,3,320,320"]),
+    quantized("ppocrv4_rec_qdq", "ppocrv4_rec", "static", small=True, base_shape=["x:1,3,48,320"]),
 ]
 
 

@@ -30,6 +30,7 @@ from onnxopt.fusion.elementwise import ElementwiseRule, _opset
 from onnxopt.fusion.layout import blocked_conv_refusal
 from onnxopt.fusion.pool import PoolRule
 from onnxopt.fusion.region import Region
+from onnxopt.annotate.shapes import tensor_info
 from onnxopt.graph.classifier_conv import classifiers_as_convs
 from onnxopt.graph.infer import check_tensor_sizes as _check_tensor_sizes
 from onnxopt.graph.infer import complete_output_types as _complete_output_types
@@ -382,6 +383,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         self._timed: dict[int, float] = {}  # id(region) -> its kernel's measured seconds (_check_regions)
         self._timed_by_key: dict[tuple, float] = {}  # (op type, input shapes) -> its measured seconds
         self.quantized: set[str] = set()  # nodes of quantized patterns, left to onnxruntime (graph/quantized.py)
+        self.quantized_graph: onnx.GraphProto | None = None  # the graph `quantized` names nodes of
+        self.float_tensors: set[str] = set()  # its float32 tensors, where it is quantized
         self.int8_units: set[str] = set()  # integer products and their rescaling: the int8 GEMM kind's to take
         self.original_checks = True  # the input passes the ONNX checker, so the output must too (run)
         self.emit_base: onnx.ModelProto | None = None  # the folded, rewritten graph fused.onnx is built from (_run)
@@ -522,12 +525,15 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
                         "classifiers_as_convs": classifiers_as_convs(work, static)}
         self.report["rewrites"] = rewrites
         self.quantized = quantized_nodes(work.graph)
+        self.quantized_graph = work.graph
         self.int8_units = integer_product_units(work.graph) | qdq_conv_units(work.graph) | \
             qdq_matmul_units(work.graph)
         if rewrites.get("unary_through_concats"):
             self.report["merged_nodes"] += eliminate_common_subexpressions(work)
         self.emit_base = work  # the folded graph as it is: what fused.onnx is built from
         work = _infer(work) if any(isinstance(v, int) and v for v in rewrites.values()) else inferred
+        if self.quantized:  # which tensors are float: what a region of quantization steps may read and write
+            self.float_tensors = {n for n, t in tensor_info(work).items() if t.dtype == "float32"}
         _complete_output_types(self.emit_base, work)
         self.report["timings"]["load_fold_infer_s"] = time.perf_counter() - t
 

@@ -9,12 +9,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from fresh_process import run_written
 from onnx import TensorProto, helper, numpy_helper
 from onnxopt.cli.main import main
 from onnxopt.codegen.target import parse_target
@@ -82,30 +82,10 @@ def original_output(src, feeds):
     return ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
-FRESH = """
-import json, sys
-import numpy as np
-import onnxopt.runtime as rt
-from onnxopt.runtime.kernel_calls import kernel_calls
-model, x, out = sys.argv[1:4]
-s = rt.InferenceSession(model)
-lib = rt.registered_library(s, loadable=True)
-assert lib, "the loader did not register the library"
-np.save(out, s.run(None, {"x": np.load(x)})[0])
-chk = rt.check_library(model)
-print(json.dumps({"calls": sum(kernel_calls(lib).values()), "precision": chk.precision,
-                  "detail": chk.precision_detail}))
-"""
-
-
 def run_fresh(model_path, feeds, tmp_path) -> tuple[np.ndarray, dict]:
     """The written model in a new process through the public loader: its output and what the loader reported."""
-    np.save(tmp_path / "x.npy", feeds["x"])
-    r = subprocess.run([sys.executable, "-c", FRESH, str(model_path), str(tmp_path / "x.npy"),
-                        str(tmp_path / "got.npy")], check=False, capture_output=True, text=True, cwd=str(tmp_path),
-                       timeout=120)
-    assert r.returncode == 0, r.stderr
-    return np.load(tmp_path / "got.npy"), json.loads(r.stdout.strip().splitlines()[-1])
+    got, loader = run_written(model_path, feeds["x"], tmp_path)
+    return got, dict(loader, calls=sum(loader["calls"].values()))
 
 
 def within_bf16_tolerance(want, got) -> bool:

@@ -8,14 +8,13 @@ say why."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from fresh_process import run_written
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxopt
@@ -78,22 +77,6 @@ def reference(params, x, lowered):
     return h[None]
 
 
-FRESH = """
-import json, sys
-import numpy as np
-import onnxopt.runtime as rt
-from onnxopt.runtime.kernel_calls import kernel_calls
-model, x, out = sys.argv[1:4]
-s = rt.InferenceSession(model)
-lib = rt.registered_library(s, loadable=True)
-assert lib, "the loader did not register the library"
-np.save(out, s.run(None, {"x": np.load(x)})[0])
-calls = kernel_calls(lib)
-chk = rt.check_library(model)
-print(json.dumps({"calls": {k: v for k, v in calls.items() if v}, "precision": chk.precision}))
-"""
-
-
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     d = tmp_path_factory.mktemp("conv_bf16")
@@ -117,13 +100,7 @@ def test_bf16_convolutions_run_in_a_fresh_process(written):
     assert {"c2", "c3", "c4", "c5", "c6"} <= lowered and "c1" not in lowered
     assert any(e["nodes"][0] == "c1" and "mostly padding" in e["reason"] for e in p["float32_regions"])
     assert res.report["verification"]["ok"] and res.report["fallback_verification"]["ok"]
-    d = written["dir"]
-    np.save(d / "x.npy", written["x"])
-    r = subprocess.run([sys.executable, "-c", FRESH, out, str(d / "x.npy"), str(d / "got.npy")],
-                       capture_output=True, text=True, timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
-    loader = json.loads(r.stdout.strip().splitlines()[-1])
-    got = np.load(d / "got.npy")
+    got, loader = run_written(out, written["x"], written["dir"])
     assert loader["precision"] == "bf16"
     # the kernels ran (in one Sequence op), not the function bodies: those multiply float32 inputs, which the tight
     # check below tells apart

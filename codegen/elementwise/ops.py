@@ -295,6 +295,31 @@ def _cast(b, args, dts, op):
     return x
 
 
+def _to_float(b, x, dt):
+    """An int8 or uint8 vector as float32 (exact)."""
+    f = vec("float32", x.type.count)
+    return b.sitofp(x, f) if is_signed(dt) else b.uitofp(x, f)
+
+
+def _dequantize(b, args, dts, op):
+    """(x - zero point) * scale, as DequantizeLinear: the difference is exact in float32."""
+    x, scale, zero_point = args
+    return b.fmul(b.fsub(_to_float(b, x, dts[0]), _to_float(b, zero_point, dts[2])), scale)
+
+
+def _quantize(b, args, dts, op):
+    """x / scale (a division, as onnxruntime's quantizer: a multiply by the reciprocal is off by a step at 0.5% of
+    values), rounded half to even, plus the zero point, saturated to the type; NaN gives the type's least value."""
+    x, scale, zero_point = args
+    info = np.iinfo(op.dtype)
+    q = b.fadd(unary(b, "roundeven", b.fdiv(x, scale)), _to_float(b, zero_point, dts[2]))
+    lo, hi = _k(q, info.min), _k(q, info.max)
+    q = b.select(b.fcmp_unordered("<", q, lo), lo, q)  # NaN too
+    q = b.select(b.fcmp_ordered(">", q, hi), hi, q)
+    ty = vec(op.dtype, x.type.count)
+    return b.fptosi(q, ty) if is_signed(op.dtype) else b.fptoui(q, ty)
+
+
 def _compare(pred):
     def lower(b, args, dts, op):
         return _cmp(b, dts[0], pred, args[0], args[1])
@@ -327,4 +352,5 @@ LOWER = {
     "Equal": _compare("=="), "Less": _compare("<"), "Greater": _compare(">"),
     "LessOrEqual": _compare("<="), "GreaterOrEqual": _compare(">="),
     "Not": _not, "And": _logic("and_"), "Or": _logic("or_"), "Xor": _logic("xor"),
+    "DequantizeLinear": _dequantize, "QuantizeLinear": _quantize,
 }

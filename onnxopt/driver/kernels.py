@@ -35,7 +35,8 @@ from onnxopt.tune import search_tile
 from onnxopt.tune.tile_search import kernel_tolerance
 from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, LOW_PRECISION_TOLERANCE, Tolerance, compare
 from onnxopt.driver.precision import is_lowered
-from onnxopt.driver.policy import COLD_REGION_BYTES, SETTLED_BEYOND, ALONE_CHECK_S, _machine, custom_ops
+from onnxopt.driver.policy import (COLD_REGION_BYTES, SETTLED_BEYOND, ALONE_CHECK_S, _machine, custom_ops,
+                                   runs_quantized_units)
 
 
 class KernelStage:
@@ -448,8 +449,13 @@ class KernelStage:
                     # its passthrough nodes to fall back on (fusion/blocked_copy.py); without sequences it is judged
                     # alone. With them it keeps its neighbours in one sequence, though alone it is hardly faster
                     # than onnxruntime's Concat: only the whole model shows that.
+                    # So is a quantized model's unit run whole (an int8 convolution, a QDQ Add) with sequences: its
+                    # time at these sizes is mostly a node's overhead, which a sequence of its neighbours saves
+                    # (PP-OCR cls QDQ: 0.838 -> 0.765 ms with the units slower alone kept), and the drop trials
+                    # remove the kinds that lose in the model.
                     chained = ((blocked_inputs(r) or blocked_outputs(r)) and r.copy is None) or \
-                        (r.copy is not None and self.opts.sequences)
+                        (r.copy is not None and self.opts.sequences) or \
+                        (self.opts.sequences and bool(self.quantized) and runs_quantized_units(r))
                     # Blocks of 4 ms, not 10: a chain's kernel is timed three blocks a side, and NASNet-A's 200
                     # checks took 14 s with 10 ms blocks.
                     # A kernel judged alone stops timing once it is far from the bar either way (SETTLED_BEYOND):

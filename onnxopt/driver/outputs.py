@@ -19,16 +19,16 @@ from onnxopt.emit.sequence import make_sequences
 from onnxopt.errors import InputError, OnnxoptError, VerificationError
 from onnxopt.fusion.region import Region
 from onnxopt.graph.large import check_model
+from onnxopt.graph.quantized import steps_region_refusal
 from onnxopt.graph.bindings import candidates, needs_input_message, user_bindings
 from onnxopt.graph.load import measure_bindings, write_model
 from onnxopt.graph.publish import LIBRARY_SUFFIX, Staging, create_new
 from onnxopt.timing import make_session, session_options, time_interleaved
 from onnxopt.verify import Tolerance, compare, make_inputs
-from onnxopt.driver.policy import WHOLE_MODEL_MARGIN, offline_split, _op_counts
+from onnxopt.driver.policy import INT8_FAMILIES, WHOLE_MODEL_MARGIN, offline_split, runs_quantized_units, _op_counts
 from onnxopt.driver.result import Result
 from onnxopt.driver.precision import is_lowered, kernel_path, low_precision_tolerance, precision_cost, worst_error
 
-INT8_FAMILIES = ("qmatmul", "qconv")  # kinds that run quantized units whole (graph/quantized.py)
 WRITTEN_TIME_S = 0.5  # seconds timing the written model against the original (report["written_timing"])
 
 
@@ -219,9 +219,14 @@ class OutputStage:
             guarded = beside_int8_units - set(r.params.runs_as_onnxruntime()) if r.params.family in INT8_FAMILIES \
                 else self.quantized
             if any((n.output[0] if n.output else n.name) in guarded for n in r.nodes):
-                if not r.rejected:
+                steps = r.params.family == "elementwise" and runs_quantized_units(r)
+                why = steps_region_refusal(self.quantized_graph, self.quantized, self.float_tensors, r.nodes,
+                                           r.inputs, r.outputs) if steps else "not the whole unit"
+                if why is None:  # a QDQ elementwise unit taken whole, its steps computed as the spec's
+                    out.append(r)
+                elif not r.rejected:
                     self._reject(r, "part of a quantized pattern that onnxruntime runs as an int8 kernel "
-                                    "(QDQ node unit or integer MatMul rescaling)")
+                                    f"(QDQ node unit or integer MatMul rescaling): {why}")
             else:
                 out.append(r)
         return out

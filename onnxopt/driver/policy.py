@@ -11,6 +11,7 @@ import onnx
 
 from onnxopt.emit.model import DOMAIN
 from onnxopt.kinds import KINDS
+from onnxopt.fusion.elementwise_ops import QUANTIZERS
 from onnxopt.fusion.layout import blocked_inputs, blocked_outputs
 from onnxopt.fusion.region import Region
 
@@ -72,6 +73,16 @@ INLINE_REACH = 4  # report FLOPs per glue-counted FLOP at most (Winograd F(4x4, 
 PLANS_BY_FUSION = ("afusion", "afusion-chains", "horizontal", "compute-blocked", "compute", "compute-dense", "pool",
                    "elementwise")
 # Whole-graph plans, timed against each other (see _Optimizer._run).
+INT8_FAMILIES = ("qmatmul", "qconv")  # kinds that run quantized units whole (graph/quantized.py)
+
+
+def runs_quantized_units(region: Region) -> bool:
+    """A region that runs a quantized model's units whole: an int8 kind's, or an elementwise kernel with quantization
+    steps (a QDQ Add, Mul, HardSigmoid...)."""
+    return region.params.family in INT8_FAMILIES or (
+        region.params.family == "elementwise" and any(n.op_type in QUANTIZERS for n in region.nodes))
+
+
 PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "horizontal", "pool", "elementwise")
 FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy") + tuple(k.name for k in KINDS)
 

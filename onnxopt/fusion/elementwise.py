@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from onnxopt.annotate.shapes import tensor_info
 
 from . import batchnorm
-from .elementwise_ops import SUPPORTED
+from .elementwise_ops import QUANTIZERS, SUPPORTED
 from .graph_index import GraphIndex
 from .region import EwOp, EwProgram, Region, Value
 
@@ -139,6 +139,26 @@ class ElementwiseRule:
                     return "Clip bounds are not scalars"
         if node.op_type == "Gelu" and self.opset < 20:
             return "Gelu below opset 20"
+        if node.op_type in QUANTIZERS:
+            return self._quantizer_refusal(node)
+        return None
+
+    def _quantizer_refusal(self, node: onnx.NodeProto) -> str | None:
+        """A DequantizeLinear or QuantizeLinear joins as one step of one scale: a scalar float32 scale and an int8
+        or uint8 zero point (or none), both constant; per-channel and blocked quantization stay onnxruntime's."""
+        ints = ("uint8", "int8")
+        if node.op_type == "DequantizeLinear" and self.dtype_of(node.output[0]) != "float32":
+            return "DequantizeLinear to a type other than float32"
+        if node.op_type == "QuantizeLinear" and self.dtype_of(node.output[0]) not in ints:
+            return "QuantizeLinear to a type other than int8 or uint8"
+        if len(node.input) < 2 or self.scalar_const(node.input[1]) is None or \
+                self.scalar_const(node.input[1])[1] != "float32":
+            return "its scale is not one constant float32"
+        zp = node.input[2] if len(node.input) > 2 else ""
+        if zp and (self.scalar_const(zp) is None or self.scalar_const(zp)[1] not in ints):
+            return "its zero point is not one constant int8 or uint8"
+        if (_attr(node, "block_size", 0) or 0) != 0:
+            return "blocked quantization"
         return None
 
     # ---- grouping ----
@@ -149,6 +169,23 @@ class ElementwiseRule:
         ok = {i for i, n in enumerate(idx.nodes) if i not in exclude and self.admits(n) is None}
         group_of: dict[int, int] = {}
         groups: dict[int, _Group] = {}
+
+        def link(p: int, i: int) -> None:
+            a, b = group_of[p], group_of[i]
+            if a == b:
+                return
+            merged = groups[a].merge(groups[b], idx, MAX_INPUTS, MAX_OPS)
+            if merged is None:
+                return
+            keep, drop = (a, b) if merged is groups[a] else (b, a)
+            for m in groups[drop].members:
+                group_of[m] = keep
+            del groups[drop]
+
+        # A QuantizeLinear -> DequantizeLinear edge is linked last: the DequantizeLinear first joins the unit that
+        # reads it (a residual Add whose other input comes round through a convolution could not join the unit
+        # before it, and would lose its step to that one).
+        steps: list[tuple[int, int]] = []
         for i in sorted(ok):
             shape = self.shape_of(idx.nodes[i].output[0])
             groups[i] = _Group.of(i, idx, self)
@@ -157,19 +194,19 @@ class ElementwiseRule:
                 p = idx.producer.get(x)
                 if p is None or p not in ok or group_of[p] == group_of[i]:
                     continue
-                if self.shape_of(idx.nodes[p].output[0]) != shape:
+                if self.shape_of(idx.nodes[p].output[0]) != shape and not (
+                        len(groups[group_of[p]].members) == 1 and self._broadcast_dequantizer(p, i)):
                     continue
-                a, b = group_of[p], group_of[i]
-                merged = groups[a].merge(groups[b], idx, MAX_INPUTS, MAX_OPS)
-                if merged is None:
+                if idx.nodes[i].op_type == "DequantizeLinear" and idx.nodes[p].op_type == "QuantizeLinear":
+                    steps.append((p, i))
                     continue
-                keep, drop = (a, b) if merged is groups[a] else (b, a)
-                for m in groups[drop].members:
-                    group_of[m] = keep
-                del groups[drop]
+                link(p, i)
+        for p, i in steps:
+            link(p, i)
         groups = {k: g.members for k, g in groups.items()}
         regions = []
         for members in groups.values():
+            members = self._without_quantizer_edges(members)
             if len(members) < self.min_ops:
                 continue
             region = self._make_region(sorted(members))
@@ -179,6 +216,34 @@ class ElementwiseRule:
                 continue
             regions.append(region)
         return regions
+
+    def _without_quantizer_edges(self, members: set[int]) -> set[int]:
+        """The group less the quantization steps at its edges: a DequantizeLinear whose result only leaves it, a
+        QuantizeLinear that only reads what comes in. The region then reads and writes the int8 tensors (a quarter
+        of the bytes), and a QDQ unit it borders (a residual Add's next unit) keeps its own steps."""
+        idx, members = self.index, set(members)
+        changed = True
+        while changed:
+            changed = False
+            for m in sorted(members):
+                node = idx.nodes[m]
+                if node.op_type == "DequantizeLinear":
+                    edge = not any(c in members for c in idx.consumers.get(node.output[0], ()))
+                elif node.op_type == "QuantizeLinear":
+                    edge = idx.producer.get(node.input[0]) not in members
+                else:
+                    continue
+                if edge and len(members) > 1:
+                    members.discard(m)
+                    changed = True
+        return members
+
+    def _broadcast_dequantizer(self, p: int, i: int) -> bool:
+        """A DequantizeLinear that only node i reads, broadcast there (a squeeze-excite block's per-channel scale):
+        it joins i's region and runs in i's iteration space, so its int8 tensor is read broadcast like any input
+        instead of dequantized by a kernel or node of its own."""
+        node, idx = self.index.nodes[p], self.index
+        return node.op_type == "DequantizeLinear" and not idx.is_used_outside(node.output[0], {i})
 
     def _reads(self, node: onnx.NodeProto) -> list[str]:
         """What the node's operations read: a BatchNormalization its data and its scale and shift."""
@@ -240,6 +305,10 @@ class ElementwiseRule:
                 consts[x] = c
             args.append(x)
         attrs = {}
+        if n.op_type in QUANTIZERS and (len(args) < 3 or not args[2]):  # no zero point: zero, of the int type
+            int_type = self.dtype_of(n.input[0] if n.op_type == "DequantizeLinear" else out)
+            consts[f"{out}__zero_point"] = (0, int_type)
+            args = [args[0], args[1], f"{out}__zero_point"]
         if n.op_type == "Pow":
             attrs["exponent"] = float(self.scalar_const(n.input[1])[0])
             args = [n.input[0]]

@@ -27,7 +27,12 @@ SUPPORTED = {
     "Where": ALL, "Cast": ALL,
     "Equal": ALL, "Less": NUMERIC, "Greater": NUMERIC, "LessOrEqual": NUMERIC, "GreaterOrEqual": NUMERIC,
     "Not": BOOL, "And": BOOL, "Or": BOOL, "Xor": BOOL,
+    # Per-tensor quantization steps of a QDQ model (scalar constant scale and zero point): DequantizeLinear's int8
+    # input to float32 and QuantizeLinear's float32 to int8, computed as the spec and onnxruntime's quantizer do
+    # (x / scale, rounded half to even, plus the zero point, saturated; NaN to the type's least value).
+    "DequantizeLinear": {"uint8", "int8"}, "QuantizeLinear": F32,
 }
+QUANTIZERS = frozenset({"DequantizeLinear", "QuantizeLinear"})
 
 # Ops whose cost is more than a few instructions per element (they count as "math" in the cost estimate).
 TRANSCENDENTAL = {"Sigmoid", "Tanh", "Erf", "Exp", "Log", "Softplus", "Mish", "Gelu", "Elu", "Selu", "Celu"}

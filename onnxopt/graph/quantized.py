@@ -81,6 +81,34 @@ def quantized_nodes(graph: onnx.GraphProto) -> set[str]:
     return keep
 
 
+def steps_region_refusal(graph: onnx.GraphProto, quantized: set[str], float_names: set[str], nodes: list,
+                         inputs: list[str], outputs: list[str]) -> str | None:
+    """For a region that runs quantization steps itself (an elementwise kernel holding DequantizeLinear and
+    QuantizeLinear: a QDQ Add, Mul, HardSigmoid... unit run whole, in the spec's float arithmetic): None when it
+    takes its units whole, so every unit left to onnxruntime keeps its pattern; else why not. `quantized`: the
+    nodes of quantized patterns by first output (quantized_nodes); `float_names`: the float tensors.
+    - A float input must come from outside the quantized patterns (a graph input, a float op): a float made by a
+      unit's op would lose that unit's QuantizeLinear to the region.
+    - A float output must not be read by a quantized node outside the region: a unit's op reads its
+      DequantizeLinear's result, which the region would then hide."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    consumers = _consumers(graph)
+
+    def key(n):
+        return n.output[0] if n.output else n.name
+
+    inside = {key(n) for n in nodes}
+
+    for x in inputs:
+        p = producer.get(x)
+        if x in float_names and p is not None and key(p) in quantized:
+            return f"its float input {x} comes from {p.op_type}, part of a quantized unit it does not take whole"
+    for o in outputs:
+        if o in float_names and any(key(c) not in inside and key(c) in quantized for c in consumers.get(o, ())):
+            return f"its float output {o} is read by a quantized unit it does not take whole"
+    return None
+
+
 def integer_product_units(graph: onnx.GraphProto) -> set[str]:
     """The integer products (MatMulInteger, ConvInteger) and the elementwise rescaling after each (Cast -> Mul ->
     Add ..., up to _RESCALE_DEPTH ops), by first output."""
@@ -171,34 +199,43 @@ def qdq_matmul_units(graph: onnx.GraphProto) -> set[str]:
 
 
 def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
-    """Give every convolution, matmul and Gemm of a QDQ unit DequantizeLinear nodes of its own (in place): a copy of
-    each one it reads that another node reads too (a block's input that the residual Add also dequantizes, a layer's
-    input that Q, K and V's projections share; equal zero biases that common-subexpression elimination merged) or
-    reads through Identity nodes. The same tensors, so the same results; a unit is then whole, for the int8 kinds
-    and for onnxruntime alike (onnxruntime's EnsureUniqueDQForNodeUnit does the same). Returns how many copies were
-    made."""
+    """Give QDQ units DequantizeLinear nodes of their own (in place), as onnxruntime's EnsureUniqueDQForNodeUnit
+    does: every convolution, matmul and Gemm a copy of each one it reads that another node reads too (a block's
+    input that the residual Add also dequantizes, a layer's input that Q, K and V's projections share; equal zero
+    biases that common-subexpression elimination merged) or reads through Identity nodes; every other reader of a
+    shared one (a residual Add, a squeeze-excite Mul, a pool) but the first a copy too, so a unit that one of our
+    elementwise kernels runs whole leaves the others theirs. The same tensors, so the same results; a unit is then
+    whole, for our kinds and for onnxruntime alike. Returns how many copies were made."""
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output if o}
     consumers = _consumers(graph)
     outputs = {o.name for o in graph.output}
     nodes, made = [], 0
+    kept: set[str] = set()  # shared dequantized tensors whose node a first reader other than a product keeps
     for n in graph.node:
-        if n.op_type in ("Conv", "MatMul", "Gemm") and n.domain in ("", "ai.onnx") and n.output:
-            for k, x in enumerate(n.input):
-                p, hops = producer.get(x), 0
-                while p is not None and p.op_type == "Identity" and p.input:  # exporters' DQ -> Identity -> Conv
-                    p, hops = producer.get(p.input[0]), hops + 1
-                if p is None or p.op_type != "DequantizeLinear":
-                    continue
-                if not hops and len(consumers.get(x, [])) < 2 and x not in outputs:
-                    continue
-                copy = onnx.NodeProto()
-                copy.CopyFrom(p)
-                copy.name = f"{p.name or x}__for_{n.output[0]}"
-                copy.output[0] = f"{x}__for_{n.output[0]}"
-                n.input[k] = copy.output[0]
-                nodes.append(copy)
-                made += 1
+        if not n.output:
+            nodes.append(n)
+            continue
+        product = n.op_type in ("Conv", "MatMul", "Gemm") and n.domain in ("", "ai.onnx")
+        for k, x in enumerate(n.input):
+            p, hops = producer.get(x), 0
+            while product and p is not None and p.op_type == "Identity" and p.input:  # exporters' DQ -> Identity -> Conv
+                p, hops = producer.get(p.input[0]), hops + 1
+            if p is None or p.op_type != "DequantizeLinear":
+                continue
+            shared = len(consumers.get(x, [])) >= 2 or x in outputs
+            if not hops and not shared:
+                continue
+            if not product and x not in kept and x not in outputs:
+                kept.add(x)
+                continue
+            copy = onnx.NodeProto()
+            copy.CopyFrom(p)
+            copy.name = f"{p.name or x}__for_{n.output[0]}"
+            copy.output[0] = f"{x}__for_{n.output[0]}"
+            n.input[k] = copy.output[0]
+            nodes.append(copy)
+            made += 1
         nodes.append(n)
     if made:
         del graph.node[:]

@@ -159,3 +159,70 @@ def test_where_with_bool_condition(tmp_path, target):
     feeds = {"x": rng.standard_normal((4, 1, 23)).astype(np.float32),
              "y": rng.standard_normal((3, 1)).astype(np.float32)}
     assert_close(*run_both(model, fused, lib, feeds))
+
+
+@pytest.mark.parametrize("out_type", ["uint8", "int8", "default"])
+def test_quantized_chain_steps_exact(out_type, tmp_path, target):
+    """A QDQ model's elementwise unit as one kernel: DequantizeLinear of a uint8 and an int8 tensor (one without a zero
+    point), Add, HardSigmoid, Mul, QuantizeLinear. Every step as the spec's (onnxruntime without its int8 fusions):
+    bit-exact, the halfway cases rounded to even and NaN to the type's least value included."""
+    s = lambda v, name, dt=np.float32: numpy_helper.from_array(np.array(v, dt), name)  # noqa: E731
+    q_args = ["m", "sq"] + ([] if out_type == "default" else ["zq"])
+    zq = np.array(7 if out_type == "uint8" else -5, "uint8" if out_type == "uint8" else "int8")
+    inits = [s(0.05, "sa"), s(131, "za", np.uint8), s(0.0731, "sb"), s(0.0123457, "sq"),
+             numpy_helper.from_array(zq, "zq"), s(2.0, "two")]
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["fa"]),
+             helper.make_node("DequantizeLinear", ["b", "sb"], ["fb"]),
+             helper.make_node("Add", ["fa", "fb"], ["sum"]),
+             helper.make_node("HardSigmoid", ["sum"], ["h"], alpha=0.3),
+             helper.make_node("Div", ["sum", "two"], ["half"]),
+             helper.make_node("Mul", ["half", "h"], ["m"]),
+             helper.make_node("QuantizeLinear", q_args, ["y"])]
+    y_type = TensorProto.UINT8 if out_type != "int8" else TensorProto.INT8
+    model = make_model(nodes, [helper.make_tensor_value_info("a", TensorProto.UINT8, [2, 8, 33]),
+                               helper.make_tensor_value_info("b", TensorProto.INT8, [8, 1])],
+                       [helper.make_tensor_value_info("y", y_type, [2, 8, 33])], inits, opset=13)
+    fused, lib, regions = fuse(model, tmp_path, target=target)
+    assert len(regions) == 1 and regions[0].program.ops[0].op == "DequantizeLinear"
+    assert regions[0].program.ops[-1].op == "QuantizeLinear"
+    rng = np.random.default_rng(4)
+    feeds = {"a": rng.integers(0, 256, (2, 8, 33)).astype(np.uint8), "b": rng.integers(-128, 128, (8, 1)).astype(np.int8)}
+    want, got = run_both(model, fused, lib, feeds)
+    assert_close(want, got)
+
+    # QuantizeLinear alone on the values that decide its rounding: halfway cases, NaN, infinities, the range's ends.
+    steps = np.arange(-300, 300, dtype=np.float32)
+    x = np.concatenate([(steps + 0.5) * np.float32(0.0123457), steps * np.float32(0.0123457),
+                        rng.standard_normal(500).astype(np.float32) * 4,
+                        np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)]).astype(np.float32)
+    q_model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sub", ["x", "r"], ["n"]),
+                          helper.make_node("Add", ["n", "r"], ["back"]),  # x again, through two ops: min_ops
+                          helper.make_node("QuantizeLinear", ["back"] + q_args[1:], ["y"])],
+                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [x.size])],
+                         [helper.make_tensor_value_info("y", y_type, [x.size])], inits, opset=13)
+    (tmp_path / "q").mkdir()
+    fused, lib, regions = fuse(q_model, tmp_path / "q", target=target)
+    assert len(regions) == 1 and regions[0].program.ops[-1].op == "QuantizeLinear"
+    want, got = run_both(q_model, fused, lib, {"x": x})
+    assert_close(want, got)
+
+
+def test_quantizer_refusals():
+    """Per-channel scales and a scale that is not constant stay onnxruntime's, with a reason."""
+    import onnx
+
+    from onnxopt.fusion.elementwise import ElementwiseRule
+
+    vi = helper.make_tensor_value_info
+    inits = [numpy_helper.from_array(np.array([0.1, 0.2, 0.3], np.float32), "per_channel"),
+             numpy_helper.from_array(np.array(0.1, np.float32), "s")]
+    cases = [(helper.make_node("DequantizeLinear", ["x", "per_channel"], ["y"], axis=1), "its scale"),
+             (helper.make_node("DequantizeLinear", ["x", "scale_in"], ["y"]), "its scale")]
+    for node, why in cases:
+        m = make_model([node], [vi("x", TensorProto.UINT8, [2, 3]), vi("scale_in", TensorProto.FLOAT, [])],
+                       [vi("y", TensorProto.FLOAT, [2, 3])], inits, opset=13)
+        rule = ElementwiseRule(onnx.shape_inference.infer_shapes(m))
+        assert why in rule.admits(m.graph.node[0])
+    ok = make_model([helper.make_node("DequantizeLinear", ["x", "s"], ["y"])], [vi("x", TensorProto.INT8, [2, 3])],
+                    [vi("y", TensorProto.FLOAT, [2, 3])], inits, opset=13)
+    assert ElementwiseRule(onnx.shape_inference.infer_shapes(ok)).admits(ok.graph.node[0]) is None

@@ -188,7 +188,8 @@ def test_a_model_written_unchanged_keeps_its_declared_input_dims(tmp_path):
 
 def test_each_qdq_convolution_gets_dequantizers_of_its_own(quantized):
     """A DequantizeLinear that a convolution shares with another reader, or reads through Identity nodes, is copied
-    for it (dedicate_unit_dequantizers): the same values, and every convolution a whole QDQ unit."""
+    for it (dedicate_unit_dequantizers): the same values, and every convolution a whole QDQ unit. So is one that two
+    other readers share (the model's Mul and the op after it), for all of them but the first."""
     model = onnx.load(quantized / "qdq.onnx")
     conv = next(n for n in model.graph.node if n.op_type == "Conv")
     dq = next(n for n in model.graph.node if n.output[0] == conv.input[0])
@@ -200,9 +201,12 @@ def test_each_qdq_convolution_gets_dequantizers_of_its_own(quantized):
     conv.input[1] = "w_via"
     x = np.random.default_rng(4).standard_normal((1, 8, 16, 16)).astype(np.float32)
     before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    assert dedicate_unit_dequantizers(model) == 2
+    assert dedicate_unit_dequantizers(model) == 3  # the conv's input and weights, and the Mul's shared input
     producer = {o: n for n in model.graph.node for o in n.output}
     readers = Counter(i for n in model.graph.node for i in n.input)
+    outputs = {o.name for o in model.graph.output}
+    assert all(readers[n.output[0]] == 1 for n in model.graph.node if n.op_type == "DequantizeLinear"
+               and n.output[0] not in outputs)
     for c in (n for n in model.graph.node if n.op_type == "Conv"):
         for i in c.input:
             assert producer[i].op_type == "DequantizeLinear" and readers[i] == 1

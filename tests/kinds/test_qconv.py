@@ -9,8 +9,8 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, grouping, qdq_conv_model,
-                         quantized_cnn)
+from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, drop_shapes, grouping,
+                         qdq_conv_model, quantized_cnn)
 from kind_harness import fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
@@ -113,6 +113,23 @@ def test_qdq_unit_requantizes_as_qlinearconv_on_drawn_shapes(tmp_path_factory, c
     alone = make_session(fused, 1, optimization="none").run(None, feeds)[0]  # the fallback's DQ -> Conv -> Q
     plain = make_session(model, 1, optimization="none").run(None, feeds)[0]
     np.testing.assert_array_equal(alone, plain)
+
+
+def test_unit_of_unknown_shape_is_refused_with_a_reason(tmp_path):
+    """A QDQ convolution whose input's shape inference cannot give (a recognizer's neck reshapes by computed shapes)
+    has no feeds to be checked and timed with: refused with a reason, not a crash of the optimizer."""
+    from onnxopt.kinds.qconv.find import find_regions
+
+    rng = np.random.default_rng(8)
+    weights = {"w": (rng.standard_normal((8, 4, 3, 3)) * 0.1).astype(np.float32)}
+    quantized_cnn(str(tmp_path), [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], weights,
+                  (1, 4, 10, 10), rng)
+    q = onnx.load(tmp_path / "q.onnx")
+    del q.graph.value_info[:]
+    drop_shapes(q, {"x", "y"})
+    rejected: list[dict] = []
+    assert find_regions(q, set(), rejected) == []
+    assert any("shape is unknown" in r["reason"] for r in rejected), rejected
 
 
 def test_quantize_static_model_is_fused_and_close_to_onnxruntime(tmp_path):

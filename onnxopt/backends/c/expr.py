@@ -178,6 +178,12 @@ def expression(op: EwOp, args: list[str], dts: list[str]) -> str:
     if name in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
         sym = {"Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=", "GreaterOrEqual": ">="}[name]
         return f"({args[0]} {sym} {args[1]})"
+    if name == "DequantizeLinear":  # (x - zero point) * scale: the difference is exact
+        return f"((float)((int32_t){x} - (int32_t){args[2]}) * {args[1]})"
+    if name == "QuantizeLinear":  # x / scale rounded half to even, plus the zero point, saturated; NaN: the least
+        lo, hi = (-128, 127) if op.dtype == "int8" else (0, 255)
+        q = f"(rintf({x} / {args[1]}) + (float){args[2]})"
+        return f"(({C_TYPE[op.dtype]})(!({q} >= {lo}.0f) ? {lo}.0f : ({q} > {hi}.0f ? {hi}.0f : {q})))"
     if name == "Not":
         return f"(!{x})"
     if name in ("And", "Or", "Xor"):
@@ -189,7 +195,8 @@ def expression(op: EwOp, args: list[str], dts: list[str]) -> str:
 OPS = ("Add", "Sub", "Mul", "Div", "Neg", "Abs", "Sign", "Relu", "LeakyRelu", "Elu", "Celu", "Selu",
        "ThresholdedRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Sqrt", "Floor", "Ceil",
        "Round", "Softplus", "Softsign", "Mish", "Gelu", "Reciprocal", "Pow", "Clip", "Min", "Max", "Identity",
-       "Where", "Cast", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor")
+       "Where", "Cast", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor",
+       "DequantizeLinear", "QuantizeLinear")
 
 
 def body(prog: EwProgram, read) -> tuple[list[str], dict[str, str]]:

@@ -236,6 +236,10 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
             x_i, x_dq = rule.producer(node.input[0])
             if x_dq is None or x_dq.op_type != "DequantizeLinear":
                 continue  # a float convolution: the compute rule's
+        if rule.ew.shape_of(node.input[0]) is None or rule.ew.shape_of(node.output[0]) is None:
+            # (a recognizer's neck reshapes by computed shapes): no feeds to check and time it with
+            found = "its input's or output's shape is unknown"
+        elif node.op_type == "Conv":
             found = _qdq_region(rule, i, claimed)
         elif node.op_type == "QLinearConv":
             found = _qlinear_region(rule, i, claimed)
