@@ -186,6 +186,7 @@ class ElementwiseRule:
         # reads it (a residual Add whose other input comes round through a convolution could not join the unit
         # before it, and would lose its step to that one).
         steps: list[tuple[int, int]] = []
+        broadcast: set[int] = set()  # DequantizeLinear nodes run in a larger iteration space than their own
         for i in sorted(ok):
             shape = self.shape_of(idx.nodes[i].output[0])
             groups[i] = _Group.of(i, idx, self)
@@ -194,15 +195,17 @@ class ElementwiseRule:
                 p = idx.producer.get(x)
                 if p is None or p not in ok or group_of[p] == group_of[i]:
                     continue
-                if self.shape_of(idx.nodes[p].output[0]) != shape and not (
-                        len(groups[group_of[p]].members) == 1 and self._broadcast_dequantizer(p, i)):
-                    continue
+                if self.shape_of(idx.nodes[p].output[0]) != shape:
+                    if not (len(groups[group_of[p]].members) == 1 and self._broadcast_dequantizer(p, i)):
+                        continue
+                    broadcast.add(p)
                 if idx.nodes[i].op_type == "DequantizeLinear" and idx.nodes[p].op_type == "QuantizeLinear":
                     steps.append((p, i))
                     continue
                 link(p, i)
         for p, i in steps:
-            link(p, i)
+            if i not in broadcast:  # else its region's shape is not the QuantizeLinear's
+                link(p, i)
         groups = {k: g.members for k, g in groups.items()}
         regions = []
         for members in groups.values():

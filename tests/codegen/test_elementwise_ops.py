@@ -226,3 +226,29 @@ def test_quantizer_refusals():
     ok = make_model([helper.make_node("DequantizeLinear", ["x", "s"], ["y"])], [vi("x", TensorProto.INT8, [2, 3])],
                     [vi("y", TensorProto.FLOAT, [2, 3])], inits, opset=13)
     assert ElementwiseRule(onnx.shape_inference.infer_shapes(ok)).admits(ok.graph.node[0]) is None
+
+
+def test_broadcast_dequantizer_keeps_its_quantizer_apart(tmp_path, target):
+    """A QuantizeLinear -> DequantizeLinear pair whose DequantizeLinear is broadcast into a larger op (an attention
+    mask's Where, quantized, added to the scores): the DequantizeLinear joins the larger region and the small
+    region keeps its QuantizeLinear, so no region mixes two iteration spaces (MiniLM's QDQ export made one)."""
+    s = lambda v, name, dt=np.float32: numpy_helper.from_array(np.array(v, dt), name)  # noqa: E731
+    inits = [s(0.05, "sm"), s(10, "zm", np.uint8), s(0.1, "ss"), s(128, "zs", np.uint8), s(0.2, "so"),
+             s(100, "zo", np.uint8), s(-1.0, "neg"), s(0.5, "half")]
+    nodes = [helper.make_node("Not", ["keep"], ["drop"]),
+             helper.make_node("Where", ["drop", "neg", "half"], ["bias"]),
+             helper.make_node("QuantizeLinear", ["bias", "sm", "zm"], ["bias_q"]),
+             helper.make_node("DequantizeLinear", ["bias_q", "sm", "zm"], ["bias_f"]),
+             helper.make_node("DequantizeLinear", ["scores", "ss", "zs"], ["scores_f"]),
+             helper.make_node("Add", ["scores_f", "bias_f"], ["sum"]),
+             helper.make_node("QuantizeLinear", ["sum", "so", "zo"], ["y"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("keep", TensorProto.BOOL, [1, 1, 1, 8]),
+                               helper.make_tensor_value_info("scores", TensorProto.UINT8, [1, 2, 8, 8])],
+                       [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 2, 8, 8])], inits, opset=13)
+    fused, lib, regions = fuse(model, tmp_path, target=target)
+    for r in regions:
+        ops = [o.op for o in r.program.ops]
+        assert not ("Where" in ops and "Add" in ops), ops  # the two iteration spaces stay apart
+    rng = np.random.default_rng(6)
+    feeds = {"keep": rng.random((1, 1, 1, 8)) > 0.5, "scores": rng.integers(0, 256, (1, 2, 8, 8)).astype(np.uint8)}
+    assert_close(*run_both(model, fused, lib, feeds))
