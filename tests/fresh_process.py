@@ -4,6 +4,7 @@ its library's kernel calls counted there, so a test sees that the kernels ran an
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import json, sys
 import numpy as np
 import onnxopt.runtime as rt
 from onnxopt.runtime.kernel_calls import kernel_calls
+from onnxopt.runtime.matrix_engine import amx_status
 model, x, out = sys.argv[1:4]
 s = rt.InferenceSession(model)
 lib = rt.registered_library(s, loadable=True)
@@ -21,15 +23,16 @@ assert lib, "the loader did not register the library"
 np.save(out, s.run(None, {s.get_inputs()[0].name: np.load(x)})[0])
 chk = rt.check_library(model)
 print(json.dumps({"calls": {k: v for k, v in kernel_calls(lib).items() if v}, "precision": chk.precision,
-                  "detail": chk.precision_detail}))
+                  "detail": chk.precision_detail, "amx": amx_status(lib)["state"]}))
 """
 
 
-def run_written(model_path, x: np.ndarray, folder) -> tuple[np.ndarray, dict]:
+def run_written(model_path, x: np.ndarray, folder, env: dict | None = None) -> tuple[np.ndarray, dict]:
     """The model's first output for `x` (its one input) and what the loader said: {"calls": {op type: Compute
-    calls}, "precision", "detail"}."""
+    calls}, "precision", "detail", "amx": whether the AMX tiles ran, or why not}."""
     np.save(folder / "x.npy", x)
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(model_path), str(folder / "x.npy"), str(folder / "got.npy")],
-                       check=False, capture_output=True, text=True, cwd=str(folder), timeout=120)
+                       check=False, capture_output=True, text=True, cwd=str(folder), timeout=120,
+                       env={**os.environ, **(env or {})})
     assert r.returncode == 0, r.stderr
     return np.load(folder / "got.npy"), json.loads(r.stdout.strip().splitlines()[-1])

@@ -16,8 +16,10 @@ import textwrap
 import numpy as np
 import onnx
 import pytest
+from fresh_process import run_written
 from int8_models import matmul_exact, matmul_integer_model
 from kind_harness import fuse_kind
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt.codegen.compile import compile_assembly
 from onnxopt.codegen.instructions import amx as amx_instructions
@@ -25,6 +27,9 @@ from onnxopt.codegen.target import host_cpu_flags, parse_target
 from onnxopt.kinds.qmatmul import KIND
 from onnxopt.kinds.qmatmul import amx
 from onnxopt.kinds.qmatmul.find import pack
+from onnxopt.measure import exact_integer_reference
+from onnxopt.timing import make_session
+from onnxopt.verify import STEP_BAND
 
 AMX_TARGET = "cpu=x86-64-v4,+avx512vnni,+amx-tile,+amx-int8"
 HAS_AMX = {"amx_tile", "amx_int8"} <= host_cpu_flags()
@@ -192,3 +197,38 @@ def test_optimize_for_an_amx_target_reports_the_instruction_and_the_engine(tmp_p
         assert amx["state"] == "granted" or amx["state"].startswith("refused"), amx
     else:
         assert amx["state"] == "no AMX on this CPU", amx
+
+
+def _qdq_u8_weights(k: int, n: int) -> onnx.ModelProto:
+    """A QDQ MatMul unit whose u8 weights (zero point 30, values 0..255) do not fit s8 less their zero point: the
+    kind stores B - 128 and its tiles add (128 - 30) x the row's sum of (a - za)."""
+    w = np.random.default_rng(9).integers(0, 256, (k, n)).astype(np.uint8)
+    inits = [numpy_helper.from_array(v, name) for name, v in (
+        ("sa", np.array(0.02, np.float32)), ("za", np.array(7, np.uint8)), ("w", w),
+        ("sw", np.array(0.01, np.float32)), ("zw", np.array(30, np.uint8)), ("sy", np.array(2.5, np.float32)),
+        ("zy", np.array(0, np.uint8)))]
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["af"]),
+             helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"]),
+             helper.make_node("MatMul", ["af", "wf"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.UINT8, ["rows", k])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, ["rows", n])], inits)
+    return onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="this CPU has no AVX-512 VNNI (the AMX target's vector tiles)")
+def test_u8_weights_row_term_on_emulated_amx_tiles(tmp_path, monkeypatch):
+    """u8 weights with the row term, on the AMX path (tiles as plain code) and the vector tiles' rows after it, in a
+    fresh process through the public loader: every output the spec's nearest step."""
+    monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
+    model = _qdq_u8_weights(200, 40)
+    fused, _, region, ir_text = fuse_kind(KIND, model, tmp_path, target=parse_target(AMX_TARGET))
+    assert region.params.has_asum and "tile.c0" in ir_text
+    path = tmp_path / "fused.onnx"
+    onnx.save(fused, path)
+    a = np.random.default_rng(2).integers(0, 256, (77, 200)).astype(np.uint8)  # 64 rows on tiles, 13 on vectors
+    got, loader = run_written(path, a, tmp_path, env={"ONNXOPT_EMULATE_TILES": "1"})
+    assert sum(loader["calls"].values()) == 1 and loader["amx"] == "emulated", loader
+    steps = make_session(exact_integer_reference(model), 1, optimization="none").run(None, {"a": a})[0]
+    assert np.abs(got.astype(np.float64) - steps).max() <= 0.5 + STEP_BAND
+    assert np.ptp(got) > 50  # not a saturated or constant output

@@ -1,8 +1,8 @@
 """u8 weights with a zero point in QDQ convolutions (issue 46, item 4): the quantizer's form for a Paddle export,
 whose weights are Constant nodes it quantizes at run time as activations (Constant(float W) -> QuantizeLinear(u8,
 zero point) -> DequantizeLinear -> Conv). The pipeline folds the quantizer (graph/quantized_weights.py) and the
-qconv kind takes the u8 weights exactly: as s8 w - zw where every difference fits in s8, else as s8 w - 128 with the
-(128 - zw) x sum(a) row term. The written model is loaded in a fresh process through the public loader, its kernels
+qconv and qmatmul kinds take the u8 weights exactly: as s8 w - zw where every difference fits in s8, else as s8
+w - 128 with the (128 - zw) x sum(a) row term. The written model is loaded in a fresh process through the public loader, its kernels
 must run (the library's own Compute counts) and its outputs match onnxruntime's on the original model within one
 output step (exactly, against the exact integer sums)."""
 
@@ -50,8 +50,8 @@ CONVS = {
     "shifted": (12, 1, 3, 2, np.uint8(128), False, "shifted", "u8"),
 }
 # Two QDQ MatMuls of the quantized input by B [12, 20] u8: name -> (zero points, the range of the u8 values). The
-# int8 GEMM takes s8 B - zw where it fits ("fits": zero points 118..137 a column, values 10..245) and refuses the
-# rest with its reason ("wide_mm": zero point 30, values 0..255; the row term is the qconv kind's alone).
+# int8 GEMM takes s8 B - zw where it fits ("fits": zero points 118..137 a column, values 10..245), else s8 B - 128
+# with the (128 - zw) x sum(a - za) row term ("wide_mm": zero point 30, values 0..255).
 MATMULS = {
     "fits": (np.arange(118, 138).astype(np.uint8), (10, 245)),
     "wide_mm": (np.uint8(30), (0, 255)),
@@ -166,7 +166,8 @@ def test_signed_weights_are_exact():
 
 def test_the_kind_takes_the_folded_u8_weights():
     """After the fold, each convolution is a qconv region, the report's note saying how its weights were stored;
-    the MatMul whose B - zw fits in s8 is a qmatmul region, the other is refused with its reason."""
+    both MatMuls are qmatmul regions: the one whose B - zw fits in s8 stores that, the other B - 128 with the row
+    term."""
     model = _model()
     assert fold_quantized_weights(model) == len(CONVS) + len(MATMULS) + 1  # the u8 bias's quantizer too
     fold_constants(model)  # the float bias's Constant node, as the pipeline folds it first
@@ -186,10 +187,10 @@ def test_the_kind_takes_the_folded_u8_weights():
         else:
             assert p.has_asum and not p.implicit and "w - 128" in p.weights_note
     rejected = []
-    (mm,) = find_matmul_regions(model, set(), rejected)
-    assert mm.outputs == ["fits_yq"]
-    assert [r["nodes"] for r in rejected] == [["wide_mm_m"]], rejected
-    assert "does not fit in s8" in rejected[0]["reason"], rejected
+    mms = {r.outputs[0]: r.params for r in find_matmul_regions(model, set(), rejected)}
+    assert not rejected, rejected
+    assert set(mms) == {"fits_yq", "wide_mm_yq"}
+    assert not mms["fits_yq"].has_asum and mms["wide_mm_yq"].has_asum
 
 
 CHILD = textwrap.dedent("""
@@ -234,8 +235,8 @@ def test_written_model_runs_u8_weight_kernels_in_a_fresh_process(tmp_path):
     custom = Counter(n.op_type for n in written.graph.node if n.domain == "onnxopt")
     assert sum(v for op, v in custom.items() if op.startswith("qconv_")) == len(CONVS), custom
     assert not any(n.op_type == "Conv" for n in written.graph.node), "a convolution was left to onnxruntime"
-    assert sum(v for op, v in custom.items() if op.startswith("qmatmul_")) == 1, custom
-    assert [n.op_type for n in written.graph.node].count("MatMul") == 1  # "wide_mm", onnxruntime's
+    assert sum(v for op, v in custom.items() if op.startswith("qmatmul_")) == len(MATMULS), custom
+    assert not any(n.op_type == "MatMul" for n in written.graph.node), "a matmul was left to onnxruntime"
 
     feeds = _feeds()
     np.savez(tmp_path / "feeds.npz", **feeds)

@@ -36,6 +36,8 @@ QM_TILE = ArgBlock("qm_tile", [
                                                  "r % extra_rows"),
     Field("qscale", "const float *", comment="QUANT: the panel's a_scale * b_scale / y_scale per column"),
     Field("qbias", "const int32_t *", comment="QUANT with a bias: the panel's int32 bias per column"),
+    Field("asum", "const int32_t *", comment="has_asum: per row of A, the sum of its a - za (rows from 0)"),
+    Field("dvec", "const int32_t *", comment="has_asum: the panel's 128 - zw per column"),
 ], prefix="QM_SLOT_", comment="a qmatmul tile's record (lower.py)")
 
 QM_DESC = Struct("onnxopt_qmatmul_desc", [
@@ -48,6 +50,8 @@ QM_DESC = Struct("onnxopt_qmatmul_desc", [
     Field("has_bias", "int", comment="QUANT: an int32 bias per column is the input after the scales"),
     Field("has_fix", "int", comment="inputs after the column sums: fix offsets [panels + 1], fix entries [count][3], "
                                     "and two tables of the function fallback's that the kernel does not read"),
+    Field("has_asum", "int", comment="QUANT: inputs after the bias: 128 - zw per column (whole panels), and the "
+                                     "function fallback's zero point, which the kernel does not read"),
     Field("n_extra", "int"),
     Field("extra_kind", "int", QM_MAX_EXTRA, "0 POSITION, 1 CHANNEL, 2 COLUMN, 3 SCALAR", partial=True),
     Field("mr", "int"),
@@ -78,6 +82,7 @@ class QMatMulKernelDesc:
     tasks: int = 16  # most tasks a call is split into
     mode: int = 0  # 0 FLOAT, 1 QUANT
     has_bias: bool = False  # QUANT: an int32 bias per column
+    has_asum: bool = False  # QUANT: u8 weights stored as B - 128, with the row term (params.py)
     amx_tiles: list[str] = field(default_factory=list)  # amx_tiles[g - 1]: 16 g rows on AMX (amx.py)
     matrix_instruction: str = ""  # what the AMX tiles run on ("" for none)
     amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
@@ -92,6 +97,7 @@ class QMatMulKernelDesc:
         externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles + self.amx_tiles)
         return f"{externs}{decls}static const onnxopt_qmatmul_desc {prefix}_desc = " + QM_DESC.initializer({
             "sig": sig, "k": self.k, "n": self.n, "panel": PANEL, "has_azp": self.has_azp, "mode": self.mode,
-            "has_bias": self.has_bias, "has_fix": self.has_fix, "n_extra": len(self.extra_kinds),
+            "has_bias": self.has_bias, "has_asum": self.has_asum, "has_fix": self.has_fix,
+            "n_extra": len(self.extra_kinds),
             "extra_kind": list(self.extra_kinds), "mr": self.mr, "tasks": self.tasks,
             "tiles": list(self.tiles), "amx_groups": len(self.amx_tiles), "amx_tiles": list(self.amx_tiles)}) + ";\n"

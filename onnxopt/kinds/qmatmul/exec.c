@@ -9,6 +9,7 @@ typedef struct {
   const int32_t *fix_offsets, *fix_entries;
   const float *qscale;  /* QUANT: per column, padded to whole panels */
   const int32_t *qbias; /* QUANT with a bias: likewise */
+  const int32_t *dvec;  /* has_asum: 128 - zw per column, likewise */
   int64_t rows, panels, mblocks, ptasks, mtasks;
   int64_t block; /* rows a block: 16 x amx_groups on AMX, else mr */
   int amx;       /* the AMX tiles run: the library has them and the CPU and the OS allow them (matrix_engine.c) */
@@ -28,6 +29,7 @@ static void qm_task(void *usr, size_t index) {
     t.colsum = colsum + p * d->panel;
     if (j->qscale) t.qscale = j->qscale + p * d->panel;
     if (j->qbias) t.qbias = j->qbias + p * d->panel;
+    if (j->dvec) t.dvec = j->dvec + p * d->panel;
     t.n0 = p * d->panel;
     t.ncols = d->n - t.n0 < d->panel ? d->n - t.n0 : d->panel;
     if (j->fix_offsets) {
@@ -58,6 +60,22 @@ static void qm_plan(qm_job *j) {
   double ops = 2.0 * (double)j->rows * (double)j->d->n * (double)j->d->k;
   grid_split(ops, QM_TASK_MIN_OPS, j->d->tasks, j->panels, j->mblocks, (double)j->rows, (double)j->d->n, &j->ptasks,
              &j->mtasks);
+}
+
+/* The call's tasks: the row blocks (AMX's where it runs) and the grid of panels x blocks (qm_plan), on ORT's pool. */
+static OrtStatus *qm_run(qm_job *j, OrtKernelContext *ctx) {
+  const onnxopt_qmatmul_desc *d = j->d;
+  j->panels = (d->n + d->panel - 1) / d->panel;
+  j->amx = d->amx_groups > 0 && amx_ok();
+  j->block = j->amx ? 16 * (int64_t)d->amx_groups : d->mr;
+  j->mblocks = (j->rows + j->block - 1) / j->block;
+  qm_plan(j);
+  int64_t tasks = j->ptasks * j->mtasks;
+  if (tasks == 1) {
+    qm_task(j, 0);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, qm_task, (size_t)tasks, 0, j);
 }
 
 static OrtStatus *qmatmul_execute(const onnxopt_qmatmul_desc *d, OrtKernelContext *ctx) {
@@ -97,6 +115,11 @@ static OrtStatus *qmatmul_execute(const onnxopt_qmatmul_desc *d, OrtKernelContex
       CHECK(glue_input(ctx, in++, other, &other_rank, &data));
       j.qbias = (const int32_t *)data;
     }
+    if (d->has_asum) {
+      CHECK(glue_input(ctx, in++, other, &other_rank, &data));
+      j.dvec = (const int32_t *)data;
+      in++; /* the fallback's zero point */
+    }
   }
   j.proto.k4 = d->k / 4;
   j.proto.ldc = d->n;
@@ -122,15 +145,19 @@ static OrtStatus *qmatmul_execute(const onnxopt_qmatmul_desc *d, OrtKernelContex
     CHECK(API(GetTensorMutableData)(out, (void **)&j.proto.out[o]));
   }
   if (j.rows == 0 || d->n == 0) return NULL;
-  j.panels = (d->n + d->panel - 1) / d->panel;
-  j.amx = d->amx_groups > 0 && amx_ok();
-  j.block = j.amx ? 16 * (int64_t)d->amx_groups : d->mr;
-  j.mblocks = (j.rows + j.block - 1) / j.block;
-  qm_plan(&j);
-  int64_t tasks = j.ptasks * j.mtasks;
-  if (tasks == 1) {
-    qm_task(&j, 0);
-    return NULL;
+  int32_t *asum = NULL;
+  if (d->has_asum) { /* each row's sum of a - za, for the tiles' row term: one pass over A */
+    asum = (int32_t *)malloc((size_t)j.rows * sizeof(int32_t));
+    if (!asum) return fail(ORT_FAIL, "onnxopt: qmatmul: out of memory for the row sums");
+    for (int64_t r = 0; r < j.rows; r++) {
+      const uint8_t *row = j.proto.a + r * j.proto.a_rs;
+      int32_t sum = 0;
+      for (int64_t k = 0; k < d->k; k++) sum += row[k];
+      asum[r] = sum - (int32_t)d->k * (int32_t)j.proto.azp;
+    }
+    j.proto.asum = asum;
   }
-  return API(KernelContext_ParallelFor)(ctx, qm_task, (size_t)tasks, 0, &j);
+  OrtStatus *status = qm_run(&j, ctx);
+  free(asum);
+  return status;
 }

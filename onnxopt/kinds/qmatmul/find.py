@@ -240,11 +240,12 @@ def _scalar(rule, name, dtype=None):
 
 
 def _quant_region(rule, i: int, members: list, a: str, za: str | None, w, sw, sa, sy, zy, out: str,
-                  fallback, bias=None, relu: bool = False, alpha: float = 1.0) -> Region | str:
+                  fallback, bias=None, relu: bool = False, alpha: float = 1.0, row_term=None) -> Region | str:
     """The QUANT region of a quantized matmul (a QLinearMatMul, a QGemm or a QDQ unit): B [K, N] packed, the scales
     per column (alpha * a_scale * b_scale / y_scale, in float32 and in that order, as onnxruntime computes
     QLinearMatMul's and QGemm's) made, and `bias` (int32 [N], or None) padded to whole panels; `fallback(the rebuilt
-    B's name)` gives the function body's nodes after B is rebuilt."""
+    B's name)` gives the function body's nodes after B is rebuilt. `row_term`: (128 - zw per column, the body's zero
+    point) for u8 B stored as B - 128 (has_asum), or None."""
     idx = rule.index
     node = idx.nodes[i]
     k, n = w.shape
@@ -266,6 +267,11 @@ def _quant_region(rule, i: int, members: list, a: str, za: str | None, w, sw, sa
         names["qbias"] = f"{uid}__qbias"
         tables["qbias"] = np.zeros(pn * PANEL, np.int32)
         tables["qbias"][:n] = bias
+    if row_term is not None:
+        names["dvec"], names["body_zero"] = f"{uid}__qdvec", f"{uid}__qbody_zero"
+        tables["dvec"] = np.zeros(pn * PANEL, np.int32)
+        tables["dvec"][:n] = row_term[0]
+        tables["body_zero"] = row_term[1]
     out_dtype = "int8" if zy.dtype == np.int8 else "uint8"
     # Not lowered (QUANT's epilogue is lower.py's requantization); it names the output in the op type's signature.
     program = EwProgram(inputs=[Value(uid, "int32")], consts={}, ops=[EwOp("Cast", (uid,), out, out_dtype)],
@@ -274,7 +280,7 @@ def _quant_region(rule, i: int, members: list, a: str, za: str | None, w, sw, sa
     body = _unpack_body(names, k, n, unpacked, rule.ew.opset) + fallback(unpacked)
     params = QMatMulParams(k=k, n=n, has_azp=za is not None, extra_kinds=(), has_fix=has_fix, mode=QUANT,
                            out_signed=zy.dtype == np.int8, out_zero=int(zy), has_bias=bias is not None,
-                           relu=relu, body=tuple(body))
+                           relu=relu, has_asum=row_term is not None, body=tuple(body))
     inputs = [a] + ([za] if za is not None else []) + list(names.values())
     region = Region("qmatmul", [idx.nodes[m] for m in sorted(members)], inputs, [out], program, list(out_shape),
                     params=params)
@@ -395,12 +401,18 @@ def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
         return "B's zero point is not of its type, one per scale"
     w = np.ascontiguousarray(w.T) if transb else w
     # u8 B (or s8 with a zero point, as the quantizer writes a Constant weight it quantized as an activation): the
-    # kernel takes s8 B - zw where every difference fits in s8 (exact); the (128 - zw) x sum(a) row term that the
-    # others need is the qconv kind's alone so far
+    # kernel takes s8 B - zw where every difference fits in s8 (exact), else s8 B - 128 (B - 0 for s8) and its tile
+    # adds (128 - zw) x the row's sum of (a - za) (exact too; the qconv kind's row term); the function body then
+    # dequantizes the stored B with zero point zw - 128
     zw = np.zeros((), w.dtype) if zw is None else zw
     w, _, shifted = signed_weights(w, zw, axis=1)
-    if w.dtype != np.int8:
-        return "B - its zero point does not fit in s8 (u8 weights need a row-sum term the int8 GEMM lacks)"
+    row_term = None
+    if w.dtype != np.int8 or np.any(np.asarray(zw) != 0) and not shifted:
+        shift = 128 if w.dtype == np.uint8 else 0
+        cols = np.broadcast_to(np.asarray(zw, np.int32).reshape(-1), (w.shape[1],))
+        row_term = (shift - cols).astype(np.int32)
+        body_zero = (np.asarray(zw, np.int32) - shift).astype(np.int8)
+        w = (w.astype(np.int32) - shift).astype(np.int8)
     members = [i, a_i, b_i]
     bias = None
     if has_c:
@@ -450,6 +462,8 @@ def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
         bdq.input[0] = unpacked
         if shifted:  # the rebuilt B is s8 B - zw: its zero point is 0
             del bdq.input[2:]
+        elif row_term is not None:  # the rebuilt B is s8 B - 128: its zero point zw - 128
+            bdq.input[2] = f"{node.output[0]}__qbody_zero"
         body.append(bdq)
         for m in sorted(members):
             if m != b_i:
@@ -460,7 +474,7 @@ def _qdq_region(rule, i: int, claimed: set[int]) -> Region | str:
 
     za_name = a_dq.input[2] if len(a_dq.input) > 2 and a_dq.input[2] else None
     return _quant_region(rule, i, members, a, za_name, w, sw, sa, sy, zy, q.output[0], fallback, bias=bias,
-                         relu=relu)
+                         relu=relu, row_term=None if row_term is None else (row_term, body_zero))
 
 
 def _attr(node, name, default):

@@ -42,6 +42,7 @@ MAX_OUT, MAX_EXTRA = QM_MAX_OUT.value, QM_MAX_EXTRA.value
 SLOT_OUT, SLOT_EXTRA, SLOT_EXTRA_ROWS = QM_TILE.index("out"), QM_TILE.index("extra"), QM_TILE.index("extra_rows")
 SLOT_QSCALE = QM_TILE.index("qscale")  # QUANT: the panel's scales per column
 SLOT_QBIAS = QM_TILE.index("qbias")  # QUANT with a bias: the panel's int32 bias per column
+SLOT_ASUM, SLOT_DVEC = QM_TILE.index("asum"), QM_TILE.index("dvec")  # has_asum: the row term's factors
 
 
 def instruction_for(target: Target):
@@ -166,6 +167,15 @@ def finish_rows(b: ir.IRBuilder, slot, params, program, acc: list, rows: list, r
     extras = [slot(SLOT_EXTRA + e, PTR) for e in range(len(params.extra_kinds))]
     extra_rows = [slot(SLOT_EXTRA_ROWS + e) for e in range(len(params.extra_kinds))]
     fty = ir.VectorType(F32, lanes)
+    if params.has_asum:  # u8 weights stored as B - 128: + (128 - zw[col]) x sum over k of (a - za), exact
+        asum, dvec = slot(SLOT_ASUM, PTR), slot(SLOT_DVEC, PTR)
+        dv = [b.load(b.gep(dvec, [ir.Constant(I64, j * lanes)], source_etype=I32), typ=acc_t, align=4)
+              for j in range(nr)]
+        acc = list(acc)
+        for i in range(mi):
+            s = broadcast(b, b.load(b.gep(asum, [row_index[i]], source_etype=I32), typ=I32), lanes)
+            for j in range(nr):
+                acc[i * nr + j] = b.add(acc[i * nr + j], b.mul(s, dv[j]))
     if params.mode == QUANT:  # q = clamp(round_half_even(float(S + bias) * scale[col]) + zero point), as QGemm
         qscale = slot(SLOT_QSCALE, PTR)
         scales = [b.load(b.gep(qscale, [ir.Constant(I64, j * lanes)], source_etype=F32), typ=fty, align=4)
@@ -259,7 +269,8 @@ def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
     in_types = [ONNX_ENUM["uint8"]] + ([ONNX_ENUM["uint8"]] if p.has_azp else []) + \
         [ONNX_ENUM["int8"], ONNX_ENUM["int32"]] + \
         ([ONNX_ENUM["int32"], ONNX_ENUM["int32"], ONNX_ENUM["int64"], ONNX_ENUM["int32"]] if p.has_fix else []) + \
-        ([ONNX_ENUM["float32"]] + [ONNX_ENUM["int32"]] * p.has_bias if p.mode == QUANT else
+        ([ONNX_ENUM["float32"]] + [ONNX_ENUM["int32"]] * p.has_bias +
+         [ONNX_ENUM["int32"], ONNX_ENUM["int8"]] * p.has_asum if p.mode == QUANT else
          [ONNX_ENUM["float32"]] * len(p.extra_kinds))
     out_types = [ONNX_ENUM["int8" if p.out_signed else "uint8"]] if p.mode == QUANT else \
         [ONNX_ENUM["float32"]] * len(region.outputs)
@@ -267,7 +278,7 @@ def build(region, target: Target) -> tuple[bytes, QMatMulKernelDesc, str]:
                              out_types=out_types, k=p.k, n=p.n,
                              has_azp=p.has_azp, has_fix=p.has_fix, extra_kinds=list(p.extra_kinds), mr=p.mr,
                              tiles=names, instruction=ins.name, tasks=p.tasks, mode=p.mode,
-                             has_bias=p.has_bias, amx_tiles=amx_names,
+                             has_bias=p.has_bias, has_asum=p.has_asum, amx_tiles=amx_names,
                              matrix_instruction=matrix.name if amx_names else "",
                              amx_emulated=bool(amx_names) and emulating())
     return obj, desc, ir_text

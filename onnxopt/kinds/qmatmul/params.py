@@ -25,13 +25,16 @@ class QMatMulParams(KindParams):
     out_zero: int = 0  # QUANT: the output's zero point
     has_bias: bool = False  # QUANT: an int32 bias per column (a Gemm's or QGemm's C) is added to the sums
     relu: bool = False  # QUANT: a Relu before the QuantizeLinear: the result is clamped below at the zero point
+    # QUANT: u8 weights whose B - zw does not fit s8, stored as s8 B - 128: the tile adds (128 - zw) per column times
+    # the row's sum of (a - za), which the executor computes per call
+    has_asum: bool = False
     mr: int = 4  # the schedule (onnxopt/tune/int8_schedule.py): rows of A a tile (the unrolled rows)
     tasks: int = 16  # the schedule: most tasks a call is split into (the parallel extent)
     body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
 
     def key(self) -> list:
         return [self.k, self.n, self.has_azp, list(self.extra_kinds), self.has_fix, self.mode, self.out_signed,
-                self.out_zero, self.has_bias, self.relu, self.mr, self.tasks]
+                self.out_zero, self.has_bias, self.relu, self.has_asum, self.mr, self.tasks]
 
     def fallback_body(self) -> list:
         return list(self.body)
