@@ -73,6 +73,8 @@ INLINE_REACH = 4  # report FLOPs per glue-counted FLOP at most (Winograd F(4x4, 
 PLANS_BY_FUSION = ("afusion", "afusion-chains", "horizontal", "compute-blocked", "compute", "compute-dense", "pool",
                    "elementwise")
 # Whole-graph plans, timed against each other (see _Optimizer._run).
+PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "horizontal", "pool", "elementwise")
+FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy") + tuple(k.name for k in KINDS)
 INT8_FAMILIES = ("qmatmul", "qconv")  # kinds that run quantized units whole (graph/quantized.py)
 
 
@@ -81,10 +83,6 @@ def runs_quantized_units(region: Region) -> bool:
     steps (a QDQ Add, Mul, HardSigmoid...)."""
     return region.params.family in INT8_FAMILIES or (
         region.params.family == "elementwise" and any(n.op_type in QUANTIZERS for n in region.nodes))
-
-
-PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "horizontal", "pool", "elementwise")
-FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy") + tuple(k.name for k in KINDS)
 
 
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:

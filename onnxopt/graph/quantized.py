@@ -219,7 +219,8 @@ def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
         product = n.op_type in ("Conv", "MatMul", "Gemm") and n.domain in ("", "ai.onnx")
         for k, x in enumerate(n.input):
             p, hops = producer.get(x), 0
-            while product and p is not None and p.op_type == "Identity" and p.input:  # exporters' DQ -> Identity -> Conv
+            # exporters' DequantizeLinear -> Identity -> Conv
+            while product and p is not None and p.op_type == "Identity" and p.input:
                 p, hops = producer.get(p.input[0]), hops + 1
             if p is None or p.op_type != "DequantizeLinear":
                 continue

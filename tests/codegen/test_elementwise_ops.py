@@ -186,7 +186,8 @@ def test_quantized_chain_steps_exact(out_type, tmp_path, target):
     assert len(regions) == 1 and regions[0].program.ops[0].op == "DequantizeLinear"
     assert regions[0].program.ops[-1].op == "QuantizeLinear"
     rng = np.random.default_rng(4)
-    feeds = {"a": rng.integers(0, 256, (2, 8, 33)).astype(np.uint8), "b": rng.integers(-128, 128, (8, 1)).astype(np.int8)}
+    feeds = {"a": rng.integers(0, 256, (2, 8, 33)).astype(np.uint8),
+             "b": rng.integers(-128, 128, (8, 1)).astype(np.int8)}
     want, got = run_both(model, fused, lib, feeds)
     assert_close(want, got)
 

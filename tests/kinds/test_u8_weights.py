@@ -1,10 +1,10 @@
-"""u8 weights with a zero point in QDQ convolutions (issue 46, item 4): the quantizer's form for a Paddle export,
-whose weights are Constant nodes it quantizes at run time as activations (Constant(float W) -> QuantizeLinear(u8,
-zero point) -> DequantizeLinear -> Conv). The pipeline folds the quantizer (graph/quantized_weights.py) and the
-qconv and qmatmul kinds take the u8 weights exactly: as s8 w - zw where every difference fits in s8, else as s8
-w - 128 with the (128 - zw) x sum(a) row term. The written model is loaded in a fresh process through the public loader, its kernels
-must run (the library's own Compute counts) and its outputs match onnxruntime's on the original model within one
-output step (exactly, against the exact integer sums)."""
+"""u8 weights with a zero point in QDQ convolutions and matmuls (issue 46, item 4): the quantizer's form for a
+Paddle export, whose weights are Constant nodes it quantizes at run time as activations (Constant(float W) ->
+QuantizeLinear(u8, zero point) -> DequantizeLinear -> Conv). The pipeline folds the quantizer
+(graph/quantized_weights.py) and the qconv and qmatmul kinds take the u8 weights exactly: as s8 w - zw where every
+difference fits in s8, else as s8 w - 128 with the (128 - zw) x sum(a) row term. The written model is loaded in a
+fresh process through the public loader, its kernels must run (the library's own Compute counts) and its outputs
+match onnxruntime's on the original model within one output step (exactly, against the exact integer sums)."""
 
 from __future__ import annotations
 
