@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import traceback
 import warnings
 
@@ -342,9 +343,28 @@ def _quiet_onnxruntime() -> None:
 
 def _interrupt_on_signals() -> dict:
     """SIGTERM and SIGHUP end the run like Ctrl-C: the cleanup code runs (temporary folders and half-written files
-    are removed) instead of the process vanishing with them on disk. Returns the handlers to put back."""
+    are removed) instead of the process vanishing with them on disk. Returns the handlers to put back (and the
+    unraisable hook, under None).
+
+    Where Python drops exceptions (a fork's at-fork hooks, a finalizer) the KeyboardInterrupt raised there would be
+    lost and the run go on: the unraisable hook sends the signal again, to land in the run's own code."""
+    received: list[int] = []
+
     def stop(signum, frame):
+        received.append(signum)
         raise KeyboardInterrupt
+
+    previous_hook = sys.unraisablehook
+
+    def unraisable(u):
+        if u.exc_type is KeyboardInterrupt and received:
+            # from another thread, a moment later: sent from here, the handler would run inside this hook, which
+            # drops exceptions as well
+            again = threading.Timer(0.05, os.kill, (os.getpid(), received[-1]))
+            again.daemon = True
+            again.start()
+            return
+        previous_hook(u)
 
     before = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -352,6 +372,9 @@ def _interrupt_on_signals() -> dict:
             before[sig] = signal.signal(sig, stop)
         except (ValueError, OSError):  # not the main thread, or no such signal here
             pass
+    if before:
+        sys.unraisablehook = unraisable
+        before[None] = previous_hook
     return before
 
 
@@ -399,7 +422,10 @@ def main(argv=None) -> int:
     finally:
         warnings.showwarning = show_warning
         for sig, h in handlers.items():
-            signal.signal(sig, h)
+            if sig is None:
+                sys.unraisablehook = h
+            else:
+                signal.signal(sig, h)
 
 
 if __name__ == "__main__":

@@ -186,24 +186,17 @@ class CostCache:
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-            # Reads the header: a file that is not a database fails here.
-            conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _SCHEMA.split(";\n"):
-                    if statement.strip():
-                        conn.execute(statement)
-                rows = conn.execute("SELECT version FROM schema_version").fetchall()
-                if not rows:
-                    conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-                    version = SCHEMA_VERSION
-                else:
-                    version = rows[0][0]
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            # Some of what opening takes SQLite does not wait for with its busy handler (switching a new file to WAL,
+            # a WAL recovery another process runs): processes opening the file at once retry until the timeout.
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    version = self._schema(conn)
+                    break
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
             if version != SCHEMA_VERSION:
                 raise ValueError(f"schema version {version}, this onnxopt reads version {SCHEMA_VERSION}; "
                                  "point --cost-cache elsewhere or delete the file")
@@ -211,6 +204,28 @@ class CostCache:
             conn.close()
             raise
         self._conn = conn
+
+    @staticmethod
+    def _schema(conn) -> int:
+        """The file in WAL mode with our tables (made if missing); returns its schema version."""
+        conn.execute("PRAGMA journal_mode = WAL").fetchone()  # reads the header: a file that is not a database fails
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA.split(";\n"):
+                if statement.strip():
+                    conn.execute(statement)
+            rows = conn.execute("SELECT version FROM schema_version").fetchall()
+            if not rows:
+                conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+                version = SCHEMA_VERSION
+            else:
+                version = rows[0][0]
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return version
 
     def _disable(self, why: str):
         if self._conn is not None:

@@ -400,6 +400,36 @@ def test_bench_missing_file(bench_models, capsys):
 
 # --------------------------------------------------------------------------------------------------- 3. signals
 
+FINALIZER_SIGNAL = """
+import os, signal
+from onnxopt.cli.main import _interrupt_on_signals
+_interrupt_on_signals()
+
+
+class Finalized:
+    def __del__(self):  # the signal's handler runs in here, where Python drops the exception it raises
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100000):
+            pass
+
+
+try:
+    Finalized()
+    for _ in range(10 ** 8):
+        pass
+    print("ran on")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_sigterm_that_lands_in_a_finalizer_still_ends_the_run():
+    """A SIGTERM whose KeyboardInterrupt lands where Python drops exceptions (a finalizer, as here; a fork's at-fork
+    hook, as a run's worker processes start) is sent again and ends the run, not dropped with it."""
+    r = subprocess.run([sys.executable, "-c", FINALIZER_SIGNAL], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "interrupted", (r.stdout, r.stderr)
+
+
 def test_sigterm_ends_the_run_cleanly(tmp_path):
     src = save(conv_chain(), tmp_path / "chain.onnx")
     before = sha(src)
