@@ -262,9 +262,8 @@ def _drop_trials(current: list, s_cur, kinds: list, session, compare, decisions:
         gain = (t_cur + t_cur2) / (t_trial + t_trial2)
         for r in current:
             if r.op_type == kind:
-                how = ("onnxruntime's int8 kernels around it keep their own layout and run faster without it"
-                       if runs_quantized_units(r) else "it breaks a chain that onnxruntime keeps in its blocked layout")
-                why[id(r)] = f"the model is faster without this kernel ({gain:.2f}x): {how}"
+                why[id(r)] = (f"the model is faster without this kernel ({gain:.2f}x): it breaks a chain that "
+                              "onnxruntime keeps in its own layout (its blocked float layout, its int8 kernels' NHWC)")
         decisions["dropped"].append({"op_type": kind, "gain": gain})
         current, s_cur = trial, s_trial
     return current, s_cur
