@@ -384,6 +384,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         self._timed_by_key: dict[tuple, float] = {}  # (op type, input shapes) -> its measured seconds
         self.quantized: set[str] = set()  # nodes of quantized patterns, left to onnxruntime (graph/quantized.py)
         self.quantized_graph: onnx.GraphProto | None = None  # the graph `quantized` names nodes of
+        self.quantizes_statically = False
         self.float_tensors: set[str] = set()  # its float32 tensors, where it is quantized
         self.int8_units: set[str] = set()  # integer products and their rescaling: the int8 GEMM kind's to take
         self.original_checks = True  # the input passes the ONNX checker, so the output must too (run)
@@ -526,6 +527,9 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         self.report["rewrites"] = rewrites
         self.quantized = quantized_nodes(work.graph)
         self.quantized_graph = work.graph
+        # Quantized statically (QDQ or QOperator): activations are quantized at fixed scales, so its units are small
+        # and many. A dynamically quantized model's are few and large (MiniLM's MatMulIntegers).
+        self.quantizes_statically = any(n.op_type == "QuantizeLinear" for n in work.graph.node)
         self.int8_units = integer_product_units(work.graph) | qdq_conv_units(work.graph) | \
             qdq_matmul_units(work.graph)
         if rewrites.get("unary_through_concats"):

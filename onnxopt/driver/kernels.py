@@ -452,10 +452,12 @@ class KernelStage:
                     # So is a quantized model's unit run whole (an int8 convolution, a QDQ Add) with sequences: its
                     # time at these sizes is mostly a node's overhead, which a sequence of its neighbours saves
                     # (PP-OCR cls QDQ: 0.838 -> 0.765 ms with the units slower alone kept), and the drop trials
-                    # remove the kinds that lose in the model.
+                    # remove the kinds that lose in the model. Only a statically quantized model's: a dynamic one's
+                    # units are few and large, and judged in the model one more was kept that lost (MiniLM int8:
+                    # 0.985x of the build that judged them alone).
                     chained = ((blocked_inputs(r) or blocked_outputs(r)) and r.copy is None) or \
                         (r.copy is not None and self.opts.sequences) or \
-                        (self.opts.sequences and bool(self.quantized) and runs_quantized_units(r))
+                        (self.opts.sequences and self.quantizes_statically and runs_quantized_units(r))
                     # Blocks of 4 ms, not 10: a chain's kernel is timed three blocks a side, and NASNet-A's 200
                     # checks took 14 s with 10 ms blocks.
                     # A kernel judged alone stops timing once it is far from the bar either way (SETTLED_BEYOND):
