@@ -415,19 +415,18 @@ def peak_dtype(region: Region, desc=None, machine=None, target=None) -> str:
     GEMM with bf16 weights against vdpbf16ps's where the target has it (else it runs float32 FMAs)."""
     from onnxopt.hardware.measure import AMX_PEAKS
 
-    compute = getattr(region, "compute", None)
-    if (compute is not None and compute.attrs.b_dtype == "bfloat16" and machine is not None
-            and "bfloat16" in machine.peak_flops and (target is None or target.has("avx512bf16"))):
-        return "bfloat16"
-
     matrix = getattr(desc, "matrix_instruction", "")
-    if matrix and machine is not None:
+    if matrix and machine is not None:  # a bf16 GEMM's tdpbf16ps tiles as the int8 kinds' tdpbusd ones
         from onnxopt.codegen.instructions import MATRIX_INSTRUCTIONS
 
         ins = next(i for i in MATRIX_INSTRUCTIONS if i.name == matrix)
         name = AMX_PEAKS.get(ins.source_dtypes[0])
         if name in machine.peak_flops:
             return name
+    compute = getattr(region, "compute", None)
+    if (compute is not None and compute.attrs.b_dtype == "bfloat16" and machine is not None
+            and "bfloat16" in machine.peak_flops and (target is None or target.has("avx512bf16"))):
+        return "bfloat16"
     return "int8" if region.params.family in ("qmatmul", "qconv") else "float32"
 
 

@@ -8,9 +8,11 @@ from onnxopt.fusion.layout import is_depthwise
 from onnxopt.fusion.region import EwProgram, Region, Value
 
 from ..glue.descs import CtKernelDesc
+from ..instructions.tile_program import emulating
 from ..microkernel.depthwise import depthwise_mi_for
 from ..microkernel.registry import select
 from ..target import Target
+from .amx_tile import choose as amx_choose
 from .tile import TileSpec
 from .tile_sets import TileSetRequest
 
@@ -84,6 +86,12 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     if wino:
         desc.winograd = wino
         desc.wino_in, desc.wino_out = sets[0].names()[0]
+    if packed_b and b_format == "bf16_dot" and c.op == "matmul":  # AMX tiles too, where the target has AMX-BF16
+        ins, _ = amx_choose(target, tile.lanes)
+        if ins is not None:
+            amx = TileSetRequest("amx", spec, matrix=ins.name, emulated=emulating())
+            desc.amx_tiles, desc.matrix_instruction, desc.amx_emulated = amx.names(), ins.name, amx.emulated
+            sets.append(amx)
     return desc, [req] + sets
 
 

@@ -106,30 +106,38 @@ def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, 
         _store_partial_sums(b, acc, partial, phase, lanes)
 
     for i in range(mi):
-        row = b.add(m0, ir.Constant(I64, i))
-        row_off = b.mul(row, ldc)
-        # Per-row values are loaded once for the row's nv vectors.
-        row_values = {}
-        for e, kind in enumerate(spec.extra_kinds):
-            if kind == CHANNEL:
-                row_values[e] = broadcast(b, b.load(b.gep(extras[e], [row], source_etype=F32), typ=F32), lanes)
-            elif kind == SCALAR:
-                row_values[e] = broadcast(b, b.load(extras[e], typ=F32), lanes)
-        for j in range(nv):
-            pos = b.add(row_off, coff[j])
-            values = {prog.inputs[0].name: acc[i][j]}
-            for e, kind in enumerate(spec.extra_kinds):
-                name = prog.inputs[e + 1].name
-                if kind in (CHANNEL, SCALAR):
-                    values[name] = row_values[e]
-                else:
-                    at = pos if kind == POSITION else coff[j]
-                    values[name] = masked_load(b, b.gep(extras[e], [at], source_etype=F32), ir.VectorType(F32, lanes), masks[j], 4)
-            emit_body(b, prog, values, lanes)
-            for k, v in enumerate(prog.outputs):
-                masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j], 4)
+        emit_row_epilogue(b, spec, b.add(m0, ir.Constant(I64, i)), acc[i], ldc, coff, masks, outs, extras)
     b.ret_void()
     return fn
+
+
+def emit_row_epilogue(b: ir.IRBuilder, spec: TileSpec, row, acc_row: list, ldc, coff: list, masks: list, outs: list,
+                      extras: list) -> None:
+    """Output row `row`'s epilogue on its accumulator vectors `acc_row` (one per vector of the tile), and the
+    stores of every program output."""
+    lanes, prog = spec.tile.lanes, spec.epilogue
+    row_off = b.mul(row, ldc)
+    # Per-row values are loaded once for the row's vectors.
+    row_values = {}
+    for e, kind in enumerate(spec.extra_kinds):
+        if kind == CHANNEL:
+            row_values[e] = broadcast(b, b.load(b.gep(extras[e], [row], source_etype=F32), typ=F32), lanes)
+        elif kind == SCALAR:
+            row_values[e] = broadcast(b, b.load(extras[e], typ=F32), lanes)
+    for j, acc in enumerate(acc_row):
+        pos = b.add(row_off, coff[j])
+        values = {prog.inputs[0].name: acc}
+        for e, kind in enumerate(spec.extra_kinds):
+            name = prog.inputs[e + 1].name
+            if kind in (CHANNEL, SCALAR):
+                values[name] = row_values[e]
+            else:
+                at = pos if kind == POSITION else coff[j]
+                values[name] = masked_load(b, b.gep(extras[e], [at], source_etype=F32), ir.VectorType(F32, lanes),
+                                           masks[j], 4)
+        emit_body(b, prog, values, lanes)
+        for k, v in enumerate(prog.outputs):
+            masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j], 4)
 
 
 def _load_partial_sums(b: ir.IRBuilder, partial, phase, mi: int, nv: int, lanes: int) -> list[list[ir.Value]]:

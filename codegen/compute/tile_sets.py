@@ -24,6 +24,9 @@ from onnxopt.fusion.region import EwProgram
 
 from ..compile import compile_object, new_module
 from ..target import Target
+from ..vmath.isa import set_features
+from .amx_tile import MAX_GROUPS as AMX_MAX_GROUPS
+from .amx_tile import define_amx_tile_functions
 from .blocked_tile import define_blocked_tile_functions, define_depthwise_tile_functions
 from .tile import TileSpec, define_tile_functions
 from .winograd import define_winograd_functions
@@ -36,14 +39,18 @@ _COMPILED: OrderedDict[str, bytes] = OrderedDict()
 
 @dataclass(frozen=True)
 class TileSetRequest:
-    """One set of tile functions: `kind` "nchw" (tile.py), "blocked" or "depthwise" (blocked_tile.py), or
-    "winograd" (winograd.py: a Winograd convolution's two transforms, the epilogue in the second)."""
+    """One set of tile functions: `kind` "nchw" (tile.py), "blocked" or "depthwise" (blocked_tile.py),
+    "winograd" (winograd.py: a Winograd convolution's two transforms, the epilogue in the second), or "amx"
+    (amx_tile.py: a bfloat16 packed-B matmul on the matrix instruction `matrix`, its tiles as plain code when
+    `emulated`)."""
 
     kind: str
     spec: TileSpec
     depthwise: tuple[int, int, int, int] = ()  # (mi, kw, sw, dw) of a depthwise set
     winograd: int = 0  # m of a winograd set: F(m, wino_kernel) (fusion/winograd.py)
     wino_kernel: tuple[int, int] = (3, 3)
+    matrix: str = ""
+    emulated: bool = False
 
     @property
     def key(self) -> str:
@@ -59,6 +66,8 @@ class TileSetRequest:
             return [[f"{p}_d{m}", f"{p}_d{m}b"] for m in range(1, self.depthwise[0] + 1)]
         if self.kind == "winograd":
             return [[f"{p}_win", f"{p}_wout"]]
+        if self.kind == "amx":
+            return [[f"{p}_x{g}v{nv}" for nv in range(1, tile.ni + 1)] for g in range(1, AMX_MAX_GROUPS + 1)]
         tag = "b" if self.kind == "blocked" else "m"
         return [[f"{p}_{tag}{mi}v{nv}" for nv in range(1, tile.ni + 1)] for mi in range(1, tile.mi + 1)]
 
@@ -67,6 +76,9 @@ class TileSetRequest:
         if self.kind == "depthwise":
             mi, kw, sw, dw = self.depthwise
             return define_depthwise_tile_functions(module, self.prefix(), self.spec, features, mi, kw, sw, dw)
+        if self.kind == "amx":
+            set_features(module, features)
+            return define_amx_tile_functions(module, self.prefix(), self.spec, self.matrix, self.emulated)
         if self.kind == "winograd":
             return define_winograd_functions(module, self.prefix(), self.spec, features, self.wino_kernel,
                                              self.winograd)
@@ -100,6 +112,8 @@ def _digest(req: TileSetRequest) -> str:
         parts += ("packed_b", s.packed_b)
     if s.b_format != "f32":  # a lower-precision B (driver/precision.py): float32 sets keep their names
         parts += ("b_format", s.b_format)
+    if req.matrix:  # AMX tiles: the instruction, and whether they are plain code (tests)
+        parts += ("matrix", req.matrix, req.emulated)
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 

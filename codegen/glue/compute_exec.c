@@ -31,6 +31,8 @@ typedef struct {
   int64_t K_rows;                  /* rows of a packed conv weights block, or of a bfloat16 B panel (K rounded up
                                       to pairs), when more than K are stored; 0: K */
   int64_t mblocks, ptiles, ptasks, mtasks;
+  int64_t block; /* rows a row block: the register tile's mi, or 16 x amx_groups where the AMX tiles run */
+  int amx;       /* a bfloat16 packed B on AMX tiles (codegen/compute/amx_tile.py): ct_amx */
   int rows_mode;
   int64_t OH, OW, Wph, cseg;
   const float *a, *b;
@@ -54,7 +56,7 @@ static int64_t ct_packed_b_size(const onnxopt_ct_desc *d) {
    partial sums wait in a per-task buffer between blocks. */
 static int64_t ct_packed_kc(const onnxopt_ct_desc *d, int64_t K) {
   int64_t esize = ct_packed_b_size(d), kc = 16384 / (d->packed_b * esize);
-  if (esize == 2) kc &= ~(int64_t)1; /* bfloat16 pairs: even blocks */
+  if (esize == 2) kc &= ~(int64_t)31; /* whole bfloat16 pairs, and whole AMX steps of 32 */
   if (kc < 128) kc = 128;
   return K <= kc + kc / 2 ? K : kc;
 }
@@ -69,18 +71,30 @@ static int64_t ct_packed_group(const onnxopt_ct_desc *d, int64_t K) {
   return g < 1 ? 1 : g;
 }
 
+/* Whether a bfloat16 packed B runs on the AMX tiles: the library has them, the CPU has AMX-BF16 and the OS granted
+   the tile state (matrix_engine.c), and the panels are stored in whole tile steps of 32 K (the packing pads them
+   so where the target has AMX-BF16: driver/precision.py), so no tile load reads past the weights. */
+static int ct_amx(const ct_job *job) {
+  const onnxopt_ct_desc *d = job->d;
+  int64_t KB = job->K_rows ? job->K_rows : job->K;
+  return d->packed_b && d->amx_groups > 0 && KB % 32 == 0 && amx_ok(AMX_BF16);
+}
+
 static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, int64_t t0, int64_t t1, int64_t b0,
                           int64_t b1) {
   const onnxopt_ct_desc *d = job->d;
   int64_t K = job->K, NRF = d->packed_b, kc = ct_packed_kc(d, K), group = ct_packed_group(d, K);
   int64_t esize = ct_packed_b_size(d), KB = job->K_rows ? job->K_rows : K; /* rows stored per panel */
   int64_t nkb = K > 0 ? (K + kc - 1) / kc : 1; /* K = 0: one empty block, so the epilogue still runs on zeros */
+  int64_t block = job->block;
+  int amx = job->amx;
   float *sums = NULL;
   if (nkb > 1) {
-    sums = (float *)malloc((size_t)((t1 - t0) * (b1 - b0) * d->mi * NRF) * sizeof(float));
-    if (!sums) { /* one block over the whole K needs no buffer */
+    sums = (float *)malloc((size_t)((t1 - t0) * (b1 - b0) * block * NRF) * sizeof(float));
+    if (!sums) { /* one block over the whole K needs no buffer; the AMX tiles' stack copy of A would be too large */
       kc = K;
       nkb = 1;
+      amx = 0;
     }
   }
   for (int64_t kb = 0; kb < nkb; kb++) {
@@ -90,10 +104,8 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
     for (int64_t g0 = t0; g0 < t1; g0 += group) {
       int64_t g1 = g0 + group < t1 ? g0 + group : t1;
       for (int64_t mb = b0; mb < b1; mb++) {
-        int64_t m0 = mb * d->mi;
-        int64_t mi = job->M - m0 < d->mi ? job->M - m0 : d->mi;
-        t->m0 = m0;
-        t->a = a_item + m0 * job->a_ms + k0;
+        int64_t m0 = mb * block;
+        int64_t mi = job->M - m0 < block ? job->M - m0 : block;
         for (int64_t tile = g0; tile < g1; tile++) {
           int nv = 0;
           int64_t p0 = tile * NRF;
@@ -104,8 +116,19 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
             t->coff[j] = p0 + j * d->lanes;
             t->lanes[j] = left < d->lanes ? left : d->lanes;
           }
-          t->acc = sums ? sums + ((tile - t0) * (b1 - b0) + (mb - b0)) * d->mi * NRF : NULL;
-          d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+          float *acc = sums ? sums + ((tile - t0) * (b1 - b0) + (mb - b0)) * block * NRF : NULL;
+          /* whole groups of 16 rows on AMX where it runs, the rest on the register tiles; each part keeps its
+             partial sums at its first row's place in the block's */
+          for (int64_t r = 0; r < mi;) {
+            int64_t g = amx ? (mi - r) / 16 : 0, rows = g ? 16 * (g < d->amx_groups ? g : d->amx_groups) : mi - r;
+            if (!g && rows > d->mi) rows = d->mi;
+            t->m0 = m0 + r;
+            t->a = a_item + (m0 + r) * job->a_ms + k0;
+            t->acc = acc ? acc + r * NRF : NULL;
+            if (g) d->amx_tiles[(rows / 16 - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+            else d->tiles[(rows - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+            r += rows;
+          }
         }
       }
     }
@@ -199,7 +222,9 @@ static void ct_plan_packed(ct_job *job, int64_t want) {
 
 /* Split the work into tasks: enough for every thread (and for balance), none too small to pay for itself. */
 static void ct_plan(ct_job *job) {
-  job->mblocks = (job->M + job->d->mi - 1) / job->d->mi;
+  job->amx = ct_amx(job);
+  job->block = job->amx ? 16 * (int64_t)job->d->amx_groups : job->d->mi;
+  job->mblocks = (job->M + job->block - 1) / job->block;
   double flops = 2.0 * (double)job->items * (double)job->M * (double)job->P * (double)job->K;
   int64_t want = (int64_t)(flops / CT_TASK_MIN_FLOPS);
   if (want > CT_TARGET_TASKS) want = CT_TARGET_TASKS;

@@ -440,6 +440,10 @@ CT_DESC = Struct("onnxopt_ct_desc", [
                                    "the epilogue"),
     Field("wino_in", TILE_FN),
     Field("wino_out", TILE_FN),
+    Field("amx_groups", "int", comment="a bfloat16 packed-B matmul's AMX tiles (codegen/compute/amx_tile.py): the "
+                                       "most groups of 16 rows a call takes (0: none)"),
+    Field("amx_tiles", "const tile_fn *", comment="[groups - 1][nv - 1], run only where the CPU and the OS allow "
+                                                  "them (matrix_engine.c)"),
 ], comment="a convolution or matmul with its fused epilogue (compute_exec.c)")
 
 # The compute tile's record (codegen/compute/tile.py and blocked_tile.py read it; compute_exec.c and the other

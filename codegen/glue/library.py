@@ -48,11 +48,14 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
     """(declarations and tables, the descriptor's initializer) of a compute op whose C names start with `c`: the
     initializer is CT_DESC's (codegen/glue/contract.py), by member name."""
     syms = [s for row in k.tiles for s in row]
+    amx = [s for row in k.amx_tiles for s in row]
     wino = [k.wino_in, k.wino_out] if k.winograd else []
-    parts = [f"extern void {s}(const int64_t *);\n" for s in syms + wino]
+    parts = [f"extern void {s}(const int64_t *);\n" for s in syms + amx + wino]
     parts.append(_c_array("int", f"{c}_in_types", k.in_types))
     parts.append(_c_array("int", f"{c}_out_types", k.out_types))
     parts.append(_c_array("tile_fn", f"{c}_tiles", syms))
+    if amx:
+        parts.append(_c_array("tile_fn", f"{c}_amx_tiles", amx))
     parts.append(_c_array("int", f"{c}_extra_kind", k.extra_kinds))
     parts.append(_c_array("int64_t", f"{c}_extra_nstride", k.extra_nstride))
     sig = {"name": cstr(k.op_type), "kind": _KIND[k.kind], "n_in": len(k.in_types), "n_out": len(k.out_types),
@@ -65,7 +68,8 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
         "auto_pad": k.auto_pad, "ic_g": k.ic_g, "trans_a": k.trans_a, "packed_b": k.packed_b,
         "in_blocked": k.in_blocked, "out_blocked": k.out_blocked, "channel_vectors": k.channel_vectors,
         "transposed": k.transposed, "out_pad": list(k.output_padding), "wino_m": k.winograd,
-        "wino_in": wino[0] if wino else None, "wino_out": wino[1] if wino else None})
+        "wino_in": wino[0] if wino else None, "wino_out": wino[1] if wino else None,
+        "amx_groups": len(k.amx_tiles), "amx_tiles": f"{c}_amx_tiles" if amx else None})
     return "".join(parts), init
 
 

@@ -10,10 +10,13 @@ extern const int onnxopt_uses_amx; /* the library's kernels carry AMX tiles: 1, 
 
 enum { AMX_NOT_ASKED = 0, AMX_GRANTED = 1, AMX_EMULATED = 2, AMX_NO_CPU = -1000, AMX_TURNED_OFF = -1001 };
 static int g_amx_state; /* one of the above, or -errno of the refused request */
+enum { AMX_INT8 = 1, AMX_BF16 = 2 };
+static int g_amx_units; /* the CPU's tile instructions: AMX_INT8 | AMX_BF16 (all of them when emulated) */
 
-static int amx_ok(void) {
+/* Whether tiles using `units` (AMX_INT8, AMX_BF16) may run in this process. */
+static int amx_ok(int units) {
   int state = __atomic_load_n(&g_amx_state, __ATOMIC_ACQUIRE);
-  return state == AMX_GRANTED || state == AMX_EMULATED;
+  return (state == AMX_GRANTED || state == AMX_EMULATED) && (g_amx_units & units) == units;
 }
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -21,12 +24,12 @@ static int amx_ok(void) {
 #include <errno.h>
 long syscall(long number, ...); /* unistd.h declares it only outside strict C11 */
 
-/* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (read directly: older compilers' __builtin_cpu_supports does
-   not know AMX's names). */
+/* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8, bit 22 AMX-BF16 (read directly: older compilers'
+   __builtin_cpu_supports does not know AMX's names). The units the CPU has, 0 without AMX-TILE. */
 static int amx_cpu(void) {
   unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-  return (d >> 24 & 1) && (d >> 25 & 1);
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1)) return 0;
+  return (d >> 25 & 1 ? AMX_INT8 : 0) | (d >> 22 & 1 ? AMX_BF16 : 0);
 }
 #define ONNXOPT_SYS_ARCH_PRCTL 158
 #define ONNXOPT_ARCH_REQ_XCOMP_PERM 0x1023
@@ -40,7 +43,8 @@ static void amx_request(void) {
     state = AMX_TURNED_OFF;
   } else if (onnxopt_uses_amx == 2) {
     state = AMX_EMULATED; /* plain code: nothing to ask of the CPU or the OS */
-  } else if (!amx_cpu()) {
+    g_amx_units = AMX_INT8 | AMX_BF16;
+  } else if (!(g_amx_units = amx_cpu())) {
     state = AMX_NO_CPU;
   } else {
     errno = 0;
@@ -51,6 +55,7 @@ static void amx_request(void) {
 }
 #else
 static void amx_request(void) {
+  if (onnxopt_uses_amx == 2) g_amx_units = AMX_INT8 | AMX_BF16;
   if (onnxopt_uses_amx)
     __atomic_store_n(&g_amx_state, onnxopt_uses_amx == 2 ? AMX_EMULATED : AMX_NO_CPU, __ATOMIC_RELEASE);
 }

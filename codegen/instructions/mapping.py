@@ -126,3 +126,18 @@ def valid(op: Computation, intrinsic, mapping: AmosMapping) -> bool:
             if (il in v.vars) != any(lp in u.vars for lp in group):
                 return False
     return True
+
+
+def implemented(op: Computation, instructions, loops: dict[str, str]):
+    """(instruction, mapping): the first of `instructions` with a valid mapping of `op` that puts each intrinsic loop
+    on exactly the operator loop `loops` names (the mapping a kernel's tile program implements), or (None, why).
+    Ranking several valid mappings is the schedule search's."""
+    tried = []
+    for ins in instructions:
+        for m in mappings(op, ins.computation):
+            if valid(op, ins.computation, m) and all(m.of(il) == frozenset({lp}) for il, lp in loops.items()):
+                return ins, m
+        tried.append(ins.name)
+    if not tried:
+        return None, "no matrix instruction"
+    return None, f"no mapping onto {', '.join(tried)} that the kernel implements"

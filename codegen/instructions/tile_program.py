@@ -14,7 +14,7 @@ variable). Offsets, strides and counts are `Affine`: sums of integer coefficient
 
 The kernels (onnxopt/kinds/*/amx.py) build their program once and hand it to both, so what the tests interpret is
 what the compiler gets. `emit(..., emulate=True)` writes the same steps as plain code instead (tiles in stack
-buffers, the integer products as loops): a library built so (ONNXOPT_EMULATE_TILES=1, `emulating()`) runs its AMX
+buffers, the products as loops): a library built so (ONNXOPT_EMULATE_TILES=1, `emulating()`) runs its AMX
 kernels, dispatch, rest of K and epilogues included, on any CPU; the tests build one to run those paths where the
 CPU has no AMX. It is for tests: the emulated tiles are slow.
 """
@@ -232,11 +232,11 @@ class TileProgram:
 
 
     def _emit_emulated(self, b: ir.IRBuilder, pointers: dict, scalars: dict) -> None:
-        """Each tile a stack buffer of rows x 64 bytes; loads and stores row copies; an integer Dot the loops of its
-        accumulation rule (32-bit wrapping sums of sign- or zero-extended bytes)."""
+        """Each tile a stack buffer of rows x 64 bytes; loads and stores row copies; a Dot the loops of its
+        accumulation rule (`dot`)."""
         from onnxopt.codegen.vmath.irutil import for_range
 
-        i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+        i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
         shape = self.shape
         env = dict(scalars)
         tiles = {name: b.alloca(i8, size=ir.Constant(i64, s.rows * 64), name=f"tile.{name}") for name, s in self.shapes}
@@ -274,28 +274,57 @@ class TileProgram:
 
             for_range(b, c(0), c(s.rows), c(1), row)
 
+        def flush(bits):
+            """float32 bits with a zero exponent (a denormal) to the signed zero: the tile units' rule."""
+            sign = b.and_(bits, ir.Constant(i32, 0x80000000 - (1 << 32)))
+            tiny = b.icmp_unsigned("==", b.and_(bits, ir.Constant(i32, 0x7F800000)), ir.Constant(i32, 0))
+            return b.select(tiny, sign, bits)
+
+        def widen(tile, at, dtype):
+            """The bf16 or fp16 element at byte `at` of `tile` as float32 (bf16 denormals read as zero)."""
+            ptr = b.bitcast(byte_at(tile, at), ir.IntType(16).as_pointer())
+            if dtype == "f16":
+                return b.fpext(b.load(b.bitcast(ptr, ir.HalfType().as_pointer()), typ=ir.HalfType()), f32)
+            bits = b.shl(b.zext(b.load(ptr, typ=ir.IntType(16)), i32), ir.Constant(i32, 16))
+            return b.bitcast(flush(bits), f32)
+
         def dot(step) -> None:
+            """C[m, n] over each lane group g of A's row m and B's row g: `pack` products a lane. Integers: 32-bit
+            wrapping sums of sign- or zero-extended bytes. bf16/fp16: each product (exact in float32) added to the
+            float32 sum in turn, each sum rounded and its denormal flushed (matrix.py `execute`)."""
             ins = step.instruction
-            if ins.accumulator_dtype != "s32":
-                raise NotImplementedError(f"{ins.name}: only the integer instructions are emulated")
-            ext_a, ext_b = ((b.sext if d == "s8" else b.zext) for d in ins.source_dtypes)
             cs, as_ = shape[step.c], shape[step.a]
+            size, (ta, tb) = ins.element_bytes, ins.source_dtypes
+            if ins.accumulator_dtype == "f32":
+                acc_ty = f32
+
+                def read(tile, at, dtype):
+                    return widen(tile, at, dtype)
+
+                def add(total, x, w):
+                    return b.bitcast(flush(b.bitcast(b.fadd(total, b.fmul(x, w)), i32)), f32)
+            else:
+                acc_ty = i32
+
+                def read(tile, at, dtype):
+                    return (b.sext if dtype == "s8" else b.zext)(b.load(byte_at(tile, at), typ=i8), i32)
+
+                def add(total, x, w):
+                    return b.add(total, b.mul(x, w))
 
             def element(m, n):
                 at = b.bitcast(b.gep(tiles[step.c], [b.add(b.mul(m, c(64)), b.mul(n, c(4)))], source_etype=i8),
-                               i32.as_pointer())
+                               acc_ty.as_pointer())
 
                 def group(g, acc):
                     total = acc[0]
-                    for j in range(4):
-                        a = b.load(byte_at(tiles[step.a], b.add(b.mul(m, c(64)), b.add(b.mul(g, c(4)), c(j)))),
-                                   typ=i8)
-                        w = b.load(byte_at(tiles[step.b], b.add(b.mul(g, c(64)), b.add(b.mul(n, c(4)), c(j)))),
-                                   typ=i8)
-                        total = b.add(total, b.mul(ext_a(a, i32), ext_b(w, i32)))
+                    for j in range(ins.pack):
+                        x = read(tiles[step.a], b.add(b.mul(m, c(64)), b.add(b.mul(g, c(4)), c(size * j))), ta)
+                        w = read(tiles[step.b], b.add(b.mul(g, c(64)), b.add(b.mul(n, c(4)), c(size * j))), tb)
+                        total = add(total, x, w)
                     return [total]
 
-                (total,) = for_range(b, c(0), c(as_.colsb // 4), c(1), group, [b.load(at, typ=i32)])
+                (total,) = for_range(b, c(0), c(as_.colsb // 4), c(1), group, [b.load(at, typ=acc_ty)])
                 b.store(total, at)
                 return []
 

@@ -219,7 +219,7 @@ def emit_packed_b_low_precision(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv
     # conversion and a broadcast.
     stride = b.and_(b.add(k_count, ir.Constant(I64, 1)), ir.Constant(I64, -2))
     a16 = b.alloca(I16, size=b.mul(stride, ir.Constant(I64, mi)))
-    _round_rows_to_bf16(b, a_rows, a16, k_count, stride)
+    round_rows_to_bf16(b, a_rows, a16, k_count, stride)
     a16_rows = [b.gep(a16, [b.mul(ir.Constant(I64, i), stride)], source_etype=I16) for i in range(mi)]
     dot = "llvm.x86.avx512bf16.dpbf16ps.512"
 
@@ -289,7 +289,7 @@ def _if_then(b: ir.IRBuilder, cond, acc, then) -> list[list[ir.Value]]:
     return out
 
 
-def _round_rows_to_bf16(b: ir.IRBuilder, a_rows: list, out, k_count, stride) -> None:
+def round_rows_to_bf16(b: ir.IRBuilder, a_rows: list, out, k_count, stride) -> None:
     """out[i * stride + k] = bfloat16(A[i, k]) (vcvtneps2bf16: round to nearest even) for k < k_count, and 0 up to
     `stride` (k_count rounded up to pairs), 16 values per step, the last step masked."""
     vty = ir.VectorType(F32, 16)

@@ -5,7 +5,10 @@ What is lowered:
 - the compute kind's MatMul and Gemm regions whose B is a constant matrix packed for the kernel (fusion/compute.py
   `lower_packed_b`). Their weights are converted offline (bfloat16: round to nearest even; float16: only when every
   weight is within 65504) and the sums stay float32, as do the epilogues (bias, activations, residual adds).
-  bfloat16 runs on vdpbf16ps where the target has avx512_bf16, with A rounded to bfloat16 in the kernel; elsewhere
+  bfloat16 runs on AMX tiles (tdpbf16ps, codegen/compute/amx_tile.py) where the target has AMX-BF16 and the CPU and
+  the OS allow them at run time (K then stored padded to whole tile steps of 32: bf16_k_step), and on vdpbf16ps
+  where the target has avx512_bf16 (the rows AMX does not take, and targets without it), with A rounded to bfloat16
+  in the kernel; elsewhere
   the bfloat16 weights are widened in registers and multiplied with float32 FMAs (half the weight bytes, the float32
   FMA rate). float16 is always that widening (vcvtph2ps).
 - bf16 only, on vdpbf16ps only: one-group convolutions on the blocked kernel (fusion/layout.py `lower_blocked_conv`):
@@ -82,6 +85,9 @@ def parse_budget(value, named) -> float:
 def kernel_path(precision: str, target) -> str:
     """How the target runs the lowered GEMMs, in words (the report, and the CLI's line for bf16)."""
     if precision in ("bf16", "auto"):
+        if bf16_k_step(target) > 2:
+            return ("bf16 GEMMs on AMX tiles (tdpbf16ps) where the CPU and the OS allow them, else vdpbf16ps "
+                    "(avx512_bf16); convolutions on vdpbf16ps; float32 sums")
         if target.has("avx512bf16"):
             return "bf16 on vdpbf16ps (avx512_bf16), float32 sums"
         return (f"bf16 emulated: target {target.name} has no bf16 instruction (avx512_bf16 or AMX), so the weights "
@@ -90,6 +96,14 @@ def kernel_path(precision: str, target) -> str:
     if precision == "fp16":
         return "fp16 storage, widened by vcvtph2ps, float32 FMAs (half the weight bytes, the float32 FMA rate)"
     return "fp32"
+
+
+def bf16_k_step(target) -> int:
+    """K rows a bfloat16 B panel is padded to: whole AMX steps where the target has AMX-BF16 (the tiles then read
+    no weights past a panel, codegen/compute/amx_tile.py), else pairs."""
+    from onnxopt.codegen.compute.amx_tile import K_CHUNK, choose
+
+    return K_CHUNK if choose(target, target.float32_lanes)[0] is not None else 2
 
 
 def conv_refusal(precision: str, target) -> str | None:
@@ -113,7 +127,7 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
         if r.compute.op == "conv":
             why = conv_why or lower_blocked_conv(r, opset)
         else:
-            why = lower_packed_b(r, B_DTYPE[precision], opset)
+            why = lower_packed_b(r, B_DTYPE[precision], opset, bf16_k_step(target))
         if why is None:
             lowered.append(r)
         else:

@@ -581,13 +581,15 @@ def bfloat16_values(x: np.ndarray) -> np.ndarray:
     return (bfloat16_bits(x).astype(np.uint32) << 16).view(np.float32)
 
 
-def bfloat16_pairs(packed: np.ndarray) -> np.ndarray:
-    """Packed float32 panels [pn][K][P] as the bfloat16 tiles read them: bit patterns [pn][ceil(K/2)][P][2], the
-    two k of a pair side by side in each column (vdpbf16ps's operand); an odd K's last pair has a zero second k."""
+def bfloat16_pairs(packed: np.ndarray, k_step: int = 2) -> np.ndarray:
+    """Packed float32 panels [pn][K][P] as the bfloat16 tiles read them: bit patterns [pn][K2/2][P][2], the two k
+    of a pair side by side in each column (vdpbf16ps's operand, and AMX's B tile rows), K2 = K rounded up to a
+    multiple of `k_step` (2, or an AMX step of 32) with zero rows."""
     pn, k, p = packed.shape
-    if k % 2:
-        packed = np.concatenate([packed, np.zeros((pn, 1, p), packed.dtype)], axis=1)
-        k += 1
+    if k % k_step:
+        pad = k_step - k % k_step
+        packed = np.concatenate([packed, np.zeros((pn, pad, p), packed.dtype)], axis=1)
+        k += pad
     return bfloat16_bits(np.ascontiguousarray(packed.reshape(pn, k // 2, 2, p).transpose(0, 1, 3, 2)))
 
 
@@ -626,15 +628,15 @@ def bfloat16_weights(name: str, bits: np.ndarray, dims, opset: int, out: str):
 FLOAT16_MAX = 65504.0
 
 
-def lower_packed_b(region: Region, b_dtype: str, opset: int) -> str | None:
+def lower_packed_b(region: Region, b_dtype: str, opset: int, k_step: int = 2) -> str | None:
     """Store a matmul region's packed constant B as `b_dtype` ("bfloat16" or "float16") for the low-precision
     packed-B tiles (codegen/microkernel/outer_product.py), in place; the function fallback casts it back to float32
     first, so the weights are stored once. Returns why the region keeps float32 weights, or None when lowered.
 
     bfloat16 is stored in pairs along K, [ceil(N / P)][K2/2][P][2] under the shape [ceil(N / P)][K2][P], K2 = K
-    rounded up to pairs (vdpbf16ps multiplies a pair per lane; the glue reads the odd K's extra zero row from the
-    shape); float16 as the float32 form is, [ceil(N / P)][K][P], and only when every weight is within float16's
-    range."""
+    rounded up to a multiple of `k_step` with zero rows (vdpbf16ps multiplies a pair per lane; AMX tiles take 32 K
+    a step: driver/precision.py; the glue reads K2 from the shape); float16 as the float32 form is,
+    [ceil(N / P)][K][P], and only when every weight is within float16's range."""
     c = region.compute
     if c is None or c.op in ("conv", "conv_transpose", "afusion", "siblings"):
         return "conv: float32, bf16 not lowered yet"
@@ -654,8 +656,8 @@ def lower_packed_b(region: Region, b_dtype: str, opset: int) -> str | None:
     u = f"{wname}__cast"
     body = [helper.make_node("Cast", [wname], [f"{u}_f"], to=onnx.TensorProto.FLOAT)]
     if b_dtype == "bfloat16":
-        k2 = k + k % 2
-        tensor, body = bfloat16_weights(wname, bfloat16_pairs(packed), (pn, k2, p), opset, f"{u}_f")
+        k2 = -(-k // k_step) * k_step
+        tensor, body = bfloat16_weights(wname, bfloat16_pairs(packed, k_step), (pn, k2, p), opset, f"{u}_f")
 
         def const(name, arr):
             return helper.make_node("Constant", [], [name],
@@ -666,7 +668,7 @@ def lower_packed_b(region: Region, b_dtype: str, opset: int) -> str | None:
                  const(f"{u}_s3", [pn, k2, p]),
                  helper.make_node("Reshape", [f"{u}_t", f"{u}_s3"], [f"{u}_w"])]
         unpacked = f"{u}_w"
-        if k2 != k:  # the odd K's zero row
+        if k2 != k:  # the padding's zero rows
             body += [const(f"{u}_starts", [0]), const(f"{u}_ends", [k]), const(f"{u}_axes", [1]),
                      helper.make_node("Slice", [unpacked, f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_k"])]
             unpacked = f"{u}_k"

@@ -658,7 +658,7 @@ static OrtStatus *qconv_execute(const onnxopt_qconv_desc *d, OrtKernelContext *c
       qc_pack_task(&j, 0);
     if (st) goto done;
   }
-  j.amx = d->amx_groups > 0 && amx_ok();
+  j.amx = d->amx_groups > 0 && amx_ok(AMX_INT8);
   j.block = j.amx ? 16 * (int64_t)d->amx_groups : d->mr;
   j.bpg = (j.cout_g + j.block - 1) / j.block;
   j.mblocks = d->group * j.bpg;

@@ -45,18 +45,11 @@ def choose(target, a_dtype: str = "u8", b_dtype: str = "s8"):
     """(instruction, mapping) for the kind's GEMM on `target`, or (None, why)."""
     if target.float32_lanes != PANEL:
         return None, "the AMX kernels finish rows on 16-lane vectors (AVX-512)"
-    op = gemm(a_dtype, b_dtype)
-    tried = []
-    for ins in matrix_available(target):
-        for m in mapping.mappings(op, ins.computation):
-            if not mapping.valid(op, ins.computation, m):
-                continue
-            if all(m.of(il) == frozenset({lp}) for il, lp in _LOOPS.items()):
-                return ins, m
-        tried.append(ins.name)
-    if not tried:
-        return None, f"target {target.name} has no matrix instruction"
-    return None, f"no mapping of the {a_dtype} x {b_dtype} GEMM onto {', '.join(tried)} that the kernel implements"
+    ins, m = mapping.implemented(gemm(a_dtype, b_dtype), matrix_available(target), _LOOPS)
+    if ins is None:
+        return None, (f"target {target.name} has no matrix instruction" if m == "no matrix instruction"
+                      else f"the {a_dtype} x {b_dtype} GEMM: {m}")
+    return ins, m
 
 
 def program(ins, groups: int) -> TileProgram:

@@ -66,7 +66,7 @@ static void qm_plan(qm_job *j) {
 static OrtStatus *qm_run(qm_job *j, OrtKernelContext *ctx) {
   const onnxopt_qmatmul_desc *d = j->d;
   j->panels = (d->n + d->panel - 1) / d->panel;
-  j->amx = d->amx_groups > 0 && amx_ok();
+  j->amx = d->amx_groups > 0 && amx_ok(AMX_INT8);
   j->block = j->amx ? 16 * (int64_t)d->amx_groups : d->mr;
   j->mblocks = (j->rows + j->block - 1) / j->block;
   qm_plan(j);

@@ -1,0 +1,163 @@
+"""A packed-B matmul tile in bfloat16 on AMX tiles (`tdpbf16ps`; `--precision bf16`, issue 46 item 5).
+
+The GEMM with bfloat16 operands and float32 sums is written in the tensor language and matched against the target's
+matrix instructions by AMOS's mapper (codegen/instructions/mapping.py `implemented`): bf16 x bf16 into float32 is
+`tdpbf16ps`'s (AMX-BF16), the tile program below implements the mapping rows -> the tile's rows, columns -> its
+columns, K -> its reduction.
+
+Both operands reach the tiles from memory in the tile's layouts:
+- B is the weights' bfloat16 pairs, [K / 2][panel][2] per panel (fusion/compute.py `bfloat16_pairs`): 16 pairs of
+  rows of one 16-column slice are a B tile as they lie, `panel * 4` bytes a row. Where the target has AMX-BF16 the
+  packing pads K to a multiple of 32 with zero rows (driver/precision.py), so every tile load stays inside the
+  weights; the glue runs these tiles only on such panels.
+- A (float32 activations) is rounded to bfloat16 (round to nearest even, vcvtneps2bf16) into a stack buffer
+  [rows][K rounded up to 32, zero-padded] once per call, the same rounding the vdpbf16ps tile does.
+
+One call computes 16 x `groups` rows (1 or 2 groups) of `nv` 16-column vectors: C tiles loaded from the partial sums
+of the earlier K blocks (or zeros), a Repeat over K's 32-wide chunks, C stored back; with two row groups the columns
+go two at a time (4 C, 2 A and 1 B tile of the 8). The sums then take the row's epilogue as the register tile's do
+(tile.py `emit_row_epilogue`), one row at a time from the stack buffer.
+
+The glue (compute_exec.c) calls them on row blocks of 32 where the CPU has AMX-BF16 and the OS granted the tile
+state (matrix_engine.c), else the register tiles. The program runs in the reference interpreter on any host, and a
+library built with ONNXOPT_EMULATE_TILES=1 runs the same steps as plain code, so the whole path is tested without
+AMX (tests/codegen/test_amx_bf16.py).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from onnxopt.codegen.instructions import MATRIX_INSTRUCTIONS, mapping, matrix_available
+from onnxopt.codegen.instructions.expr import Computation, Loop, access, cast, mul
+from onnxopt.codegen.instructions.tile_program import Dot, Load, Repeat, Store, TileProgram, affine
+from onnxopt.codegen.vmath.irutil import for_range
+
+from ..microkernel.outer_product import F32, I16, I64, PTR, lane_mask, round_rows_to_bf16
+from .tile import (SLOT_A, SLOT_A_MS, SLOT_ACC, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K, SLOT_LANES, SLOT_LDC, SLOT_M0,
+                   SLOT_OUT, SLOT_PHASE, TileSpec, _slot, emit_row_epilogue)
+
+ROWS = 16  # a tile's rows: one group of A's rows
+MAX_GROUPS = 2  # row groups a call: with two, C tiles 2 x 2 per pass, two A tiles and one B tile
+K_CHUNK = 32  # bf16 elements of K a tile step takes (64 bytes of an A row, 16 pair rows of B)
+_LOOPS = {"m": "row", "n": "column", "k": "depth"}
+
+
+def gemm() -> Computation:
+    """The packed-B tile's GEMM in the tensor language: out[row, column] += a[row, depth] * w[depth, column], bf16
+    operands widened to float32."""
+    return Computation("compute_bf16", (Loop("row", ROWS), Loop("column", 16), Loop("depth", K_CHUNK, reduce=True)),
+                       access("out", "f32", "row", "column"),
+                       mul("f32", cast("f32", access("a", "bf16", "row", "depth")),
+                           cast("f32", access("w", "bf16", "depth", "column"))))
+
+
+def choose(target, lanes: int):
+    """(instruction, mapping) the bfloat16 tile runs on for `target`, or (None, why)."""
+    if lanes != 16:
+        return None, "the AMX tiles finish rows on 16-lane vectors (AVX-512)"
+    ins, m = mapping.implemented(gemm(), matrix_available(target, ("bf16", "bf16")), _LOOPS)
+    if ins is None:
+        return None, f"target {target.name} has no bf16 matrix instruction" if m == "no matrix instruction" else m
+    return ins, m
+
+
+def program(ins, groups: int, nv: int, panel: int) -> TileProgram:
+    """16 x `groups` rows of the bfloat16 A buffer (pointer `a16`, `a_rs` bytes a row) times `nv` 16-column slices
+    of a B panel `panel` columns wide (pointer `b`), `chunks` chunks of 32 K; the float32 sums [16 groups][nv * 16]
+    loaded from `cin` and stored to `cout`."""
+    c_shape, a_shape, b_shape = ins.shapes_for(ROWS, 16, K_CHUNK)
+    c_row = nv * 64  # bytes of a row of the sums
+    step = 2 if groups == 2 else nv  # columns a pass: the tiles a pass holds fit the engine's 8
+    steps = []
+    for j0 in range(0, nv, step):
+        cols = range(j0, min(j0 + step, nv))
+        cs = {(g, j): f"c{g}{j - j0}" for g in range(groups) for j in cols}
+        steps += [Load(t, "cin", affine(const=g * ROWS * c_row + j * 64), affine(const=c_row))
+                  for (g, j), t in cs.items()]
+        body = [Load(f"a{g}", "a16", affine((ROWS * g, "a_rs"), (a_shape.colsb, "chunk")), affine("a_rs"))
+                for g in range(groups)]
+        for j in cols:
+            body.append(Load("b", "b", affine((b_shape.rows * panel * 4, "chunk"), const=j * 64),
+                             affine(const=panel * 4)))
+            body += [Dot(ins, cs[(g, j)], f"a{g}", "b") for g in range(groups)]
+        steps.append(Repeat("chunk", affine("chunks"), tuple(body)))
+        steps += [Store(t, "cout", affine(const=g * ROWS * c_row + j * 64), affine(const=c_row))
+                  for (g, j), t in cs.items()]
+    c_tiles = [f"c{g}{j}" for g in range(groups) for j in range(min(step, nv))]
+    shapes = [(c, c_shape) for c in c_tiles] + [(f"a{g}", a_shape) for g in range(groups)] + [("b", b_shape)]
+    return TileProgram(f"compute_bf16_amx_g{groups}v{nv}", tuple(shapes), tuple(steps), (ins,))
+
+
+def define_amx_tile_function(module: ir.Module, name: str, spec: TileSpec, ins, groups: int, nv: int,
+                             emulate: bool) -> ir.Function:
+    """`void name(const int64 *tile)`: a ct_tile record as the register tiles get it, for 16 x `groups` rows."""
+    rows, lanes, panel = ROWS * groups, spec.tile.lanes, spec.packed_b
+    vty = ir.VectorType(F32, lanes)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+    fn.args[0].add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    t = fn.args[0]
+    a, a_ms, bp = _slot(b, t, SLOT_A, PTR), _slot(b, t, SLOT_A_MS, I64), _slot(b, t, SLOT_B, PTR)
+    k_count, ldc, m0 = _slot(b, t, SLOT_K, I64), _slot(b, t, SLOT_LDC, I64), _slot(b, t, SLOT_M0, I64)
+    coff = [_slot(b, t, SLOT_COFF + j, I64) for j in range(nv)]
+    masks = [lane_mask(b, _slot(b, t, SLOT_LANES + j, I64), lanes) for j in range(nv)]
+    outs = [_slot(b, t, SLOT_OUT + k, PTR) for k in range(len(spec.epilogue.outputs))]
+    extras = [_slot(b, t, SLOT_EXTRA + e, PTR) for e in range(len(spec.epilogue.inputs) - 1)]
+    partial, phase = _slot(b, t, SLOT_ACC, PTR), _slot(b, t, SLOT_PHASE, I64)
+
+    # A's rows in bfloat16, K padded with zeros to whole chunks.
+    kp = b.and_(b.add(k_count, ir.Constant(I64, K_CHUNK - 1)), ir.Constant(I64, -K_CHUNK))
+    a16 = b.alloca(I16, size=b.mul(kp, ir.Constant(I64, rows)))
+    a_rows = [b.gep(a, [b.mul(ir.Constant(I64, i), a_ms)], source_etype=F32) for i in range(rows)]
+    round_rows_to_bf16(b, a_rows, a16, k_count, kp)
+
+    # The sums: zeros, or the earlier K blocks' (phase bit 1); left in `partial` for a later block (bit 0).
+    sums = b.alloca(F32, size=ir.Constant(I64, rows * nv * 16))
+    zeros = ir.Constant(vty, [0.0] * lanes)
+
+    def vector_at(offset):
+        return b.bitcast(b.gep(sums, [offset], source_etype=F32), vty.as_pointer())
+
+    for v in range(rows * nv):
+        b.store(zeros, vector_at(ir.Constant(I64, v * 16)), align=4)
+
+    def bit(n):
+        return b.icmp_unsigned("!=", b.and_(phase, ir.Constant(I64, n)), ir.Constant(I64, 0))
+
+    cin, cout = b.select(bit(2), partial, sums), b.select(bit(1), partial, sums)
+    prog = program(ins, groups, nv, panel)
+    prog.emit(b, {"a16": a16, "b": bp, "cin": cin, "cout": cout},
+              {"a_rs": b.mul(kp, ir.Constant(I64, 2)), "chunks": b.udiv(kp, ir.Constant(I64, K_CHUNK))},
+              emulate=emulate)
+
+    more = fn.append_basic_block("sums.kept")
+    last = fn.append_basic_block("epilogue")
+    b.cbranch(bit(1), more, last)
+    b.position_at_end(more)
+    b.ret_void()
+    b.position_at_end(last)
+
+    def row(r, _):
+        acc = [b.load(vector_at(b.add(b.mul(r, ir.Constant(I64, nv * 16)), ir.Constant(I64, j * 16))), typ=vty,
+                      align=4) for j in range(nv)]
+        emit_row_epilogue(b, spec, b.add(m0, r), acc, ldc, coff, masks, outs, extras)
+        return []
+
+    for_range(b, ir.Constant(I64, 0), ir.Constant(I64, rows), ir.Constant(I64, 1), row)
+    b.ret_void()
+    return fn
+
+
+def define_amx_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, ins_name: str,
+                              emulate: bool) -> list[list[str]]:
+    """Every (groups, nv) variant; returns their names as [groups - 1][nv - 1]."""
+    ins = next(i for i in MATRIX_INSTRUCTIONS if i.name == ins_name)
+    names = []
+    for groups in range(1, MAX_GROUPS + 1):
+        row = []
+        for nv in range(1, spec.tile.ni + 1):
+            row.append(f"{prefix}_x{groups}v{nv}")
+            define_amx_tile_function(module, row[-1], spec, ins, groups, nv, emulate)
+        names.append(row)
+    return names
