@@ -205,7 +205,8 @@ class OutputStage:
         entry["float32_regions"] = [e for e in entry.get("float32_regions", []) if tuple(e["nodes"]) in written]
         entry.update({"written": record, "lowered": [r.node_names for r in lowered]})
         if lowered:
-            self.opts.tolerance = low_precision_tolerance(self.opts.tolerance)
+            budget = self.opts.accuracy_budget if self.opts.precision == "auto" else None
+            self.opts.tolerance = low_precision_tolerance(self.opts.tolerance, budget)
         return record
 
     def _without_quantized(self, plan: list[Region]) -> list[Region]:
