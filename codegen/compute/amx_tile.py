@@ -10,8 +10,10 @@ Both operands reach the tiles from memory in the tile's layouts:
   rows of one 16-column slice are a B tile as they lie, `panel * 4` bytes a row. Where the target has AMX-BF16 the
   packing pads K to a multiple of 32 with zero rows (driver/precision.py), so every tile load stays inside the
   weights; the glue runs these tiles only on such panels.
-- A (float32 activations) is rounded to bfloat16 (round to nearest even, vcvtneps2bf16) into a stack buffer
-  [rows][K rounded up to 32, zero-padded] once per call, the same rounding the vdpbf16ps tile does.
+- A (float32 activations) is rounded to bfloat16 (round to nearest even, vcvtneps2bf16, as the vdpbf16ps tile
+  does) by the set's rounding function into the glue's buffer [rows][K rounded up to 32, zero-padded], once per row
+  block and K block: every panel of the group then reads that copy (rounding it per panel cost about as much as the
+  tile products).
 
 One call computes 16 x `groups` rows (1 or 2 groups) of `nv` 16-column vectors: C tiles loaded from the partial sums
 of the earlier K blocks (or zeros), a Repeat over K's 32-wide chunks, C stored back; with two row groups the columns
@@ -34,8 +36,11 @@ from onnxopt.codegen.instructions.tile_program import Dot, Load, Repeat, Store, 
 from onnxopt.codegen.vmath.irutil import for_range
 
 from ..microkernel.outer_product import F32, I16, I64, PTR, lane_mask, round_rows_to_bf16
+from ..glue.contract import CT_TILE
 from .tile import (SLOT_A, SLOT_A_MS, SLOT_ACC, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K, SLOT_LANES, SLOT_LDC, SLOT_M0,
                    SLOT_OUT, SLOT_PHASE, TileSpec, _slot, emit_row_epilogue)
+
+SLOT_A16, SLOT_A16_ROWS = CT_TILE.index("a16"), CT_TILE.index("a16_rows")
 
 ROWS = 16  # a tile's rows: one group of A's rows
 MAX_GROUPS = 2  # row groups a call: with two, C tiles 2 x 2 per pass, two A tiles and one B tile
@@ -98,7 +103,7 @@ def define_amx_tile_function(module: ir.Module, name: str, spec: TileSpec, ins, 
     fn.args[0].add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     t = fn.args[0]
-    a, a_ms, bp = _slot(b, t, SLOT_A, PTR), _slot(b, t, SLOT_A_MS, I64), _slot(b, t, SLOT_B, PTR)
+    a16, bp = _slot(b, t, SLOT_A16, PTR), _slot(b, t, SLOT_B, PTR)
     k_count, ldc, m0 = _slot(b, t, SLOT_K, I64), _slot(b, t, SLOT_LDC, I64), _slot(b, t, SLOT_M0, I64)
     coff = [_slot(b, t, SLOT_COFF + j, I64) for j in range(nv)]
     masks = [lane_mask(b, _slot(b, t, SLOT_LANES + j, I64), lanes) for j in range(nv)]
@@ -106,11 +111,7 @@ def define_amx_tile_function(module: ir.Module, name: str, spec: TileSpec, ins, 
     extras = [_slot(b, t, SLOT_EXTRA + e, PTR) for e in range(len(spec.epilogue.inputs) - 1)]
     partial, phase = _slot(b, t, SLOT_ACC, PTR), _slot(b, t, SLOT_PHASE, I64)
 
-    # A's rows in bfloat16, K padded with zeros to whole chunks.
-    kp = b.and_(b.add(k_count, ir.Constant(I64, K_CHUNK - 1)), ir.Constant(I64, -K_CHUNK))
-    a16 = b.alloca(I16, size=b.mul(kp, ir.Constant(I64, rows)))
-    a_rows = [b.gep(a, [b.mul(ir.Constant(I64, i), a_ms)], source_etype=F32) for i in range(rows)]
-    round_rows_to_bf16(b, a_rows, a16, k_count, kp)
+    kp = _padded_k(b, k_count)  # A's bfloat16 rows (amx_round's), this far apart
 
     # The sums: zeros, or the earlier K blocks' (phase bit 1); left in `partial` for a later block (bit 0).
     sums = b.alloca(F32, size=ir.Constant(I64, rows * nv * 16))
@@ -149,10 +150,39 @@ def define_amx_tile_function(module: ir.Module, name: str, spec: TileSpec, ins, 
     return fn
 
 
+def _padded_k(b: ir.IRBuilder, k_count):
+    """K rounded up to whole tile steps: the elements between A's bfloat16 rows."""
+    return b.and_(b.add(k_count, ir.Constant(I64, K_CHUNK - 1)), ir.Constant(I64, -K_CHUNK))
+
+
+def define_amx_round_function(module: ir.Module, name: str) -> ir.Function:
+    """`void name(const int64 *tile)`: rows `a16_rows` of A (float32 at `a`, `a_ms` apart, `k` of them) rounded to
+    bfloat16 (vcvtneps2bf16: round to nearest even) into `a16`, rows K-rounded-up-to-32 apart, zero-padded. The glue
+    calls it once per row block and K block, and every panel's tiles read the copy."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+    fn.args[0].add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    t = fn.args[0]
+    a, a_ms, k_count = _slot(b, t, SLOT_A, PTR), _slot(b, t, SLOT_A_MS, I64), _slot(b, t, SLOT_K, I64)
+    a16, rows = _slot(b, t, SLOT_A16, PTR), _slot(b, t, SLOT_A16_ROWS, I64)
+    kp = _padded_k(b, k_count)
+
+    def row(r, _):
+        src = b.gep(a, [b.mul(r, a_ms)], source_etype=F32)
+        round_rows_to_bf16(b, [src], b.gep(a16, [b.mul(r, kp)], source_etype=I16), k_count, kp)
+        return []
+
+    for_range(b, ir.Constant(I64, 0), rows, ir.Constant(I64, 1), row)
+    b.ret_void()
+    return fn
+
+
 def define_amx_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, ins_name: str,
                               emulate: bool) -> list[list[str]]:
-    """Every (groups, nv) variant; returns their names as [groups - 1][nv - 1]."""
+    """Every (groups, nv) variant, then the rounding function; returns their names as [groups - 1][nv - 1] and a
+    last row [round]."""
     ins = next(i for i in MATRIX_INSTRUCTIONS if i.name == ins_name)
+    define_amx_round_function(module, f"{prefix}_round")
     names = []
     for groups in range(1, MAX_GROUPS + 1):
         row = []
@@ -160,4 +190,4 @@ def define_amx_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, in
             row.append(f"{prefix}_x{groups}v{nv}")
             define_amx_tile_function(module, row[-1], spec, ins, groups, nv, emulate)
         names.append(row)
-    return names
+    return names + [[f"{prefix}_round"]]

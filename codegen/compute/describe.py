@@ -90,7 +90,8 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         ins, _ = amx_choose(target, tile.lanes)
         if ins is not None:
             amx = TileSetRequest("amx", spec, matrix=ins.name, emulated=emulating())
-            desc.amx_tiles, desc.matrix_instruction, desc.amx_emulated = amx.names(), ins.name, amx.emulated
+            *desc.amx_tiles, (desc.amx_round,) = amx.names()
+            desc.matrix_instruction, desc.amx_emulated = ins.name, amx.emulated
             sets.append(amx)
     return desc, [req] + sets
 

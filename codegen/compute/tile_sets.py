@@ -67,7 +67,8 @@ class TileSetRequest:
         if self.kind == "winograd":
             return [[f"{p}_win", f"{p}_wout"]]
         if self.kind == "amx":
-            return [[f"{p}_x{g}v{nv}" for nv in range(1, tile.ni + 1)] for g in range(1, AMX_MAX_GROUPS + 1)]
+            return [[f"{p}_x{g}v{nv}" for nv in range(1, tile.ni + 1)] for g in range(1, AMX_MAX_GROUPS + 1)] + \
+                [[f"{p}_round"]]
         tag = "b" if self.kind == "blocked" else "m"
         return [[f"{p}_{tag}{mi}v{nv}" for nv in range(1, tile.ni + 1)] for mi in range(1, tile.mi + 1)]
 

@@ -91,12 +91,15 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
   float *sums = NULL;
   if (nkb > 1) {
     sums = (float *)malloc((size_t)((t1 - t0) * (b1 - b0) * block * NRF) * sizeof(float));
-    if (!sums) { /* one block over the whole K needs no buffer; the AMX tiles' stack copy of A would be too large */
+    if (!sums) { /* one block over the whole K needs no buffer */
       kc = K;
       nkb = 1;
-      amx = 0;
     }
   }
+  /* AMX: a row block's K block of A in bfloat16, rounded once and read by every panel of the group */
+  int64_t kp = (kc + 31) & ~(int64_t)31;
+  uint16_t *a16 = amx ? (uint16_t *)malloc((size_t)(block * (kp > 0 ? kp : 1)) * sizeof(uint16_t)) : NULL;
+  if (!a16) amx = 0;
   for (int64_t kb = 0; kb < nkb; kb++) {
     int64_t k0 = kb * kc;
     t->k = K - k0 < kc ? K - k0 : kc;
@@ -106,6 +109,12 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
       for (int64_t mb = b0; mb < b1; mb++) {
         int64_t m0 = mb * block;
         int64_t mi = job->M - m0 < block ? job->M - m0 : block;
+        if (amx && mi >= 16) {
+          t->a = a_item + m0 * job->a_ms + k0;
+          t->a16 = a16;
+          t->a16_rows = mi / 16 * 16;
+          d->amx_round((const int64_t *)t);
+        }
         for (int64_t tile = g0; tile < g1; tile++) {
           int nv = 0;
           int64_t p0 = tile * NRF;
@@ -125,6 +134,7 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
             t->m0 = m0 + r;
             t->a = a_item + (m0 + r) * job->a_ms + k0;
             t->acc = acc ? acc + r * NRF : NULL;
+            t->a16 = a16 ? a16 + r * ((t->k + 31) & ~(int64_t)31) : NULL; /* rows as amx_round wrote them */
             if (g) d->amx_tiles[(rows / 16 - 1) * d->ni + (nv - 1)]((const int64_t *)t);
             else d->tiles[(rows - 1) * d->ni + (nv - 1)]((const int64_t *)t);
             r += rows;
@@ -134,6 +144,7 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
     }
   }
   free(sums);
+  free(a16);
 }
 
 static void ct_run_task(const ct_job *job, int64_t task) {

@@ -444,6 +444,8 @@ CT_DESC = Struct("onnxopt_ct_desc", [
                                        "most groups of 16 rows a call takes (0: none)"),
     Field("amx_tiles", "const tile_fn *", comment="[groups - 1][nv - 1], run only where the CPU and the OS allow "
                                                   "them (matrix_engine.c)"),
+    Field("amx_round", TILE_FN, comment="A's rows into the tiles' bfloat16 copy (ct_tile a16), once per row block "
+                                        "and K block, not once per panel"),
 ], comment="a convolution or matmul with its fused epilogue (compute_exec.c)")
 
 # The compute tile's record (codegen/compute/tile.py and blocked_tile.py read it; compute_exec.c and the other
@@ -466,6 +468,9 @@ CT_TILE = ArgBlock("ct_tile", [
                                     "[mi][ni * lanes]"),
     Field("phase", "int64_t", comment="packed B: bit 1, continue the sums in acc, and bit 0, store them there "
                                       "(not the last block)"),
+    Field("a16", "const uint16_t *", comment="a bfloat16 packed B on AMX tiles: A's rows in bfloat16, [rows][K "
+                                             "rounded up to 32], zero-padded (codegen/compute/amx_tile.py)"),
+    Field("a16_rows", "int64_t", comment="the rows amx_round writes there"),
 ], prefix="CT_SLOT_", aliases=[
     Alias("lo", "a_ks", comment="a depthwise border tile: the first input column that exists (blocked_tile.py)"),
     Alias("hi", "m0", comment="a depthwise border tile: one past the last"),

@@ -61,6 +61,7 @@ class CtKernelDesc:
     # A bfloat16 packed-B matmul on AMX tiles (codegen/compute/amx_tile.py): [groups - 1][nv - 1] symbols, run by
     # the glue where the CPU and the OS allow them (matrix_engine.c), else the register tiles
     amx_tiles: list[list[str]] = field(default_factory=list)
+    amx_round: str = ""  # A's rows into the tiles' bfloat16 copy, once per row block and K block
     matrix_instruction: str = ""  # what the AMX tiles run on ("" for none)
     amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
 

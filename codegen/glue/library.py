@@ -49,8 +49,9 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
     initializer is CT_DESC's (codegen/glue/contract.py), by member name."""
     syms = [s for row in k.tiles for s in row]
     amx = [s for row in k.amx_tiles for s in row]
+    amx_round = [k.amx_round] if amx else []
     wino = [k.wino_in, k.wino_out] if k.winograd else []
-    parts = [f"extern void {s}(const int64_t *);\n" for s in syms + amx + wino]
+    parts = [f"extern void {s}(const int64_t *);\n" for s in syms + amx + amx_round + wino]
     parts.append(_c_array("int", f"{c}_in_types", k.in_types))
     parts.append(_c_array("int", f"{c}_out_types", k.out_types))
     parts.append(_c_array("tile_fn", f"{c}_tiles", syms))
@@ -69,7 +70,8 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
         "in_blocked": k.in_blocked, "out_blocked": k.out_blocked, "channel_vectors": k.channel_vectors,
         "transposed": k.transposed, "out_pad": list(k.output_padding), "wino_m": k.winograd,
         "wino_in": wino[0] if wino else None, "wino_out": wino[1] if wino else None,
-        "amx_groups": len(k.amx_tiles), "amx_tiles": f"{c}_amx_tiles" if amx else None})
+        "amx_groups": len(k.amx_tiles), "amx_tiles": f"{c}_amx_tiles" if amx else None,
+        "amx_round": k.amx_round or None})
     return "".join(parts), init
 
 

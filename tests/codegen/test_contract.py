@@ -97,7 +97,7 @@ def _ct_values(**over):
     sig = {"name": cstr("Conv_1"), "kind": "KIND_CONV", "n_in": 2, "n_out": 1, "in_types": "ins", "out_types": "outs"}
     values = {f.name: 0 for f in CT_DESC.fields}
     values.update(sig=sig, tiles="tiles", extra_kind=None, extra_nstride=None, pads=[1, 2, 3, 4], out_pad=[0, 1],
-                  wino_in=None, wino_out=None, amx_tiles=None)
+                  wino_in=None, wino_out=None, amx_tiles=None, amx_round=None)
     values.update(over)
     return values
 
@@ -106,7 +106,7 @@ def test_an_initializer_names_every_member_and_refuses_missing_or_unknown_ones()
     text = CT_DESC.initializer(_ct_values(mi=4, groups=2))
     assert text.startswith('{.sig = {.name = "Conv_1", .kind = KIND_CONV, .n_in = 2, .n_out = 1, .in_types = ins, '
                            '.out_types = outs}, .mi = 4, ')
-    assert ".pads = {1, 2, 3, 4}" in text and ".groups = 2" in text and ".wino_out = NULL, .amx_groups = 0, .amx_tiles = NULL}" in text
+    assert ".pads = {1, 2, 3, 4}" in text and ".groups = 2" in text and ".wino_out = NULL, .amx_groups = 0, .amx_tiles = NULL, .amx_round = NULL}" in text
     missing = _ct_values()
     del missing["ic_g"]
     with pytest.raises(ContractError, match="misses ic_g"):
@@ -145,14 +145,14 @@ def test_an_initializer_sets_the_members_it_names(tmp_path):
 
 def _slot_blocks():
     """Each record, with the Python constants its lowering reads it by (module, its names -> the slot names)."""
-    from onnxopt.codegen.compute import blocked_tile, tile
+    from onnxopt.codegen.compute import amx_tile, blocked_tile, tile
     from onnxopt.codegen.pool import kernels
     from onnxopt.kinds.qconv import desc as qc_desc
     from onnxopt.kinds.qconv import lower as qc_lower
     from onnxopt.kinds.qmatmul import desc as qm_desc
     from onnxopt.kinds.qmatmul import lower as qm_lower
 
-    return [(CT_TILE, [tile, blocked_tile]), (POOL_ARGS, [kernels]), (qm_desc.QM_TILE, [qm_lower]),
+    return [(CT_TILE, [tile, blocked_tile, amx_tile]), (POOL_ARGS, [kernels]), (qm_desc.QM_TILE, [qm_lower]),
             (qc_desc.QC_TILE, [qc_lower])]
 
 
@@ -164,7 +164,7 @@ def test_the_lowerings_read_the_generated_slots():
             assert used and all(consts[n] == v for n, v in used.items()), (block.name, m.__name__)
     from onnxopt.codegen.compute import tile
 
-    assert tile.SLOTS == CT_TILE.n_slots == 34 and tile.SLOT_PHASE == 33
+    assert tile.SLOTS == CT_TILE.n_slots == 36 and tile.SLOT_PHASE == 33
     assert (tile.NV_MAX, tile.MAX_OUTPUTS, tile.MAX_EXTRAS) == (c.CT_NV_MAX.value, c.CT_MAX_OUT.value,
                                                                c.CT_MAX_EXTRA.value)
     from onnxopt.fusion import compute as rule
