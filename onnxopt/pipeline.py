@@ -51,7 +51,7 @@ from onnxopt.verify import Tolerance, check_given_inputs, load_check_inputs, mak
 from onnxopt.driver.policy import (PLANS, FUSION_KINDS, passthroughs_kept, _consistent_layouts, _op_counts,
                                    _channel_vector_kernel, _packed_panel)
 from onnxopt.driver.decision import DecisionStage
-from onnxopt.driver.precision import (DEFAULT_ACCURACY_BUDGET, choose_auto, conv_refusal, kernel_path,
+from onnxopt.driver.precision import (DEFAULT_ACCURACY_BUDGET, bf16_k_step, choose_auto, conv_refusal, kernel_path,
                                       lower_regions, parse_budget, parse_precision)
 from onnxopt.driver.result import Result
 from onnxopt.driver.kernels import KernelStage
@@ -462,7 +462,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
                                               or (convs and blocked_conv_refusal(r) is None)):
                     lowerable.setdefault(r.nodes[0].output[0], []).append(r)
             feeds = make_inputs(work, self._bindings(), opts.seed, opts.check_inputs)
-            round_a = opts.target.has("avx512bf16")
+            round_a = opts.target.has("avx512bf16") or bf16_k_step(opts.target) > 2  # vdpbf16ps and AMX read bf16 A
             chosen, refused, entry["auto"] = choose_auto(
                 work, [rs[0] for rs in lowerable.values()], opts.accuracy_budget, round_a,
                 lambda m, outputs: self._session(m).run(outputs, feeds))

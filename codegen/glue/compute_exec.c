@@ -72,8 +72,8 @@ static int64_t ct_packed_group(const onnxopt_ct_desc *d, int64_t K) {
 }
 
 /* Whether a bfloat16 packed B runs on the AMX tiles: the library has them, the CPU has AMX-BF16 and the OS granted
-   the tile state (matrix_engine.c), and the panels are stored in whole tile steps of 32 K (the packing pads them
-   so where the target has AMX-BF16: driver/precision.py), so no tile load reads past the weights. */
+   the tile state (matrix_engine.c), and the panels are stored in whole tile steps of 32 K (for a target with
+   AMX-BF16 the packing pads them so: driver/precision.py), so no tile load reads past the weights. */
 static int ct_amx(const ct_job *job) {
   const onnxopt_ct_desc *d = job->d;
   int64_t KB = job->K_rows ? job->K_rows : job->K;
