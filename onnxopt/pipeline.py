@@ -40,7 +40,8 @@ from onnxopt.graph.cse import eliminate_common_subexpressions
 from onnxopt.graph.fold import fold_constants
 from onnxopt.graph.large import SharedWeights, check_model, inference_session
 from onnxopt.graph.quantized import (dedicate_unit_dequantizers, integer_product_units, is_quantized,
-                                     qdq_conv_units, qdq_matmul_units, quantized_nodes)
+                                     qdq_conv_units, qdq_matmul_units, qdq_pool_units,
+                                     quantized_nodes)
 from onnxopt.graph.quantized_weights import fold_quantized_weights
 from onnxopt.graph.publish import check_destination, probe_writable
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
@@ -531,7 +532,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         # and many. A dynamically quantized model's are few and large (MiniLM's MatMulIntegers).
         self.quantizes_statically = any(n.op_type == "QuantizeLinear" for n in work.graph.node)
         self.int8_units = integer_product_units(work.graph) | qdq_conv_units(work.graph) | \
-            qdq_matmul_units(work.graph)
+            qdq_matmul_units(work.graph) | qdq_pool_units(work.graph)
         if rewrites.get("unary_through_concats"):
             self.report["merged_nodes"] += eliminate_common_subexpressions(work)
         self.emit_base = work  # the folded graph as it is: what fused.onnx is built from

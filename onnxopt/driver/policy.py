@@ -75,7 +75,7 @@ PLANS_BY_FUSION = ("afusion", "afusion-chains", "horizontal", "compute-blocked",
 # Whole-graph plans, timed against each other (see _Optimizer._run).
 PLANS = ("compute", "compute-dense", "compute-blocked", "afusion", "horizontal", "pool", "elementwise")
 FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy") + tuple(k.name for k in KINDS)
-INT8_FAMILIES = ("qmatmul", "qconv")  # kinds that run quantized units whole (graph/quantized.py)
+INT8_FAMILIES = ("qmatmul", "qconv", "qgap")  # kinds that run quantized units whole (graph/quantized.py)
 
 
 def runs_quantized_units(region: Region) -> bool:

@@ -198,6 +198,24 @@ def qdq_matmul_units(graph: onnx.GraphProto) -> set[str]:
     return units
 
 
+def qdq_pool_units(graph: onnx.GraphProto) -> set[str]:
+    """The static QDQ GlobalAveragePool units, DequantizeLinear -> GlobalAveragePool -> QuantizeLinear, each the only
+    reader of the one before, by first output: the int8 pool kind (onnxopt/kinds/qgap) runs them whole, as
+    onnxruntime's QLinearGlobalAveragePool does."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    consumers = _consumers(graph)
+    units: set[str] = set()
+    for n in graph.node:
+        if n.op_type != "GlobalAveragePool" or not n.input:
+            continue
+        dq, nxt = producer.get(n.input[0]), consumers.get(n.output[0], [])
+        if dq is None or dq.op_type != "DequantizeLinear" or len(consumers.get(dq.output[0], [])) != 1 \
+                or len(nxt) != 1 or nxt[0].op_type != "QuantizeLinear":
+            continue
+        units.update((dq.output[0], n.output[0], nxt[0].output[0]))
+    return units
+
+
 def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
     """Give QDQ units DequantizeLinear nodes of their own (in place), as onnxruntime's EnsureUniqueDQForNodeUnit
     does: every convolution, matmul and Gemm a copy of each one it reads that another node reads too (a block's

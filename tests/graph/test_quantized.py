@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxopt
 from onnxopt.graph.quantized import (QUANTIZATION_OPS, dedicate_unit_dequantizers, integer_product_units,
-                                     qdq_conv_units, quantized_nodes)
+                                     qdq_conv_units, qdq_pool_units, quantized_nodes)
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 
@@ -79,12 +79,12 @@ def test_quantized_structure_passes_through(quantized, name, tmp_path):
     res = onnxopt.optimize(str(src), str(out), measure=False)
     fused = onnx.load(out)
     # Every quantization op is still there, as many as before, but for those of the units our int8 kinds run
-    # (onnxopt/kinds/qmatmul, qconv): no DequantizeLinear of a weight folded to float. Dequantizers copied so that
+    # (onnxopt/kinds/qmatmul, qconv, qgap): no DequantizeLinear of a weight folded to float. Dequantizers copied so that
     # each convolution has its own (graph/quantized.py, dedicate_unit_dequantizers) stay where no kernel took them.
     types = {}
     for n in original.graph.node:
         types[n.name or n.output[0]] = types[n.output[0]] = n.op_type
-    taken = Counter(types[x] for e in res.report["regions"] if e["op_type"].startswith(("qmatmul_", "qconv_"))
+    taken = Counter(types[x] for e in res.report["regions"] if e["op_type"].startswith(("qmatmul_", "qconv_", "qgap_"))
                     for x in e["nodes"] if types.get(x) in QUANTIZATION_OPS)
     want_counts = _quant_counts(original) - taken
     got = _quant_counts(fused)
@@ -99,7 +99,8 @@ def test_quantized_structure_passes_through(quantized, name, tmp_path):
     # No fused region took a node of a quantized pattern other than an integer matmul with its rescaling, or a
     # convolution unit with the elementwise tail its tables run as onnxruntime's nodes (kinds/qconv/lookup.py), and
     # the answers are the quantized model's.
-    keep = quantized_nodes(original.graph) - integer_product_units(original.graph) - qdq_conv_units(original.graph)
+    keep = quantized_nodes(original.graph) - integer_product_units(original.graph) - qdq_conv_units(original.graph) \
+        - qdq_pool_units(original.graph)
     for e in res.report["regions"]:
         assert not any(n in keep for n in e["outputs"] if n not in e.get("tail", ())), e
     x = np.random.default_rng(2).standard_normal((1, 8, 16, 16)).astype(np.float32)
