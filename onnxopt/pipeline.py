@@ -42,6 +42,7 @@ from onnxopt.graph.large import SharedWeights, check_model, inference_session
 from onnxopt.graph.quantized import (dedicate_unit_dequantizers, integer_product_units, is_quantized,
                                      qdq_conv_units, qdq_matmul_units, qdq_pool_units,
                                      quantized_nodes)
+from onnxopt.graph.quantized_pools import int8_max_pools, quantize_before_max_pools
 from onnxopt.graph.quantized_weights import fold_quantized_weights
 from onnxopt.graph.publish import check_destination, probe_writable
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
@@ -514,13 +515,15 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         static = _static_shapes(inferred)
         _check_tensor_sizes(static)
         # A quantized model keeps the structure onnxruntime's int8 fusions match (graph/quantized.py): no rewrites
-        # but one that makes each QDQ convolution unit whole, and no region that touches a unit but the int8 kinds'.
-        # Weights the quantizer quantizes at run time (a Paddle export's Constant nodes) are folded to their integers
-        # first, as onnxruntime computes them (graph/quantized_weights.py).
+        # but one that makes each QDQ convolution unit whole and one that puts MaxPools on the int8 tensors, as
+        # onnxruntime does when it loads the model (graph/quantized_pools.py), and no region that touches a unit but
+        # the int8 kinds'. Weights the quantizer quantizes at run time (a Paddle export's Constant nodes) are folded
+        # to their integers first, as onnxruntime computes them (graph/quantized_weights.py).
         if is_quantized(work):
             rewrites = {"skipped": "the model is quantized",
                         "quantized_weights_folded": fold_quantized_weights(work),
-                        "dequantizers_per_unit": dedicate_unit_dequantizers(work)}
+                        "dequantizers_per_unit": dedicate_unit_dequantizers(work),
+                        "max_pools_on_int8": quantize_before_max_pools(work)}
         else:
             rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
                         "unary_through_concats": push_unary_through_concats(work),
@@ -538,7 +541,9 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         self.emit_base = work  # the folded graph as it is: what fused.onnx is built from
         work = _infer(work) if any(isinstance(v, int) and v for v in rewrites.values()) else inferred
         if self.quantized:  # which tensors are float: what a region of quantization steps may read and write
-            self.float_tensors = {n for n, t in tensor_info(work).items() if t.dtype == "float32"}
+            types = {n: t.dtype for n, t in tensor_info(work).items()}
+            self.float_tensors = {n for n, t in types.items() if t == "float32"}
+            self.int8_units |= int8_max_pools(work.graph, types)
         _complete_output_types(self.emit_base, work)
         self.report["timings"]["load_fold_infer_s"] = time.perf_counter() - t
 
@@ -610,6 +615,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             rejected = [] if plans else self.report["rejected"]
             claimed = set()
             plan = self._kind_regions(work, claimed, rejected)
+            if self.quantized and "pool" not in self.opts.skip_fusion:  # a quantized model's int8 MaxPools
+                plan += PoolRule(work).find_regions(claimed, rejected, int8_only=True)
             plans.append(("elementwise", dedupe(plan + ElementwiseRule(work).find_regions(rejected, exclude=claimed))))
         # A plan with the same regions as an earlier one (compute-dense on a graph without grouped convolutions) would
         # only be built, checked and timed again.

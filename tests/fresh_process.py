@@ -36,3 +36,10 @@ def run_written(model_path, x: np.ndarray, folder, env: dict | None = None) -> t
                        env={**os.environ, **(env or {})})
     assert r.returncode == 0, r.stderr
     return np.load(folder / "got.npy"), json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def kernel_ran(written, op_type: str, calls: dict) -> int:
+    """How many times the kernel `op_type` of the written model (an onnx.ModelProto) was called, on its own node or
+    inside a sequence node (whose function calls its kernels' ops in order): `calls` is run_written's "calls"."""
+    members = {f.name: {n.op_type for n in f.node} for f in written.functions}
+    return calls.get(op_type, 0) + sum(v for k, v in calls.items() if op_type in members.get(k, ()))

@@ -132,6 +132,32 @@ def matmul_operands(rng, k: int, n: int, lead: list, m: int, extreme: bool) -> t
     return rng.integers(0, 256, (*lead, m, k)).astype(np.uint8), rng.integers(-128, 128, (k, n)).astype(np.int8)
 
 
+def quantize_static_defaults(model: onnx.ModelProto, folder, xshape) -> onnx.ModelProto:
+    """`model` (one float input "x" of `xshape`) quantized by onnxruntime's quantize_static with its defaults (QDQ),
+    calibrated on 4 random inputs; the float model is saved as f.onnx and the quantized one as q.onnx in `folder`."""
+    import os
+
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.data = iter([{"x": np.random.default_rng(i).standard_normal(xshape).astype(np.float32)}
+                              for i in range(4)])
+
+        def get_next(self):
+            return next(self.data, None)
+
+    onnx.save(model, os.path.join(folder, "f.onnx"))
+    quantize_static(os.path.join(folder, "f.onnx"), os.path.join(folder, "q.onnx"), Reader())
+    return onnx.load(os.path.join(folder, "q.onnx"))
+
+
+def last_step(q: onnx.ModelProto, output: str = "y") -> float:
+    """The scale of the DequantizeLinear that makes a quantized model's output: one step of it."""
+    dq = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == output)
+    return float(numpy_helper.to_array(next(t for t in q.graph.initializer if t.name == dq.input[1])))
+
+
 def quantized_cnn(folder, nodes, weights: dict, xshape, rng, qoperator: bool = False) -> str:
     """A float model of `nodes` (input "x" of `xshape`, output "y", `weights` by name) quantized by onnxruntime's
     quantize_static (u8 activations, per-channel s8 weights, 4 random calibration inputs; QDQ, or the QOperator

@@ -23,18 +23,18 @@ F = onnx.TensorProto.FLOAT
 OPSET = 19  # AveragePool's dilations
 
 
-def pool_model(op: str, in_shape, post=(), inits=(), inputs=(), **attrs) -> onnx.ModelProto:
+def pool_model(op: str, in_shape, post=(), inits=(), inputs=(), elem=F, **attrs) -> onnx.ModelProto:
     """`op` on input x, then `post`: (op_type, [other inputs], attrs) applied to the previous output in turn.
-    `inputs`: extra graph inputs (name, shape); `inits`: (name, array)."""
+    `inputs`: extra graph inputs (name, shape); `inits`: (name, array); `elem`: x's element type."""
     nodes = [helper.make_node(op, ["x"], ["p"], **attrs)]
     last = "p"
     for i, (pop, others, pattrs) in enumerate(post):
         nodes.append(helper.make_node(pop, [last] + list(others), [f"e{i}"], **pattrs))
         last = f"e{i}"
     g = helper.make_graph(
-        nodes, "pool", [helper.make_tensor_value_info("x", F, list(in_shape))]
+        nodes, "pool", [helper.make_tensor_value_info("x", elem, list(in_shape))]
         + [helper.make_tensor_value_info(n, F, list(s)) for n, s in inputs],
-        [helper.make_tensor_value_info(last, F, None)],
+        [helper.make_tensor_value_info(last, elem, None)],
         initializer=[numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in inits])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
     m.ir_version = 9

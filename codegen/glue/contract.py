@@ -485,19 +485,20 @@ POOL_MAX_EXTRA = Limit("POOL_MAX_EXTRA", 8, "epilogue inputs of a pool")
 
 # A pool kernel's record (codegen/pool/kernels.py reads it, pool_exec.c fills it).
 POOL_ARGS = ArgBlock("pool_args", [
-    Field("src", "const float *", comment="windowed: the plane; global: the call's first channel"),
-    Field("stride", "int64_t", comment="windowed: floats between input rows (W); global: H * W"),
+    Field("src", "const void *", comment="windowed: the plane; global: the call's first channel (float32, or "
+                                         "uint8 / int8 for a windowed MaxPool)"),
+    Field("stride", "int64_t", comment="windowed: elements between input rows (W); global: H * W"),
     Field("ow", "int64_t", comment="windowed: output width"),
     Field("n", "int64_t", comment="windowed: output rows in the band; global: channels in the call"),
     Field("inv_h", "const float *"),
     Field("inv_w", "const float *"),
-    Field("out", "float *", POOL_MAX_OUT),
+    Field("out", "void *", POOL_MAX_OUT),
     Field("extra", "const float *", POOL_MAX_EXTRA),
     Field("vw", "int64_t", comment="windowed: valid width"),
     Field("pl", "int64_t", comment="windowed: left pad"),
     Field("row0", "int64_t", comment="windowed: input row of the band's first row"),
     Field("vh", "int64_t", comment="windowed: valid height"),
-    Field("padrow", "const float *", comment="windowed: vw floats of padding, read for rows outside [0, vh)"),
+    Field("padrow", "const void *", comment="windowed: vw elements of padding, read for rows outside [0, vh)"),
 ], prefix="POOL_SLOT_", comment="a pool kernel's record (codegen/pool/kernels.py)")
 
 GLUE = Contract("the built-in kinds", [CT_NV_MAX, CT_MAX_OUT, CT_MAX_EXTRA, TILE_FN, ONNXOPT_SIG, CT_DESC, CT_TILE,

@@ -4,10 +4,12 @@
 
 /* MaxPool / AveragePool (2-D) or GlobalMaxPool / GlobalAveragePool with a fused epilogue (pool_exec.c runs it). */
 enum { POOL_MAX = 0, POOL_AVG = 1, POOL_GMAX = 2, POOL_GAVG = 3 };
+enum { POOL_F32 = 0, POOL_U8 = 1, POOL_S8 = 2 }; /* the element type: uint8 and int8 for a windowed MaxPool only */
 typedef void (*pool_fn)(const int64_t *args);
 typedef struct {
   onnxopt_sig sig;
   int op, lanes;
+  int elem;                     /* POOL_F32, POOL_U8 or POOL_S8 */
   pool_fn rows;                 /* windowed: a band of output rows of one plane (codegen/pool/kernels.py) */
   pool_fn global;               /* global: up to `lanes` channels */
   int64_t kh, kw, sh, sw, dh, dw, pads[4]; /* pads: top, left, bottom, right */

@@ -37,11 +37,13 @@ static int64_t pool_task_count(const onnxopt_pool_desc *d, double work, int64_t 
 
 typedef struct {
   const onnxopt_pool_desc *d;
-  const float *x;
+  const char *x; /* bytes: float32, or uint8 / int8 for a windowed MaxPool */
+  int64_t es;    /* bytes per element */
   int64_t N, C, H, W, He, We, OH, OW, pt, pl, HW;
   int64_t band_rows, bands, units, tasks;
-  const float *padrow, *inv_h, *inv_w;
-  float *out[POOL_MAX_OUT];
+  const void *padrow;
+  const float *inv_h, *inv_w;
+  char *out[POOL_MAX_OUT];
   const float *extra[POOL_MAX_EXTRA];
   int64_t extra_count[POOL_MAX_EXTRA]; /* elements per batch item */
 } pool_job;
@@ -97,7 +99,7 @@ static void pool_window_units(const pool_job *j, int64_t u0, int64_t u1) {
     int64_t oh0 = band * j->band_rows;
     pool_args a;
     memset(&a, 0, sizeof(a));
-    a.src = j->x + plane * j->H * j->W;
+    a.src = j->x + plane * j->H * j->W * j->es;
     a.stride = j->W;
     a.ow = j->OW;
     a.n = j->OH - oh0 < j->band_rows ? j->OH - oh0 : j->band_rows;
@@ -109,7 +111,7 @@ static void pool_window_units(const pool_job *j, int64_t u0, int64_t u1) {
     a.vh = j->He;
     a.padrow = j->padrow;
     int64_t off = plane * j->OH * j->OW + oh0 * j->OW;
-    for (int o = 0; o < d->sig.n_out; o++) a.out[o] = j->out[o] + off;
+    for (int o = 0; o < d->sig.n_out; o++) a.out[o] = j->out[o] + off * j->es;
     pool_set_extras(j, &a, n, c * j->OH * j->OW + oh0 * j->OW, c);
     d->rows((const int64_t *)&a);
   }
@@ -122,10 +124,10 @@ static void pool_global_units(const pool_job *j, int64_t u0, int64_t u1) {
     int64_t n = u / groups, c0 = (u % groups) * d->lanes;
     pool_args a;
     memset(&a, 0, sizeof(a));
-    a.src = j->x + (n * j->C + c0) * j->HW;
+    a.src = j->x + (n * j->C + c0) * j->HW * j->es;
     a.stride = j->HW;
     a.n = j->C - c0 < d->lanes ? j->C - c0 : d->lanes;
-    for (int o = 0; o < d->sig.n_out; o++) a.out[o] = j->out[o] + n * j->C + c0;
+    for (int o = 0; o < d->sig.n_out; o++) a.out[o] = j->out[o] + (n * j->C + c0) * j->es;
     pool_set_extras(j, &a, n, c0, c0);
     d->global((const int64_t *)&a);
   }
@@ -417,6 +419,7 @@ static OrtStatus *pool_compute(const onnxopt_pool_desc *d, OrtKernelContext *ctx
   pool_job j;
   memset(&j, 0, sizeof(j));
   j.d = d;
+  j.es = d->elem == POOL_F32 ? 4 : 1;
   j.N = xd[0];
   j.C = xd[1];
   int64_t od[MAX_RANK];
@@ -482,7 +485,7 @@ static OrtStatus *pool_compute(const onnxopt_pool_desc *d, OrtKernelContext *ctx
     double want = work / POOL_TASK_MIN_WORK;
     if (want > (double)d->max_tasks) want = (double)d->max_tasks;
     int64_t bands = work < d->inline_work ? 1 : (int64_t)(want / (double)planes + 0.999);
-    int64_t fit = (POOL_BAND_BYTES / (j.W * (int64_t)sizeof(float) + 1) - (d->kh - 1) * d->dh) / d->sh;
+    int64_t fit = (POOL_BAND_BYTES / (j.W * j.es + 1) - (d->kh - 1) * d->dh) / d->sh;
     if (fit < 4) fit = 4;
     if (bands < (j.OH + fit - 1) / fit) bands = (j.OH + fit - 1) / fit;
     if (bands < 1) bands = 1;
@@ -501,15 +504,17 @@ static OrtStatus *pool_compute(const onnxopt_pool_desc *d, OrtKernelContext *ctx
   }
 
   OrtStatus *st = NULL;
-  float *padrow = (float *)malloc((size_t)(j.W + 1) * sizeof(float));
+  void *padrow = malloc((size_t)(j.W + 1) * (size_t)j.es);
   float *inv = d->op == POOL_AVG ? (float *)malloc((size_t)(j.OH + j.OW) * sizeof(float)) : NULL;
   if (!padrow || (d->op == POOL_AVG && !inv)) {
     st = fail(ORT_FAIL, "onnxopt: out of memory");
     goto done;
   }
-  {
+  if (d->elem == POOL_F32) {
     float pad = d->op == POOL_MAX ? -3.402823466e+38f : 0.0f;
-    for (int64_t i = 0; i <= j.W; i++) padrow[i] = pad;
+    for (int64_t i = 0; i <= j.W; i++) ((float *)padrow)[i] = pad;
+  } else { /* a MaxPool's padding: the type's least value, as onnxruntime's integer MaxPool starts from */
+    memset(padrow, d->elem == POOL_S8 ? 0x80 : 0, (size_t)(j.W + 1));
   }
   j.padrow = padrow;
   if (inv) {

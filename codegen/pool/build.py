@@ -8,7 +8,7 @@ from onnxopt.fusion.region import Region
 
 from ..compile import compile_object, new_module
 from ..target import Target
-from .desc import INLINE_WORK, MAX_TASKS, PoolKernelDesc
+from .desc import ELEMS, INLINE_WORK, MAX_TASKS, PoolKernelDesc
 from .kernels import PoolSpec, define_pool_functions
 
 
@@ -17,7 +17,7 @@ def pool_spec(region: Region, target: Target) -> PoolSpec:
     a = p.attrs
     return PoolSpec(op=p.op, lanes=target.float32_lanes, epilogue=region.program, extra_kinds=tuple(p.extra_kinds),
                     kernel=tuple(a.get("kernel", (1, 1))), strides=tuple(a.get("strides", (1, 1))),
-                    dilations=tuple(a.get("dilations", (1, 1))))
+                    dilations=tuple(a.get("dilations", (1, 1))), dtype=p.dtype)
 
 
 def build_pool(region: Region, target: Target) -> tuple[bytes, PoolKernelDesc, str]:
@@ -34,7 +34,7 @@ def build_pool(region: Region, target: Target) -> tuple[bytes, PoolKernelDesc, s
         op_type=region.op_type, op=p.op,
         in_types=[enum] * len(region.inputs),
         out_types=[enum] * len(region.outputs),
-        lanes=spec.lanes, rows=syms.get("rows"), glob=syms.get("global"),
+        lanes=spec.lanes, elem=ELEMS[p.dtype], rows=syms.get("rows"), glob=syms.get("global"),
         kernel=spec.kernel, strides=spec.strides, dilations=spec.dilations,
         pads=tuple(a.get("pads", (0, 0, 0, 0))), auto_pad=int(a.get("auto_pad", 0)),
         ceil_mode=int(a.get("ceil_mode", 0)), count_include_pad=int(a.get("count_include_pad", 0)),

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 # taps, where waking onnxruntime's pool cost more than it saved.
 MAX_TASKS = 64
 INLINE_WORK = 393216.0
+# The pooled tensor's element type, as pool.h numbers it (POOL_F32, POOL_U8, POOL_S8).
+ELEMS = {"float32": 0, "uint8": 1, "int8": 2}
 
 
 @dataclass
@@ -19,6 +21,7 @@ class PoolKernelDesc:
     in_types: list[int]
     out_types: list[int]
     lanes: int
+    elem: int  # ELEMS: float32, or uint8 / int8 (a windowed MaxPool)
     rows: str | None  # windowed: <op>_rows (codegen/pool/kernels.py)
     glob: str | None  # global: <op>_global
     kernel: tuple[int, int] = (1, 1)
@@ -51,7 +54,7 @@ def pool_source(i: int, k: PoolKernelDesc) -> str:
     parts.append(_c_array("int", f"p{i}_extra_kind", k.extra_kinds or []))
     parts.append(_c_array("int64_t", f"p{i}_extra_nstride", k.extra_nstride or []))
     parts.append(f'static const onnxopt_pool_desc p{i}_desc = {{{{"{k.op_type}", KIND_POOL, {len(k.in_types)}, '
-                 f"{len(k.out_types)}, p{i}_in_types, p{i}_out_types}}, {_POOL_OP[k.op]}, {k.lanes}, "
+                 f"{len(k.out_types)}, p{i}_in_types, p{i}_out_types}}, {_POOL_OP[k.op]}, {k.lanes}, {k.elem}, "
                  f"{k.rows or 'NULL'}, {k.glob or 'NULL'}, {k.kernel[0]}, {k.kernel[1]}, "
                  f"{k.strides[0]}, {k.strides[1]}, {k.dilations[0]}, {k.dilations[1]}, "
                  f"{{{', '.join(str(p) for p in k.pads)}}}, {k.auto_pad}, {k.ceil_mode}, {k.count_include_pad}, "

@@ -45,6 +45,7 @@ from onnxopt.codegen.vmath.isa import set_features
 from onnxopt.fusion.region import EwProgram
 
 F32 = ir.FloatType()
+I8 = ir.IntType(8)
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
@@ -76,13 +77,28 @@ class PoolSpec:
     kernel: tuple[int, int] = (1, 1)
     strides: tuple[int, int] = (1, 1)
     dilations: tuple[int, int] = (1, 1)
+    dtype: str = "float32"  # or "uint8" / "int8": a windowed MaxPool only, with no epilogue (fusion/pool.py)
 
     @property
     def is_max(self) -> bool:
         return self.op in ("max", "gmax")
 
     @property
-    def pad_value(self) -> float:
+    def elem(self) -> ir.Type:
+        return F32 if self.dtype == "float32" else I8
+
+    @property
+    def size(self) -> int:
+        """Bytes per element: the loads' alignment."""
+        return 4 if self.dtype == "float32" else 1
+
+    @property
+    def pad_value(self):
+        """What a tap of padding reads: the type's lowest value for a maximum (onnxruntime's start), else zero."""
+        if self.dtype == "uint8":
+            return 0
+        if self.dtype == "int8":
+            return -128 if self.is_max else 0
         return FLOAT_LOWEST if self.is_max else 0.0
 
 
@@ -95,8 +111,8 @@ def _i64(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
 
 
-def _splat(lanes: int, value: float) -> ir.Constant:
-    return ir.Constant(ir.VectorType(F32, lanes), [value] * lanes)
+def _splat(lanes: int, value: float, elem: ir.Type = F32) -> ir.Constant:
+    return ir.Constant(ir.VectorType(elem, lanes), [value] * lanes)
 
 
 def _lane_mask(b, valid, lanes):
@@ -106,8 +122,12 @@ def _lane_mask(b, valid, lanes):
 
 
 def _masked_load(b, ptr, lanes, mask, passthru):
-    vty = ir.VectorType(F32, lanes)
-    return intrinsic(b, f"llvm.masked.load.{suffix(vty)}.p0", vty, [ptr, ir.Constant(I32, 4), mask, passthru])
+    """Lanes under `mask` from ptr, the others `passthru`'s; a whole vector when mask is None."""
+    vty = passthru.type
+    align = 4 if vty.element == F32 else 1
+    if mask is None:
+        return b.load(ptr, typ=vty, align=align)
+    return intrinsic(b, f"llvm.masked.load.{suffix(vty)}.p0", vty, [ptr, ir.Constant(I32, align), mask, passthru])
 
 
 def _load(b, ptr, lanes, mask=None, passthru=None):
@@ -118,16 +138,21 @@ def _load(b, ptr, lanes, mask=None, passthru=None):
 
 
 def _store(b, value, ptr, mask=None):
+    align = 4 if value.type.element == F32 else 1
     if mask is None:
-        b.store(value, ptr, align=4)
+        b.store(value, ptr, align=align)
     else:
-        masked_store(b, value, ptr, mask, 4)
+        masked_store(b, value, ptr, mask, align)
 
 
-def _combine(b, is_max, x, y):
-    """max(x, y) as x86's maxps(x, y) computes it (x when x > y, else y), or x + y."""
+def _combine(b, is_max, x, y, dtype="float32"):
+    """max(x, y) as x86's maxps(x, y) computes it (x when x > y, else y), or x + y; on int8 and uint8 the integer
+    maximum (pmaxsb / pmaxub)."""
     if is_max:
-        return b.select(b.fcmp_ordered(">", x, y), x, y)
+        if dtype == "float32":
+            return b.select(b.fcmp_ordered(">", x, y), x, y)
+        gt = b.icmp_signed(">", x, y) if dtype == "int8" else b.icmp_unsigned(">", x, y)
+        return b.select(gt, x, y)
     return b.fadd(x, y)
 
 
@@ -171,7 +196,7 @@ def _epilogue_and_store(b, spec, values_in, outs, extras, scalar_extras, pos, ma
             values[name] = _load(b, b.gep(extras[e], [pos], source_etype=F32), lanes, mask)
     emit_body(b, prog, values, lanes)
     for k, v in enumerate(prog.outputs):
-        _store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), mask)
+        _store(b, values[v.name], b.gep(outs[k], [pos], source_etype=spec.elem), mask)
 
 
 def _needed(p: int, kh: int, sh: int, dh: int) -> bool:
@@ -217,11 +242,13 @@ def define_rows_function(module: ir.Module, name: str, spec: PoolSpec) -> ir.Fun
     scalars = {e: b.load(extras[e], typ=F32) for e, k in enumerate(spec.extra_kinds) if k in (CHANNEL, SCALAR)}
     vw32 = b.trunc(vw, I32)
 
+    elem = spec.elem
+
     def strip(ow, mask, lanes):
         """Output columns ow .. ow + lanes - 1 (those under `mask` when given) of every row of the band."""
-        vty = ir.VectorType(F32, lanes)
+        vty = ir.VectorType(elem, lanes)
         i32v = ir.VectorType(I32, lanes)
-        pad = _splat(lanes, spec.pad_value)
+        pad = _splat(lanes, spec.pad_value, elem)
         scalar_extras = {e: broadcast(b, v, lanes) for e, v in scalars.items()}
         # Loads per padded row: one per tap (sw = 1), or the window of vectors that holds every tap's lanes.
         loads = [c * dw for c in range(kw)] if sw == 1 else \
@@ -243,7 +270,7 @@ def define_rows_function(module: ir.Module, name: str, spec: PoolSpec) -> ir.Fun
         def combine(vs):
             acc = vs[0]
             for v in vs[1:]:
-                acc = _combine(b, spec.is_max, acc, v)
+                acc = _combine(b, spec.is_max, acc, v, spec.dtype)
             return acc
 
         def taps(vs):
@@ -252,32 +279,49 @@ def define_rows_function(module: ir.Module, name: str, spec: PoolSpec) -> ir.Fun
             return [b.shuffle_vector(cat, ir.Constant(cat.type, ir.Undefined),
                                      ir.Constant(i32v, [l * sw + c * dw for l in range(lanes)])) for c in range(kw)]
 
-        def load_row(i, p):
-            """The row's vectors: reduced along the width (sw = 1), or the raw window (sw > 1: the rows are reduced
-            first, then the window is shuffled once per output row instead of once per padded row)."""
-            ih = b.add(row0, b.add(b.mul(i, _i64(sh)), _i64(p)))
-            inside = b.and_(b.icmp_signed(">=", ih, _i64(0)), b.icmp_signed("<", ih, vh))
-            row = b.select(inside, b.gep(x, [b.mul(ih, stride)], source_etype=F32), padrow)
-            vs = [_masked_load(b, b.gep(row, [o], source_etype=F32), lanes, m, pad) for o, m in zip(offs, masks)]
-            return [combine(vs)] if sw == 1 else vs
+        def band(row_masks):
+            """Every output row of the strip, its rows loaded under `row_masks` (None: whole vectors)."""
 
-        undef = [ir.Constant(vty, ir.Undefined)] * width
-        init = [v for p in range(carry) for v in (load_row(_i64(0), p) if _needed(p, kh, sh, dh) else undef)]
+            def load_row(i, p):
+                """The row's vectors: reduced along the width (sw = 1), or the raw window (sw > 1: the rows are
+                reduced first, then the window is shuffled once per output row instead of once per padded row)."""
+                ih = b.add(row0, b.add(b.mul(i, _i64(sh)), _i64(p)))
+                inside = b.and_(b.icmp_signed(">=", ih, _i64(0)), b.icmp_signed("<", ih, vh))
+                row = b.select(inside, b.gep(x, [b.mul(ih, stride)], source_etype=elem), padrow)
+                vs = [_masked_load(b, b.gep(row, [o], source_etype=elem), lanes, m, pad)
+                      for o, m in zip(offs, row_masks)]
+                return [combine(vs)] if sw == 1 else vs
 
-        def output_row(i, carried):
-            rows = {p: carried[p * width:(p + 1) * width] for p in range(carry)}
-            for p in range(carry, span):
-                if p not in rows and _needed(p, kh, sh, dh):
-                    rows[p] = load_row(i, p)
-            acc = [combine([rows[r * dh][t] for r in range(kh)]) for t in range(width)]
-            acc = acc[0] if sw == 1 else combine(taps(acc))
-            if avg:
-                ih = broadcast(b, b.load(b.gep(inv_h, [i], source_etype=F32), typ=F32), lanes)
-                acc = b.fmul(acc, b.fmul(ih, iw))
-            _epilogue_and_store(b, spec, acc, outs, extras, scalar_extras, b.add(b.mul(i, ow_n), ow), mask, lanes)
-            return [v for p in range(carry) for v in rows.get(sh + p, undef)]
+            undef = [ir.Constant(vty, ir.Undefined)] * width
+            init = [v for p in range(carry) for v in (load_row(_i64(0), p) if _needed(p, kh, sh, dh) else undef)]
 
-        _loop(b, _i64(0), lambda i: b.icmp_signed("<", i, nrows), _i64(1), output_row, carried=init)
+            def output_row(i, carried):
+                rows = {p: carried[p * width:(p + 1) * width] for p in range(carry)}
+                for p in range(carry, span):
+                    if p not in rows and _needed(p, kh, sh, dh):
+                        rows[p] = load_row(i, p)
+                acc = [combine([rows[r * dh][t] for r in range(kh)]) for t in range(width)]
+                acc = acc[0] if sw == 1 else combine(taps(acc))
+                if avg:
+                    ih = broadcast(b, b.load(b.gep(inv_h, [i], source_etype=F32), typ=F32), lanes)
+                    acc = b.fmul(acc, b.fmul(ih, iw))
+                _epilogue_and_store(b, spec, acc, outs, extras, scalar_extras, b.add(b.mul(i, ow_n), ow), mask, lanes)
+                return [v for p in range(carry) for v in rows.get(sh + p, undef)]
+
+            _loop(b, _i64(0), lambda i: b.icmp_signed("<", i, nrows), _i64(1), output_row, carried=init)
+
+        if spec.dtype == "float32":
+            band(masks)
+        else:
+            # Below AVX-512BW no instruction loads bytes under a mask: LLVM loads such a vector lane by lane (10x
+            # slower). A strip whose taps are all inside the row loads whole vectors; the image's edges stay masked.
+            inside = b.and_(b.icmp_signed(">=", b.add(base, _i64(loads[0])), _i64(0)),
+                            b.icmp_signed("<=", b.add(base, _i64(loads[-1] + lanes)), vw))
+            with b.if_else(inside) as (whole, edge):
+                with whole:
+                    band([None] * len(masks))
+                with edge:
+                    band(masks)
 
     lanes = spec.lanes
     ow_end, _ = _loop(b, _i64(0), lambda ow: b.icmp_signed("<=", b.add(ow, _i64(lanes)), ow_n), _i64(lanes),
@@ -368,6 +412,8 @@ def define_pool_functions(module: ir.Module, prefix: str, spec: PoolSpec, featur
     """The op's functions; returns their symbols: {"rows"} or {"global"}."""
     if spec.op not in OPS:
         raise ValueError(f"unknown pool op {spec.op}")
+    if spec.dtype != "float32" and spec.op != "max":
+        raise ValueError(f"a {spec.dtype} pool is a windowed MaxPool only, not {spec.op}")
     set_features(module, features)
     if spec.op in ("gmax", "gavg"):
         define_global_function(module, f"{prefix}_global", spec)

@@ -25,7 +25,8 @@ from onnxopt.graph.load import measure_bindings, write_model
 from onnxopt.graph.publish import LIBRARY_SUFFIX, Staging, create_new
 from onnxopt.timing import make_session, session_options, time_interleaved
 from onnxopt.verify import Tolerance, compare, make_inputs
-from onnxopt.driver.policy import INT8_FAMILIES, WHOLE_MODEL_MARGIN, offline_split, runs_quantized_units, _op_counts
+from onnxopt.driver.policy import (WHOLE_MODEL_MARGIN, _op_counts, offline_split, runs_quantized_units,
+                                   takes_int8_units)
 from onnxopt.driver.result import Result
 from onnxopt.driver.precision import is_lowered, kernel_path, low_precision_tolerance, precision_cost, worst_error
 
@@ -217,7 +218,7 @@ class OutputStage:
         out = []
         beside_int8_units = self.quantized - self.int8_units
         for r in plan:
-            guarded = beside_int8_units - set(r.params.runs_as_onnxruntime()) if r.params.family in INT8_FAMILIES \
+            guarded = beside_int8_units - set(r.params.runs_as_onnxruntime()) if takes_int8_units(r) \
                 else self.quantized
             if any((n.output[0] if n.output else n.name) in guarded for n in r.nodes):
                 steps = r.params.family == "elementwise" and runs_quantized_units(r)

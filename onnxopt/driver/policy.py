@@ -78,10 +78,17 @@ FUSION_KINDS = ("elementwise", "compute", "pool", "afusion", "horizontal", "copy
 INT8_FAMILIES = ("qmatmul", "qconv", "qgap")  # kinds that run quantized units whole (graph/quantized.py)
 
 
-def runs_quantized_units(region: Region) -> bool:
-    """A region that runs a quantized model's units whole: an int8 kind's, or an elementwise kernel with quantization
-    steps (a QDQ Add, Mul, HardSigmoid...)."""
+def takes_int8_units(region: Region) -> bool:
+    """A region of an int8 kind, or the pool kind's MaxPool of an int8 tensor (graph/quantized_pools.py): it may take
+    the quantized model's nodes that the pipeline lists as int8 units."""
     return region.params.family in INT8_FAMILIES or (
+        region.params.family == "pool" and region.params.dtype in ("uint8", "int8"))
+
+
+def runs_quantized_units(region: Region) -> bool:
+    """A region that runs a quantized model's units whole: an int8 kind's or MaxPool, or an elementwise kernel with
+    quantization steps (a QDQ Add, Mul, HardSigmoid...)."""
+    return takes_int8_units(region) or (
         region.params.family == "elementwise" and any(n.op_type in QUANTIZERS for n in region.nodes))
 
 

@@ -10,6 +10,7 @@ channel) or SCALAR; one-element constants are folded into the code.
 
 Admitted: float32, NCHW. MaxPool and AveragePool over 2-D windows (any kernel, strides, dilations, pads, auto_pad,
 ceil_mode, count_include_pad); MaxPool only when its Indices output is unused. Global pools over any spatial rank.
+A windowed MaxPool of uint8 or int8 too (a quantized model's, graph/quantized_pools.py), with no epilogue.
 The function fallback is the original nodes.
 """
 
@@ -24,6 +25,9 @@ from .region import EwOp, EwProgram, Region, Value
 
 POOL_OPS = {"MaxPool": "max", "AveragePool": "avg", "GlobalMaxPool": "gmax", "GlobalAveragePool": "gavg"}
 AUTO_PAD = {"NOTSET": 0, "SAME_UPPER": 1, "SAME_LOWER": 2, "VALID": 3}
+# A MaxPool of a quantized model's int8 tensor (graph/quantized_pools.py puts it there): the integer maximum, with no
+# epilogue (what follows it is a quantized unit's).
+INT8_TYPES = ("uint8", "int8")
 # The windowed kernels unroll every tap of the window, and a strided one loads a row's whole span at once
 # (codegen/pool/kernels.py): an exported AveragePool with a 1280 x 1280 window (a global pool in disguise) made
 # millions of instructions and its build ran for many minutes. Past these, onnxruntime runs the pool.
@@ -44,8 +48,11 @@ class PoolRule:
         if node.domain not in ("", "ai.onnx") or node.op_type not in POOL_OPS:
             return "not a pool"
         op = POOL_OPS[node.op_type]
-        if not node.input or self.ew.dtype_of(node.input[0]) != "float32":
-            return "not float32"
+        dt = self.ew.dtype_of(node.input[0]) if node.input else None
+        if dt in INT8_TYPES and op != "max":
+            return f"a {dt} {node.op_type}: only MaxPool runs on int8 tensors"
+        if dt != "float32" and dt not in INT8_TYPES:
+            return "not float32, uint8 or int8"
         if len(node.output) > 1 and node.output[1] and (self.index.consumers.get(node.output[1])
                                                          or node.output[1] in self.index.graph_outputs):
             return "MaxPool's Indices output is used"
@@ -72,10 +79,15 @@ class PoolRule:
             return f"a {kh}x{kw} window with stride {sw}: too large for an unrolled kernel"
         return None
 
-    def find_regions(self, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
+    def find_regions(self, claimed: set[int], rejected: list[dict] | None = None,
+                     int8_only: bool = False) -> list[Region]:
+        """The pool regions among the unclaimed nodes; `int8_only`: the MaxPools of int8 tensors only (a quantized
+        model's units, which the plans without float pools take too)."""
         regions = []
         for i, node in enumerate(self.index.nodes):
             if i in claimed or node.op_type not in POOL_OPS or node.domain not in ("", "ai.onnx"):
+                continue
+            if int8_only and (not node.input or self.ew.dtype_of(node.input[0]) not in INT8_TYPES):
                 continue
             why = self.admits(node)
             if why is not None:
@@ -100,7 +112,7 @@ class PoolRule:
         values = {node.output[0]}
         extras: list[str] = []
         kinds: list[int] = []
-        if out_shape is not None:  # without a known output shape, no epilogue
+        if out_shape is not None and self.ew.dtype_of(node.input[0]) == "float32":  # else no epilogue
             self.cr.grow_epilogue(i, claimed, members, values, extras, kinds, out_shape, "conv", MAX_EXTRAS)
         group = set(members)
         members = sorted(members)
@@ -114,7 +126,7 @@ class PoolRule:
     def _build(self, node, members, extras, kinds, outputs, out_shape) -> Region:
         idx = self.index
         op = POOL_OPS[node.op_type]
-        params = PoolParams(op, dtype=self.ew.dtype_of(node.input[0]))  # admits() takes float32 only
+        params = PoolParams(op, dtype=self.ew.dtype_of(node.input[0]))  # admits(): float32, or int8 for MaxPool
         dt = params.dtype
         xs = self.ew.info[node.input[0]].shape
         params.attrs["rank"] = len(xs)
@@ -156,7 +168,8 @@ class PoolRule:
         A global pool may also end the chain (`exit_channels` = C, `rewritten` its exit form): it reads the blocked
         tensor and writes NCHW [N, C, 1, 1] for the classifier after it. None when the pool is not one our kernel
         computes (then the passthrough stays)."""
-        if node.op_type not in POOL_OPS or self.admits(node) is not None:
+        if node.op_type not in POOL_OPS or self.admits(node) is not None or \
+                self.ew.dtype_of(node.input[0]) != "float32":
             return None
         glob = node.op_type.startswith("Global")
         if exit_channels and not glob:

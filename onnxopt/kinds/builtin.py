@@ -93,7 +93,7 @@ ELEMENTWISE = Kind(name="elementwise", find=None, build=build_elementwise, lower
                            "uint64", "bool"))
 # Conv, ConvTranspose, MatMul and Gemm with their epilogues; AFUSION and sibling groups are its ops too.
 COMPUTE = Kind(name="compute", find=None, build=build_compute, schedule=_compute_space)
-POOL = Kind(name="pool", find=None, build=build_pool, schedule=_pool_space)
+POOL = Kind(name="pool", find=None, build=build_pool, schedule=_pool_space, dtypes=("float32", "uint8", "int8"))
 COPY = Kind(name="copy", find=None, build=build_copy, schedule=_copy_space)
 
 BUILTIN_KINDS: tuple[Kind, ...] = (ELEMENTWISE, COMPUTE, POOL, COPY)

@@ -140,6 +140,71 @@ def test_global_pools_any_rank(tmp_path):
                               msg=f"{op} {shape}")
 
 
+# ---- MaxPool on int8 and uint8 tensors (a quantized model's: graph/quantized_pools.py) ----
+def _ints(rng, shape, elem):
+    lo, hi, t = (0, 256, np.uint8) if elem == onnx.TensorProto.UINT8 else (-128, 128, np.int8)
+    return {"x": rng.integers(lo, hi, shape).astype(t)}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(window(), min_size=6, max_size=6), st.integers(1, 5), st.integers(0, 2**31 - 1))
+def test_int8_max_pools_random_windows(tmp_path_factory, windows, channels, seed):
+    """The integer maximum over any window, pads and ceil mode, uint8 and int8: equal to onnxruntime's own integer
+    MaxPool, and the padding is the type's least value (all-negative int8 windows at the edges)."""
+    tmp = tmp_path_factory.mktemp("qpool")
+    windows = [(op, {k: v for k, v in attrs.items() if k != "count_include_pad"}, sizes)
+               for op, attrs, sizes in windows]
+    elems = [onnx.TensorProto.UINT8 if i % 2 else onnx.TensorProto.INT8 for i in range(len(windows))]
+    models = [pool_model("MaxPool", ["N", channels, "H", "W"], elem=e, **attrs)
+              for (_, attrs, _), e in zip(windows, elems)]
+    fused, lib = fuse_models(models, tmp)
+    rng = np.random.default_rng(seed)
+    for (_, attrs, sizes), m, e, (f, regions) in zip(windows, models, elems, fused):
+        assert regions[0].params.dtype == ("uint8" if e == onnx.TensorProto.UINT8 else "int8")
+        for n, (h, w) in zip((1, 3), sizes):
+            feeds = _ints(rng, (n, channels, h, w), e)
+            try:
+                want = reference(m, feeds)
+            except Exception as ex:  # noqa: BLE001 - SAME pads that come out negative: onnxruntime refuses them
+                assert "non-negative" in str(ex), ex
+                continue
+            got = run_fused(f, lib, feeds)
+            assert got[0].dtype == want[0].dtype
+            assert_pool_close(want, got, exact=True, msg=f"MaxPool {e} {attrs} {(n, channels, h, w)}")
+
+
+@pytest.mark.parametrize("target", ["x86-64-v4", "x86-64-v3", "x86-64"])
+def test_int8_max_pools_typical(tmp_path, target):
+    """The shapes of the quantized corpus (SqueezeNet's 3x3 / 2 with ceil mode, YOLOv8n's SPPF 5x5, PP-OCR cls's
+    2x2 / 2), on each target's vector width, one and two threads, the kernel seen in onnxruntime's profile."""
+    t = parse_target(target)
+    cases = [(onnx.TensorProto.UINT8, (1, 64, 111, 111), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+             (onnx.TensorProto.UINT8, (1, 64, 10, 10), dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2])),
+             (onnx.TensorProto.INT8, (2, 200, 3, 12), dict(kernel_shape=[2, 2], strides=[2, 2])),
+             (onnx.TensorProto.INT8, (1, 3, 150, 150), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]))]
+    models = [pool_model("MaxPool", shape, elem=e, **attrs) for e, shape, attrs in cases]
+    fused, lib = fuse_models(models, tmp_path, t if target != "x86-64-v4" else None)
+    rng = np.random.default_rng(4)
+    for (e, shape, _), m, (f, regions) in zip(cases, models, fused):
+        feeds = _ints(rng, shape, e)
+        for threads in (1, 2):
+            got = run_fused(f, lib, feeds, threads, [regions[0].op_type] if threads == 2 else (), tmp_path)
+            assert_pool_close(reference(m, feeds), got, exact=True, msg=f"{shape} {target} {threads}t")
+        # without the library: the function body, onnxruntime's integer MaxPool
+        fallback = ort.InferenceSession(f.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        assert_pool_close(reference(m, feeds), fallback, exact=True, msg=f"{shape} (function body)")
+
+
+def test_int8_pools_other_than_max_are_refused():
+    rejected: list = []
+    m = onnx.shape_inference.infer_shapes(pool_model("MaxPool", (1, 4, 8, 8), elem=onnx.TensorProto.UINT8,
+                                                     kernel_shape=[2, 2]))
+    assert len(PoolRule(m).find_regions(set(), rejected)) == 1
+    g = pool_model("GlobalMaxPool", (1, 4, 8, 8), elem=onnx.TensorProto.UINT8)
+    assert PoolRule(onnx.shape_inference.infer_shapes(g)).find_regions(set(), rejected) == []
+    assert "only MaxPool runs on int8" in rejected[-1]["reason"]
+
+
 # ---- fused epilogues ----
 def test_epilogues(tmp_path):
     rng = np.random.default_rng(2)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from fresh_process import run_written
+from fresh_process import kernel_ran, run_written
+from int8_models import last_step, quantize_static_defaults
 from kind_harness import fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
@@ -112,19 +113,7 @@ def test_a_quantize_static_model_runs_its_pool_in_a_fresh_process(tmp_path):
     """onnxruntime's quantize_static (QDQ, its defaults) of a squeeze-excite block: the pool's unit becomes a qgap
     region, the written files run in a fresh process through the public loader with the qgap kernel called, and the
     output is within one step of onnxruntime's on the QDQ model."""
-    from onnxruntime.quantization import CalibrationDataReader, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.data = iter([{"x": np.random.default_rng(i).standard_normal((1, 8, 20, 24)).astype(np.float32)}
-                              for i in range(4)])
-
-        def get_next(self):
-            return next(self.data, None)
-
-    onnx.save(_se_block(), tmp_path / "f.onnx")
-    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader())
-    q = onnx.load(str(tmp_path / "q.onnx"))
+    q = quantize_static_defaults(_se_block(), tmp_path, (1, 8, 20, 24))
     assert any(n.op_type == "GlobalAveragePool" for n in q.graph.node)
     out = tmp_path / "w" / "out.onnx"
     out.parent.mkdir()
@@ -136,13 +125,7 @@ def test_a_quantize_static_model_runs_its_pool_in_a_fresh_process(tmp_path):
     assert not any(n.op_type == "GlobalAveragePool" for n in written.graph.node)
     x = np.random.default_rng(9).standard_normal((1, 8, 20, 24)).astype(np.float32)
     got, loader = run_written(out, x, tmp_path)
-    # the qgap kernel ran, alone or inside a sequence node (whose function calls its kernels' ops in order)
-    members = {f.name: {n.op_type for n in f.node} for f in written.functions}
-    qgap = regions[0]["op_type"]
-    calls = loader["calls"]
-    assert calls.get(qgap, 0) + sum(v for k, v in calls.items() if qgap in members.get(k, ())) >= 1, calls
+    assert kernel_ran(written, regions[0]["op_type"], loader["calls"]) >= 1, loader["calls"]
     want = make_session(q, 1).run(None, {"x": x})[0]
-    last_dq = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y")
-    step = float(numpy_helper.to_array(next(t for t in q.graph.initializer if t.name == last_dq.input[1])))
-    assert np.max(np.abs(got - want)) <= step * 1.001  # a value at a rounding midpoint may go either way
+    assert np.max(np.abs(got - want)) <= last_step(q) * 1.001  # a value at a rounding midpoint may go either way
     assert np.mean(got == want) > 0.99

@@ -1,0 +1,119 @@
+"""A quantized model's MaxPools moved onto int8 tensors: MaxPool -> QuantizeLinear becomes QuantizeLinear -> MaxPool.
+
+A maximum commutes with any non-decreasing map, and QuantizeLinear (divide by a positive scale, round, add the zero
+point, saturate) is one, so quantizing the window's largest value gives what the largest of the quantized values is,
+padding included: a float MaxPool pads with the lowest float, which quantizes to the type's least value, the value
+an integer MaxPool pads with. onnxruntime does the same when it loads a QDQ model (its QDQ propagation moves the
+QuantizeLinear above the MaxPool and then runs an integer MaxPool); writing it into the graph lets the pool kind run
+that integer MaxPool (onnxruntime's own is a plain loop: 65 us of PP-OCR cls's 0.75 ms), and the QuantizeLinear
+join the elementwise unit that makes the float.
+
+Where the MaxPool's input is a DequantizeLinear with the very steps of the QuantizeLinear (SqueezeNet's and YOLOv8n's
+DequantizeLinear -> MaxPool -> QuantizeLinear units), the pair quantizes back what it dequantized: the MaxPool reads
+the int8 tensor and both steps go. (q - z) * s / s rounds back to q - z exactly for |q - z| <= 255: the quotient is
+within two ulps of that integer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+INT8_TYPES = (onnx.TensorProto.UINT8, onnx.TensorProto.INT8)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _scalar_step(node: onnx.NodeProto, inits: dict) -> tuple | None:
+    """(scale, zero point, its element type) of a per-tensor step with constant scalar operands, else None."""
+    if len(node.input) < 2 or node.input[1] not in inits:
+        return None
+    scale = inits[node.input[1]]
+    if scale.data_type != onnx.TensorProto.FLOAT or int(np.prod(scale.dims)) != 1:
+        return None
+    zp_name = node.input[2] if len(node.input) > 2 else ""
+    if not zp_name:  # no zero point: uint8, unless the node names another type
+        if any(a.name == "output_dtype" and a.i not in (0, onnx.TensorProto.UINT8) for a in node.attribute):
+            return None
+        return float(numpy_helper.to_array(scale).reshape(-1)[0]), 0, onnx.TensorProto.UINT8
+    if zp_name not in inits:
+        return None
+    zp = inits[zp_name]
+    if zp.data_type not in INT8_TYPES or int(np.prod(zp.dims)) != 1:
+        return None
+    return float(numpy_helper.to_array(scale).reshape(-1)[0]), int(numpy_helper.to_array(zp).reshape(-1)[0]), \
+        zp.data_type
+
+
+def quantize_before_max_pools(model: onnx.ModelProto) -> int:
+    """Rewrite (in place) every MaxPool whose only reader is a per-tensor QuantizeLinear into an integer MaxPool
+    after it, and drop a DequantizeLinear -> MaxPool -> QuantizeLinear unit's equal steps. Returns how many MaxPools
+    now run on int8 tensors. Before opset 12 MaxPool takes no integers: nothing changes."""
+    if _opset(model) < 12:
+        return 0
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    readers: dict[str, list] = {}
+    producer = {}
+    for n in graph.node:
+        for x in n.input:
+            if x:
+                readers.setdefault(x, []).append(n)
+        for o in n.output:
+            if o:
+                producer[o] = n
+    drop: set[int] = set()
+    before: dict[int, onnx.NodeProto] = {}  # a new QuantizeLinear, placed before the MaxPool it feeds
+    moved = 0
+    for n in graph.node:
+        if n.op_type != "MaxPool" or n.domain not in ("", "ai.onnx") or not n.input or not n.output:
+            continue
+        if len(n.output) > 1 and n.output[1] and (readers.get(n.output[1]) or n.output[1] in outputs):
+            continue  # its Indices are used
+        nxt = readers.get(n.output[0], [])
+        if len(nxt) != 1 or n.output[0] in outputs or nxt[0].op_type != "QuantizeLinear":
+            continue
+        q = nxt[0]
+        q_step = _scalar_step(q, inits)
+        if q_step is None or q.input[0] != n.output[0]:
+            continue
+        dq = producer.get(n.input[0])
+        dq_step = _scalar_step(dq, inits) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if dq_step is not None and dq_step == q_step and readers.get(dq.output[0]) == [n] \
+                and dq.output[0] not in outputs:
+            n.input[0] = dq.input[0]  # the DequantizeLinear's int8 input, with both steps gone
+            drop.add(id(dq))
+        else:
+            fresh = onnx.NodeProto()
+            fresh.CopyFrom(q)
+            fresh.name = f"{q.name or q.output[0]}__before_{n.name or n.output[0]}"
+            fresh.output[0] = f"{n.input[0]}__quantized_for_{n.output[0]}"
+            fresh.input[0] = n.input[0]
+            n.input[0] = fresh.output[0]
+            before[id(n)] = fresh
+        del n.output[1:]
+        n.output[0] = q.output[0]
+        drop.add(id(q))
+        moved += 1
+    if moved:
+        nodes = []
+        for n in graph.node:
+            if id(n) in drop:
+                continue
+            if id(n) in before:
+                nodes.append(before[id(n)])
+            nodes.append(n)
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return moved
+
+
+def int8_max_pools(graph: onnx.GraphProto, dtypes: dict[str, str]) -> set[str]:
+    """The MaxPools of int8 or uint8 tensors, by first output: the pool kind runs them (an integer maximum), as
+    onnxruntime's integer MaxPool does. `dtypes`: the element type of each tensor (onnxopt/dtypes.py names)."""
+    return {n.output[0] for n in graph.node
+            if n.op_type == "MaxPool" and n.input and n.output and dtypes.get(n.input[0]) in ("uint8", "int8")}
