@@ -194,3 +194,10 @@ def _render_precision(p: dict | None, console, verbose: bool) -> None:
         top1 = f", top-1 {'agrees' if c['top1_agrees'] else 'differs'}" if "top1_agrees" in c else ""
         console.print(f"  cost on {c['output']}: max rel {c['max_rel_error']:.3g}, mean rel {c['mean_rel_error']:.3g},"
                       f" cosine {c['cosine']:.6f}{top1}")
+    ref = p.get("reference")
+    if ref:  # the whole-model bar --precision bf16 was held to (onnxopt/driver/openvino_reference.py)
+        why = f" ({ref['why']})" if "why" in ref else f" (OpenVINO {ref['openvino'].split('-')[0]})"
+        console.print(f"  held to {ref['bar']}{why}")
+        for o in ref.get("outputs", []):
+            console.print(f"    {o['output']}: {o['max_rel_error']:.3g} against OpenVINO's "
+                          f"{o['openvino_max_rel_error']:.3g} (at most {o['bar']:.3g})")

@@ -28,6 +28,7 @@ from onnxopt.verify import Tolerance, compare, make_inputs
 from onnxopt.driver.policy import (WHOLE_MODEL_MARGIN, _op_counts, offline_split, runs_quantized_units,
                                    takes_int8_units)
 from onnxopt.driver.result import Result
+from onnxopt.driver.openvino_reference import OPENVINO_FACTOR, openvino_bf16_outputs, openvino_relative
 from onnxopt.driver.precision import is_lowered, kernel_path, low_precision_tolerance, precision_cost, worst_error
 
 WRITTEN_TIME_S = 0.5  # seconds timing the written model against the original (report["written_timing"])
@@ -364,6 +365,8 @@ class OutputStage:
         diffs = compare(names, want, got, tol)
         if self.report.get("precision", {}).get("written", {}).get("lowered_regions"):
             self._precision_cost(names, want, got)
+            if self.opts.precision == "bf16" and not emulated:
+                self._openvino_bar(source, names, feeds, want, diffs)
         self.report["verification"].update({"outputs": [d.__dict__ for d in diffs], "ok": all(d.ok for d in diffs),
                                             "library": lib is not None})
         if emulated:
@@ -462,6 +465,8 @@ class OutputStage:
                                         f"({str(e).splitlines()[0][:300]}); nothing was written. Please report it; "
                                         "--skip-fusion with the kind named there avoids it") from None
             diffs = compare(names, want, got, tol or self.opts.tolerance)
+            if self._openvino_cost is not None:  # the function bodies are held to the same bar as the kernels
+                openvino_relative(diffs, precision_cost(names, want, got), self._openvino_cost)
         self.report["fallback_verification"] = {"outputs": [d.__dict__ for d in diffs],
                                                 "ok": all(d.ok for d in diffs)}
         self._fail_if_differs(diffs, "verification failed without the kernel library: output {} of the "
@@ -481,13 +486,38 @@ class OutputStage:
                                         f"gave {entry['auto']['simulated_max_rel_error']:.3g}); nothing was "
                                         "written. Give a smaller budget, or --precision fp32")
 
+    _openvino_cost: list | None = None  # OpenVINO's bf16 error per output, once measured (_openvino_bar)
+
+    def _openvino_bar(self, source, names, feeds, want, diffs) -> None:
+        """`--precision bf16`'s whole-model bar: OpenVINO's own bf16 error on the same inputs where OpenVINO reads
+        the model (driver/openvino_reference.py), else the fixed bf16 tolerance; the report says which and why."""
+        entry = self.report["precision"]
+        path = source
+        if not isinstance(source, str):
+            path = os.path.join(self.tmpdir, "openvino_original.onnx")
+            onnx.save(source, path, save_as_external_data=source.ByteSize() > (1 << 30),
+                      location="openvino_original.onnx.data")
+        outs, info = openvino_bf16_outputs(path, names, feeds, os.path.join(self.tmpdir, "openvino"),
+                                           self.opts.threads)
+        if outs is None:
+            entry["reference"] = {"bar": "the fixed bf16 tolerance: 2% of the value plus 1% of the output's "
+                                         "largest magnitude", **info}
+            return
+        self._openvino_cost = precision_cost(names, want, outs)
+        bars = openvino_relative(diffs, entry["cost"], self._openvino_cost)
+        entry["reference"] = {"bar": f"{OPENVINO_FACTOR}x OpenVINO's bf16 error on the same inputs", **info,
+                              "outputs": bars}
+
     def _fail_if_differs(self, diffs, what: str, advice: str) -> None:
         bad = [d for d in diffs if not d.ok]
         if bad:
             d = bad[0]
             if self.opts.precision == "bf16":  # the model amplifies bfloat16's rounding past its tolerance
-                advice = ("With --precision bf16 the outputs moved past the bf16 tolerance: --precision auto "
+                bar = self.report.get("precision", {}).get("reference", {}).get("bar", "the bf16 tolerance")
+                advice = (f"With --precision bf16 the outputs moved past {bar}: --precision auto "
                           "--accuracy-budget X keeps the costly regions float32, --precision fp32 all of them")
+                if d.detail:
+                    advice = f"{d.detail}. {advice}"
             raise VerificationError(f"{what.format(d.name)} (max abs {d.max_abs:.3g}, max rel {d.max_rel:.3g}); "
                                     f"nothing was written. {advice}")
 
