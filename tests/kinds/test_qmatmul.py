@@ -104,6 +104,42 @@ def test_exact_integer_sums_on_drawn_shapes(tmp_path_factory, k4, n, m, lead, za
     np.testing.assert_array_equal(exact, matmul_exact(a, w, za, 0.01, n))  # the driver's reference is the exact sum
 
 
+@pytest.mark.parametrize("n", [64, 49, 70, 200])
+def test_wide_tiles_are_exact(tmp_path, n):
+    """On a 16-lane target the tile takes 4 panels (64 columns) at once and up to 6 rows (lower.py wide_shape):
+    exact against integer arithmetic for a whole group of panels (64), one whose last panel is partial (49), a
+    group and a one-panel rest (70), and many groups (200); at row counts that give 6-row tiles, nearly equal ones
+    (32 rows: 6, 6, 5, 5, 5, 5) and one-row tiles; with A and B at the corners of their ranges, where B has
+    corrections in several panels of a group."""
+    from onnxopt.codegen.target import missing_cpu_flags, parse_target
+
+    target = parse_target("cpu=x86-64-v4,+avx512vnni")
+    missing = missing_cpu_flags(target.required_cpu_flags)
+    if missing:
+        pytest.skip(f"this CPU cannot run AVX-512 VNNI code (no {', '.join(missing)})")
+    k, rng = 132, np.random.default_rng(n)
+    a, w = matmul_operands(rng, k, n, [1], 37, extreme=True)
+    assert (pack(w)["fix_offsets"][1:] > pack(w)["fix_offsets"][:-1]).sum() >= 2  # corrections in 2+ panels
+    model = matmul_integer_model(k, n, w, [1])
+    fused, lib, region, ir_text = fuse_kind(KIND, model, tmp_path, target=target)
+    assert f"{region.op_type}_w6" in ir_text and f"{region.op_type}_w1" in ir_text
+    for m in (37, 32, 6, 1):
+        rows = np.ascontiguousarray(a[:, :m])
+        feeds = {"a": rows, "scale": np.array(0.01, np.float32), "za": np.array(7, np.uint8)}
+        for threads in (1, 2):
+            got = make_session(fused, threads, library=lib).run(None, feeds)[0]
+            np.testing.assert_array_equal(got, matmul_exact(rows, w, 7, 0.01, n), err_msg=f"n {n} m {m}")
+
+
+def test_wide_tiles_requantize_exactly(tmp_path):
+    """QLinearMatMul (QUANT: per-column scales, read across the group's 4 panels) on the wide tiles: bit for bit."""
+    model, feeds, want = qlinear_matmul_case(np.random.default_rng(5), 96, 150, [2, 13], True)
+    fused, lib, region, ir_text = fuse_kind(KIND, model, tmp_path)
+    if available(host_target(), ("u8", "s8"))[0].lanes == 16:
+        assert f"{region.op_type}_w6" in ir_text
+    np.testing.assert_array_equal(make_session(fused, 2, library=lib).run(None, feeds)[0], want)
+
+
 def test_packing_round_trips_and_no_pair_can_saturate():
     rng = np.random.default_rng(3)
     w = rng.integers(-128, 128, (96, 37)).astype(np.int8)

@@ -11,6 +11,8 @@ typedef struct {
   const int32_t *qbias; /* QUANT with a bias: likewise */
   const int32_t *dvec;  /* has_asum: 128 - zw per column, likewise */
   int64_t rows, panels, mblocks, ptasks, mtasks;
+  int64_t wide;   /* panels a task's unit of columns: wide_panels where the wide tiles run, else 1 */
+  int64_t groups; /* those units: the panels in groups of `wide` */
   int64_t block; /* rows a block: 16 x amx_groups on AMX, else mr */
   int amx;       /* the AMX tiles run: the library has them and the CPU and the OS allow them (matrix_engine.c) */
 } qm_job;
@@ -19,22 +21,40 @@ static void qm_task(void *usr, size_t index) {
   const qm_job *j = (const qm_job *)usr;
   const onnxopt_qmatmul_desc *d = j->d;
   int64_t pt = (int64_t)index / j->mtasks, mt = (int64_t)index % j->mtasks;
-  int64_t p0 = pt * j->panels / j->ptasks, p1 = (pt + 1) * j->panels / j->ptasks;
+  int64_t p0 = pt * j->groups / j->ptasks * j->wide, p1 = (pt + 1) * j->groups / j->ptasks * j->wide;
+  if (p1 > j->panels) p1 = j->panels;
   int64_t b0 = mt * j->mblocks / j->mtasks, b1 = (mt + 1) * j->mblocks / j->mtasks;
+  int64_t r0 = b0 * j->block, r1 = b1 * j->block < j->rows ? b1 * j->block : j->rows;
+  int64_t wide = j->wide;
   qm_tile t = j->proto;
   const int8_t *b = t.b;
   const int32_t *colsum = t.colsum;
-  for (int64_t p = p0; p < p1; p++) {
+  for (int64_t p = p0; p < p1;) {
+    int64_t np = p + wide <= p1 ? wide : 1;
     t.b = b + p * d->k * d->panel;
     t.colsum = colsum + p * d->panel;
     if (j->qscale) t.qscale = j->qscale + p * d->panel;
     if (j->qbias) t.qbias = j->qbias + p * d->panel;
     if (j->dvec) t.dvec = j->dvec + p * d->panel;
     t.n0 = p * d->panel;
-    t.ncols = d->n - t.n0 < d->panel ? d->n - t.n0 : d->panel;
+    t.ncols = d->n - t.n0 < np * d->panel ? d->n - t.n0 : np * d->panel;
     if (j->fix_offsets) {
       t.fix = j->fix_entries + 3 * (int64_t)j->fix_offsets[p];
-      t.nfix = j->fix_offsets[p + 1] - j->fix_offsets[p];
+      t.nfix = j->fix_offsets[p + np] - j->fix_offsets[p];
+      t.fix_offsets = j->fix_offsets + p;
+    }
+    if (np > 1) {
+      /* the rows in tiles of nearly equal height (32 rows: 6, 6, 5, 5, 5, 5 rather than five of 6 and one of 2,
+         whose 8 accumulators keep too few dot products in flight) */
+      int64_t count = (r1 - r0 + d->wide_rows - 1) / d->wide_rows;
+      for (int64_t i = 0, m = r0; i < count; i++) {
+        int64_t n = (r1 - r0) / count + (i < (r1 - r0) % count);
+        t.m0 = m;
+        d->wide[n - 1]((const int64_t *)&t);
+        m += n;
+      }
+      p += np;
+      continue;
     }
     for (int64_t mb = b0; mb < b1; mb++) {
       t.m0 = mb * j->block;
@@ -52,13 +72,14 @@ static void qm_task(void *usr, size_t index) {
         mi -= n;
       }
     }
+    p++;
   }
 }
 
 /* Panels x row blocks in tasks (runtime.c grid_split): A is read once per panel range, B once per row range. */
 static void qm_plan(qm_job *j) {
   double ops = 2.0 * (double)j->rows * (double)j->d->n * (double)j->d->k;
-  grid_split(ops, QM_TASK_MIN_OPS, j->d->tasks, j->panels, j->mblocks, (double)j->rows, (double)j->d->n, &j->ptasks,
+  grid_split(ops, QM_TASK_MIN_OPS, j->d->tasks, j->groups, j->mblocks, (double)j->rows, (double)j->d->n, &j->ptasks,
              &j->mtasks);
 }
 
@@ -68,6 +89,10 @@ static OrtStatus *qm_run(qm_job *j, OrtKernelContext *ctx) {
   j->panels = (d->n + d->panel - 1) / d->panel;
   j->amx = d->amx_groups > 0 && amx_ok(AMX_INT8);
   j->block = j->amx ? 16 * (int64_t)d->amx_groups : d->mr;
+  /* the wide tiles (lower.py wide_shape) take wide_panels panels at once, so tasks get whole groups of them; not
+     with AMX, whose blocks are one panel wide */
+  j->wide = d->wide_panels > 0 && !j->amx ? d->wide_panels : 1;
+  j->groups = (j->panels + j->wide - 1) / j->wide;
   j->mblocks = (j->rows + j->block - 1) / j->block;
   qm_plan(j);
   int64_t tasks = j->ptasks * j->mtasks;
