@@ -296,6 +296,37 @@ def test_short_panels_and_strided_rows_are_exact(tmp_path, cin, cout, k, stride,
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("cin,cout,k,stride,pad,n,h,w,group", [(24, 13, 3, 2, 1, 2, 35, 35, 1),
+                                                                (16, 40, 1, 2, 0, 1, 28, 28, 1),
+                                                                (12, 12, 3, 1, 1, 3, 9, 20, 2)])
+def test_wide_tiles_are_exact(tmp_path, cin, cout, k, stride, pad, n, h, w, group):
+    """On a 16-lane target the packed form's tile takes 4 panels (64 consecutive pixels of one image) by up to 6
+    channels (lower.py wide_shape), exec.c only where a task's group of panels holds 4 of one image: images whose
+    pixels end inside a group (18 x 18 = 324 = 5 groups of 64 + 4), several images, channel groups; weights at the
+    corners of their range, so the corrections of split pairs run on the wide tiles too. Exact."""
+    from onnxopt.codegen.target import missing_cpu_flags, parse_target
+
+    target = parse_target("cpu=x86-64-v4,+avx512vnni")
+    missing = missing_cpu_flags(target.required_cpu_flags)
+    if missing:
+        pytest.skip(f"this CPU cannot run AVX-512 VNNI code (no {', '.join(missing)})")
+    rng = np.random.default_rng(cin * h + w)
+    wt = rng.choice(np.array([-128, 127, 90, -3, 0, 41], np.int8), (cout, cin // group, k, k))
+    attrs = dict(kernel_shape=[k, k], pads=[pad] * 4, strides=[stride, stride], group=group)
+    model = conv_integer_model(wt, np.zeros((), np.int8), attrs, (n, cin, h, w))
+    fused, lib, region, ir_text = fuse_kind(KIND, model, tmp_path, target=target)
+    assert not region.params.implicit and f"{region.op_type}_w1" in ir_text
+    x = rng.integers(0, 256, (n, cin, h, w)).astype(np.uint8)
+    zx = np.array(7, np.uint8)
+    exact = conv_int(x, wt, int(zx), 0, [stride, stride], [pad] * 4, [1, 1], group)
+    want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
+        np.linspace(-1, 1, cout).astype(np.float32).reshape(cout, 1, 1)
+    for threads in (1, 2):
+        got = make_session(fused, threads, library=lib).run(None, {"x": x, "zx": zx,
+                                                                   "scale": np.array(0.01, np.float32)})[0]
+        np.testing.assert_array_equal(got, want)
+
+
 def test_an_int32_bias_before_the_cast_is_added_to_the_sums(tmp_path):
     """ConvInteger -> Add(int32 bias per channel) -> Cast -> Mul: quantize_dynamic's form with a bias (ddddocr's,
     where the bias is computed per call from the input's scale), added exactly in int32 before the rescaling."""

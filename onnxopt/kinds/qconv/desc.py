@@ -15,6 +15,7 @@ QC_MAX_EXTRA = Limit("QC_MAX_EXTRA", 8)
 QC_MAX_MR = Limit("QC_MAX_MR", 8)
 QC_MAX_TAPS = Limit("QC_MAX_TAPS", 64, "the implicit form's kernel windows (find.py)")
 QC_MAX_AMX = Limit("QC_MAX_AMX", 4)
+QC_MAX_WIDE = Limit("QC_MAX_WIDE", 8)
 QCONV_TILE_FN = FnType("qconv_tile_fn", "void", "const int64_t *tile", "a tile (lower.py): a qc_tile")
 
 QC_TILE = ArgBlock("qc_tile", [
@@ -89,10 +90,14 @@ QC_DESC = Struct("onnxopt_qconv_desc", [
     Field("amx_groups", "int", comment="the most groups of 16 channels an AMX tile takes (0: no AMX tiles)"),
     Field("amx_tiles", QCONV_TILE_FN, QC_MAX_AMX, "amx_tiles[g - 1]: 16 g channels on AMX, run only where the CPU "
                                                    "and the OS allow it (glue/matrix_engine.c)", partial=True),
+    Field("wide_panels", "int", comment="panels a wide tile takes side by side (0: no wide tiles)"),
+    Field("wide_rows", "int", comment="channels of the largest wide tile"),
+    Field("wide", QCONV_TILE_FN, QC_MAX_WIDE, "wide[mi - 1]: mi channels x wide_panels panels of one image's "
+                                              "consecutive pixels (lower.py wide_shape)", partial=True),
 ], comment="an int8 convolution with its epilogue (exec.c)")
 
 CONTRACT = Contract("onnxopt/kinds/qconv/desc.py", [QC_MAX_OUT, QC_MAX_EXTRA, QC_MAX_MR, QC_MAX_TAPS, QC_MAX_AMX,
-                                                   QCONV_TILE_FN, QC_TILE, QC_DESC])
+                                                   QC_MAX_WIDE, QCONV_TILE_FN, QC_TILE, QC_DESC])
 
 
 @dataclass
@@ -110,6 +115,8 @@ class QConvKernelDesc:
     amx_tiles: list[str] = field(default_factory=list)  # amx_tiles[g - 1]: 16 g channels on AMX (amx.py)
     matrix_instruction: str = ""  # what the AMX tiles run on ("" for none)
     amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
+    wide_tiles: list[str] = field(default_factory=list)  # wide_tiles[mi - 1]: mi channels x wide_panels panels
+    wide_panels: int = 0
 
     @property
     def uses_amx(self) -> bool:
@@ -120,7 +127,8 @@ class QConvKernelDesc:
         p = self.params
         decls, sig = c_signature(prefix, self.op_type, "KIND_QCONV", self.in_types, self.out_types)
         half = self.half_tiles or []
-        externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles + half + self.amx_tiles)
+        externs = "".join(f"extern void {t}(const int64_t *);\n" for t in self.tiles + half + self.amx_tiles +
+                          self.wide_tiles)
         geometry = dict(zip(("cin", "cout", "kh", "kw", "sh", "sw", "pt", "pl", "pb", "pr", "dh", "dw", "k4", "group"),
                             (p.cin, p.cout, *p.kernel, *p.strides, *p.pads, *p.dilations, p.k4, p.group), strict=True))
         return f"{externs}{decls}static const onnxopt_qconv_desc {prefix}_desc = " + QC_DESC.initializer({
@@ -130,4 +138,5 @@ class QConvKernelDesc:
             "out_blocked": p.out_blocked, "lut": p.lut, "bias_rest": p.bias_rest, "n_extra": len(p.extra_kinds),
             "extra_kind": list(p.extra_kinds), "mr": self.mr, "tasks": p.tasks, "tiles": list(self.tiles),
             "half_cols": self.half_cols, "half_tiles": list(half), "amx_groups": len(self.amx_tiles),
-            "amx_tiles": list(self.amx_tiles)}) + ";\n"
+            "amx_tiles": list(self.amx_tiles), "wide_panels": self.wide_panels, "wide_rows": len(self.wide_tiles),
+            "wide": list(self.wide_tiles)}) + ";\n"

@@ -21,6 +21,7 @@ typedef struct {
   uint8_t *packed;
   int32_t *asum;
   int64_t panels, pack_tasks;
+  int64_t wide, units; /* panels a task's unit: wide_panels where the wide tiles run (lower.py), else 1; those units */
   /* an NCHW input read at several taps, laid out blocked first ([n][cin4 / 4][h][w][4], layout.py's form), so that
      the panels are packed by words as from a blocked input */
   uint8_t *blocked;
@@ -376,7 +377,8 @@ static void qc_gemm_task(void *usr, size_t index) {
   const qc_job *j = (const qc_job *)usr;
   const onnxopt_qconv_desc *d = j->d;
   int64_t pt = (int64_t)index / j->mtasks, mt = (int64_t)index % j->mtasks;
-  int64_t p0 = pt * j->panels / j->ptasks, p1 = (pt + 1) * j->panels / j->ptasks;
+  int64_t p0 = pt * j->units / j->ptasks * j->wide, p1 = (pt + 1) * j->units / j->ptasks * j->wide;
+  if (p1 > j->panels) p1 = j->panels;
   int64_t b0 = mt * j->mblocks / j->mtasks, b1 = (mt + 1) * j->mblocks / j->mtasks;
   if (d->implicit) {
     qc_implicit_task(j, p0, p1, b0, b1);
@@ -389,13 +391,29 @@ static void qc_gemm_task(void *usr, size_t index) {
       int64_t grp = mb / j->bpg, in_group = (mb % j->bpg) * j->block; /* blocks never straddle channel groups */
       int64_t m0 = grp * j->cout_g + in_group;
       int64_t mi = j->cout_g - in_group < j->block ? j->cout_g - in_group : j->block;
-      for (int64_t p = g0; p < g1; p++) {
+      for (int64_t p = g0; p < g1;) {
         int64_t img = p / j->ppi, first = (p % j->ppi) * QC_PANEL;
+        /* a wide tile (lower.py wide_shape) takes wide_panels panels of this image's consecutive pixels at once;
+           not with AMX, whose blocks are one panel wide */
+        int64_t np = d->wide_panels && !j->amx && p + d->wide_panels <= g1 &&
+                     (p + d->wide_panels - 1) / j->ppi == img ? d->wide_panels : 1;
         t.panel = j->packed + (grp * j->panels + p) * d->k4 * QC_PANEL;
         t.asum = j->asum ? j->asum + (grp * j->panels + p) * QC_PANEL : NULL;
-        t.ncols = j->pixels - first < QC_PANEL ? j->pixels - first : QC_PANEL;
+        t.ncols = j->pixels - first < np * QC_PANEL ? j->pixels - first : np * QC_PANEL;
         t.out_off = img * j->out_elems_per_image + first * j->ostep;
         t.chan_base = img * d->cout;
+        p += np;
+        if (np > 1) {
+          /* a blocked output is written 4 channels a word: its tiles start at multiples of 4 */
+          int64_t rows_at_most = d->out_blocked ? 4 : d->wide_rows;
+          for (int64_t m = 0; m < mi;) {
+            int64_t n = mi - m < rows_at_most ? mi - m : rows_at_most;
+            t.m0 = m0 + m;
+            d->wide[n - 1]((const int64_t *)&t);
+            m += n;
+          }
+          continue;
+        }
         int64_t m = 0;
         if (j->amx && mi >= 16) { /* whole groups of 16 channels on AMX, the rest on the dot-product tiles */
           t.m0 = m0;
@@ -511,10 +529,14 @@ static OrtStatus *qc_depthwise(qc_job *j, OrtKernelContext *ctx) {
 static void qc_plan(qc_job *j) {
   const onnxopt_qconv_desc *d = j->d;
   double panel_bytes = QC_PANEL * (double)d->k4;
-  grid_split(2.0 * (double)j->panels * panel_bytes * (double)d->cout, QC_TASK_MIN_OPS, d->tasks, j->panels,
+  /* tasks take whole groups of the wide tiles' panels (with 19 panels in 16 tasks, no task would have 4) */
+  j->wide = d->wide_panels > 0 && !j->amx && !d->implicit ? d->wide_panels : 1;
+  j->units = (j->panels + j->wide - 1) / j->wide;
+  grid_split(2.0 * (double)j->panels * panel_bytes * (double)d->cout, QC_TASK_MIN_OPS, d->tasks, j->units,
              j->mblocks, (double)d->cout * (double)d->k4, (double)j->panels * panel_bytes, &j->ptasks, &j->mtasks);
   j->group = QC_GROUP_BYTES / (d->k4 * QC_PANEL);
-  if (j->group < 1) j->group = 1;
+  j->group = j->group / j->wide * j->wide; /* whole groups of the wide tiles' panels */
+  if (j->group < j->wide) j->group = j->wide;
 }
 
 /* `task` over the input's images x channel groups (qc_relayout_task, qc_block_input_task), in parallel. */

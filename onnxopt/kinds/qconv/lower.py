@@ -2,6 +2,7 @@
 dot-product instruction of codegen/instructions, then the zero-point terms, the corrections and the epilogue.
 
     tile_m<mi>(const int64 *t)      t: the qc_tile record of desc.py, filled per call by exec.c
+    tile_w<mi>(const int64 *t)      a wide tile (AVX-512, packed form): mi channels x 4 panels of one image
 
 The activations are the instruction's vector operand: exec.c packs each panel's receptive fields (im2col) as
 [k4 / 4][16 pixels][4] u8, so one load gives 8 (AVX2) or 16 (AVX-512) pixels their 4 consecutive k. In the implicit
@@ -63,8 +64,8 @@ SLOT_BIAS_REST = QC_TILE.index("bias_rest")  # QUANT: a float bias's part below 
 
 def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: int, emit) -> list:
     """A row's accumulators plus its split pairs' residuals: per (group of 4 k, quad of s8 residuals) entry of the
-    channel, the panel's activations at `group_at(k)` (the address of k's group) times the quad, on the
-    instruction (`emit`) as the K loop runs the safe weights."""
+    channel, the panel's activations at `group_at(k)` (the address of k's group: a list, one per panel of a wide
+    tile) times the quad, on the instruction (`emit`) as the K loop runs the safe weights."""
     acc_t = acc[0].type
     src_t = ir.VectorType(I8, 4 * lanes)
     lo = b.sext(b.load(b.gep(offsets, [row], source_etype=I32), typ=I32), I64)
@@ -75,18 +76,23 @@ def _corrections(b, acc: list, group_at, offsets, entries, row, nr: int, lanes: 
         quad = b.load(b.gep(entries, [b.add(b.mul(e, ir.Constant(I64, 2)), ir.Constant(I64, 1))], source_etype=I32),
                       typ=I32)
         at = group_at(b.sext(k, I64))
+        at = at if isinstance(at, list) else [at]
+        per = nr // len(at)
         wv = b.bitcast(broadcast(b, quad, lanes), src_t)
-        return [emit(b, carried[j], b.load(b.gep(at, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=src_t,
-                                           align=4), wv) for j in range(nr)]
+        return [emit(b, carried[j], b.load(b.gep(at[j // per], [ir.Constant(I64, j % per * lanes * 4)],
+                                                 source_etype=I8), typ=src_t, align=4), wv) for j in range(nr)]
 
     assert acc_t.count == lanes
     return for_range(b, lo, hi, ir.Constant(I64, 1), entry, acc)
 
 
 def k_group(b, emit, wrows: list, act, g, acc: list, lanes: int, nr: int) -> list:
-    """One group of 4 along K: the 16 pixels' 4 bytes at `act`, the weights' at group g of each row in `wrows`."""
+    """One group of 4 along K: the 16 pixels' 4 bytes at `act` (a list: one per panel of a wide tile), the
+    weights' at group g of each row in `wrows`."""
     src_t = ir.VectorType(I8, 4 * lanes)
-    av = [b.load(b.gep(act, [ir.Constant(I64, j * lanes * 4)], source_etype=I8), typ=src_t, align=4)
+    acts = act if isinstance(act, list) else [act]
+    per = nr // len(acts)
+    av = [b.load(b.gep(acts[j // per], [ir.Constant(I64, j % per * lanes * 4)], source_etype=I8), typ=src_t, align=4)
           for j in range(nr)]
     out = list(acc)
     for i, wrow in enumerate(wrows):
@@ -97,11 +103,26 @@ def k_group(b, emit, wrows: list, act, g, acc: list, lanes: int, nr: int) -> lis
     return out
 
 
-def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int, nr: int = 0) -> None:
+# Wide tiles: WIDE_PANELS panels of consecutive pixels of one image (packed K * PANEL bytes apart) by up to
+# WIDE_ROWS channels, on a 16-lane target, in the packed (im2col) form: as the qmatmul kind's (kinds/qmatmul/lower.py),
+# since one panel's tile keeps only mr dot products in flight on AVX-512 (17-35% of the int8 peak, measured).
+WIDE_PANELS, WIDE_ROWS = 4, 6
+
+
+def wide_shape(lanes: int, params) -> tuple[int, int] | None:
+    """(panels, channels) of the wide tiles, or None: fewer than 16 lanes, or the implicit or depthwise form."""
+    if lanes != PANEL or params.implicit or params.depthwise:
+        return None
+    return WIDE_PANELS, WIDE_ROWS
+
+
+def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int, mi: int, nr: int = 0,
+                panels: int = 1) -> None:
     """mi output channels x one panel on the instruction `emit` (codegen/instructions), whose activation operand
     exec.c packs with the instruction's signedness; `nr`: the vectors of pixels it computes, the panel's PANEL //
-    lanes by default (a half tile, half that, reads and writes only the panel's first PANEL / 2 pixels)."""
-    nr = nr or PANEL // lanes
+    lanes by default (a half tile, half that, reads and writes only the panel's first PANEL / 2 pixels);
+    `panels`: side by side (a wide tile: wide_shape), their pixels consecutive."""
+    nr = nr or panels * PANEL // lanes
     b, slot = record_function(module, name)
     w, panel, k4q, m0 = slot(SLOT_W, PTR), slot(SLOT_PANEL, PTR), slot(SLOT_K4Q), slot(SLOT_M0)
     acc_t = ir.VectorType(I32, lanes)
@@ -136,12 +157,16 @@ def define_tile(module: ir.Module, name: str, params, program, emit, lanes: int,
             c4 = b.ashr(b.and_(k, ir.Constant(I64, (1 << TAP_SHIFT) - 1)), ir.Constant(I64, 2))
             return b.gep(tap_at(tap), [b.mul(c4, plane4)], source_etype=I8)
     else:
-        acc = for_range(b, ir.Constant(I64, 0), k4q, one,
-                        lambda g, a: step(b.gep(panel, [b.mul(g, ir.Constant(I64, PANEL * 4))], source_etype=I8),
-                                          g, a), [zero] * (mi * nr))
+        panel_bytes = b.mul(k4q, ir.Constant(I64, PANEL * 4))
+        bases = [b.gep(panel, [b.mul(panel_bytes, ir.Constant(I64, q))], source_etype=I8) for q in range(panels)]
+
+        def at_group(g):
+            return [b.gep(base, [b.mul(g, ir.Constant(I64, PANEL * 4))], source_etype=I8) for base in bases]
+
+        acc = for_range(b, ir.Constant(I64, 0), k4q, one, lambda g, a: step(at_group(g), g, a), [zero] * (mi * nr))
 
         def group_at(k):
-            return b.gep(panel, [b.mul(b.ashr(k, ir.Constant(I64, 2)), ir.Constant(I64, PANEL * 4))], source_etype=I8)
+            return at_group(b.ashr(k, ir.Constant(I64, 2)))
     finish_channels(b, slot, params, program, emit, acc, rows, m0, lanes, nr, group_at)
     b.ret_void()
 
@@ -487,6 +512,12 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
         define_tile(module, names[-1], p, region.program, ins.emit, ins.lanes, mi)
         if half:  # a short panel (7 pixels of a 7 x 7 plane) on half the panel's vectors
             define_tile(module, half[mi - 1], p, region.program, ins.emit, ins.lanes, mi, nr=PANEL // ins.lanes // 2)
+    wide = wide_shape(ins.lanes, p) if ins is not None else None
+    wide_names = []
+    if wide is not None:
+        for mi in range(1, wide[1] + 1):
+            wide_names.append(f"{region.op_type}_w{mi}")
+            define_tile(module, wide_names[-1], p, region.program, ins.emit, ins.lanes, mi, panels=wide[0])
     matrix = amx.instruction(target, p) if ins is not None and not signed_operand(ins) else None
     amx_names = []
     if matrix is not None:
@@ -514,5 +545,6 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
                            packed_signed=ins is not None and signed_operand(ins),
                            half_cols=PANEL // 2 if half else 0, half_tiles=half or None, amx_tiles=amx_names,
                            matrix_instruction=matrix.name if amx_names else "",
-                           amx_emulated=bool(amx_names) and emulating())
+                           amx_emulated=bool(amx_names) and emulating(),
+                           wide_tiles=wide_names, wide_panels=wide[0] if wide else 0)
     return obj, desc, ir_text
