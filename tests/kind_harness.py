@@ -27,3 +27,17 @@ def fuse_kind(kind, model, tmp_path, name: str | None = None, target=None, param
     sha = link_library([desc], [obj], target, lib)
     fused = build_fused_model(model, regions, os.path.basename(lib), sha, target.to_dict(), target.required_cpu_flags)
     return fused, lib, region, ir_text
+
+
+def avx512_vnni_target():
+    """The AVX-512 VNNI target (16 s32 lanes: the int8 kinds' wide tiles), or the test skips with what this CPU
+    lacks to run it."""
+    import pytest
+
+    from onnxopt.codegen.target import missing_cpu_flags, parse_target
+
+    target = parse_target("cpu=x86-64-v4,+avx512vnni")
+    missing = missing_cpu_flags(target.required_cpu_flags)
+    if missing:
+        pytest.skip(f"this CPU cannot run AVX-512 VNNI code (no {', '.join(missing)})")
+    return target

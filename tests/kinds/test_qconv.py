@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from int8_models import (conv_attrs, conv_int, conv_integer_model, conv_integer_operands, drop_shapes, grouping,
                          qdq_conv_model, quantized_cnn)
-from kind_harness import fuse_kind
+from kind_harness import avx512_vnni_target, fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt.codegen.instructions import available
@@ -304,12 +304,7 @@ def test_wide_tiles_are_exact(tmp_path, cin, cout, k, stride, pad, n, h, w, grou
     channels (lower.py wide_shape), exec.c only where a task's group of panels holds 4 of one image: images whose
     pixels end inside a group (18 x 18 = 324 = 5 groups of 64 + 4), several images, channel groups; weights at the
     corners of their range, so the corrections of split pairs run on the wide tiles too. Exact."""
-    from onnxopt.codegen.target import missing_cpu_flags, parse_target
-
-    target = parse_target("cpu=x86-64-v4,+avx512vnni")
-    missing = missing_cpu_flags(target.required_cpu_flags)
-    if missing:
-        pytest.skip(f"this CPU cannot run AVX-512 VNNI code (no {', '.join(missing)})")
+    target = avx512_vnni_target()
     rng = np.random.default_rng(cin * h + w)
     wt = rng.choice(np.array([-128, 127, 90, -3, 0, 41], np.int8), (cout, cin // group, k, k))
     attrs = dict(kernel_shape=[k, k], pads=[pad] * 4, strides=[stride, stride], group=group)

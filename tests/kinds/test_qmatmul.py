@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from int8_models import matmul_exact, matmul_integer_model, matmul_operands, qlinear_matmul_case, quantized_cnn
-from kind_harness import fuse_kind
+from kind_harness import avx512_vnni_target, fuse_kind
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxopt.codegen.instructions import available
@@ -111,12 +111,7 @@ def test_wide_tiles_are_exact(tmp_path, n):
     group and a one-panel rest (70), and many groups (200); at row counts that give 6-row tiles, nearly equal ones
     (32 rows: 6, 6, 5, 5, 5, 5) and one-row tiles; with A and B at the corners of their ranges, where B has
     corrections in several panels of a group."""
-    from onnxopt.codegen.target import missing_cpu_flags, parse_target
-
-    target = parse_target("cpu=x86-64-v4,+avx512vnni")
-    missing = missing_cpu_flags(target.required_cpu_flags)
-    if missing:
-        pytest.skip(f"this CPU cannot run AVX-512 VNNI code (no {', '.join(missing)})")
+    target = avx512_vnni_target()
     k, rng = 132, np.random.default_rng(n)
     a, w = matmul_operands(rng, k, n, [1], 37, extreme=True)
     assert (pack(w)["fix_offsets"][1:] > pack(w)["fix_offsets"][:-1]).sum() >= 2  # corrections in 2+ panels
