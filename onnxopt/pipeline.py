@@ -42,6 +42,7 @@ from onnxopt.graph.large import SharedWeights, check_model, inference_session
 from onnxopt.graph.quantized import (dedicate_unit_dequantizers, integer_product_units, is_quantized,
                                      qdq_conv_units, qdq_matmul_units, qdq_pool_units,
                                      quantized_nodes)
+from onnxopt.graph.quantized_concats import int8_concats, requantize_before_concats
 from onnxopt.graph.quantized_pools import int8_max_pools, quantize_before_max_pools
 from onnxopt.graph.quantized_weights import fold_quantized_weights
 from onnxopt.graph.publish import check_destination, probe_writable
@@ -522,8 +523,10 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         if is_quantized(work):
             rewrites = {"skipped": "the model is quantized",
                         "quantized_weights_folded": fold_quantized_weights(work),
-                        "dequantizers_per_unit": dedicate_unit_dequantizers(work),
-                        "max_pools_on_int8": quantize_before_max_pools(work)}
+                        "dequantizers_per_unit": dedicate_unit_dequantizers(work)}
+            on_int8 = quantize_before_max_pools(work)
+            rewrites.update(max_pools_on_int8=on_int8["MaxPool"], resizes_on_int8=on_int8["Resize"],
+                            concats_on_int8=requantize_before_concats(work))
         else:
             rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
                         "unary_through_concats": push_unary_through_concats(work),
@@ -543,7 +546,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         if self.quantized:  # which tensors are float: what a region of quantization steps may read and write
             types = {n: t.dtype for n, t in tensor_info(work).items()}
             self.float_tensors = {n for n, t in types.items() if t == "float32"}
-            self.int8_units |= int8_max_pools(work.graph, types)
+            self.int8_units |= int8_max_pools(work.graph, types) | int8_concats(work.graph, types)
         _complete_output_types(self.emit_base, work)
         self.report["timings"]["load_fold_infer_s"] = time.perf_counter() - t
 
@@ -581,6 +584,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
                     claimed, rejected)
                 if "pool" not in self.opts.skip_fusion:  # pools with their epilogues (fusion/pool.py)
                     plan += PoolRule(work).find_regions(claimed, rejected)
+                plan += self._int8_concats(work, claimed)
                 plan += self._kind_regions(work, claimed, rejected, first=False)
                 if "elementwise" not in self.opts.skip_fusion:
                     plan += ElementwiseRule(work).find_regions(rejected, exclude=claimed)
@@ -617,6 +621,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             plan = self._kind_regions(work, claimed, rejected)
             if self.quantized and "pool" not in self.opts.skip_fusion:  # a quantized model's int8 MaxPools
                 plan += PoolRule(work).find_regions(claimed, rejected, int8_only=True)
+            plan += self._int8_concats(work, claimed)
             plans.append(("elementwise", dedupe(plan + ElementwiseRule(work).find_regions(rejected, exclude=claimed))))
         # A plan with the same regions as an earlier one (compute-dense on a graph without grouped convolutions) would
         # only be built, checked and timed again.

@@ -6,7 +6,7 @@ from onnxopt.fusion.region import Region
 
 from ..elementwise.types import ONNX_ENUM
 from ..target import Target
-from .desc import INLINE_FLOATS, MAX_TASKS, CopyKernelDesc
+from .desc import ELEMENT_BYTES, INLINE_FLOATS, MAX_TASKS, CopyKernelDesc
 
 
 def build_copy(region: Region, target: Target) -> tuple[tuple, CopyKernelDesc, str]:
@@ -14,8 +14,11 @@ def build_copy(region: Region, target: Target) -> tuple[tuple, CopyKernelDesc, s
     c = region.copy
     if c.lanes and c.lanes != target.float32_lanes:
         raise ValueError(f"a blocked copy of {c.lanes} lanes for a target of {target.float32_lanes}")
-    desc = CopyKernelDesc(op_type=region.op_type, in_types=[ONNX_ENUM["float32"]] * len(region.inputs),
-                          out_types=[ONNX_ENUM["float32"]], lanes=c.lanes, factors=list(c.factors), axis=c.axis,
+    if c.dtype != "float32" and (c.lanes or c.slice):
+        raise ValueError("a copy of int8 tensors is a plain Concat (lanes 0)")
+    desc = CopyKernelDesc(op_type=region.op_type, in_types=[ONNX_ENUM[c.dtype]] * len(region.inputs),
+                          out_types=[ONNX_ENUM[c.dtype]], elem=ELEMENT_BYTES[c.dtype], lanes=c.lanes,
+                          factors=list(c.factors), axis=c.axis,
                           slice=c.slice, max_tasks=c.max_tasks or MAX_TASKS,
                           inline_floats=c.inline_floats or INLINE_FLOATS)
     return (), desc, ""

@@ -10,6 +10,7 @@ from ..glue.kinds import c_define
 MAX_INPUTS = c_define("copy.h", "CP_MAX_IN")
 
 MAX_RANK = c_define("glue.h", "MAX_RANK")
+ELEMENT_BYTES = {"float32": 4, "uint8": 1, "int8": 1}  # the element types a copy takes
 
 
 # The default schedule: 64 tasks at most, and one thread below 65536 floats written (waking onnxruntime's pool cost
@@ -30,6 +31,7 @@ class CopyKernelDesc:
     slice: tuple[list[int], list[int], list[int]] | None = None
     max_tasks: int = MAX_TASKS  # the schedule (the copy kind's space): the most tasks a call is split into
     inline_floats: int = INLINE_FLOATS  # the schedule: below this many floats written, one thread
+    elem: int = 4  # bytes an element (ELEMENT_BYTES): a plain Concat's may be a quantized model's int8
 
 
 def copy_source(i: int, k: CopyKernelDesc) -> str:
@@ -51,4 +53,5 @@ def copy_source(i: int, k: CopyKernelDesc) -> str:
             f"static const int y{i}_out_types[] = {{{outs}}};\n"
             f'static const onnxopt_copy_desc y{i}_desc = {{{{"{k.op_type}", KIND_COPY, {len(k.in_types)}, '
             f"{len(k.out_types)}, y{i}_in_types, y{i}_out_types}}, {k.lanes}, {{{fh}}}, {{{fw}}}, {k.axis}, "
-            f"{len(dims)}, {arr(dims)}, {arr(start)}, {arr(end)}, {int(k.max_tasks)}, {int(k.inline_floats)}}};\n")
+            f"{len(dims)}, {arr(dims)}, {arr(start)}, {arr(end)}, {int(k.max_tasks)}, {int(k.inline_floats)}, "
+            f"{int(k.elem)}}};\n")

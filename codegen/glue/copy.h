@@ -16,6 +16,7 @@ typedef struct {
   int64_t slice_dims[MAX_RANK], slice_start[MAX_RANK], slice_end[MAX_RANK];
   int64_t max_tasks;     /* the schedule: the most tasks a call is split into */
   int64_t inline_floats; /* the schedule: below this many floats written, one thread (waking the pool costs more) */
+  int elem;              /* bytes an element: 4 (float32), or 1 (a plain Concat of a quantized model's int8) */
 } onnxopt_copy_desc;
 
 #endif

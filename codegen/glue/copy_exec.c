@@ -1,5 +1,5 @@
 /* ---- Copies of blocked tensors: Concat along the channel blocks, each input optionally repeated (nearest);
- * plain Concats (lanes 0) of float tensors along any axis; and Slices with unit steps (cp_slice, below). ----
+ * plain Concats (lanes 0) of float or int8 tensors along any axis; and Slices with unit steps (cp_slice). ----
  *
  * The copy kind's executor (codegen/glue/kinds.py). Inputs k are [N, CB_k, H / fh_k, W / fw_k, L]; the
  * output is [N, sum CB_k, H, W, L]. An output row (n, block, oh) is input k's row oh / fh_k with every pixel (one
@@ -17,14 +17,16 @@
 typedef struct {
   const onnxopt_copy_desc *d;
   int n_in;
-  const float *in[CP_MAX_IN];
+  const uint8_t *in[CP_MAX_IN];
   int64_t cb[CP_MAX_IN], first[CP_MAX_IN]; /* blocks of each input; the output block its first one lands in */
-  int64_t N, CB, H, W, L;
-  float *out;
+  int64_t N, CB, H, W, L;                  /* in elements of es bytes */
+  int64_t es;
+  uint8_t *out;
   int64_t rows, tasks;
 } cp_job;
 
-/* One pixel vector written `times` times: a fixed-size copy for the usual lane counts, which the compiler inlines. */
+/* One pixel vector (of floats: blocked tensors are float32) written `times` times: a fixed-size copy for the usual
+   lane counts, which the compiler inlines. */
 static void cp_repeat_row(float *dst, const float *src, int64_t w, int64_t times, int64_t L) {
   if (times == 1) {
     if (dst != src) memcpy(dst, src, (size_t)(w * L) * sizeof(float)); /* equal: written in place (a view) */
@@ -52,8 +54,9 @@ static void cp_run_task(void *usr, size_t task) {
     int k = 0;
     while (k + 1 < j->n_in && b >= j->first[k + 1]) k++;
     int64_t h = j->H / d->fh[k], w = j->W / d->fw[k];
-    const float *src = j->in[k] + ((n * j->cb[k] + (b - j->first[k])) * h + oh / d->fh[k]) * w * j->L;
-    cp_repeat_row(j->out + row * row_floats, src, w, d->fw[k], j->L);
+    const float *src =
+        (const float *)j->in[k] + ((n * j->cb[k] + (b - j->first[k])) * h + oh / d->fh[k]) * w * j->L;
+    cp_repeat_row((float *)j->out + row * row_floats, src, w, d->fw[k], j->L);
   }
 }
 
@@ -69,8 +72,9 @@ static void cp_run_span(void *usr, size_t task) {
     while (k + 1 < j->n_in && b >= j->first[k + 1]) k++;
     int64_t piece_end = (j->first[k] + j->cb[k]) * plane; /* end of input k's part of item n */
     int64_t len = piece_end - off < o1 - o0 ? piece_end - off : o1 - o0;
-    const float *src = j->in[k] + n * j->cb[k] * plane + (off - j->first[k] * plane);
-    if (src != j->out + o0) memcpy(j->out + o0, src, (size_t)len * sizeof(float)); /* else written in place */
+    const uint8_t *src = j->in[k] + (n * j->cb[k] * plane + (off - j->first[k] * plane)) * j->es;
+    uint8_t *dst = j->out + o0 * j->es;
+    if (src != dst) memcpy(dst, src, (size_t)(len * j->es)); /* else written in place */
     o0 += len;
   }
 }
@@ -206,6 +210,7 @@ static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) 
   j.d = d;
   j.n_in = d->sig.n_in;
   j.L = d->lanes;
+  j.es = d->elem;
   if (j.n_in < 1 || j.n_in > CP_MAX_IN) return fail(ORT_INVALID_ARGUMENT, "onnxopt: a copy op has 1 to 16 inputs");
   if (d->lanes == 0) return cp_plain(d, ctx, &j);
   for (int k = 0; k < j.n_in; k++) {

@@ -30,11 +30,13 @@ def pairs_cannot_saturate(weights: np.ndarray) -> bool:
     return not bool(np.any(_can_saturate(weights.astype(np.int32).reshape(-1, 2))))
 
 
-def split_pairs(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_pairs(weights: np.ndarray, needed: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(safe, where, residual): `safe` is `weights` (s8, pairs adjacent along the last axis) with the smaller weight
     of every pair that could saturate (both of one sign, |b0 + b1| > 128) cut down so that |b0 + b1| = 128; `where`
     are the flat indices of the cut weights and `residual` (int32) what was cut, so weights = safe + residual at
-    `where`."""
+    `where`. Not `needed` (the target's instruction does not saturate: VNNI, AMX, sdot): the weights, no cuts."""
+    if not needed:
+        return weights.astype(np.int8), np.zeros(0, np.int64), np.zeros(0, np.int32)
     w = weights.astype(np.int32).reshape(-1, 2)
     mag = np.abs(w)
     bad = np.nonzero(_can_saturate(w))[0]
@@ -58,5 +60,5 @@ def _emit(b, acc, a, w):
 
 INSTRUCTION = Instruction(
     name="avx2_u8s8", computation=dot4("vpmaddubsw+vpmaddwd", 8, "u8", "s8"), arch="x86_64",
-    features=("avx2",), emit=_emit,
+    features=("avx2",), emit=_emit, pair_sums_saturate=True,
     how="vpmaddubsw + vpmaddwd(ones) + vpaddd on weights split so that no pair saturates 16 bits (split_pairs)")

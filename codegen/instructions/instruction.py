@@ -26,6 +26,8 @@ class Instruction:
     how: str  # how it is implemented, in a line (the sequence, the saturation rule)
     emit: Callable | None = None  # (builder, acc, a, b) -> acc
     accumulate_in_place: bool = False  # the accumulator must be the addend register (WMMA's opaque fragments)
+    # its pairs of products share a saturating 16-bit sum (AVX2's vpmaddubsw): weights are split for it (split_pairs)
+    pair_sums_saturate: bool = False
 
     @property
     def lanes(self) -> int:

@@ -95,6 +95,7 @@ class PlanStage:
             plan += blocked_elementwise(relayouts, work, mk.lanes)
         if "pool" not in self.opts.skip_fusion:  # pools left out of the chains read and write NCHW
             plan += PoolRule(work).find_regions(claimed, [])
+        plan += self._int8_concats(work, claimed)
         if "copy" not in self.opts.skip_fusion and self.opts.sequences:
             # Concats left out of the chains (NCHW) as our copy kernel: no faster than onnxruntime's, but one of
             # onnxruntime's between two of our kernels would end a sequence (fusion/blocked_copy.py).
@@ -110,13 +111,24 @@ class PlanStage:
             plan += ElementwiseRule(work).find_regions([], exclude=claimed)
         return plan
 
+    def _int8_concats(self, work, claimed: set[int]) -> list[Region]:
+        """A quantized model's Concats of int8 tensors (graph/quantized_concats.py) as our copy kernel, in every
+        plan: onnxruntime's Concat would end a sequence, and inside one its inputs are written in place."""
+        if not self.quantized or "copy" in self.opts.skip_fusion:
+            return []
+        ew = ElementwiseRule(work)
+        found = plain_concats(ew.index, ew.shape_of, ew.dtype_of, claimed, dtypes=("uint8", "int8"))
+        claimed.update(ew.index.producer[r.outputs[0]] for r in found)
+        return found
+
     def _kind_regions(self, work, claimed: set[int], rejected: list, first: bool | None = None) -> list[Region]:
         """The regions of the registered kinds (onnxopt/kinds/) among the nodes not claimed yet; `first`: only the
         kinds asked before the compute and pool rules (True) or only the others (False)."""
         out = []
         for kind in KINDS:
             if kind.name not in self.opts.skip_fusion and first in (None, kind.first):
-                out += kind.find(work, claimed, rejected)
+                more = {"target": self.opts.target} if kind.find_takes_target else {}
+                out += kind.find(work, claimed, rejected, **more)
         return out
 
     def _afusion_plan(self, work, blocked_plan: list[Region]) -> list[Region] | None:

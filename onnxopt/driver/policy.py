@@ -79,10 +79,11 @@ INT8_FAMILIES = ("qmatmul", "qconv", "qgap")  # kinds that run quantized units w
 
 
 def takes_int8_units(region: Region) -> bool:
-    """A region of an int8 kind, or the pool kind's MaxPool of an int8 tensor (graph/quantized_pools.py): it may take
-    the quantized model's nodes that the pipeline lists as int8 units."""
+    """A region of an int8 kind, the pool kind's MaxPool of an int8 tensor (graph/quantized_pools.py) or the copy
+    kind's quantized Concat (fusion/blocked_copy.py): it may take the quantized model's nodes that the pipeline
+    lists as int8 units."""
     return region.params.family in INT8_FAMILIES or (
-        region.params.family == "pool" and region.params.dtype in ("uint8", "int8"))
+        region.params.family in ("pool", "copy") and region.params.dtype in ("uint8", "int8"))
 
 
 def runs_quantized_units(region: Region) -> bool:

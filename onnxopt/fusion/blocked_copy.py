@@ -86,8 +86,9 @@ def _region(parts: list[Region], inputs: list[str], factors, out: str, shape_of,
     return region
 
 
-def plain_concats(index, shape_of, dtype_of, claimed: set[int]) -> list[Region]:
-    """Copy regions (lanes 0) for the float32 Concats no other region holds, whose input shapes are known."""
+def plain_concats(index, shape_of, dtype_of, claimed: set[int], dtypes=("float32",)) -> list[Region]:
+    """Copy regions (lanes 0) for the Concats of `dtypes` (float32; a quantized model's uint8 and int8, which
+    graph/quantized_concats.py writes) that no other region holds, whose input shapes are known."""
     out = []
     for i, node in enumerate(index.nodes):
         if i in claimed or node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
@@ -98,7 +99,8 @@ def plain_concats(index, shape_of, dtype_of, claimed: set[int]) -> list[Region]:
         y = shape_of(node.output[0])
         if y is None or any(s is None or len(s) != len(y) for s in shapes):
             continue
-        if any(dtype_of(x) != "float32" for x in [*node.input, node.output[0]]) or not y:
+        dtype = dtype_of(node.output[0])
+        if dtype not in dtypes or any(dtype_of(x) != dtype for x in node.input) or not y:
             continue
         axis = next((a.i for a in node.attribute if a.name == "axis"), None)
         if axis is None or not -len(y) <= axis < len(y):
@@ -106,9 +108,9 @@ def plain_concats(index, shape_of, dtype_of, claimed: set[int]) -> list[Region]:
         axis %= len(y)
         if any(not all(isinstance(d, int) for d in s) for s in shapes):
             continue  # symbolic dims: the glue checks sizes at run time, but the region's shape must be known
-        program = EwProgram(inputs=[Value(x, "float32") for x in node.input], consts={}, ops=[], outputs=[])
+        program = EwProgram(inputs=[Value(x, dtype) for x in node.input], consts={}, ops=[], outputs=[])
         region = Region("Copy", [node], list(node.input), [node.output[0]], program, list(y))
-        region.params = CopyParams(lanes=0, factors=[(1, 1)] * len(node.input), body=[node], axis=axis)
+        region.params = CopyParams(lanes=0, factors=[(1, 1)] * len(node.input), body=[node], axis=axis, dtype=dtype)
         out.append(region)
     return out
 

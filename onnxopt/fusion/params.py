@@ -228,11 +228,13 @@ class CopyParams(KindParams):
     # written below which it runs on one thread; 0: the defaults (codegen/copy/desc.py)
     max_tasks: int = 0
     inline_floats: int = 0
+    dtype: str = "float32"  # a plain Concat's element type: float32, or a quantized model's uint8 / int8
 
     def key(self) -> list:
         return [self.lanes, [list(f) for f in self.factors]] + ([] if self.lanes else [self.axis]) + \
             ([[list(v) for v in self.slice]] if self.slice else []) + \
-            ([self.max_tasks, self.inline_floats] if self.max_tasks or self.inline_floats else [])
+            ([self.max_tasks, self.inline_floats] if self.max_tasks or self.inline_floats else []) + \
+            ([self.dtype] if self.dtype != "float32" else [])  # float32's op types as before the field
 
     def op_type_text(self, target_name: str) -> str:
         return "|copy" + json.dumps(self.key())

@@ -1,4 +1,5 @@
-"""A quantized model's MaxPools moved onto int8 tensors: MaxPool -> QuantizeLinear becomes QuantizeLinear -> MaxPool.
+"""A quantized model's MaxPools and nearest Resizes moved onto int8 tensors: MaxPool -> QuantizeLinear becomes
+QuantizeLinear -> MaxPool, and the same for a Resize in nearest mode.
 
 A maximum commutes with any non-decreasing map, and QuantizeLinear (divide by a positive scale, round, add the zero
 point, saturate) is one, so quantizing the window's largest value gives what the largest of the quantized values is,
@@ -12,6 +13,10 @@ Where the MaxPool's input is a DequantizeLinear with the very steps of the Quant
 DequantizeLinear -> MaxPool -> QuantizeLinear units), the pair quantizes back what it dequantized: the MaxPool reads
 the int8 tensor and both steps go. (q - z) * s / s rounds back to q - z exactly for |q - z| <= 255: the quotient is
 within two ulps of that integer.
+
+A nearest Resize only copies input values to output positions, so it commutes with any elementwise map, quantizing
+included (YOLOv8n's and PP-OCR det's upsampling between QDQ pairs); not its tf_crop_and_resize mode, whose
+extrapolated float value need not quantize to what an integer Resize writes there.
 """
 
 from __future__ import annotations
@@ -48,15 +53,22 @@ def _scalar_step(node: onnx.NodeProto, inits: dict) -> tuple | None:
         zp.data_type
 
 
-def quantize_before_max_pools(model: onnx.ModelProto) -> int:
-    """Rewrite (in place) every MaxPool whose only reader is a per-tensor QuantizeLinear into an integer MaxPool
-    after it, and drop a DequantizeLinear -> MaxPool -> QuantizeLinear unit's equal steps. Returns how many MaxPools
-    now run on int8 tensors. Before opset 12 MaxPool takes no integers: nothing changes."""
-    if _opset(model) < 12:
-        return 0
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    outputs = {o.name for o in graph.output}
+def _selects(n: onnx.NodeProto, opset: int) -> bool:
+    """Whether `n` only picks input values (a maximum, or nearest neighbours) in an opset where it takes int8."""
+    if n.domain not in ("", "ai.onnx") or not n.input or not n.output:
+        return False
+    attrs = {a.name: a for a in n.attribute}
+    if n.op_type == "MaxPool":
+        return opset >= 12
+    if n.op_type == "Resize":
+        mode = attrs["mode"].s if "mode" in attrs else b"nearest"
+        ctm = attrs["coordinate_transformation_mode"].s if "coordinate_transformation_mode" in attrs else b""
+        return opset >= 11 and mode == b"nearest" and ctm != b"tf_crop_and_resize"
+    return False
+
+
+def graph_maps(graph: onnx.GraphProto) -> tuple[dict, set, dict, dict]:
+    """(initializers by name, the graph's output names, each tensor's reader nodes, each tensor's producer node)."""
     readers: dict[str, list] = {}
     producer = {}
     for n in graph.node:
@@ -66,13 +78,35 @@ def quantize_before_max_pools(model: onnx.ModelProto) -> int:
         for o in n.output:
             if o:
                 producer[o] = n
-    drop: set[int] = set()
-    before: dict[int, onnx.NodeProto] = {}  # a new QuantizeLinear, placed before the MaxPool it feeds
-    moved = 0
+    return {t.name: t for t in graph.initializer}, {o.name for o in graph.output}, readers, producer
+
+
+def rebuild_nodes(graph: onnx.GraphProto, drop: set[int], before: dict[int, list]) -> None:
+    """The graph's nodes less those in `drop` (by id), each node preceded by its `before` nodes (new ones)."""
+    nodes = []
     for n in graph.node:
-        if n.op_type != "MaxPool" or n.domain not in ("", "ai.onnx") or not n.input or not n.output:
+        if id(n) not in drop:
+            nodes.extend(before.get(id(n), []))
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def quantize_before_max_pools(model: onnx.ModelProto) -> dict[str, int]:
+    """Rewrite (in place) every MaxPool or nearest Resize whose only reader is a per-tensor QuantizeLinear into the
+    same op on int8 after it, and drop a DequantizeLinear -> op -> QuantizeLinear unit's equal steps. Returns how
+    many of each op type now run on int8 tensors. Before opset 12 (11 for Resize) they take no integers."""
+    opset = _opset(model)
+    moved = {"MaxPool": 0, "Resize": 0}
+    graph = model.graph
+    inits, outputs, readers, producer = graph_maps(graph)
+    drop: set[int] = set()
+    before: dict[int, list] = {}  # a new QuantizeLinear, placed before the MaxPool it feeds
+    for n in graph.node:
+        if not _selects(n, opset):
             continue
-        if len(n.output) > 1 and n.output[1] and (readers.get(n.output[1]) or n.output[1] in outputs):
+        indices = n.output[1] if n.op_type == "MaxPool" and len(n.output) > 1 else ""
+        if indices and (readers.get(indices) or indices in outputs):
             continue  # its Indices are used
         nxt = readers.get(n.output[0], [])
         if len(nxt) != 1 or n.output[0] in outputs or nxt[0].op_type != "QuantizeLinear":
@@ -94,21 +128,13 @@ def quantize_before_max_pools(model: onnx.ModelProto) -> int:
             fresh.output[0] = f"{n.input[0]}__quantized_for_{n.output[0]}"
             fresh.input[0] = n.input[0]
             n.input[0] = fresh.output[0]
-            before[id(n)] = fresh
+            before[id(n)] = [fresh]
         del n.output[1:]
         n.output[0] = q.output[0]
         drop.add(id(q))
-        moved += 1
-    if moved:
-        nodes = []
-        for n in graph.node:
-            if id(n) in drop:
-                continue
-            if id(n) in before:
-                nodes.append(before[id(n)])
-            nodes.append(n)
-        del graph.node[:]
-        graph.node.extend(nodes)
+        moved[n.op_type] += 1
+    if drop:
+        rebuild_nodes(graph, drop, before)
     return moved
 
 

@@ -50,6 +50,8 @@ class Kind:
     # schedule(region, target) -> ScheduleSpace (kinds/schedule.py): its kernel's knobs, the default first; the
     # lowering builds any point of it. None: a kernel with no knobs.
     schedule: Callable | None = None
+    # find also takes `target=` (the Target being built for): its regions' tables depend on the target's instruction
+    find_takes_target: bool = False
 
     def lowering(self, backend: str) -> Callable | None:
         """Its build for `backend` (a Target's backend name), or None when it has none there."""

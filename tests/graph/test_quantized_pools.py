@@ -1,8 +1,9 @@
-"""A quantized model's MaxPools moved onto int8 tensors (graph/quantized_pools.py): MaxPool -> QuantizeLinear becomes
-QuantizeLinear -> MaxPool, and a DequantizeLinear -> MaxPool -> QuantizeLinear unit with equal steps an integer
-MaxPool alone. Exact: onnxruntime gives the same outputs before and after on values that saturate, sit on rounding
-midpoints and fill whole windows with the padding's value; the refusals leave the graph as it was; and a model from
-onnxruntime's own quantize_static, written by `onnxopt.optimize`, runs its MaxPool in our kernel in a fresh process."""
+"""A quantized model's MaxPools and nearest Resizes moved onto int8 tensors (graph/quantized_pools.py): MaxPool ->
+QuantizeLinear becomes QuantizeLinear -> MaxPool, and a DequantizeLinear -> MaxPool -> QuantizeLinear unit with
+equal steps an integer MaxPool alone; the same for a nearest Resize. Exact: onnxruntime gives the same outputs
+before and after on values that saturate, sit on rounding midpoints and fill whole windows with the padding's value;
+the refusals leave the graph as it was; and a model from onnxruntime's own quantize_static, written by
+`onnxopt.optimize`, runs its MaxPool in our kernel in a fresh process."""
 
 from __future__ import annotations
 
@@ -75,10 +76,10 @@ def _same_outputs(before, after, seeds=3):
         np.testing.assert_array_equal(want, got)
 
 
-def _rewritten(m):
+def _rewritten(m, op="MaxPool"):
     out = onnx.ModelProto()
     out.CopyFrom(m)
-    return quantize_before_max_pools(out), out
+    return quantize_before_max_pools(out)[op], out
 
 
 def test_a_float_max_pool_before_a_quantizer_runs_on_the_quantized_tensor():
@@ -127,6 +128,42 @@ def test_what_is_left_as_it_was():
     m.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.full(3, 3, np.uint8), "q_z"))
     m.graph.node[2].attribute.append(helper.make_attribute("axis", 1))
     assert _rewritten(m)[0] == 0
+
+
+def _dq_resize_q(mode="nearest", ctm="asymmetric", dq=(0.05, 7), q=(0.05, 7), t=U8, opset=13):
+    """x (int8) -> DequantizeLinear -> Resize (x2 rows, x1.5 columns) -> QuantizeLinear -> y."""
+    nodes = [helper.make_node("DequantizeLinear", ["x", "d_s", "d_z"], ["f"]),
+             helper.make_node("Resize", ["f", "", "scales"], ["p"], mode=mode, coordinate_transformation_mode=ctm),
+             helper.make_node("QuantizeLinear", ["p", "q_s", "q_z"], ["y"])]
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 1.5], np.float32), "scales")
+    m = _model(nodes, _step("d", *dq, t) + _step("q", *q, t) + [scales], x_type=t, y_type=t, opset=opset)
+    m.graph.output[0].type.tensor_type.shape.Clear()
+    return m
+
+
+@pytest.mark.parametrize("t", [U8, S8])
+@pytest.mark.parametrize("ctm", ["asymmetric", "half_pixel", "align_corners"])
+def test_equal_steps_around_a_nearest_resize_go(t, ctm):
+    m = _dq_resize_q(ctm=ctm, t=t)
+    moved, after = _rewritten(m, "Resize")
+    assert moved == 1 and [n.op_type for n in after.graph.node] == ["Resize"]
+    onnx.checker.check_model(after)
+    _same_outputs(m, after)
+
+
+def test_different_steps_requantize_before_a_nearest_resize():
+    m = _dq_resize_q(dq=(0.05, 7), q=(0.03, 100))
+    moved, after = _rewritten(m, "Resize")
+    assert moved == 1
+    assert [n.op_type for n in after.graph.node] == ["DequantizeLinear", "QuantizeLinear", "Resize"]
+    _same_outputs(m, after)
+
+
+def test_resizes_that_do_not_only_copy_values_are_left_as_they_were():
+    for m in (_dq_resize_q(mode="linear"), _dq_resize_q(mode="cubic"), _dq_resize_q(ctm="tf_crop_and_resize"),
+              _dq_resize_q(opset=10)):
+        moved, after = _rewritten(m, "Resize")
+        assert moved == 0 and [n.op_type for n in after.graph.node] == [n.op_type for n in m.graph.node]
 
 
 def _conv_pool_block() -> onnx.ModelProto:

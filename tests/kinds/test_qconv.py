@@ -408,3 +408,62 @@ def test_a_qoperator_model_is_fused_whole(tmp_path):
     result = optimize(str(tmp_path / "q.onnx"), str(tmp_path / "out.onnx"), measure=False)
     assert sum(r["op_type"].startswith("qconv_") for r in result.report["regions"]) == 2
     assert result.report["verification"]["ok"] and result.report["fallback_verification"]["ok"]
+
+
+@pytest.mark.parametrize("spec,split", [("x86-64-v3", True), ("cpu=x86-64-v4,+avx512vnni", False),
+                                        ("aarch64-dotprod", False), (None, True)])
+def test_weight_pairs_are_split_only_for_an_instruction_that_saturates(spec, split):
+    """AVX2's vpmaddubsw sums pairs in 16 saturating bits, so its weights carry corrections; VNNI's, AMX's and
+    sdot's sums do not saturate, so their kernels get the weights whole and run no corrections; with no target the
+    tables are the split ones, exact on every instruction. The same for the int8 GEMMs."""
+    from onnxopt.codegen.target import parse_target
+    from onnxopt.kinds.qmatmul.find import find_regions as find_matmul_regions
+
+    target = parse_target(spec) if spec else None
+    wt = np.random.default_rng(1).choice(np.array([-128, 127, 90, -3], np.int8), (8, 4, 3, 3))
+    model = conv_integer_model(wt, np.zeros((), np.int8), dict(kernel_shape=[3, 3]), (1, 4, 6, 6))
+    (region,) = find_regions(model, set(), [], target=target)
+    assert region.params.has_fix == split
+    tables = {t.name.split("__qc")[-1]: numpy_helper.to_array(t) for t in region.initializers}
+    assert ("fix_entries" in tables) == split
+    if not split:  # the packed weights are W's, by tap then channel (padded to 4)
+        by_tap = np.zeros((8, 3, 3, 4), np.int8)
+        by_tap[...] = wt.transpose(0, 2, 3, 1)
+        np.testing.assert_array_equal(tables["packed"].reshape(8, -1), by_tap.reshape(8, -1))
+    from int8_models import matmul_integer_model
+
+    mm = matmul_integer_model(64, 16, np.random.default_rng(2).choice(np.array([-128, 127], np.int8), (64, 16)),
+                              [3])
+    (mregion,) = find_matmul_regions(mm, set(), [], target=target)
+    assert mregion.params.has_fix == split
+
+
+def test_unsplit_weights_are_exact_on_vnni(tmp_path):
+    """The VNNI target's kernel on weights whose pairs would saturate AVX2's sums, taken whole: exact."""
+    target = avx512_vnni_target()
+    rng = np.random.default_rng(5)
+    wt = rng.choice(np.array([-128, 127, 90, -3], np.int8), (9, 8, 3, 3))
+    model = conv_integer_model(wt, np.zeros((), np.int8), dict(kernel_shape=[3, 3], pads=[1] * 4), (1, 8, 7, 20))
+    regions = find_regions(model, set(), [], target=target)
+    assert len(regions) == 1 and not regions[0].params.has_fix
+    fused, lib, region, _ = fuse_kind(_TargetKind(target), model, tmp_path, target=target)
+    x = rng.integers(0, 256, (1, 8, 7, 20)).astype(np.uint8)
+    zx = np.array(7, np.uint8)
+    exact = conv_int(x, wt, 7, 0, [1, 1], [1] * 4, [1, 1])
+    want = exact.astype(np.int32).astype(np.float32) * np.float32(0.01) + \
+        np.linspace(-1, 1, 9).astype(np.float32).reshape(9, 1, 1)
+    got = make_session(fused, 2, library=lib).run(None, {"x": x, "zx": zx, "scale": np.array(0.01, np.float32)})[0]
+    np.testing.assert_array_equal(got, want)
+
+
+class _TargetKind:
+    """The qconv kind, its regions found for `target` (fuse_kind asks a kind's find without one)."""
+
+    def __init__(self, target):
+        self.name, self.target = KIND.name, target
+
+    def find(self, model, claimed, rejected):
+        return find_regions(model, claimed, rejected, target=self.target)
+
+    def build(self, region, target):
+        return KIND.build(region, target)

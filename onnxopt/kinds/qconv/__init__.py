@@ -21,5 +21,5 @@ def report(region, feeds, desc) -> dict:
 
 # Asked before the compute and elementwise rules, which would take the Cast -> Mul -> Add after a ConvInteger.
 # The int8 kinds' dtypes are their activations': u8 or s8 in, requantized to them or dequantized to float32.
-KIND = Kind(name="qconv", find=find_regions, build=build, first=True, layouts=assign, report=report, order=50,
-            schedule=space, dtypes=("uint8", "int8"))
+KIND = Kind(name="qconv", find=find_regions, build=build, first=True, find_takes_target=True, layouts=assign,
+            report=report, order=50, schedule=space, dtypes=("uint8", "int8"))

@@ -45,6 +45,7 @@ from onnxopt.fusion.elementwise import _attr
 from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 from onnxopt.graph.quantized import integer_product_units, quantized_nodes, qdq_conv_units
 from onnxopt.graph.quantized_weights import bias_in_sum_steps, dequantized_bias, signed_weights
+from onnxopt.kinds.qmatmul.lower import splits_weight_pairs
 
 from .lookup import lookup_table, tail_after
 from .params import FLOAT, QUANT, QConvParams
@@ -78,7 +79,7 @@ def implicit(geo, has_asum: bool, out_shape, cout: int, cin_g: int) -> bool:
     return ow / (16 * -(-ow // 16)) >= IMPLICIT_MIN_USE
 
 
-def pack(w: np.ndarray, w_zero: np.ndarray, group_major: bool = False) -> dict[str, np.ndarray]:
+def pack(w: np.ndarray, w_zero: np.ndarray, group_major: bool = False, split: bool = True) -> dict[str, np.ndarray]:
     """Weights [cout, cin, kh, kw] (u8 or s8; cin per group) and their zero point (one value) for the kernel:
     "packed" [cout][k4] s8 with k = tap * cin4 + channel (channels padded to a multiple of 4, so the 4 k of a group
     are 4 channels of one tap and share the window's position: exec.c packs the activations in that order), or with
@@ -101,7 +102,7 @@ def pack(w: np.ndarray, w_zero: np.ndarray, group_major: bool = False) -> dict[s
         by_tap[..., :cin] = w.transpose(0, 2, 3, 1).astype(np.int32) - shift
     if group_major:
         by_tap = by_tap.reshape(cout, kh * kw, cin4 // 4, 4).transpose(0, 2, 1, 3)
-    safe, where, residual = split_pairs(np.ascontiguousarray(by_tap).reshape(cout, -1).astype(np.int8))
+    safe, where, residual = split_pairs(np.ascontiguousarray(by_tap).reshape(cout, -1).astype(np.int8), split)
     k4 = by_tap.size // cout
     row, kk = np.divmod(where, k4)
     order = np.lexsort((kk, row))
@@ -225,13 +226,17 @@ class _Rule(ComputeRule):
         return v.reshape(())
 
 
-def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
+def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict] | None = None,
+                 target=None) -> list[Region]:
+    """`target`: the weights' pairs are split only where its instruction saturates (splits_weight_pairs)."""
     rule = None
     regions = []
     for i, node in enumerate(model.graph.node):
         if node.domain not in _ONNX or i in claimed or node.op_type not in ("ConvInteger", "Conv", "QLinearConv"):
             continue
-        rule = rule or _Rule(model)
+        if rule is None:
+            rule = _Rule(model)
+            rule.split = splits_weight_pairs(target)
         if node.op_type == "Conv":
             x_i, x_dq = rule.producer(node.input[0])
             if x_dq is None or x_dq.op_type != "DequantizeLinear":
@@ -260,7 +265,7 @@ def depthwise(w: np.ndarray, group: int) -> bool:
 
 def _tables(rule, uid: str, w: np.ndarray, w_zero, group_major: bool, group: int = 1) -> tuple[dict, dict, bool,
                                                                                                    bool]:
-    tables = pack(w, w_zero, group_major)
+    tables = pack(w, w_zero, group_major, split=rule.split)
     has_fix = len(tables["fix_update"]) > 0
     has_asum = bool(np.any(tables["dvec"] != 0))
     dw = depthwise(w, group)

@@ -8,5 +8,5 @@ from .schedule import space
 
 # Asked before the compute and elementwise rules, which would take the Cast -> Mul -> Add after the MatMulInteger.
 # The int8 kinds' dtypes are their activations': u8 or s8 in, requantized to them or dequantized to float32.
-KIND = Kind(name="qmatmul", find=find_regions, build=build, first=True, order=40, schedule=space,
-            dtypes=("uint8", "int8"))
+KIND = Kind(name="qmatmul", find=find_regions, build=build, first=True, find_takes_target=True, order=40,
+            schedule=space, dtypes=("uint8", "int8"))

@@ -32,6 +32,7 @@ from onnxopt.graph.quantized import integer_product_units, quantized_nodes
 from onnxopt.graph.quantized_weights import signed_weights
 from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 
+from .lower import splits_weight_pairs
 from .params import PANEL, QUANT, QMatMulParams
 
 _ONNX = ("", "ai.onnx")
@@ -40,7 +41,7 @@ MAX_EXTRAS = 8  # glue.h QM_MAX_EXTRA
 MAX_OUTPUTS = 4  # glue.h QM_MAX_OUT
 
 
-def pack(w: np.ndarray) -> dict[str, np.ndarray]:
+def pack(w: np.ndarray, split: bool = True) -> dict[str, np.ndarray]:
     """B [K, N] s8 for the kernel: "packed" [ceil(N / PANEL)][K / 4][PANEL][4] int8 (zero-padded, pairs split so
     none saturates), "colsum" int32 [ceil(N / PANEL) * PANEL] (of the original B), the corrections per panel
     ("fix_offsets" int32 [panels + 1], "fix_entries" int32 [count, 3]: k, column within the panel, residual) and the
@@ -50,7 +51,7 @@ def pack(w: np.ndarray) -> dict[str, np.ndarray]:
     padded = np.zeros((k, pn * PANEL), np.int8)
     padded[:, :n] = w
     packed = np.ascontiguousarray(padded.reshape(k // 4, 4, pn, PANEL).transpose(2, 0, 3, 1))
-    safe, where, residual = split_pairs(packed)
+    safe, where, residual = split_pairs(packed, split)
     p, rest = np.divmod(where, (k // 4) * PANEL * 4)
     g, rest = np.divmod(rest, PANEL * 4)
     col, j = np.divmod(rest, 4)
@@ -92,8 +93,9 @@ def _unpack_body(names: dict, k: int, n: int, out: str, opset: int) -> list[onnx
 
 
 class _Rule(ComputeRule):
-    def __init__(self, model):
+    def __init__(self, model, split: bool = True):
         super().__init__(model, mi=4)
+        self.split = split  # pack B with its saturating pairs split (the target's instruction saturates)
         # Nodes the epilogue must leave to onnxruntime: those of a quantized pattern (graph/quantized.py) other than
         # an integer product's rescaling. A GELU that feeds the next DynamicQuantizeLinear, run by our vector math,
         # would round differently by an ulp and move values across quantization steps there.
@@ -135,14 +137,17 @@ class _Rule(ComputeRule):
         return None
 
 
-def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
+def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict] | None = None,
+                 target=None) -> list[Region]:
+    """`target`: B's pairs are split only where its instruction saturates (lower.py splits_weight_pairs)."""
     rule = None
     regions = []
+    split = splits_weight_pairs(target)
     for i, node in enumerate(model.graph.node):
         static = {"QLinearMatMul": _qlinear_region, "MatMul": _qdq_region, "Gemm": _qdq_region}.get(node.op_type) \
             if node.domain in _ONNX else (_qgemm_region if node.op_type == "QGemm" and node.domain == _MS else None)
         if static is not None and i not in claimed:
-            rule = rule or _Rule(model)
+            rule = rule or _Rule(model, split)
             found = static(rule, i, claimed)
             if found is None:  # a float MatMul
                 continue
@@ -155,7 +160,7 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
             continue
         if node.op_type != "MatMulInteger" or node.domain not in _ONNX or i in claimed:
             continue
-        rule = rule or _Rule(model)
+        rule = rule or _Rule(model, split)
         why = rule.refusal(i)
         if why is None:
             cast_i = rule.index.consumers[node.output[0]][0]
@@ -189,7 +194,7 @@ def _region(rule: _Rule, i: int, cast_i: int, claimed: set[int]) -> Region | str
     w = rule._const(node.input[1])
     k, n = w.shape
     uid = node.output[0]
-    tables, names, has_fix = _tables(w, uid)
+    tables, names, has_fix = _tables(w, uid, rule.split)
     has_azp = len(node.input) > 2 and bool(node.input[2])
     consts: dict = {}
     ops = [rule.ew._to_op(idx.nodes[m], consts) for m in sorted(members) if m != i]
@@ -214,10 +219,10 @@ def _region(rule: _Rule, i: int, cast_i: int, claimed: set[int]) -> Region | str
     return region
 
 
-def _tables(w: np.ndarray, uid: str) -> tuple[dict, dict, bool]:
+def _tables(w: np.ndarray, uid: str, split: bool = True) -> tuple[dict, dict, bool]:
     """(B's packed tables, their initializer names, whether it has corrections): names only for the corrections'
     tables where there are any."""
-    tables = pack(w)
+    tables = pack(w, split)
     names = {key: f"{uid}__q{key}" for key in tables}
     has_fix = len(tables["fix_update"]) > 0
     if not has_fix:
@@ -256,7 +261,7 @@ def _quant_region(rule, i: int, members: list, a: str, za: str | None, w, sw, sa
     if ashape is None or len(ashape) < 2 or out_shape is None:
         return "A's or the output's shape is unknown, or A's rank is below 2"
     uid = node.output[0]
-    tables, names, has_fix = _tables(w, uid)
+    tables, names, has_fix = _tables(w, uid, rule.split)
     pn = -(-n // PANEL)
     scale = np.zeros(pn * PANEL, np.float32)
     sa = np.float32(sa) if alpha == 1.0 else np.float32(alpha) * np.float32(sa)

@@ -58,6 +58,18 @@ def instruction_for(target: Target):
     return found[0]
 
 
+def splits_weight_pairs(target: Target | None) -> bool:
+    """Whether int8 weights are packed for `target` with their saturating pairs split (avx2_u8s8.split_pairs): where
+    its instruction sums pairs of products in 16 saturating bits (AVX2), or where the target is not known (exact
+    on every instruction). VNNI, AMX and sdot do not saturate, so their kernels run no corrections."""
+    if target is None:
+        return True
+    try:
+        return instruction_for(target).pair_sums_saturate
+    except ValueError:  # no int8 instruction: no kernel either, and the tables stay the portable ones
+        return True
+
+
 def signed_operand(ins) -> bool:
     """Whether `ins` multiplies s8 activations: then u8 ones go in as a - 128 (their top bit flipped), their zero
     point too, which leaves every sum of (a - za) * w as it was."""
