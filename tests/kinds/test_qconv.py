@@ -243,7 +243,7 @@ def test_the_tile_compiles_to_each_targets_instruction(spec, mnemonic, reg):
 
 
 @pytest.mark.parametrize("cin,cout,k,pad,dil,n,h,w,signed_in", [(5, 7, 3, 1, 1, 2, 5, 16, False),
-                                                                 (8, 9, 1, 0, 1, 1, 3, 30, True),
+                                                                 (8, 9, 2, 0, 1, 1, 3, 30, True),
                                                                  (3, 16, 3, 2, 2, 1, 9, 14, False),
                                                                  (13, 4, 5, 2, 1, 3, 6, 45, True),
                                                                  (6, 5, 3, 1, 1, 1, 4, 40, False)])
