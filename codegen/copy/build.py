@@ -6,16 +6,17 @@ from onnxopt.fusion.region import Region
 
 from ..elementwise.types import ONNX_ENUM
 from ..target import Target
-from .desc import ELEMENT_BYTES, INLINE_FLOATS, MAX_TASKS, CopyKernelDesc
+from .desc import ELEMENT_BYTES, INLINE_FLOATS, INT8_LANES, MAX_TASKS, CopyKernelDesc
 
 
 def build_copy(region: Region, target: Target) -> tuple[tuple, CopyKernelDesc, str]:
     """Returns (no objects, glue description, no IR), the shape build_many expects."""
     c = region.copy
-    if c.lanes and c.lanes != target.float32_lanes:
+    int8 = c.dtype != "float32"
+    if c.lanes and c.lanes != (INT8_LANES if int8 else target.float32_lanes):
         raise ValueError(f"a blocked copy of {c.lanes} lanes for a target of {target.float32_lanes}")
-    if c.dtype != "float32" and (c.lanes or c.slice):
-        raise ValueError("a copy of int8 tensors is a plain Concat (lanes 0)")
+    if int8 and (c.slice or any(tuple(f) != (1, 1) for f in c.factors)):
+        raise ValueError("a copy of int8 tensors is a Concat (of plain tensors, or of qconv's blocked ones)")
     desc = CopyKernelDesc(op_type=region.op_type, in_types=[ONNX_ENUM[c.dtype]] * len(region.inputs),
                           out_types=[ONNX_ENUM[c.dtype]], elem=ELEMENT_BYTES[c.dtype], lanes=c.lanes,
                           factors=list(c.factors), axis=c.axis,

@@ -11,6 +11,7 @@ MAX_INPUTS = c_define("copy.h", "CP_MAX_IN")
 
 MAX_RANK = c_define("glue.h", "MAX_RANK")
 ELEMENT_BYTES = {"float32": 4, "uint8": 1, "int8": 1}  # the element types a copy takes
+INT8_LANES = 4  # the channels a word of the qconv kind's blocked int8 tensors (onnxopt/kinds/qconv/layout.py)
 
 
 # The default schedule: 64 tasks at most, and one thread below 65536 floats written (waking onnxruntime's pool cost

@@ -41,6 +41,7 @@ class PlanStage:
                                   panel=_packed_panel(mk))
         self._blocked_rule = rule
         plan = self._kind_regions(work, claimed, [], first=True)
+        plan += self._int8_concats(work, claimed)  # before the layouts: qconv's may pass them blocked tensors
         plan += rule.find_regions(claimed, [])
         ew = rule.ew
 
@@ -95,7 +96,6 @@ class PlanStage:
             plan += blocked_elementwise(relayouts, work, mk.lanes)
         if "pool" not in self.opts.skip_fusion:  # pools left out of the chains read and write NCHW
             plan += PoolRule(work).find_regions(claimed, [])
-        plan += self._int8_concats(work, claimed)
         if "copy" not in self.opts.skip_fusion and self.opts.sequences:
             # Concats left out of the chains (NCHW) as our copy kernel: no faster than onnxruntime's, but one of
             # onnxruntime's between two of our kernels would end a sequence (fusion/blocked_copy.py).

@@ -223,13 +223,16 @@ def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
     biases that common-subexpression elimination merged) or reads through Identity nodes; every other reader of a
     shared one (a residual Add, a squeeze-excite Mul, a pool) but the first a copy too, so a unit that one of our
     elementwise kernels runs whole leaves the others theirs. The same tensors, so the same results; a unit is then
-    whole, for our kinds and for onnxruntime alike. Returns how many copies were made."""
+    whole, for our kinds and for onnxruntime alike. A shared one that every reader now has a copy of goes (left,
+    it would read the tensor for nothing and stop a kernel from passing it blocked). Returns how many copies were
+    made."""
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output if o}
     consumers = _consumers(graph)
     outputs = {o.name for o in graph.output}
     nodes, made = [], 0
     kept: set[str] = set()  # shared dequantized tensors whose node a first reader other than a product keeps
+    copied: set[int] = set()  # the nodes copied from
     for n in graph.node:
         if not n.output:
             nodes.append(n)
@@ -254,9 +257,14 @@ def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
             copy.output[0] = f"{x}__for_{n.output[0]}"
             n.input[k] = copy.output[0]
             nodes.append(copy)
+            copied.add(id(p))
             made += 1
         nodes.append(n)
     if made:
+        from .fold import names_used_by_subgraphs
+
+        read = {x for n in nodes for x in n.input} | outputs | names_used_by_subgraphs(graph)
+        nodes = [n for n in nodes if id(n) not in copied or any(o in read for o in n.output)]
         del graph.node[:]
         graph.node.extend(nodes)
     return made

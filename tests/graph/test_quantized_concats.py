@@ -131,16 +131,22 @@ def _fire_module() -> onnx.ModelProto:
     return m
 
 
-def test_a_quantize_static_fire_module_runs_its_concat_in_our_kernel_in_a_fresh_process(tmp_path):
+@pytest.mark.parametrize("plan", [None, "compute-blocked"])
+def test_a_quantize_static_fire_module_runs_its_concat_in_our_kernel_in_a_fresh_process(tmp_path, plan):
     """The Concat of quantize_static's fire module runs in the copy kernel on uint8 (inside a sequence, its inputs
     written in place), the expand whose steps differ requantizes through its table, and the output equals
-    onnxruntime's on the QDQ model within a step."""
+    onnxruntime's on the QDQ model within a step. In the blocked plan the expands write words of 4 channels, the
+    Concat places them, and the last convolution reads them (kinds/qconv/layout.py); its fallbacks check out too."""
     q = quantize_static_defaults(_fire_module(), tmp_path, (1, 24, 23, 23))
     assert any(n.op_type == "Concat" for n in q.graph.node)
     out = tmp_path / "w" / "out.onnx"
     out.parent.mkdir()
-    res = onnxopt.optimize(str(tmp_path / "q.onnx"), str(out), measure=False, threads=2, cost_cache=False)
+    res = onnxopt.optimize(str(tmp_path / "q.onnx"), str(out), measure=False, threads=2, cost_cache=False,
+                           plan=plan)
     assert res.report["rewrites"]["concats_on_int8"] == 1
+    if plan:
+        layouts = [r.get("layout") for r in res.report["regions"] if r["op_type"].startswith("qconv_")]
+        assert layouts == ["nchw->blocked", "blocked->blocked", "blocked->blocked", "blocked->nchw"], layouts
     copies = [r for r in res.report["regions"] if r["op_type"].startswith("Copy")]
     assert len(copies) == 1 and copies[0]["ops"] == "Concat", [r["ops"] for r in res.report["regions"]]
     assert res.report["verification"]["ok"] and res.report["fallback_verification"]["ok"]

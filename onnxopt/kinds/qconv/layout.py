@@ -8,6 +8,11 @@ are then the 4 bytes of K that the dot-product instructions take together, so:
 - the writer stores one word per pixel for 4 output channels (lower.py).
 No DequantizeLinear -> QuantizeLinear runs between them: the QDQ unit's pair is already inside the kernels.
 
+A Concat of such tensors along their channels (a quantized model's, graph/quantized_concats.py: SqueezeNet's fire
+modules) passes them through when every part is a whole number of words and only qconv kernels read the result:
+it is then a Concat along the blocks, and the copy kernel places the words ([N, C/4, H, W, 4]; copy_exec.c). So
+the expands write words and the next squeeze reads them.
+
 This happens only in the blocked plan (driver/plans.py). A chain's kernels can only be judged together, while the
 NCHW plan still lets the whole-model decision drop one kernel at a time.
 
@@ -22,6 +27,7 @@ from dataclasses import replace
 import onnx
 
 from onnxopt.fusion.layout import block_nodes, unblock_nodes
+from onnxopt.fusion.params import CopyParams
 from onnxopt.fusion.region import Region
 
 from .params import BLOCK, QUANT, QConvParams
@@ -50,23 +56,60 @@ def assign(regions: list[Region], index, shape_of, opset: int) -> list[Region]:
     def qconv(r):
         return r is not None and isinstance(r.params, QConvParams)
 
-    blocked = set()
-    for r in regions:
-        if not qconv(r) or not writes_blocked(r.params) or len(r.outputs) != 1:
-            continue
-        t = r.outputs[0]
-        if not static(t) or t in index.graph_outputs or t in index.used_by_subgraphs:
-            continue
-        users = {id(owner.get(c)): owner.get(c) for c in index.consumers.get(t, [])}
-        if users and all(qconv(u) and u is not r and reads_blocked(u.params) and u.inputs[0] == t
-                         and t not in u.inputs[1:] for u in users.values()):
-            blocked.add(t)
+    def passable(t):
+        return static(t) and t not in index.graph_outputs and t not in index.used_by_subgraphs
+
+    def users_of(t):
+        return list({id(owner.get(c)): owner.get(c) for c in index.consumers.get(t, [])}.values())
+
+    def reads_words(u, t):  # a qconv kernel that reads t as its blocked input
+        return qconv(u) and reads_blocked(u.params) and u.inputs[0] == t and t not in u.inputs[1:]
+
+    written = {r.outputs[0] for r in regions
+               if qconv(r) and writes_blocked(r.params) and len(r.outputs) == 1 and passable(r.outputs[0])}
+    # Concats of int8 tensors along the channels, each part whole words, read by qconv kernels alone
+    concats = [r for r in regions
+               if isinstance(r.params, CopyParams) and r.params.dtype in ("uint8", "int8") and not r.params.lanes
+               and r.params.axis == 1 and passable(r.outputs[0]) and len(set(r.inputs)) == len(r.inputs)
+               and all(x in written and shape_of(x)[1] % BLOCK == 0 for x in r.inputs)
+               and (users := users_of(r.outputs[0])) and all(reads_words(u, r.outputs[0]) for u in users)]
+    while True:  # a Concat passes words only while each of its parts is passed as words
+        blocked = {t for t in written
+                   if (users := users_of(t)) and all(u is not owner.get(index.producer[t]) and
+                                                     (reads_words(u, t) or any(u is c for c in concats))
+                                                     for u in users)}
+        kept = [c for c in concats if all(x in blocked for x in c.inputs)]
+        if len(kept) == len(concats):
+            break
+        concats = kept
+    blocked |= {c.outputs[0] for c in concats}
     converted = []
     for r in regions:
         if qconv(r) and (r.inputs[0] in blocked or r.outputs[0] in blocked):
             convert(r, r.inputs[0] in blocked, r.outputs[0] in blocked, shape_of, opset)
             converted.append(r)
+    for c in concats:
+        convert_concat(c, shape_of, opset)
+        converted.append(c)
     return converted
+
+
+def convert_concat(r: Region, shape_of, opset: int) -> None:
+    """An int8 Concat along the channels to one along the blocks of its blocked inputs and output; its function
+    fallback unblocks each input, runs the Concat and blocks the result."""
+    prologue, inputs = [], []
+    for x in r.inputs:
+        inputs.append(f"{x}__nchw")
+        prologue += unblock_nodes(x, inputs[-1], shape_of(x)[1], BLOCK, opset)
+    (concat,) = [n for n in r.params.body if n.op_type == "Concat"]
+    m = onnx.NodeProto()
+    m.CopyFrom(concat)
+    del m.input[:]
+    m.input.extend(inputs)
+    o = r.outputs[0]
+    m.output[0] = f"{o}__nchw"
+    r.params = replace(r.params, lanes=BLOCK,
+                       body=prologue + [m] + block_nodes(m.output[0], o, shape_of(o)[1], BLOCK, opset))
 
 
 def convert(r: Region, in_blocked: bool, out_blocked: bool, shape_of, opset: int) -> None:
