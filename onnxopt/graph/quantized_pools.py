@@ -34,15 +34,22 @@ def _opset(model: onnx.ModelProto) -> int:
 
 def _scalar_step(node: onnx.NodeProto, inits: dict) -> tuple | None:
     """(scale, zero point, its element type) of a per-tensor step with constant scalar operands, else None."""
-    if len(node.input) < 2 or node.input[1] not in inits:
-        return None
-    scale = inits[node.input[1]]
-    if scale.data_type != onnx.TensorProto.FLOAT or int(np.prod(scale.dims)) != 1:
+    if len(node.input) < 2:
         return None
     zp_name = node.input[2] if len(node.input) > 2 else ""
-    if not zp_name:  # no zero point: uint8, unless the node names another type
-        if any(a.name == "output_dtype" and a.i not in (0, onnx.TensorProto.UINT8) for a in node.attribute):
-            return None
+    if not zp_name and any(a.name == "output_dtype" and a.i not in (0, onnx.TensorProto.UINT8) for a in node.attribute):
+        return None  # no zero point, and another type than uint8
+    return scalar_step(node.input[1], zp_name, inits)
+
+
+def scalar_step(scale_name: str, zp_name: str, inits: dict) -> tuple | None:
+    """(scale, zero point, its element type) of constant scalar operands (no zero point: uint8's 0), else None."""
+    if scale_name not in inits:
+        return None
+    scale = inits[scale_name]
+    if scale.data_type != onnx.TensorProto.FLOAT or int(np.prod(scale.dims)) != 1:
+        return None
+    if not zp_name:
         return float(numpy_helper.to_array(scale).reshape(-1)[0]), 0, onnx.TensorProto.UINT8
     if zp_name not in inits:
         return None
@@ -82,11 +89,12 @@ def graph_maps(graph: onnx.GraphProto) -> tuple[dict, set, dict, dict]:
 
 
 def rebuild_nodes(graph: onnx.GraphProto, drop: set[int], before: dict[int, list]) -> None:
-    """The graph's nodes less those in `drop` (by id), each node preceded by its `before` nodes (new ones)."""
+    """The graph's nodes less those in `drop` (by id), each node preceded by its `before` nodes (new ones; a dropped
+    node's replacement)."""
     nodes = []
     for n in graph.node:
+        nodes.extend(before.get(id(n), []))
         if id(n) not in drop:
-            nodes.extend(before.get(id(n), []))
             nodes.append(n)
     del graph.node[:]
     graph.node.extend(nodes)

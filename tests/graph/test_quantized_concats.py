@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from fresh_process import kernel_ran, run_written
-from int8_models import last_step, quantize_static_defaults
+from int8_models import last_step, quantize_static_defaults, quantized_cnn
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxopt
@@ -81,6 +81,37 @@ def test_equal_steps_leave_a_plain_concat():
     _same_outputs(m, after)
 
 
+def _qlinear_concat(steps, out_step, t=U8):
+    """a, b, c (int8, [1, 2, 4, 32]) -> com.microsoft's QLinearConcat(axis 1) at `steps` -> y."""
+    np_t = np.uint8 if t == U8 else np.int8
+    inits, args, xs = [], ["sy", "zy"], []
+    for name, (s, z) in [("y", out_step)] + [(str(i), st) for i, st in enumerate(steps)]:
+        inits += [numpy_helper.from_array(np.array(s, np.float32), f"s{name}"),
+                  numpy_helper.from_array(np.array(z, np_t), f"z{name}")]
+    for i in range(len(steps)):
+        args += [f"x{i}", f"s{i}", f"z{i}"]
+        xs.append(helper.make_tensor_value_info(f"x{i}", t, [1, 2, 4, 32]))
+    node = helper.make_node("QLinearConcat", args, ["y"], axis=1, domain="com.microsoft")
+    g = helper.make_graph([node], "g", xs, [helper.make_tensor_value_info("y", t, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("t", [U8, S8])
+def test_a_qlinear_concat_becomes_the_same_concat_of_int8_tensors(t):
+    """QOperator's QLinearConcat: the inputs at other steps requantized by a DequantizeLinear -> QuantizeLinear
+    pair, then a Concat; equal to onnxruntime's QLinearConcat on every byte value."""
+    z = 0 if t == U8 else -3
+    m = _qlinear_concat([(0.0555, z), (0.0563, z + 5), (0.01, z)], (0.0563, z + 5), t=t)
+    moved, after = _rewritten(m)
+    assert moved == 1
+    ops = [n.op_type for n in after.graph.node]
+    assert ops == ["DequantizeLinear", "QuantizeLinear", "DequantizeLinear", "QuantizeLinear", "Concat"], ops
+    assert after.graph.node[-1].input[1] == "x1" and after.graph.node[-1].output[0] == "y"
+    _same_outputs(m, after)
+
+
 def test_what_is_left_as_it_was():
     def unchanged(m):
         moved, after = _rewritten(m)
@@ -105,6 +136,11 @@ def test_what_is_left_as_it_was():
     m = _unit([(0.05, 7), (0.06, 7)], (0.06, 7))
     m.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array(7, np.int8), "z0"))
     m.graph.input[0].type.tensor_type.elem_type = S8
+    unchanged(m)
+    # a QLinearConcat whose step is computed
+    m = _qlinear_concat([(0.05, 7), (0.06, 7)], (0.06, 7))
+    m.graph.input.append(helper.make_tensor_value_info("s0_in", F, []))
+    m.graph.node[0].input[3] = "s0_in"
     unchanged(m)
 
 
@@ -131,14 +167,21 @@ def _fire_module() -> onnx.ModelProto:
     return m
 
 
-@pytest.mark.parametrize("plan", [None, "compute-blocked"])
-def test_a_quantize_static_fire_module_runs_its_concat_in_our_kernel_in_a_fresh_process(tmp_path, plan):
+@pytest.mark.parametrize("form,plan", [("qdq", None), ("qdq", "compute-blocked"), ("qoperator", None)])
+def test_a_quantize_static_fire_module_runs_its_concat_in_our_kernel_in_a_fresh_process(tmp_path, form, plan):
     """The Concat of quantize_static's fire module runs in the copy kernel on uint8 (inside a sequence, its inputs
     written in place), the expand whose steps differ requantizes through its table, and the output equals
     onnxruntime's on the QDQ model within a step. In the blocked plan the expands write words of 4 channels, the
-    Concat places them, and the last convolution reads them (kinds/qconv/layout.py); its fallbacks check out too."""
-    q = quantize_static_defaults(_fire_module(), tmp_path, (1, 24, 23, 23))
-    assert any(n.op_type == "Concat" for n in q.graph.node)
+    Concat places them, and the last convolution reads them (kinds/qconv/layout.py); its fallbacks check out too.
+    In the QOperator format (QLinearConv, com.microsoft's QLinearConcat) the same."""
+    if form == "qdq":
+        q = quantize_static_defaults(_fire_module(), tmp_path, (1, 24, 23, 23))
+    else:
+        fire = _fire_module()
+        weights = {t.name: numpy_helper.to_array(t) for t in fire.graph.initializer}
+        q = onnx.load(quantized_cnn(str(tmp_path), list(fire.graph.node), weights, (1, 24, 23, 23),
+                                    np.random.default_rng(3), qoperator=True))
+    assert any(n.op_type == ("Concat" if form == "qdq" else "QLinearConcat") for n in q.graph.node)
     out = tmp_path / "w" / "out.onnx"
     out.parent.mkdir()
     res = onnxopt.optimize(str(tmp_path / "q.onnx"), str(out), measure=False, threads=2, cost_cache=False,
