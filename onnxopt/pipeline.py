@@ -44,6 +44,7 @@ from onnxopt.graph.quantized import (dedicate_unit_dequantizers, integer_product
                                      quantized_nodes)
 from onnxopt.graph.quantized_concats import int8_concats, requantize_before_concats
 from onnxopt.graph.quantized_pools import int8_max_pools, quantize_before_max_pools
+from onnxopt.graph.quantized_softmax import softmax_before_transposes
 from onnxopt.graph.quantized_weights import fold_quantized_weights
 from onnxopt.graph.publish import check_destination, probe_writable
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
@@ -526,7 +527,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
                         "dequantizers_per_unit": dedicate_unit_dequantizers(work)}
             on_int8 = quantize_before_max_pools(work)
             rewrites.update(max_pools_on_int8=on_int8["MaxPool"], resizes_on_int8=on_int8["Resize"],
-                            concats_on_int8=requantize_before_concats(work))
+                            transposes_on_int8=on_int8["Transpose"], concats_on_int8=requantize_before_concats(work),
+                            softmaxes_before_transposes=softmax_before_transposes(work))
         else:
             rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
                         "unary_through_concats": push_unary_through_concats(work),

@@ -1,5 +1,5 @@
-"""A quantized model's MaxPools and nearest Resizes moved onto int8 tensors: MaxPool -> QuantizeLinear becomes
-QuantizeLinear -> MaxPool, and the same for a Resize in nearest mode.
+"""A quantized model's MaxPools, nearest Resizes and Transposes moved onto int8 tensors: MaxPool -> QuantizeLinear
+becomes QuantizeLinear -> MaxPool, and the same for a Resize in nearest mode and a Transpose.
 
 A maximum commutes with any non-decreasing map, and QuantizeLinear (divide by a positive scale, round, add the zero
 point, saturate) is one, so quantizing the window's largest value gives what the largest of the quantized values is,
@@ -16,7 +16,8 @@ within two ulps of that integer.
 
 A nearest Resize only copies input values to output positions, so it commutes with any elementwise map, quantizing
 included (YOLOv8n's and PP-OCR det's upsampling between QDQ pairs); not its tf_crop_and_resize mode, whose
-extrapolated float value need not quantize to what an integer Resize writes there.
+extrapolated float value need not quantize to what an integer Resize writes there. A Transpose only moves values
+(YOLOv8n's box head transposes between two QDQ pairs before its Softmax: graph/quantized_softmax.py).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def scalar_step(scale_name: str, zp_name: str, inits: dict) -> tuple | None:
 
 
 def _selects(n: onnx.NodeProto, opset: int) -> bool:
-    """Whether `n` only picks input values (a maximum, or nearest neighbours) in an opset where it takes int8."""
+    """Whether `n` only picks or moves input values (a maximum, nearest neighbours, a transposition) in an opset
+    where it takes int8."""
     if n.domain not in ("", "ai.onnx") or not n.input or not n.output:
         return False
     attrs = {a.name: a for a in n.attribute}
@@ -71,7 +73,7 @@ def _selects(n: onnx.NodeProto, opset: int) -> bool:
         mode = attrs["mode"].s if "mode" in attrs else b"nearest"
         ctm = attrs["coordinate_transformation_mode"].s if "coordinate_transformation_mode" in attrs else b""
         return opset >= 11 and mode == b"nearest" and ctm != b"tf_crop_and_resize"
-    return False
+    return n.op_type == "Transpose"
 
 
 def graph_maps(graph: onnx.GraphProto) -> tuple[dict, set, dict, dict]:
@@ -105,7 +107,7 @@ def quantize_before_max_pools(model: onnx.ModelProto) -> dict[str, int]:
     same op on int8 after it, and drop a DequantizeLinear -> op -> QuantizeLinear unit's equal steps. Returns how
     many of each op type now run on int8 tensors. Before opset 12 (11 for Resize) they take no integers."""
     opset = _opset(model)
-    moved = {"MaxPool": 0, "Resize": 0}
+    moved = {"MaxPool": 0, "Resize": 0, "Transpose": 0}
     graph = model.graph
     inits, outputs, readers, producer = graph_maps(graph)
     drop: set[int] = set()
