@@ -261,10 +261,11 @@ def dedicate_unit_dequantizers(model: onnx.ModelProto) -> int:
             made += 1
         nodes.append(n)
     if made:
-        from .fold import names_used_by_subgraphs
-
-        read = {x for n in nodes for x in n.input} | outputs | names_used_by_subgraphs(graph)
-        nodes = [n for n in nodes if id(n) not in copied or any(o in read for o in n.output)]
+        read = {x for n in nodes for x in n.input} | outputs
+        # a body of an If or a Loop may read it too (by name, not as an input): then it stays
+        bodies = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in nodes
+                     for a in n.attribute)
+        nodes = [n for n in nodes if bodies or id(n) not in copied or any(o in read for o in n.output)]
         del graph.node[:]
         graph.node.extend(nodes)
     return made
