@@ -158,6 +158,21 @@ def last_step(q: onnx.ModelProto, output: str = "y") -> float:
     return float(numpy_helper.to_array(next(t for t in q.graph.initializer if t.name == dq.input[1])))
 
 
+def assert_written_runs_within_a_step(out, q: onnx.ModelProto, x: np.ndarray, op_type: str, folder) -> None:
+    """The written model `out` run in a fresh process through the public loader: its kernel `op_type` ran, and its
+    output is within one step of onnxruntime's on the quantized model `q` (a value at a rounding midpoint may go
+    either way), equal almost everywhere."""
+    from fresh_process import kernel_ran, run_written
+
+    from onnxopt.timing import make_session
+
+    got, loader = run_written(out, x, folder)
+    assert kernel_ran(onnx.load(str(out)), op_type, loader["calls"]) >= 1, loader["calls"]
+    want = make_session(q, 1).run(None, {"x": x})[0]
+    assert np.max(np.abs(got - want)) <= last_step(q) * 1.001
+    assert np.mean(got == want) > 0.99
+
+
 def quantized_cnn(folder, nodes, weights: dict, xshape, rng, qoperator: bool = False) -> str:
     """A float model of `nodes` (input "x" of `xshape`, output "y", `weights` by name) quantized by onnxruntime's
     quantize_static (u8 activations, per-channel s8 weights, 4 random calibration inputs; QDQ, or the QOperator
