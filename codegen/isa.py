@@ -3,7 +3,7 @@ tables, MLAS's platform dispatch).
 
 Everything that depends on the instruction set reads its row: the vector width and lanes (`Target.vector_bits`,
 `Target.float32_lanes`), the fp32 micro-kernel (`microkernel/registry.py` `select`), the int8 dot-product
-instructions (`instructions.available`), the vector math's flavour (`vmath/isa.py`), the int8 conv's dword gathers
+instructions (`instructions.available`), the vector math's flavour (`vmath/isa.py`), the int8 conv's table lookups
 (`kinds/qconv/lower.py`) and the library's own CPU check (`glue/library.py` `_cpu_check`). `isa_of(target)` picks
 the first row of the target's architecture whose required features the target has and fills it in with what
 depends on the target's exact features; adding an instruction set is adding a row to ROWS.
@@ -24,7 +24,7 @@ ANY_ARCH = "*"  # a row for every architecture (the last resort)
 # x86-64: the LLVM features gcc's __builtin_cpu_supports knows by the same name. The library checks them itself, so a
 # non-Python host on an older CPU also falls back to the function bodies instead of dying on SIGILL.
 GCC_CPU_NAMES = ("sse4.1", "sse4.2", "avx", "avx2", "fma", "bmi2", "avx512f", "avx512vl", "avx512bw", "avx512dq",
-                 "avx512cd", "avx512vnni", "avx512bf16")
+                 "avx512cd", "avx512vnni", "avx512bf16", "avx512vbmi")
 
 # aarch64 features -> their bit in the auxiliary vector (AT_HWCAP, AT_HWCAP2), as Linux's asm/hwcap.h numbers them.
 AARCH64_HWCAPS = {"neon": ("AT_HWCAP", 1 << 1), "dotprod": ("AT_HWCAP", 1 << 20), "sve": ("AT_HWCAP", 1 << 22),
@@ -58,7 +58,10 @@ class IsaConfig:
     # The vector math's flavour: "avx512" may use the AVX-512 float32 intrinsics (vscalefps, vrcp14ps) on 16-lane
     # vectors, "portable" writes plain LLVM IR.
     vmath: str = "portable"
-    gather_dwords: bool = False  # a gather of 8 dwords at byte offsets (AVX2's vpgatherdd): the int8 conv's tables
+    # How the int8 conv reads its 256-byte tables (TABLE_LOOKUPS: the first the target has): "permute_bytes" (AVX-512
+    # VBMI's vpermi2b on the table held in 4 registers), "gather_dwords" (AVX2's vpgatherdd at byte offsets) or
+    # "lanes" (a load a lane).
+    table_lookup: str = "lanes"
     # The LLVM features the library checks at load time before it registers its ops, when the target enables them:
     # __builtin_cpu_supports names on x86-64 (GCC_CPU_NAMES), HWCAP bits on aarch64 (AARCH64_HWCAPS).
     runtime_check: tuple[str, ...] = ()
@@ -80,13 +83,12 @@ _ARM = dict(arch="aarch64", runtime_check=tuple(AARCH64_HWCAPS))
 ROWS = (
     IsaConfig("avx512", requires=("avx512f",), vector_bits=512, micro_kernel="avx512_fp32_outer_product",
               dot_instructions=("avx512_vnni", "avx_vnni", "avx2_u8s8"),
-              matrix_instructions=tuple(i.name for i in amx.INSTRUCTIONS), vmath="avx512", gather_dwords=True,
-              **_X86),
+              matrix_instructions=tuple(i.name for i in amx.INSTRUCTIONS), vmath="avx512", **_X86),
     IsaConfig("avx2", requires=("avx2", "fma"), vector_bits=256, micro_kernel="avx2_fp32_outer_product",
-              dot_instructions=("avx_vnni", "avx2_u8s8"), gather_dwords=True, **_X86),
+              dot_instructions=("avx_vnni", "avx2_u8s8"), **_X86),
     # AVX2 without FMA: 8 lanes, but the fp32 micro-kernel needs the FMAs; the int8 one does not.
     IsaConfig("avx2-nofma", requires=("avx2",), vector_bits=256, micro_kernel="sse_fp32_outer_product",
-              dot_instructions=("avx_vnni", "avx2_u8s8"), gather_dwords=True, **_X86),
+              dot_instructions=("avx_vnni", "avx2_u8s8"), **_X86),
     IsaConfig("avx", requires=("avx",), vector_bits=256, micro_kernel="sse_fp32_outer_product", **_X86),
     IsaConfig("sse", requires=(), vector_bits=128, micro_kernel="sse_fp32_outer_product", **_X86),
     IsaConfig("neon-dotprod", requires=("dotprod",), vector_bits=128, micro_kernel="sse_fp32_outer_product",
@@ -95,6 +97,12 @@ ROWS = (
     IsaConfig("neon", requires=(), vector_bits=128, micro_kernel="sse_fp32_outer_product", **_ARM),
     IsaConfig("generic", arch=ANY_ARCH, requires=(), vector_bits=128, micro_kernel="sse_fp32_outer_product"),
 )
+
+
+# The int8 conv's table lookups, best first, with the x86-64 features each needs. A 64-byte vpermi2b pair reads 64
+# entries in 4 instructions where vpgatherdd reads 8 or 16 at a dword load each (slow on AMD's cores, and on Intel's
+# since the microcode fix for Gather Data Sampling).
+TABLE_LOOKUPS = (("permute_bytes", ("avx512vbmi", "avx512bw")), ("gather_dwords", ("avx2",)))
 
 
 def isa_of(target) -> IsaConfig:
@@ -125,8 +133,17 @@ def _row_of(rows: tuple[IsaConfig, ...], arch: str, features: tuple[str, ...]) -
                 row,
                 dot_instructions=tuple(n for n in row.dot_instructions if _DOT[n].available(target)),
                 matrix_instructions=tuple(n for n in row.matrix_instructions if _MATRIX[n].available(target)),
-                runtime_check=tuple(f for f in features if f in row.runtime_check))
+                runtime_check=tuple(f for f in features if f in row.runtime_check),
+                table_lookup=_table_lookup(row.arch, have))
     raise LookupError(f"no ISA row for {arch} with {sorted(have)}: ROWS ends with an {ANY_ARCH} row needing nothing")
+
+
+def _table_lookup(arch: str, have: frozenset) -> str:
+    if arch == "x86_64":
+        for name, needs in TABLE_LOOKUPS:
+            if have.issuperset(needs):
+                return name
+    return "lanes"
 
 
 @dataclass(frozen=True)

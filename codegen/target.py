@@ -57,6 +57,7 @@ _LEVELS = {
 
 
 _V4_VNNI = _LEVELS["x86-64-v4"] + ["avx512vnni"]
+_VBMI = ["avx512vbmi"]  # Ice Lake on, Zen 4 on; not Cascade or Cooper Lake
 _AMX = ["avx512bf16", "avxvnni", "avx512fp16", "amx-tile", "amx-int8", "amx-bf16"]
 # What `cpu=NAME` implies, as LLVM's CPU definitions (X86.td) give them, kept to the features that change the code
 # onnxopt writes or checks: LLVM itself compiles for all of a CPU's features, but the ISA table, the library's CPU
@@ -66,13 +67,14 @@ CPU_FEATURES = {
     **{cpu: _LEVELS["x86-64-v3"] for cpu in ("haswell", "broadwell", "skylake", "znver1", "znver2", "znver3")},
     "alderlake": _LEVELS["x86-64-v3"] + ["avxvnni"],
     "skylake-avx512": _LEVELS["x86-64-v4"],
-    **{cpu: _V4_VNNI for cpu in ("cascadelake", "icelake-server", "icelake-client", "tigerlake", "rocketlake")},
+    "cascadelake": _V4_VNNI,
+    **{cpu: _V4_VNNI + _VBMI for cpu in ("icelake-server", "icelake-client", "tigerlake", "rocketlake")},
     "cooperlake": _V4_VNNI + ["avx512bf16"],
-    "znver4": _V4_VNNI + ["avx512bf16"],
-    "znver5": _V4_VNNI + ["avx512bf16", "avxvnni"],
-    "sapphirerapids": _V4_VNNI + _AMX,
-    "emeraldrapids": _V4_VNNI + _AMX,
-    "graniterapids": _V4_VNNI + _AMX + ["amx-fp16"],
+    "znver4": _V4_VNNI + _VBMI + ["avx512bf16"],
+    "znver5": _V4_VNNI + _VBMI + ["avx512bf16", "avxvnni"],
+    "sapphirerapids": _V4_VNNI + _VBMI + _AMX,
+    "emeraldrapids": _V4_VNNI + _VBMI + _AMX,
+    "graniterapids": _V4_VNNI + _VBMI + _AMX + ["amx-fp16"],
 }
 
 

@@ -3,8 +3,8 @@
 - for each target, what the code answered before the table (micro-kernel, lanes, vector bits, dot instructions, the
   library's CPU check), written down here, and what the table answers now;
 - the same for every set of the features that matter, against the old rules copied here;
-- every consumer (select, available, Target.vector_bits and float32_lanes, the vector math, the int8 conv's gathers,
-  the library's CPU check) agrees with isa_of;
+- every consumer (select, available, Target.vector_bits and float32_lanes, the vector math, the int8 conv's table
+  lookups, the library's CPU check) agrees with isa_of;
 - a row added to ROWS changes what they answer with no other edit;
 - the rows are best first, and each names a micro-kernel and instructions that exist.
 """
@@ -46,7 +46,8 @@ AVX2 = "avx2_fp32_outer_product"
 AVX512 = "avx512_fp32_outer_product"
 
 # spec -> (ISA row, micro-kernel, float32 lanes, vector bits, dot instructions, _cpu_check's text), as the code
-# answered before the table (the same code's output, written down). `cpu=NAME` now brings the CPU's own features
+# answered before the table (the same code's output, written down), but for avx512vbmi, checked since the int8
+# conv's tables are read with vpermi2b. `cpu=NAME` now brings the CPU's own features
 # (target.py CPU_FEATURES; before, only a level's, and these three got the 128-bit row).
 BEFORE = {
     "x86-64": ("sse", SSE, 4, 128, [], _gcc()),
@@ -54,9 +55,9 @@ BEFORE = {
     "x86-64-v3": ("avx2", AVX2, 8, 256, ["avx2_u8s8"], _gcc(*V3_CHECK)),
     "x86-64-v4": ("avx512", AVX512, 16, 512, ["avx2_u8s8"], _gcc(*V4_CHECK)),
     "cpu=sapphirerapids": ("avx512", AVX512, 16, 512, ["avx512_vnni", "avx_vnni", "avx2_u8s8"],
-                           _gcc(*V4_VNNI_CHECK[:2], "avx512bf16", *V4_VNNI_CHECK[2:])),
+                           _gcc(*sorted(V4_VNNI_CHECK + ("avx512bf16", "avx512vbmi")))),
     "cpu=znver4": ("avx512", AVX512, 16, 512, ["avx512_vnni", "avx2_u8s8"],
-                   _gcc(*V4_VNNI_CHECK[:2], "avx512bf16", *V4_VNNI_CHECK[2:])),
+                   _gcc(*sorted(V4_VNNI_CHECK + ("avx512bf16", "avx512vbmi")))),
     "cpu=znver3": ("avx2", AVX2, 8, 256, ["avx2_u8s8"], _gcc(*V3_CHECK)),
     "cpu=x86-64,+avx,+avx2": ("avx2-nofma", SSE, 8, 256, ["avx2_u8s8"], _gcc("avx", "avx2")),
     "cpu=x86-64-v3,+avxvnni": ("avx2", AVX2, 8, 256, ["avx_vnni", "avx2_u8s8"], _gcc(*V3_CHECK)),
@@ -82,7 +83,8 @@ def _target(spec: str) -> Target:
 # The rules the table replaced, copied from the code before it (target.py, microkernel/registry.py,
 # instructions/__init__.py, vmath/isa.py, kinds/qconv/lower.py, glue/library.py).
 _OLD_GCC_CPU_NAMES = {"sse4.1", "sse4.2", "avx", "avx2", "fma", "bmi2", "avx512f", "avx512vl", "avx512bw", "avx512dq",
-                      "avx512cd", "avx512vnni", "avx512bf16"}
+                      "avx512cd", "avx512vnni", "avx512bf16",
+                      "avx512vbmi"}  # added since: the int8 conv's vpermi2b lookups
 _OLD_AARCH64_HWCAPS = {"neon": ("AT_HWCAP", 1 << 1), "dotprod": ("AT_HWCAP", 1 << 20), "sve": ("AT_HWCAP", 1 << 22),
                        "fp16": ("AT_HWCAP", 1 << 9), "i8mm": ("AT_HWCAP2", 1 << 13)}
 
@@ -98,7 +100,16 @@ def _old(t: Target) -> dict:
         check = _gcc(*[f for f in t.features if f in _OLD_GCC_CPU_NAMES])
     return {"micro_kernel": mk, "lanes": bits // 32, "bits": bits,
             "instructions": [i.name for i in INSTRUCTIONS if i.available(t)], "check": check,
-            "vmath_avx512": "avx512f" in t.features, "gather_dwords": t.arch == "x86_64" and t.has("avx2")}
+            "vmath_avx512": "avx512f" in t.features, "table_lookup": _old_table_lookup(t)}
+
+
+def _old_table_lookup(t: Target) -> str:
+    """The dword gathers wherever x86-64 has AVX2, as before; vpermi2b where it has AVX-512 VBMI and BW (new)."""
+    if t.arch != "x86_64":
+        return "lanes"
+    if t.has("avx512vbmi") and t.has("avx512bw"):
+        return "permute_bytes"
+    return "gather_dwords" if t.has("avx2") else "lanes"
 
 
 def _vmath_avx512(triple: str, features) -> bool:
@@ -111,8 +122,8 @@ def _vmath_avx512(triple: str, features) -> bool:
     return avx512_f32(b, ir.Constant(ir.VectorType(ir.FloatType(), 16), None))
 
 
-def _gather_dwords(target: Target, monkeypatch) -> bool:
-    """The `gather_dwords` the int8 conv's build records on its module for `target` (stopped right after it)."""
+def _table_lookup(target: Target, monkeypatch) -> str:
+    """The `table_lookup` the int8 conv's build records on its module for `target` (stopped right after it)."""
     from onnxopt.kinds.qconv import lower
 
     class Stop(Exception):
@@ -133,13 +144,13 @@ def _gather_dwords(target: Target, monkeypatch) -> bool:
     monkeypatch.setattr(lower, "new_module", new_module)
     with pytest.raises(Stop):
         lower.build(types.SimpleNamespace(params=Params(), op_type="q"), target)
-    return made[0].gather_dwords
+    return made[0].table_lookup
 
 
 def _now(t: Target, monkeypatch) -> dict:
     return {"micro_kernel": select(t).name, "lanes": t.float32_lanes, "bits": t.vector_bits,
             "instructions": [i.name for i in available(t)], "check": _cpu_check(t),
-            "vmath_avx512": _vmath_avx512(t.triple, t.features), "gather_dwords": _gather_dwords(t, monkeypatch)}
+            "vmath_avx512": _vmath_avx512(t.triple, t.features), "table_lookup": _table_lookup(t, monkeypatch)}
 
 
 @pytest.mark.parametrize("spec", list(BEFORE))
@@ -163,18 +174,13 @@ def _subsets(features):
 
 
 def test_every_feature_set_answers_as_before(monkeypatch):
-    """Every set of the features the old rules asked about, on both architectures. The one difference: AVX-512F
-    without AVX2 listed (no CPU has it; LLVM's avx512f implies avx2) now has the AVX-512 row's dword gathers."""
-    x86 = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vnni", "avxvnni", "sse4.1", "bmi2")
+    """Every set of the features the old rules asked about (and avx512vbmi), on both architectures."""
+    x86 = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vnni", "avxvnni", "sse4.1", "bmi2", "avx512vbmi")
     arm = ("neon", "dotprod", "i8mm", "sve", "fp16")
     targets = [Target("t", X86_TRIPLE, "x86-64", f) for f in _subsets(x86)]
     targets += [Target("t", AARCH64_TRIPLE, "generic", f) for f in _subsets(arm)]
     for t in targets:
-        old, now = _old(t), _now(t, monkeypatch)
-        if t.has("avx512f") and not t.has("avx2"):
-            assert now["gather_dwords"] and not old["gather_dwords"]
-            old["gather_dwords"] = True
-        assert now == old, t.features
+        assert _now(t, monkeypatch) == _old(t), t.features
 
 
 def test_a_module_without_a_triple_still_gets_the_avx512_math():
@@ -198,7 +204,7 @@ def test_consumers_agree_with_isa_of(spec, monkeypatch):
     assert (t.vector_bits, t.float32_lanes) == (row.vector_bits, row.lanes(4)) == (row.vector_bits, row.float32_lanes)
     assert row.lanes(1) == 4 * row.lanes(4) and row.lanes(2) == 2 * row.lanes(4)
     assert _vmath_avx512(t.triple, t.features) == (row.vmath == "avx512")
-    assert _gather_dwords(t, monkeypatch) == row.gather_dwords
+    assert _table_lookup(t, monkeypatch) == row.table_lookup
     check = _cpu_check(t)
     if row.arch == "aarch64":
         assert check.count("getauxval(") == len(row.runtime_check)

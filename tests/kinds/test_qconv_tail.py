@@ -49,17 +49,22 @@ def test_a_tail_runs_through_the_tables(tmp_path_factory, cin, cout, r, pad, h, 
     x = rng.integers(0, 256, (2, cin, h, w)).astype(np.uint8)
     exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"])
     q = requantized(exact, bias, sx, sw, sy, zy, relu).astype(np.uint8)
-    # the reference: onnxruntime's own tail nodes on the exact convolution's values, optimized as the tables' are
-    tg = helper.make_graph(tail, "t", [helper.make_tensor_value_info("y", TensorProto.UINT8, list(q.shape))],
-                           [g.output[0]], inits + [numpy_helper.from_array(np.float32(sy), "sy"),
-                                                   numpy_helper.from_array(zy, "zy")])
-    want = make_session(helper.make_model(tg, opset_imports=[helper.make_opsetid("", 17)]), 1).run(None, {"y": q})[0]
+    want = _tail_reference(tail, inits, g.output[0], q, sy, zy)
     got = make_session(fused, 2, library=lib).run(None, {"xq": x})[0]
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
     alone = make_session(fused, 1, optimization="none").run(None, {"xq": x})[0]  # the function fallback
     plain = make_session(model, 1, optimization="none").run(None, {"xq": x})[0]
     np.testing.assert_array_equal(alone, plain)
+
+
+def _tail_reference(tail, inits, output, q, sy, zy) -> np.ndarray:
+    """onnxruntime's own tail nodes on the exact convolution's requantized values `q`, optimized as the tables'
+    are."""
+    tg = helper.make_graph(tail, "t", [helper.make_tensor_value_info("y", TensorProto.UINT8, list(q.shape))],
+                           [output], inits + [numpy_helper.from_array(np.float32(sy), "sy"),
+                                              numpy_helper.from_array(zy, "zy")])
+    return make_session(helper.make_model(tg, opset_imports=[helper.make_opsetid("", 17)]), 1).run(None, {"y": q})[0]
 
 
 def test_tails_that_are_not_a_function_of_the_value_stay_onnxruntimes():
@@ -112,3 +117,49 @@ def test_a_quantize_static_hardswish_network_is_fused_with_its_tails(tmp_path):
     qconvs = [r for r in result.report["regions"] if r["op_type"].startswith("qconv_")]
     assert len(qconvs) == 2 and all(len(r["nodes"]) > 4 for r in qconvs), [r["nodes"] for r in qconvs]
     assert result.report["verification"]["ok"] and result.report["fallback_verification"]["ok"]
+
+
+# Each way the tile reads its tables (codegen/isa.py TABLE_LOOKUPS), on a target that has it and this CPU runs.
+LOOKUP_TARGETS = {"permute_bytes": "cpu=x86-64-v4,+avx512vbmi", "gather_dwords": "x86-64-v3", "lanes": "x86-64-v2"}
+LOOKUP_IR = {"permute_bytes": "llvm.x86.avx512.vpermi2var.qi.512", "gather_dwords": "llvm.x86.avx2.gather.d.d.256"}
+
+
+@pytest.mark.parametrize("method", list(LOOKUP_TARGETS))
+@pytest.mark.parametrize("w, stride, r", [(13, 1, 3), (30, 1, 3), (57, 1, 3), (70, 2, 3), (40, 1, 5)])
+def test_a_depthwise_tail_reads_its_tables_by_each_method(tmp_path, method, w, stride, r):
+    """The depthwise tile (panels of 1, 2 or 4 vectors as the row's width asks) with a HardSwish tail, exact against
+    onnxruntime's nodes on the exact convolution, by each lookup method."""
+    from onnxopt.codegen.isa import isa_of
+    from onnxopt.codegen.target import missing_cpu_flags, parse_target
+
+    target = parse_target(LOOKUP_TARGETS[method])
+    missing = missing_cpu_flags(target.required_cpu_flags)
+    if missing:
+        pytest.skip(f"this CPU cannot run {method}'s target (no {', '.join(missing)})")
+    assert isa_of(target).table_lookup == method
+    rng = np.random.default_rng(w * 10 + stride)
+    c, h = 6, 5
+    wt = rng.integers(-127, 128, (c, 1, r, r)).astype(np.int8)
+    sw = (rng.uniform(0.5, 2.0, c) * 0.01).astype(np.float32)
+    bias = rng.integers(-3000, 3000, c).astype(np.int32)
+    sx, sy = np.float32(0.02), np.float32(0.05 * r)
+    zy, zx = np.uint8(rng.integers(0, 256)), np.array(rng.integers(0, 256), np.uint8)
+    attrs = conv_attrs(r, r, stride, r // 2, 1, h, w, group=c)
+    model = qdq_conv_model(wt, sw, bias, sx, zx, sy, zy, attrs, (1, c, h, w), False)
+    tail, inits = qdq_tail("bn_hardswish", c, rng, False)
+    g = model.graph
+    g.node.extend(tail)
+    g.initializer.extend(inits)
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("z", TensorProto.UINT8, None))
+    model = onnx.shape_inference.infer_shapes(model)
+    fused, lib, region, ir_text = fuse_kind(KIND, model, tmp_path, target=target)
+    assert region.params.depthwise and region.params.lut
+    for name, intrinsic in LOOKUP_IR.items():
+        assert (intrinsic in ir_text) == (name == method)
+    x = rng.integers(0, 256, (1, c, h, w)).astype(np.uint8)
+    exact = conv_int(x, wt, int(zx), 0, attrs["strides"], attrs["pads"], attrs["dilations"], group=c)
+    q = requantized(exact, bias, sx, sw, sy, zy, False).astype(np.uint8)
+    want = _tail_reference(tail, inits, g.output[0], q, sy, zy)
+    got = make_session(fused, 2, library=lib).run(None, {"xq": x})[0]
+    np.testing.assert_array_equal(got, want)

@@ -6,6 +6,7 @@
    channel's padded plane (qc_depthwise). */
 #define QC_TASK_MIN_OPS 262144.0
 #define QC_PANEL 16
+#define QC_DW_WIDEST 64 /* the depthwise tile's widest panel: lower.py DW_VECTORS[-1] vectors of 16 lanes */
 #define QC_GROUP_BYTES (128 * 1024) /* packed panels a task keeps in L2 while the weights stream past them */
 
 typedef struct {
@@ -33,6 +34,7 @@ typedef struct {
   int amx;       /* the AMX tiles run: the library has them and the CPU and the OS allow them (matrix_engine.c) */
   int64_t out_elems_per_image;
   int64_t ostep; /* the output's elements a pixel: 4 blocked (its group's 4 channels), else 1 */
+  int avx512_rows; /* depthwise: the CPU converts a plane's rows with AVX-512 (qc_dw_row16) */
 } qc_job;
 
 /* out[t] = the 4 bytes of pixel t: a fixed trip count and no aliasing, so that the compiler vectorizes it. */
@@ -54,12 +56,18 @@ typedef struct {
 static void qc_panel_runs(const qc_job *j, int64_t p0, qc_runs *r) {
   const onnxopt_qconv_desc *d = j->d;
   r->valid = r->nseg = 0;
+  /* one division for the panel's first pixel, then steps along the row (pixels past the last repeat it) */
+  int64_t q0 = p0 < j->pixels ? p0 : j->pixels - 1, oy = q0 / j->ow, ox = q0 % j->ow;
   for (int t = 0; t < QC_PANEL; t++) {
-    int64_t p = p0 + t;
-    if (p < j->pixels) r->valid++;
-    int64_t q = p < j->pixels ? p : j->pixels - 1;
-    r->ih0[t] = (q / j->ow) * d->sh - d->pt;
-    r->iw0[t] = (q % j->ow) * d->sw - d->pl;
+    if (p0 + t < j->pixels) {
+      r->valid++;
+      if (t > 0 && ++ox == j->ow) {
+        ox = 0;
+        oy++;
+      }
+    }
+    r->ih0[t] = oy * d->sh - d->pt;
+    r->iw0[t] = ox * d->sw - d->pl;
     if (t < r->valid && (t == 0 || r->ih0[t] != r->ih0[t - 1])) r->seg[r->nseg++] = t;
   }
   r->seg[r->nseg] = r->valid;
@@ -433,34 +441,57 @@ static void qc_gemm_task(void *usr, size_t index) {
 /* Depthwise: each channel's plane is padded with the zero point and written as float ([n][c][hp][wp], slack past
    the end for a last panel's loads), then the tile runs the channel's output rows on it; tasks take ranges of
    (image, channel). */
-/* One plane padded as float, in one function the compiler vectorizes: each row converted 16 bytes at a time where
-   the input has them (a row's last chunk reads past it, into the next row or plane, and writes past it, into
-   the row's right padding: wp >= pl + w rounded up to 16, so never into the next row), then padded. */
-X86_CLONES VECTORIZE static void qc_dw_plane(float *restrict out, const uint8_t *restrict in, const uint8_t *end,
-                                            int64_t h, int64_t w, int64_t hp, int64_t wp, int64_t pt, int64_t pl,
-                                            float za, int is_signed) {
+/* One plane padded as float: each row converted 16 bytes at a time where the input has them (a row's last chunk
+   reads past it, into the next row or plane, and writes past it, into the row's right padding: wp >= pl + w rounded
+   up to 16, so never into the next row), then padded. gcc widens bytes to float lane by lane or 4 at a time, so the
+   AVX-512 path is written with intrinsics (3 instructions for 16 bytes), taken where the CPU has it. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define QC_HAS_AVX512_ROWS 1
+__attribute__((target("avx512f"))) static void qc_dw_fill16(float *out, int64_t n, float za) {
+  __m512 v = _mm512_set1_ps(za);
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) _mm512_storeu_ps(out + c, v);
+  if (c < n) _mm512_mask_storeu_ps(out + c, (__mmask16)((1u << (n - c)) - 1), v);
+}
+
+__attribute__((target("avx512f"))) static void qc_dw_row16(float *out, const uint8_t *in, int64_t w, int is_signed) {
+  for (int64_t c = 0; c < w; c += 16) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(in + c));
+    __m512i x = is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
+    _mm512_storeu_ps(out + c, _mm512_cvtepi32_ps(x));
+  }
+}
+#endif
+
+static void qc_dw_fill(float *out, int64_t n, float za, int avx512) {
+#ifdef QC_HAS_AVX512_ROWS
+  if (avx512) {
+    qc_dw_fill16(out, n, za);
+    return;
+  }
+#endif
+  for (int64_t c = 0; c < n; c++) out[c] = za;
+}
+
+static void qc_dw_plane(float *restrict out, const uint8_t *restrict in, const uint8_t *end, int64_t h, int64_t w,
+                        int64_t hp, int64_t wp, int64_t pt, int64_t pl, float za, int is_signed, int avx512) {
   for (int64_t y = 0; y < hp; y++) {
     float *restrict row = out + y * wp;
     int64_t iy = y - pt;
     if (iy < 0 || iy >= h) {
-      for (int64_t c = 0; c < wp; c++) row[c] = za;
+      qc_dw_fill(row, wp, za, avx512);
       continue;
     }
     const uint8_t *restrict src = in + iy * w;
     for (int64_t c = 0; c < pl; c++) row[c] = za;
-    if (src + (w + 15) / 16 * 16 <= end) {
-      for (int64_t c = 0; c < w; c += 16) {
-        float *restrict o = row + pl + c;
-        const uint8_t *restrict s = src + c;
-        if (is_signed)
-          for (int k = 0; k < 16; k++) o[k] = (float)(int8_t)s[k];
-        else
-          for (int k = 0; k < 16; k++) o[k] = (float)s[k];
-      }
-    } else {
+#ifdef QC_HAS_AVX512_ROWS
+    if (avx512 && src + (w + 15) / 16 * 16 <= end)
+      qc_dw_row16(row + pl, src, w, is_signed);
+    else
+#endif
       for (int64_t c = 0; c < w; c++) row[pl + c] = is_signed ? (float)(int8_t)src[c] : (float)src[c];
-    }
-    for (int64_t c = pl + w; c < wp; c++) row[c] = za;
+    qc_dw_fill(row + pl + w, wp - pl - w, za, avx512);
   }
 }
 
@@ -470,7 +501,7 @@ static void qc_dw_pad(const qc_job *j, int64_t i) {
   int act_signed = d->flip != d->packed_signed;
   float za = act_signed ? (float)(int8_t)j->za : (float)j->za;
   qc_dw_plane((float *)j->grouped + i * j->hp * j->wp, j->x + i * j->h * j->w, j->x + j->n * d->cin * j->h * j->w,
-              j->h, j->w, j->hp, j->wp, d->pt, d->pl, za, act_signed);
+              j->h, j->w, j->hp, j->wp, d->pt, d->pl, za, act_signed, j->avx512_rows);
 }
 
 /* A task's channels, each padded then convolved: one parallel section, and the plane still in cache. */
@@ -497,15 +528,21 @@ static OrtStatus *qc_depthwise(qc_job *j, OrtKernelContext *ctx) {
   int act_signed = d->flip != d->packed_signed; /* the input is s8 */
   j->proto.azp = act_signed ? (int64_t)(int8_t)j->za : (int64_t)j->za; /* the tile widens with the sign */
   j->hp = j->h + d->pt + d->pb;
+#ifdef QC_HAS_AVX512_ROWS
+  j->avx512_rows = __builtin_cpu_supports("avx512f");
+#endif
   /* a row long enough for every panel's loads: the last panel reads 16 outputs' windows */
   int64_t need = ((j->ow + QC_PANEL - 1) / QC_PANEL * QC_PANEL - 1) * d->sw + (d->kw - 1) * d->dw + 1;
   j->wp = j->w + d->pl + d->pr;
   if (j->wp < need) j->wp = need;
   if (j->wp < d->pl + (j->w + 15) / 16 * 16) j->wp = d->pl + (j->w + 15) / 16 * 16; /* qc_dw_plane's chunks */
   size_t bytes = (size_t)(j->n * d->cout * j->hp * j->wp) * sizeof(float);
-  j->grouped = (uint8_t *)glue_bytes(bytes + 256); /* + a stride-2 panel's last loads past the end */
+  /* + the last loads past the end: a stride-2 panel's, and a wide panel's (up to QC_DW_WIDEST pixels, where the
+     row is padded for QC_PANEL) */
+  size_t slack = 256 + (size_t)((QC_DW_WIDEST - QC_PANEL) * d->sw) * sizeof(float);
+  j->grouped = (uint8_t *)glue_bytes(bytes + slack);
   if (!j->grouped) return fail(ORT_FAIL, "onnxopt: qconv: out of memory");
-  memset(j->grouped + bytes, 0, 256);
+  memset(j->grouped + bytes, 0, slack);
   int64_t items = j->n * d->cout;
   j->proto.dw_wp = j->wp;
   j->proto.dw_y0 = 0;

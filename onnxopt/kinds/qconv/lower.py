@@ -279,28 +279,80 @@ def _requantized(b, params, slot, r, sums, lanes: int) -> list:
     if params.lut:  # the tail (lookup.py): channel r's table at the value
         table = b.gep(slot(SLOT_LUT, PTR), [b.mul(r, ir.Constant(I64, 256))], source_etype=I8)
         offset = broadcast(b, ir.Constant(I32, params.lut_offset), lanes)
-        out = [_table_lookup(b, table, b.add(q, offset), lanes) for q in out]
+        out = _table_lookup(b, table, [b.add(q, offset) for q in out], lanes)
     return out
 
 
-def _table_lookup(b, table, index, lanes: int):
-    """table[index] per lane as int32 0..255: where the target has AVX2 (build sets the module's `gather_dwords`), its
-    gather of a dword at each byte offset (the tables have 4 bytes of slack past their end), elsewhere a load a
-    lane."""
+def _table_lookup(b, table, indices: list, lanes: int) -> list:
+    """table[index] per lane of each int32 vector of `indices` (values 0..255), as int32 vectors, by the target's
+    method (codegen/isa.py TABLE_LOOKUPS, recorded on the module by build)."""
+    method = getattr(b.module, "table_lookup", "lanes")
+    if method == "permute_bytes":
+        return _permuted_lookup(b, table, indices, lanes)
+    if method == "gather_dwords" and lanes % 8 == 0:
+        return [_gathered_lookup(b, table, index, lanes) for index in indices]
+    return [_lane_lookup(b, table, index, lanes) for index in indices]
+
+
+def _permuted_lookup(b, table, indices: list, lanes: int) -> list:
+    """The whole 256-byte table in 4 registers of 64 bytes, the indices packed to bytes, 64 at a time: vpermi2b
+    reads entries 0..127 from the first pair and 128..255 from the second by the low 7 bits of each index, and the
+    index's top bit picks between them."""
+    v64 = ir.VectorType(I8, 64)
+    quarters = [b.load(b.gep(table, [ir.Constant(I64, 64 * k)], source_etype=I8), typ=v64, align=1)
+                for k in range(4)]
+    total = lanes * len(indices)
+    joined = indices[0]
+    for n, v in enumerate(indices[1:], start=1):  # concatenate: <lanes * (n + 1) x i32>
+        width = lanes * n
+        if width > lanes:  # widen v to the concatenation's width so the two operands have one type
+            v = b.shuffle_vector(v, ir.Constant(v.type, None),
+                                 ir.Constant(ir.VectorType(I32, width), list(range(lanes)) + [lanes] * (width - lanes)))
+        joined = b.shuffle_vector(joined, v, ir.Constant(ir.VectorType(I32, width + lanes),
+                                                         list(range(width)) + list(range(width, width + lanes))))
+    bytes_ = b.trunc(joined, ir.VectorType(I8, total))
+    chunks = -(-total // 64)
+    if total < chunks * 64:  # pad with undefined lanes (the undef operand's) to whole registers
+        bytes_ = b.shuffle_vector(bytes_, ir.Constant(bytes_.type, None), ir.Constant(
+            ir.VectorType(I32, chunks * 64), list(range(total)) + [total] * (chunks * 64 - total)))
+    looked = []
+    for c in range(chunks):
+        idx = bytes_ if chunks == 1 else b.shuffle_vector(bytes_, ir.Constant(bytes_.type, None), ir.Constant(
+            ir.VectorType(I32, 64), list(range(64 * c, 64 * c + 64))))
+        low = intrinsic(b, "llvm.x86.avx512.vpermi2var.qi.512", v64, [quarters[0], idx, quarters[1]])
+        high = intrinsic(b, "llvm.x86.avx512.vpermi2var.qi.512", v64, [quarters[2], idx, quarters[3]])
+        looked.append(b.select(b.icmp_signed("<", idx, ir.Constant(v64, [0] * 64)), high, low))
+    out = []
+    for n in range(len(indices)):
+        first = n * lanes
+        c, at = divmod(first, 64)
+        part = b.shuffle_vector(looked[c], ir.Constant(v64, None),
+                                ir.Constant(ir.VectorType(I32, lanes), list(range(at, at + lanes))))
+        out.append(b.zext(part, ir.VectorType(I32, lanes)))
+    return out
+
+
+def _gathered_lookup(b, table, index, lanes: int):
+    """AVX2's gather of a dword at each byte offset (the tables have 4 bytes of slack past their end), the low byte
+    kept."""
     ity = ir.VectorType(I32, lanes)
-    if getattr(b.module, "gather_dwords", False) and lanes % 8 == 0:
-        v8 = ir.VectorType(I32, 8)
-        parts = []
-        for h in range(lanes // 8):
-            sub = index if lanes == 8 else b.shuffle_vector(index, ir.Constant(ity, None),
-                                                             ir.Constant(v8, list(range(8 * h, 8 * h + 8))))
-            parts.append(intrinsic(b, "llvm.x86.avx2.gather.d.d.256", v8,
-                                   [ir.Constant(v8, [0] * 8), table, sub, ir.Constant(v8, [-1] * 8),
-                                    ir.Constant(I8, 1)]))
-        v = parts[0]
-        for h in range(1, len(parts)):
-            v = b.shuffle_vector(v, parts[h], ir.Constant(ir.VectorType(I32, 8 * (h + 1)), list(range(8 * (h + 1)))))
-        return b.and_(v, broadcast(b, ir.Constant(I32, 255), lanes))
+    v8 = ir.VectorType(I32, 8)
+    parts = []
+    for h in range(lanes // 8):
+        sub = index if lanes == 8 else b.shuffle_vector(index, ir.Constant(ity, None),
+                                                         ir.Constant(v8, list(range(8 * h, 8 * h + 8))))
+        parts.append(intrinsic(b, "llvm.x86.avx2.gather.d.d.256", v8,
+                               [ir.Constant(v8, [0] * 8), table, sub, ir.Constant(v8, [-1] * 8),
+                                ir.Constant(I8, 1)]))
+    v = parts[0]
+    for h in range(1, len(parts)):
+        v = b.shuffle_vector(v, parts[h], ir.Constant(ir.VectorType(I32, 8 * (h + 1)), list(range(8 * (h + 1)))))
+    return b.and_(v, broadcast(b, ir.Constant(I32, 255), lanes))
+
+
+def _lane_lookup(b, table, index, lanes: int):
+    """A load a lane (a CPU with neither)."""
+    ity = ir.VectorType(I32, lanes)
     v = ir.Constant(ity, [0] * lanes)
     for lane in range(lanes):
         i = b.sext(b.extract_element(index, ir.Constant(I32, lane)), I64)
@@ -392,6 +444,11 @@ def define_amx_tile(module: ir.Module, name: str, params, program, emit, ins_pro
     b.ret_void()
 
 
+# The depthwise tile's panels: 1, 2 or 4 vectors of output pixels along a row (up to 64 on AVX-512), the fewest
+# that cover the row (exec.c reserves the loads' slack past the planes for the widest).
+DW_VECTORS = (1, 2, 4)
+
+
 def define_depthwise_tile(module: ir.Module, name: str, params, program, lanes: int) -> None:
     """A depthwise convolution's channel m0 (one input channel per output channel), over output rows [y0, y1) in
     panels of 16 pixels: per tap, the panel's activations times the tap's weight into 16 / lanes accumulators, no
@@ -400,7 +457,6 @@ def define_depthwise_tile(module: ir.Module, name: str, params, program, lanes: 
     |a * w| <= 2^15 and at most 64 taps keep every sum below 2^24. Then S = acc - za * vsum[m0] in int32 and the
     kind's epilogue."""
     b, slot = record_function(module, name)
-    nr = PANEL // lanes
     kh, kw = params.kernel
     sh, sw = params.strides
     dh, dw = params.dilations
@@ -461,14 +517,19 @@ def define_depthwise_tile(module: ir.Module, name: str, params, program, lanes: 
         def panels(vecs: int):
             for_range(b, ir.Constant(I64, 0), ow, ir.Constant(I64, vecs * lanes), lambda x0, _: panel(x0, vecs))
 
-        if params.mode == QUANT and nr > 1:  # rows of one vector or less (7 x 7) take panels of one vector
-            with b.if_else(b.icmp_signed("<=", ow, ir.Constant(I64, lanes))) as (narrow, wide):
+        def widest(options):
+            """Panels of the fewest vectors in `options` that cover a row, else of the most: independent
+            accumulators hide the multiply-adds' latency, and a short row wastes no more than one vector."""
+            if len(options) == 1:
+                panels(options[0])
+                return
+            with b.if_else(b.icmp_signed("<=", ow, ir.Constant(I64, options[0] * lanes))) as (narrow, wide):
                 with narrow:
-                    panels(1)
+                    panels(options[0])
                 with wide:
-                    panels(nr)
-        else:
-            panels(nr)
+                    widest(options[1:])
+
+        widest(DW_VECTORS)
         return []
 
     for_range(b, y0, y1, one, row)
@@ -499,7 +560,7 @@ def build(region, target: Target) -> tuple[bytes, QConvKernelDesc, str]:
             raise
         ins = None  # the depthwise tile needs no dot-product instruction
     module = new_module(target, region.op_type)
-    module.gather_dwords = isa_of(target).gather_dwords  # _table_lookup (an AVX-only CPU has none)
+    module.table_lookup = isa_of(target).table_lookup  # _table_lookup's method
     names = []
     if p.depthwise:  # its own tile: no dot-product instruction, a product per tap and pixel
         names.append(f"{region.op_type}_dw")
