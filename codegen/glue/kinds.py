@@ -158,7 +158,10 @@ def source_files() -> list[str]:
     which holds the contracts' generated C)."""
     files = [os.path.join(_glue_dir(), f) for f in ("glue.h", "runtime.c", "matrix_engine.c", "register.c")]
     for k in glue_kinds():
-        files += [os.path.join(k.folder, f) for f in (k.header, *k.executors)]
+        named = [os.path.join(k.folder, f) for f in (k.header, *k.executors)]
+        # and the folder's other headers, which its executors include by name (kinds/qconv/words.h)
+        local = sorted(os.path.join(k.folder, f) for f in os.listdir(k.folder) if f.endswith(".h"))
+        files += list(dict.fromkeys(named + local))
     return files
 
 

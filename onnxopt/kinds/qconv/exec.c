@@ -93,7 +93,7 @@ static void qc_tap_runs(const qc_job *j, int64_t tap, qc_runs *r) {
 
 /* out[t] = in[2 t] for 16 t (32 bytes read): on x86 two loads, masks and one pack (SSE2, every x86-64 has it). */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <emmintrin.h>
+#include <immintrin.h>
 static void qc_every_other(uint8_t *out, const uint8_t *in) {
   __m128i lo = _mm_loadu_si128((const __m128i *)in), hi = _mm_loadu_si128((const __m128i *)(in + 16));
   __m128i even = _mm_set1_epi16(0x00ff);
@@ -104,6 +104,8 @@ static void qc_every_other(uint8_t *restrict out, const uint8_t *restrict in) {
   for (int t = 0; t < QC_PANEL; t++) out[t] = in[2 * t];
 }
 #endif
+
+#include "words.h" /* the panels' word copies and sums */
 
 /* The panel's 16 activations of one channel plane at the tap whose runs `r` holds, as 16 bytes in a row: in the
    image itself where they are (returned), else gathered into `col` (32 bytes: a run's copy may write 16 bytes past
@@ -133,21 +135,12 @@ static const uint8_t *qc_gather(const qc_job *j, const qc_runs *r, const uint8_t
   return col;
 }
 
-/* asum[t]: the sum over k of pixel t's packed activations (read signed where they are), when the tile needs it. */
+/* asum[t] of one packed panel (words.h), when the tile needs it. */
 static void qc_panel_asum(const qc_job *j, int64_t grp, int64_t panel) {
   const onnxopt_qconv_desc *d = j->d;
   if (!j->asum) return;
-  const uint8_t *dst = j->packed + (grp * j->panels + panel) * d->k4 * QC_PANEL;
-  int32_t *s = j->asum + (grp * j->panels + panel) * QC_PANEL;
-  for (int t = 0; t < QC_PANEL; t++) s[t] = 0;
-  for (int64_t g = 0; g < d->k4 / 4; g++)
-    for (int t = 0; t < QC_PANEL; t++) {
-      const uint8_t *q = dst + g * QC_PANEL * 4 + 4 * t;
-      if (d->packed_signed)
-        s[t] += (int32_t)(int8_t)q[0] + (int8_t)q[1] + (int8_t)q[2] + (int8_t)q[3];
-      else
-        s[t] += (int32_t)q[0] + q[1] + q[2] + q[3];
-    }
+  qc_words_asum(j->asum + (grp * j->panels + panel) * QC_PANEL, j->packed + (grp * j->panels + panel) * d->k4 * QC_PANEL,
+                d->k4 / 4, d->packed_signed);
 }
 
 /* One panel's receptive fields in channel group `grp`: packed[g][t][q] = the activation at k = 4g + q for pixel
@@ -235,22 +228,13 @@ static void qc_pack_panel_blocked(const qc_job *j, int64_t panel) {
       uint32_t real = qc_real_lanes(d->cin - 4 * g), flip = d->flip ? real & 0x80808080u : 0u;
       uint32_t pad = ((0x01010101u * j->za) & real) ^ flip;
       if (plain) {
-        for (int t = 0; t < QC_PANEL; t++) o32[t] = src[p0 + t] ^ flip;
-        continue;
-      }
-      if (r.nseg == 1 && r.lo[0] == 0 && r.hi[0] == QC_PANEL && d->sw == 1) { /* one run inside the image */
-        const uint32_t *row = src + r.at[0];
-        for (int t = 0; t < QC_PANEL; t++) o32[t] = row[t] ^ flip;
+        qc_copy_words(o32, src + p0, QC_PANEL, 1, flip);
         continue;
       }
       for (int sg = 0; sg < r.nseg; sg++) {
         int t0 = r.seg[sg], t1 = r.seg[sg + 1];
-        const uint32_t *row = src + r.at[sg];
         for (int t = t0; t < r.lo[sg]; t++) o32[t] = pad;
-        if (d->sw == 1)
-          for (int t = r.lo[sg]; t < r.hi[sg]; t++) o32[t] = row[t - r.lo[sg]] ^ flip;
-        else
-          for (int t = r.lo[sg]; t < r.hi[sg]; t++) o32[t] = row[(t - r.lo[sg]) * d->sw] ^ flip;
+        qc_copy_words(o32 + r.lo[sg], src + r.at[sg], r.hi[sg] - r.lo[sg], d->sw, flip);
         for (int t = r.hi[sg]; t < t1; t++) o32[t] = pad;
       }
       for (int t = r.valid; t < QC_PANEL; t++) o32[t] = 0; /* past the image's last pixel */

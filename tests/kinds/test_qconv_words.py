@@ -1,0 +1,91 @@
+"""The qconv packing's word helpers (kinds/qconv/words.h), built alone: every variant of a panel's byte sums
+(AVX-512BW, AVX2, SSE2, the plain loop, and the one the CPU picks) and the word copies at steps 1, 2 and 3, against
+numpy, on the variants this CPU runs. The executor picks one by the CPU, so a single host would run only one."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import onnxopt.kinds.qconv as qconv
+from onnxopt.codegen.target import missing_cpu_flags
+
+PANEL = 16
+HARNESS = r"""
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#define QC_PANEL 16
+#include "words.h"
+#define ASUM(name, fn) \
+  void name(int32_t *s, const uint8_t *p, int64_t groups, int is_signed) { fn(s, p, groups, is_signed); }
+ASUM(asum_scalar, qc_asum_scalar)
+ASUM(asum_dispatched, qc_words_asum)
+#if defined(__x86_64__)
+ASUM(asum_sse2, qc_asum_sse2)
+ASUM(asum_avx2, qc_asum_avx2)
+ASUM(asum_avx512, qc_asum_avx512)
+#endif
+void copy_words(uint32_t *o, const uint32_t *s, int n, int64_t step, uint32_t flip) {
+  qc_copy_words(o, s, n, step, flip);
+}
+"""
+X86 = platform.machine() in ("x86_64", "AMD64")
+# variant -> the CPU flags it needs
+VARIANTS = {"scalar": (), "dispatched": (), "sse2": (), "avx2": ("avx2",), "avx512": ("avx512bw",)} if X86 else \
+    {"scalar": (), "dispatched": ()}
+
+
+@pytest.fixture(scope="module")
+def words(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    folder = tmp_path_factory.mktemp("words")
+    src = folder / "harness.c"
+    src.write_text(HARNESS)
+    lib = folder / "harness.so"
+    subprocess.run([cc, "-O2", "-std=c11", "-Wall", "-Werror", "-fPIC", "-shared", "-I",
+                    os.path.dirname(qconv.__file__), str(src), "-o", str(lib)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def _ptr(a: np.ndarray):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("is_signed", [False, True])
+@pytest.mark.parametrize("groups", [1, 3, 288])
+def test_each_asum_variant_sums_every_pixels_bytes(words, variant, is_signed, groups):
+    missing = missing_cpu_flags(VARIANTS[variant])
+    if missing:
+        pytest.skip(f"this CPU has no {', '.join(missing)}")
+    rng = np.random.default_rng(groups)
+    packed = rng.integers(0, 256, (groups, PANEL, 4)).astype(np.uint8)
+    packed[0, 0] = 255  # the extremes: 4 x 255 (u8) and 4 x -1 (s8); 4 x 128 as s8 is -512
+    packed[-1, 1] = 128
+    want = (packed.view(np.int8) if is_signed else packed).astype(np.int64).sum(axis=(0, 2))
+    got = np.full(PANEL, 12345, np.int32)
+    getattr(words, f"asum_{variant}")(_ptr(got), _ptr(packed), ctypes.c_int64(groups), ctypes.c_int(int(is_signed)))
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3])
+@pytest.mark.parametrize("n", [0, 1, 4, 5, 9, 16])
+def test_word_copies_take_every_steps_word_and_write_no_further(words, step, n):
+    rng = np.random.default_rng(n * 10 + step)
+    src = rng.integers(0, 2**32, max((n - 1) * step + 1, 1), dtype=np.uint64).astype(np.uint32)
+    out = np.full(PANEL + 4, 7, np.uint32)
+    flip = 0x80808080
+    words.copy_words(_ptr(out), _ptr(src), ctypes.c_int(n), ctypes.c_int64(step), ctypes.c_uint32(flip))
+    np.testing.assert_array_equal(out[:n], src[::step][:n] ^ np.uint32(flip))
+    assert (out[n:] == 7).all()  # nothing written past the run
