@@ -37,6 +37,11 @@ ASUM(asum_avx512, qc_asum_avx512)
 void copy_words(uint32_t *o, const uint32_t *s, int n, int64_t step, uint32_t flip) {
   qc_copy_words(o, s, n, step, flip);
 }
+#if defined(__x86_64__)
+void copy_words_avx512(uint32_t *o, const uint32_t *s, int n, int64_t step, uint32_t flip) {
+  qc_copy_words_avx512(o, s, n, step, flip);
+}
+#endif
 """
 X86 = platform.machine() in ("x86_64", "AMD64")
 # variant -> the CPU flags it needs
@@ -79,13 +84,22 @@ def test_each_asum_variant_sums_every_pixels_bytes(words, variant, is_signed, gr
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("step", [1, 2, 3])
+# the AVX-512 copy takes steps 1 and 2 only: the dispatch sends the others to the plain loop
+COPIES = [("dispatched", 1), ("dispatched", 2), ("dispatched", 3)] + ([("avx512", 1), ("avx512", 2)] if X86 else [])
+
+
+@pytest.mark.parametrize("variant, step", COPIES)
 @pytest.mark.parametrize("n", [0, 1, 4, 5, 9, 16])
-def test_word_copies_take_every_steps_word_and_write_no_further(words, step, n):
+def test_word_copies_take_every_steps_word_and_write_no_further(words, variant, step, n):
+    if variant == "avx512":
+        missing = missing_cpu_flags(("avx512f",))
+        if missing:
+            pytest.skip("this CPU has no avx512f")
     rng = np.random.default_rng(n * 10 + step)
     src = rng.integers(0, 2**32, max((n - 1) * step + 1, 1), dtype=np.uint64).astype(np.uint32)
     out = np.full(PANEL + 4, 7, np.uint32)
     flip = 0x80808080
-    words.copy_words(_ptr(out), _ptr(src), ctypes.c_int(n), ctypes.c_int64(step), ctypes.c_uint32(flip))
+    copy = words.copy_words if variant == "dispatched" else words.copy_words_avx512
+    copy(_ptr(out), _ptr(src), ctypes.c_int(n), ctypes.c_int64(step), ctypes.c_uint32(flip))
     np.testing.assert_array_equal(out[:n], src[::step][:n] ^ np.uint32(flip))
     assert (out[n:] == 7).all()  # nothing written past the run

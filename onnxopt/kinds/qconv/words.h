@@ -85,11 +85,37 @@ static void qc_words_asum(int32_t *s, const uint8_t *p, int64_t groups, int is_s
 #endif
 }
 
-/* o[t] = s[t * step] ^ flip for t < n (step 1 or 2; SSE2 on x86, 4 words at a time, never reading past s[(n - 1) *
-   step]). */
+/* o[t] = s[t * step] ^ flip for t < n <= QC_PANEL, never reading past s[(n - 1) * step]: with AVX-512F one vector
+   (steps 1 and 2; a partial run through masks), else SSE2 4 words at a time (every x86-64), else a word at a time. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx512f"))) static void qc_copy_words_avx512(uint32_t *o, const uint32_t *s, int n,
+                                                                    int64_t step, uint32_t flip) {
+  const __m512i f = _mm512_set1_epi32((int)flip);
+  if (n <= 0) return;
+  __mmask16 m = (__mmask16)((1u << n) - 1);
+  if (step == 1) {
+    if (n == 16)
+      _mm512_storeu_si512((void *)o, _mm512_xor_si512(_mm512_loadu_si512((const void *)s), f));
+    else
+      _mm512_mask_storeu_epi32(o, m, _mm512_xor_si512(_mm512_maskz_loadu_epi32(m, s), f));
+    return;
+  }
+  int reads = 2 * n - 1; /* step 2: words 0 .. 2n - 2, the even ones kept */
+  __mmask16 m0 = (__mmask16)(reads >= 16 ? 0xffffu : (1u << reads) - 1);
+  __mmask16 m1 = (__mmask16)(reads > 16 ? (1u << (reads - 16)) - 1 : 0u);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  __m512i x = _mm512_permutex2var_epi32(_mm512_maskz_loadu_epi32(m0, s), even, _mm512_maskz_loadu_epi32(m1, s + 16));
+  _mm512_mask_storeu_epi32(o, m, _mm512_xor_si512(x, f));
+}
+#endif
+
 static void qc_copy_words(uint32_t *restrict o, const uint32_t *restrict s, int n, int64_t step, uint32_t flip) {
   int t = 0;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if ((step == 1 || step == 2) && __builtin_cpu_supports("avx512f")) {
+    qc_copy_words_avx512(o, s, n, step, flip);
+    return;
+  }
   const __m128i f = _mm_set1_epi32((int)flip);
   if (step == 1)
     for (; t + 4 <= n; t += 4)
@@ -104,4 +130,3 @@ static void qc_copy_words(uint32_t *restrict o, const uint32_t *restrict s, int 
 #endif
   for (; t < n; t++) o[t] = s[t * step] ^ flip;
 }
-
