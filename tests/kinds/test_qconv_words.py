@@ -1,6 +1,7 @@
 """The qconv packing's word helpers (kinds/qconv/words.h), built alone: every variant of a panel's byte sums
-(AVX-512BW, AVX2, SSE2, the plain loop, and the one the CPU picks) and the word copies at steps 1, 2 and 3, against
-numpy, on the variants this CPU runs. The executor picks one by the CPU, so a single host would run only one."""
+(AVX-512BW, AVX2, SSE2, the plain loop, and the one the CPU picks), the word copies at steps 1, 2 and 3 and the
+interleave of 4 rows, against numpy, on the variants this CPU runs. The executor picks one by the CPU, so a single
+host would run only one."""
 
 from __future__ import annotations
 
@@ -37,7 +38,12 @@ ASUM(asum_avx512, qc_asum_avx512)
 void copy_words(uint32_t *o, const uint32_t *s, int n, int64_t step, uint32_t flip) {
   qc_copy_words(o, s, n, step, flip);
 }
+#define INTERLEAVE(name, fn) \
+  void name(uint32_t *o, const uint8_t *r) { fn(o, r, r + 16, r + 32, r + 48); }
+INTERLEAVE(interleave_plain, qc_interleave_plain)
+INTERLEAVE(interleave_dispatched, qc_interleave)
 #if defined(__x86_64__)
+INTERLEAVE(interleave_vbmi, qc_interleave_vbmi)
 void copy_words_avx512(uint32_t *o, const uint32_t *s, int n, int64_t step, uint32_t flip) {
   qc_copy_words_avx512(o, s, n, step, flip);
 }
@@ -103,3 +109,17 @@ def test_word_copies_take_every_steps_word_and_write_no_further(words, variant, 
     copy(_ptr(out), _ptr(src), ctypes.c_int(n), ctypes.c_int64(step), ctypes.c_uint32(flip))
     np.testing.assert_array_equal(out[:n], src[::step][:n] ^ np.uint32(flip))
     assert (out[n:] == 7).all()  # nothing written past the run
+
+
+@pytest.mark.parametrize("variant", ["plain", "dispatched"] + (["vbmi"] if X86 else []))
+def test_each_interleave_puts_pixel_ts_four_bytes_in_its_word(words, variant):
+    if variant == "vbmi":
+        missing = missing_cpu_flags(("avx512vbmi", "avx512bw"))
+        if missing:
+            pytest.skip(f"this CPU has no {', '.join(missing)}")
+    rows = np.random.default_rng(4).integers(0, 256, (4, PANEL)).astype(np.uint8)
+    out = np.zeros(PANEL + 2, np.uint32)
+    getattr(words, f"interleave_{variant}")(_ptr(out), _ptr(rows))
+    np.testing.assert_array_equal(out[:PANEL], np.ascontiguousarray(rows.T).view(np.uint32).reshape(-1))
+    assert (out[PANEL:] == 0).all()
+

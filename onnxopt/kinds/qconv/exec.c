@@ -37,13 +37,6 @@ typedef struct {
   int avx512_rows; /* depthwise: the CPU converts a plane's rows with AVX-512 (qc_dw_row16) */
 } qc_job;
 
-/* out[t] = the 4 bytes of pixel t: a fixed trip count and no aliasing, so that the compiler vectorizes it. */
-static void qc_interleave(uint32_t *restrict out, const uint8_t *restrict r0, const uint8_t *restrict r1,
-                          const uint8_t *restrict r2, const uint8_t *restrict r3) {
-  for (int t = 0; t < QC_PANEL; t++)
-    out[t] = (uint32_t)r0[t] | (uint32_t)r1[t] << 8 | (uint32_t)r2[t] << 16 | (uint32_t)r3[t] << 24;
-}
-
 /* One output row's run of a panel at one tap: the pixels lo..hi - 1 whose window is inside the image, reading a
    channel plane from `at` on (every sw-th byte); the run's others read the zero point. */
 typedef struct {
@@ -71,6 +64,14 @@ static void qc_panel_runs(const qc_job *j, int64_t p0, qc_runs *r) {
     if (t < r->valid && (t == 0 || r->ih0[t] != r->ih0[t - 1])) r->seg[r->nseg++] = t;
   }
   r->seg[r->nseg] = r->valid;
+}
+
+/* A 1 x 1 convolution of stride 1 without padding, on a panel of 16 pixels inside the image: its pixels are one
+   run of each channel plane (no runs to work out). */
+static int qc_plain_panel(const qc_job *j, int64_t p0) {
+  const onnxopt_qconv_desc *d = j->d;
+  return d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !d->pt && !d->pl && !d->pb && !d->pr &&
+         p0 + QC_PANEL <= j->pixels;
 }
 
 static void qc_tap_runs(const qc_job *j, int64_t tap, qc_runs *r) {
@@ -155,7 +156,9 @@ static void qc_pack_panel(const qc_job *j, int64_t grp, int64_t panel) {
   uint8_t *dst = j->packed + (grp * j->panels + panel) * d->k4 * QC_PANEL;
   static const uint8_t zeros[QC_PANEL];
   qc_runs r;
-  qc_panel_runs(j, p0, &r);
+  /* A 1 x 1's plain panel needs no runs */
+  int plain = j->cin_g > 1 && qc_plain_panel(j, p0);
+  if (!plain) qc_panel_runs(j, p0, &r);
   uint32_t *o32 = (uint32_t *)dst;
   if (j->cin_g == 1) { /* k = tap: each group of 4 k is 4 taps of the one channel */
     uint8_t cols[QC_MAX_TAPS][2 * QC_PANEL];
@@ -175,12 +178,9 @@ static void qc_pack_panel(const qc_job *j, int64_t grp, int64_t panel) {
       }
     }
   } else {
-    /* A 1 x 1 convolution of stride 1 without padding reads the panel's pixels as one run of each channel plane. */
-    int plain = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !d->pt && !d->pl && !d->pb && !d->pr &&
-                r.valid == QC_PANEL;
     uint8_t cols[4][2 * QC_PANEL];
     for (int64_t tap = 0; tap < d->kh * d->kw; tap++) {
-      qc_tap_runs(j, tap, &r);
+      if (!plain) qc_tap_runs(j, tap, &r);
       for (int64_t c4 = 0; c4 < j->cin4; c4 += 4, o32 += QC_PANEL) {
         /* The 16 pixels' activations of each of the 4 channels, as 16 bytes in a row, then interleaved into the
            tile's 4-byte groups. */
@@ -218,11 +218,10 @@ static void qc_pack_panel_blocked(const qc_job *j, int64_t panel) {
   const uint32_t *x = (const uint32_t *)j->x + img * groups * plane;
   uint32_t *o32 = (uint32_t *)(j->packed + panel * d->k4 * QC_PANEL);
   qc_runs r;
-  qc_panel_runs(j, p0, &r);
-  int plain = d->kh == 1 && d->kw == 1 && d->sh == 1 && d->sw == 1 && !d->pt && !d->pl && !d->pb && !d->pr &&
-              r.valid == QC_PANEL;
+  int plain = qc_plain_panel(j, p0);
+  if (!plain) qc_panel_runs(j, p0, &r);
   for (int64_t tap = 0; tap < d->kh * d->kw; tap++) {
-    qc_tap_runs(j, tap, &r);
+    if (!plain) qc_tap_runs(j, tap, &r);
     for (int64_t g = 0; g < groups; g++, o32 += QC_PANEL) {
       const uint32_t *src = x + g * plane;
       uint32_t real = qc_real_lanes(d->cin - 4 * g), flip = d->flip ? real & 0x80808080u : 0u;

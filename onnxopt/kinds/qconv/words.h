@@ -1,5 +1,6 @@
 /* The qconv packing's word helpers (exec.c; tests/kinds/test_qconv_words.py builds this header alone and checks
-   each variant against numpy): a packed panel is [groups][QC_PANEL pixels][4 bytes], each pixel's 4 k one word.
+   each variant against numpy): a packed panel is [groups][QC_PANEL pixels][4 bytes], each pixel's 4 k one word:
+   their sums, copies and the interleave of 4 rows of bytes into words.
    Needs QC_PANEL (16), <stdint.h> and, on x86-64, <immintrin.h>. */
 
 /* s[t]: the sum of pixel t's bytes over the panel's groups (read signed where `is_signed`). On x86 a word's 4
@@ -130,3 +131,40 @@ static void qc_copy_words(uint32_t *restrict o, const uint32_t *restrict s, int 
 #endif
   for (; t < n; t++) o[t] = s[t * step] ^ flip;
 }
+
+/* out[t] = the 4 bytes of pixel t from 4 rows of 16: with AVX-512 VBMI one byte permute of the 4 rows side by side,
+   else a fixed trip count and no aliasing, which the compiler vectorizes (SSE2's unpacks). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx512vbmi,avx512bw"))) static void qc_interleave_vbmi(uint32_t *out, const uint8_t *r0,
+                                                                             const uint8_t *r1, const uint8_t *r2,
+                                                                             const uint8_t *r3) {
+  /* byte 4t + q of the output is byte t of row q, which sits at 16q + t in the four rows' vector */
+  const __m512i order = _mm512_set_epi8(63, 47, 31, 15, 62, 46, 30, 14, 61, 45, 29, 13, 60, 44, 28, 12, 59, 43, 27,
+                                        11, 58, 42, 26, 10, 57, 41, 25, 9, 56, 40, 24, 8, 55, 39, 23, 7, 54, 38, 22, 6,
+                                        53, 37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3, 50, 34, 18, 2, 49, 33, 17, 1, 48,
+                                        32, 16, 0);
+  __m512i rows = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)r0));
+  rows = _mm512_inserti32x4(rows, _mm_loadu_si128((const __m128i *)r1), 1);
+  rows = _mm512_inserti32x4(rows, _mm_loadu_si128((const __m128i *)r2), 2);
+  rows = _mm512_inserti32x4(rows, _mm_loadu_si128((const __m128i *)r3), 3);
+  _mm512_storeu_si512((void *)out, _mm512_permutexvar_epi8(order, rows));
+}
+#endif
+
+static void qc_interleave_plain(uint32_t *restrict out, const uint8_t *restrict r0, const uint8_t *restrict r1,
+                                const uint8_t *restrict r2, const uint8_t *restrict r3) {
+  for (int t = 0; t < QC_PANEL; t++)
+    out[t] = (uint32_t)r0[t] | (uint32_t)r1[t] << 8 | (uint32_t)r2[t] << 16 | (uint32_t)r3[t] << 24;
+}
+
+static void qc_interleave(uint32_t *restrict out, const uint8_t *restrict r0, const uint8_t *restrict r1,
+                          const uint8_t *restrict r2, const uint8_t *restrict r3) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (__builtin_cpu_supports("avx512vbmi")) {
+    qc_interleave_vbmi(out, r0, r1, r2, r3);
+    return;
+  }
+#endif
+  qc_interleave_plain(out, r0, r1, r2, r3);
+}
+
