@@ -1,7 +1,7 @@
-"""The qconv packing's word helpers (kinds/qconv/words.h), built alone: every variant of a panel's byte sums
-(AVX-512BW, AVX2, SSE2, the plain loop, and the one the CPU picks), the word copies at steps 1, 2 and 3 and the
-interleave of 4 rows, against numpy, on the variants this CPU runs. The executor picks one by the CPU, so a single
-host would run only one."""
+"""The qconv executor's vector helpers (kinds/qconv/words.h, dw_plane.h), built alone: every variant of a panel's
+byte sums (AVX-512BW, AVX2, SSE2, the plain loop, and the one the CPU picks), the word copies at steps 1, 2 and 3,
+the interleave of 4 rows and the depthwise plane's padding and conversion to float, against numpy, on the variants
+this CPU runs. The executor picks one by the CPU, so a single host would run only one."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ HARNESS = r"""
 #endif
 #define QC_PANEL 16
 #include "words.h"
+#include "dw_plane.h"
+void dw_plane(float *out, const uint8_t *in, int64_t n, int64_t h, int64_t w, int64_t hp, int64_t wp, int64_t pt,
+              int64_t pl, float za, int is_signed, int avx512) {
+  qc_dw_plane(out, in, in + n, h, w, hp, wp, pt, pl, za, is_signed, avx512);
+}
+int dw_avx512(void) { return qc_dw_avx512(); }
 #define ASUM(name, fn) \
   void name(int32_t *s, const uint8_t *p, int64_t groups, int is_signed) { fn(s, p, groups, is_signed); }
 ASUM(asum_scalar, qc_asum_scalar)
@@ -122,4 +128,23 @@ def test_each_interleave_puts_pixel_ts_four_bytes_in_its_word(words, variant):
     getattr(words, f"interleave_{variant}")(_ptr(out), _ptr(rows))
     np.testing.assert_array_equal(out[:PANEL], np.ascontiguousarray(rows.T).view(np.uint32).reshape(-1))
     assert (out[PANEL:] == 0).all()
+
+
+@pytest.mark.parametrize("avx512", [False, True] if X86 else [False])
+@pytest.mark.parametrize("h, w, pt, pl, is_signed", [(5, 7, 1, 1, False), (3, 33, 2, 0, True), (4, 16, 0, 3, False)])
+def test_depthwise_planes_are_padded_with_the_zero_point_as_float(words, avx512, h, w, pt, pl, is_signed):
+    assert bool(words.dw_avx512()) == (X86 and not missing_cpu_flags(("avx512f",)))  # what the executor picks
+    if avx512 and missing_cpu_flags(("avx512f",)):
+        pytest.skip("this CPU has no avx512f")
+    rng = np.random.default_rng(h * w)
+    x = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    za = -7.0 if is_signed else 9.0
+    hp, wp = h + 2 * pt, pl + -(-w // 16) * 16 + 2  # room for a row's last 16 written whole (exec.c's rule)
+    out = np.full(hp * wp + 4, 1234.5, np.float32)
+    words.dw_plane(_ptr(out), _ptr(x), ctypes.c_int64(x.size), *(ctypes.c_int64(v) for v in (h, w, hp, wp, pt, pl)),
+                   ctypes.c_float(za), ctypes.c_int(int(is_signed)), ctypes.c_int(int(avx512)))
+    want = np.full((hp, wp), za, np.float32)
+    want[pt:pt + h, pl:pl + w] = (x.view(np.int8) if is_signed else x).astype(np.float32)
+    np.testing.assert_array_equal(out[:hp * wp].reshape(hp, wp), want)
+    assert (out[hp * wp:] == 1234.5).all()  # nothing past the plane
 

@@ -424,59 +424,7 @@ static void qc_gemm_task(void *usr, size_t index) {
 /* Depthwise: each channel's plane is padded with the zero point and written as float ([n][c][hp][wp], slack past
    the end for a last panel's loads), then the tile runs the channel's output rows on it; tasks take ranges of
    (image, channel). */
-/* One plane padded as float: each row converted 16 bytes at a time where the input has them (a row's last chunk
-   reads past it, into the next row or plane, and writes past it, into the row's right padding: wp >= pl + w rounded
-   up to 16, so never into the next row), then padded. gcc widens bytes to float lane by lane or 4 at a time, so the
-   AVX-512 path is written with intrinsics (3 instructions for 16 bytes), taken where the CPU has it. */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define QC_HAS_AVX512_ROWS 1
-__attribute__((target("avx512f"))) static void qc_dw_fill16(float *out, int64_t n, float za) {
-  __m512 v = _mm512_set1_ps(za);
-  int64_t c = 0;
-  for (; c + 16 <= n; c += 16) _mm512_storeu_ps(out + c, v);
-  if (c < n) _mm512_mask_storeu_ps(out + c, (__mmask16)((1u << (n - c)) - 1), v);
-}
-
-__attribute__((target("avx512f"))) static void qc_dw_row16(float *out, const uint8_t *in, int64_t w, int is_signed) {
-  for (int64_t c = 0; c < w; c += 16) {
-    __m128i v = _mm_loadu_si128((const __m128i *)(in + c));
-    __m512i x = is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
-    _mm512_storeu_ps(out + c, _mm512_cvtepi32_ps(x));
-  }
-}
-#endif
-
-static void qc_dw_fill(float *out, int64_t n, float za, int avx512) {
-#ifdef QC_HAS_AVX512_ROWS
-  if (avx512) {
-    qc_dw_fill16(out, n, za);
-    return;
-  }
-#endif
-  for (int64_t c = 0; c < n; c++) out[c] = za;
-}
-
-static void qc_dw_plane(float *restrict out, const uint8_t *restrict in, const uint8_t *end, int64_t h, int64_t w,
-                        int64_t hp, int64_t wp, int64_t pt, int64_t pl, float za, int is_signed, int avx512) {
-  for (int64_t y = 0; y < hp; y++) {
-    float *restrict row = out + y * wp;
-    int64_t iy = y - pt;
-    if (iy < 0 || iy >= h) {
-      qc_dw_fill(row, wp, za, avx512);
-      continue;
-    }
-    const uint8_t *restrict src = in + iy * w;
-    for (int64_t c = 0; c < pl; c++) row[c] = za;
-#ifdef QC_HAS_AVX512_ROWS
-    if (avx512 && src + (w + 15) / 16 * 16 <= end)
-      qc_dw_row16(row + pl, src, w, is_signed);
-    else
-#endif
-      for (int64_t c = 0; c < w; c++) row[pl + c] = is_signed ? (float)(int8_t)src[c] : (float)src[c];
-    qc_dw_fill(row + pl + w, wp - pl - w, za, avx512);
-  }
-}
+#include "dw_plane.h" /* the planes padded as float */
 
 /* Channel i = image * cout + c of the input, padded, as float, into its plane of j->grouped. */
 static void qc_dw_pad(const qc_job *j, int64_t i) {
@@ -511,9 +459,7 @@ static OrtStatus *qc_depthwise(qc_job *j, OrtKernelContext *ctx) {
   int act_signed = d->flip != d->packed_signed; /* the input is s8 */
   j->proto.azp = act_signed ? (int64_t)(int8_t)j->za : (int64_t)j->za; /* the tile widens with the sign */
   j->hp = j->h + d->pt + d->pb;
-#ifdef QC_HAS_AVX512_ROWS
-  j->avx512_rows = __builtin_cpu_supports("avx512f");
-#endif
+  j->avx512_rows = qc_dw_avx512();
   /* a row long enough for every panel's loads: the last panel reads 16 outputs' windows */
   int64_t need = ((j->ow + QC_PANEL - 1) / QC_PANEL * QC_PANEL - 1) * d->sw + (d->kw - 1) * d->dw + 1;
   j->wp = j->w + d->pl + d->pr;

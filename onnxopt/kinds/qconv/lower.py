@@ -301,34 +301,30 @@ def _permuted_lookup(b, table, indices: list, lanes: int) -> list:
     v64 = ir.VectorType(I8, 64)
     quarters = [b.load(b.gep(table, [ir.Constant(I64, 64 * k)], source_etype=I8), typ=v64, align=1)
                 for k in range(4)]
-    total = lanes * len(indices)
-    joined = indices[0]
-    for n, v in enumerate(indices[1:], start=1):  # concatenate: <lanes * (n + 1) x i32>
-        width = lanes * n
-        if width > lanes:  # widen v to the concatenation's width so the two operands have one type
-            v = b.shuffle_vector(v, ir.Constant(v.type, None),
-                                 ir.Constant(ir.VectorType(I32, width), list(range(lanes)) + [lanes] * (width - lanes)))
-        joined = b.shuffle_vector(joined, v, ir.Constant(ir.VectorType(I32, width + lanes),
-                                                         list(range(width)) + list(range(width, width + lanes))))
-    bytes_ = b.trunc(joined, ir.VectorType(I8, total))
-    chunks = -(-total // 64)
-    if total < chunks * 64:  # pad with undefined lanes (the undef operand's) to whole registers
-        bytes_ = b.shuffle_vector(bytes_, ir.Constant(bytes_.type, None), ir.Constant(
-            ir.VectorType(I32, chunks * 64), list(range(total)) + [total] * (chunks * 64 - total)))
-    looked = []
-    for c in range(chunks):
-        idx = bytes_ if chunks == 1 else b.shuffle_vector(bytes_, ir.Constant(bytes_.type, None), ir.Constant(
-            ir.VectorType(I32, 64), list(range(64 * c, 64 * c + 64))))
+    per = max(1, 64 // lanes)  # index vectors a register of bytes holds
+    out = []
+    for first in range(0, len(indices), per):
+        group = indices[first:first + per]
+        joined = group[0]
+        for v in group[1:]:  # concatenate: both operands widened to the joined width
+            width = joined.type.count
+            if width > lanes:
+                v = b.shuffle_vector(v, ir.Constant(v.type, None), ir.Constant(
+                    ir.VectorType(I32, width), list(range(lanes)) + [lanes] * (width - lanes)))
+            joined = b.shuffle_vector(joined, v, ir.Constant(ir.VectorType(I32, width + lanes),
+                                                             list(range(width)) + list(range(width, width + lanes))))
+        total = joined.type.count
+        idx = b.trunc(joined, ir.VectorType(I8, total))
+        if total < 64:  # pad with undefined lanes (the undef operand's) to a whole register
+            idx = b.shuffle_vector(idx, ir.Constant(idx.type, None),
+                                   ir.Constant(ir.VectorType(I32, 64), list(range(total)) + [total] * (64 - total)))
         low = intrinsic(b, "llvm.x86.avx512.vpermi2var.qi.512", v64, [quarters[0], idx, quarters[1]])
         high = intrinsic(b, "llvm.x86.avx512.vpermi2var.qi.512", v64, [quarters[2], idx, quarters[3]])
-        looked.append(b.select(b.icmp_signed("<", idx, ir.Constant(v64, [0] * 64)), high, low))
-    out = []
-    for n in range(len(indices)):
-        first = n * lanes
-        c, at = divmod(first, 64)
-        part = b.shuffle_vector(looked[c], ir.Constant(v64, None),
-                                ir.Constant(ir.VectorType(I32, lanes), list(range(at, at + lanes))))
-        out.append(b.zext(part, ir.VectorType(I32, lanes)))
+        looked = b.select(b.icmp_signed("<", idx, ir.Constant(v64, [0] * 64)), high, low)
+        for n in range(len(group)):
+            part = b.shuffle_vector(looked, ir.Constant(v64, None), ir.Constant(
+                ir.VectorType(I32, lanes), list(range(n * lanes, (n + 1) * lanes))))
+            out.append(b.zext(part, ir.VectorType(I32, lanes)))
     return out
 
 
