@@ -15,13 +15,14 @@ Both operands reach the tiles from memory in the tile's layouts:
   block and K block: every panel of the group then reads that copy (rounding it per panel cost about as much as the
   tile products).
 
-One call computes 16 x `groups` rows (1 or 2 groups) of `nv` 16-column vectors: C tiles loaded from the partial sums
-of the earlier K blocks (or zeros), a Repeat over K's 32-wide chunks, C stored back; with two row groups the columns
-go two at a time (4 C, 2 A and 1 B tile of the 8). The sums then take the row's epilogue as the register tile's do
-(tile.py `emit_row_epilogue`), one row at a time from the stack buffer.
+One call computes 16 x `groups` rows (1 or 2 groups) of `nv` 16-column vectors over the whole K: C tiles zeroed, a
+Repeat over K's 32-wide chunks, C stored to a stack buffer; with two row groups the columns go two at a time (4 C, 2 A
+and 1 B tile of the 8). The sums never leave the tiles between K blocks (there are none: a tile configuration and a
+round trip of the sums per K block cost as much as the products at BERT's sizes). The sums then take the row's
+epilogue as the register tile's do (tile.py `emit_row_epilogue`), one row at a time from the stack buffer.
 
-The glue (compute_exec.c) calls them on row blocks of 32 where the CPU has AMX-BF16 and the OS granted the tile
-state (matrix_engine.c), else the register tiles. The program runs in the reference interpreter on any host, and a
+The glue (compute_exec.c `ct_run_amx`) calls them on row blocks of 32 where the CPU has AMX-BF16 and the OS granted
+the tile state (matrix_engine.c), else the register tiles. The program runs in the reference interpreter on any host, and a
 library built with ONNXOPT_EMULATE_TILES=1 runs the same steps as plain code, so the whole path is tested without
 AMX (tests/codegen/test_amx_bf16.py).
 """
@@ -32,13 +33,13 @@ from llvmlite import ir
 
 from onnxopt.codegen.instructions import MATRIX_INSTRUCTIONS, mapping, matrix_available
 from onnxopt.codegen.instructions.expr import Computation, Loop, access, cast, mul
-from onnxopt.codegen.instructions.tile_program import Dot, Load, Repeat, Store, TileProgram, affine
+from onnxopt.codegen.instructions.tile_program import Dot, Load, Repeat, Store, TileProgram, Zero, affine
 from onnxopt.codegen.vmath.irutil import for_range
 
 from ..microkernel.outer_product import F32, I16, I64, PTR, lane_mask, round_rows_to_bf16
 from ..glue.contract import CT_TILE
-from .tile import (SLOT_A, SLOT_A_MS, SLOT_ACC, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K, SLOT_LANES, SLOT_LDC, SLOT_M0,
-                   SLOT_OUT, SLOT_PHASE, TileSpec, _slot, emit_row_epilogue)
+from .tile import (SLOT_A, SLOT_A_MS, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K, SLOT_LANES, SLOT_LDC, SLOT_M0, SLOT_OUT,
+                   TileSpec, _slot, emit_row_epilogue)
 
 SLOT_A16, SLOT_A16_ROWS = CT_TILE.index("a16"), CT_TILE.index("a16_rows")
 
@@ -69,8 +70,8 @@ def choose(target, lanes: int):
 
 def program(ins, groups: int, nv: int, panel: int) -> TileProgram:
     """16 x `groups` rows of the bfloat16 A buffer (pointer `a16`, `a_rs` bytes a row) times `nv` 16-column slices
-    of a B panel `panel` columns wide (pointer `b`), `chunks` chunks of 32 K; the float32 sums [16 groups][nv * 16]
-    loaded from `cin` and stored to `cout`."""
+    of a B panel `panel` columns wide (pointer `b`), the whole K in `chunks` chunks of 32: the float32 sums
+    [16 groups][nv * 16] start at zero in the C tiles, stay there over all of K and are stored to `cout`."""
     c_shape, a_shape, b_shape = ins.shapes_for(ROWS, 16, K_CHUNK)
     c_row = nv * 64  # bytes of a row of the sums
     step = 2 if groups == 2 else nv  # columns a pass: the tiles a pass holds fit the engine's 8
@@ -78,8 +79,7 @@ def program(ins, groups: int, nv: int, panel: int) -> TileProgram:
     for j0 in range(0, nv, step):
         cols = range(j0, min(j0 + step, nv))
         cs = {(g, j): f"c{g}{j - j0}" for g in range(groups) for j in cols}
-        steps += [Load(t, "cin", affine(const=g * ROWS * c_row + j * 64), affine(const=c_row))
-                  for (g, j), t in cs.items()]
+        steps += [Zero(t) for t in cs.values()]
         body = [Load(f"a{g}", "a16", affine((ROWS * g, "a_rs"), (a_shape.colsb, "chunk")), affine("a_rs"))
                 for g in range(groups)]
         for j in cols:
@@ -109,35 +109,19 @@ def define_amx_tile_function(module: ir.Module, name: str, spec: TileSpec, ins, 
     masks = [lane_mask(b, _slot(b, t, SLOT_LANES + j, I64), lanes) for j in range(nv)]
     outs = [_slot(b, t, SLOT_OUT + k, PTR) for k in range(len(spec.epilogue.outputs))]
     extras = [_slot(b, t, SLOT_EXTRA + e, PTR) for e in range(len(spec.epilogue.inputs) - 1)]
-    partial, phase = _slot(b, t, SLOT_ACC, PTR), _slot(b, t, SLOT_PHASE, I64)
 
     kp = _padded_k(b, k_count)  # A's bfloat16 rows (amx_round's), this far apart
 
-    # The sums: zeros, or the earlier K blocks' (phase bit 1); left in `partial` for a later block (bit 0).
+    # The sums, from the C tiles, for the row epilogue.
     sums = b.alloca(F32, size=ir.Constant(I64, rows * nv * 16))
-    zeros = ir.Constant(vty, [0.0] * lanes)
 
     def vector_at(offset):
         return b.bitcast(b.gep(sums, [offset], source_etype=F32), vty.as_pointer())
 
-    for v in range(rows * nv):
-        b.store(zeros, vector_at(ir.Constant(I64, v * 16)), align=4)
-
-    def bit(n):
-        return b.icmp_unsigned("!=", b.and_(phase, ir.Constant(I64, n)), ir.Constant(I64, 0))
-
-    cin, cout = b.select(bit(2), partial, sums), b.select(bit(1), partial, sums)
     prog = program(ins, groups, nv, panel)
-    prog.emit(b, {"a16": a16, "b": bp, "cin": cin, "cout": cout},
+    prog.emit(b, {"a16": a16, "b": bp, "cout": sums},
               {"a_rs": b.mul(kp, ir.Constant(I64, 2)), "chunks": b.udiv(kp, ir.Constant(I64, K_CHUNK))},
               emulate=emulate)
-
-    more = fn.append_basic_block("sums.kept")
-    last = fn.append_basic_block("epilogue")
-    b.cbranch(bit(1), more, last)
-    b.position_at_end(more)
-    b.ret_void()
-    b.position_at_end(last)
 
     def row(r, _):
         acc = [b.load(vector_at(b.add(b.mul(r, ir.Constant(I64, nv * 16)), ir.Constant(I64, j * 16))), typ=vty,

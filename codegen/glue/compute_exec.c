@@ -80,6 +80,40 @@ static int ct_amx(const ct_job *job) {
   return d->packed_b && d->amx_groups > 0 && KB % 32 == 0 && amx_ok(AMX_BF16);
 }
 
+/* Scratch of the calling thread kept from call to call, one per use (CT_SCRATCH_*): a fresh buffer per task (hundreds
+   of KB: an mmap) page-faults on first touch every run, which cost a bf16 GEMM at BERT's sizes a fifth of its time.
+   Each grows to the largest the thread has needed and lives as long as the thread (onnxruntime's pool threads live
+   as long as its environment). NULL when memory is short: the callers then do without. */
+enum { CT_SCRATCH_SUMS = 0, CT_SCRATCH_A16 = 1, CT_SCRATCHES = 2 };
+static _Thread_local void *ct_scratch_buf[CT_SCRATCHES];
+static _Thread_local size_t ct_scratch_cap[CT_SCRATCHES];
+
+static void *ct_scratch(int which, size_t bytes) {
+  if (bytes > ct_scratch_cap[which]) {
+    bytes = (bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple of the alignment */
+    void *p = aligned_alloc(64, bytes);
+    if (!p) return NULL;
+    free(ct_scratch_buf[which]);
+    ct_scratch_buf[which] = p;
+    ct_scratch_cap[which] = bytes;
+  }
+  return ct_scratch_buf[which];
+}
+
+/* The columns of packed panel `tile` into the tile record; returns its vectors. */
+static int ct_panel_columns(const ct_job *job, ct_tile *t, int64_t tile) {
+  const onnxopt_ct_desc *d = job->d;
+  int nv = 0;
+  int64_t p0 = tile * d->packed_b;
+  for (int j = 0; j < d->ni && p0 + j * d->lanes < job->P; j++, nv++) {
+    int64_t left = job->P - (p0 + j * d->lanes);
+    t->voff[j] = j * d->lanes;
+    t->coff[j] = p0 + j * d->lanes;
+    t->lanes[j] = left < d->lanes ? left : d->lanes;
+  }
+  return nv;
+}
+
 static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, int64_t t0, int64_t t1, int64_t b0,
                           int64_t b1) {
   const onnxopt_ct_desc *d = job->d;
@@ -87,19 +121,14 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
   int64_t esize = ct_packed_b_size(d), KB = job->K_rows ? job->K_rows : K; /* rows stored per panel */
   int64_t nkb = K > 0 ? (K + kc - 1) / kc : 1; /* K = 0: one empty block, so the epilogue still runs on zeros */
   int64_t block = job->block;
-  int amx = job->amx;
   float *sums = NULL;
   if (nkb > 1) {
-    sums = (float *)malloc((size_t)((t1 - t0) * (b1 - b0) * block * NRF) * sizeof(float));
+    sums = (float *)ct_scratch(CT_SCRATCH_SUMS, (size_t)((t1 - t0) * (b1 - b0) * block * NRF) * sizeof(float));
     if (!sums) { /* one block over the whole K needs no buffer */
       kc = K;
       nkb = 1;
     }
   }
-  /* AMX: a row block's K block of A in bfloat16, rounded once and read by every panel of the group */
-  int64_t kp = (kc + 31) & ~(int64_t)31;
-  uint16_t *a16 = amx ? (uint16_t *)malloc((size_t)(block * (kp > 0 ? kp : 1)) * sizeof(uint16_t)) : NULL;
-  if (!a16) amx = 0;
   for (int64_t kb = 0; kb < nkb; kb++) {
     int64_t k0 = kb * kc;
     t->k = K - k0 < kc ? K - k0 : kc;
@@ -109,42 +138,65 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
       for (int64_t mb = b0; mb < b1; mb++) {
         int64_t m0 = mb * block;
         int64_t mi = job->M - m0 < block ? job->M - m0 : block;
-        if (amx && mi >= 16) {
-          t->a = a_item + m0 * job->a_ms + k0;
-          t->a16 = a16;
-          t->a16_rows = mi / 16 * 16;
-          d->amx_round((const int64_t *)t);
-        }
         for (int64_t tile = g0; tile < g1; tile++) {
-          int nv = 0;
-          int64_t p0 = tile * NRF;
+          int nv = ct_panel_columns(job, t, tile);
           t->b = (const float *)((const char *)job->b + (tile * KB * NRF + k0 * NRF) * esize);
-          for (int j = 0; j < d->ni && p0 + j * d->lanes < job->P; j++, nv++) {
-            int64_t left = job->P - (p0 + j * d->lanes);
-            t->voff[j] = j * d->lanes;
-            t->coff[j] = p0 + j * d->lanes;
-            t->lanes[j] = left < d->lanes ? left : d->lanes;
-          }
           float *acc = sums ? sums + ((tile - t0) * (b1 - b0) + (mb - b0)) * block * NRF : NULL;
-          /* whole groups of 16 rows on AMX where it runs, the rest on the register tiles; each part keeps its
-             partial sums at its first row's place in the block's */
-          for (int64_t r = 0; r < mi;) {
-            int64_t g = amx ? (mi - r) / 16 : 0, rows = g ? 16 * (g < d->amx_groups ? g : d->amx_groups) : mi - r;
-            if (!g && rows > d->mi) rows = d->mi;
-            t->m0 = m0 + r;
-            t->a = a_item + (m0 + r) * job->a_ms + k0;
-            t->acc = acc ? acc + r * NRF : NULL;
-            t->a16 = a16 ? a16 + r * ((t->k + 31) & ~(int64_t)31) : NULL; /* rows as amx_round wrote them */
-            if (g) d->amx_tiles[(rows / 16 - 1) * d->ni + (nv - 1)]((const int64_t *)t);
-            else d->tiles[(rows - 1) * d->ni + (nv - 1)]((const int64_t *)t);
-            r += rows;
-          }
+          t->m0 = m0;
+          t->a = a_item + m0 * job->a_ms + k0;
+          t->acc = acc;
+          d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)t);
         }
       }
     }
   }
-  free(sums);
-  free(a16);
+}
+
+/* Rows of A a bfloat16 copy holds at once on the AMX path: it stays in L2 (2 MiB a core on Sapphire Rapids) beside
+   one B panel while every panel of the task meets it. */
+#define CT_AMX_A16_BYTES (1 << 20)
+
+/* A bfloat16 packed B on AMX tiles (codegen/compute/amx_tile.py). The task's rows of A are rounded to bfloat16 once,
+   a chunk of rows at a time (CT_AMX_A16_BYTES), and each panel then meets every row block of the chunk: B streams
+   from memory once a chunk, A's copy from L2. Each call takes the whole K, so the sums stay in the C tiles (no K
+   blocks, no partial sums). Rows below a whole 16 go to the register tiles, over the whole K too. */
+static void ct_run_amx(const ct_job *job, ct_tile *t, const float *a_item, int64_t t0, int64_t t1, int64_t b0,
+                       int64_t b1) {
+  const onnxopt_ct_desc *d = job->d;
+  int64_t K = job->K, NRF = d->packed_b, KB = job->K_rows ? job->K_rows : K, block = job->block;
+  int64_t kp = (K + 31) & ~(int64_t)31;
+  int64_t chunk = CT_AMX_A16_BYTES / (2 * (kp > 0 ? kp : 32)) / block * block;
+  if (chunk < block) chunk = block;
+  int64_t r_begin = b0 * block, r_end = b1 * block < job->M ? b1 * block : job->M;
+  if (chunk > r_end - r_begin) chunk = r_end - r_begin;
+  uint16_t *a16 = (uint16_t *)ct_scratch(CT_SCRATCH_A16, (size_t)(chunk * (kp > 0 ? kp : 32)) * sizeof(uint16_t));
+  t->k = K;
+  t->phase = 0;
+  t->acc = NULL;
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
+    int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
+    int64_t whole = a16 ? (r1 - r0) / 16 * 16 : 0; /* rows on the tiles; no buffer: all on the register tiles */
+    if (whole) {
+      t->a = a_item + r0 * job->a_ms;
+      t->a16 = a16;
+      t->a16_rows = whole;
+      d->amx_round((const int64_t *)t);
+    }
+    for (int64_t tile = t0; tile < t1; tile++) {
+      int nv = ct_panel_columns(job, t, tile);
+      t->b = (const float *)((const char *)job->b + tile * KB * NRF * 2);
+      for (int64_t r = r0; r < r1;) {
+        int64_t g = r < r0 + whole ? (r0 + whole - r) / 16 : 0;
+        int64_t rows = g ? 16 * (g < d->amx_groups ? g : d->amx_groups) : (r1 - r < d->mi ? r1 - r : d->mi);
+        t->m0 = r;
+        t->a = a_item + r * job->a_ms;
+        t->a16 = g ? a16 + (r - r0) * kp : NULL;
+        if (g) d->amx_tiles[(rows / 16 - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+        else d->tiles[(rows - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+        r += rows;
+      }
+    }
+  }
 }
 
 static void ct_run_task(const ct_job *job, int64_t task) {
@@ -172,6 +224,10 @@ static void ct_run_task(const ct_job *job, int64_t task) {
     t.extra[e] = base;
   }
   const float *a_item = job->a + job->a_off[item];
+  if (job->amx) {
+    ct_run_amx(job, &t, a_item, t0, t1, b0, b1);
+    return;
+  }
   if (d->packed_b) {
     ct_run_packed(job, &t, a_item, t0, t1, b0, b1);
     return;
