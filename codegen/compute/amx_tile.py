@@ -22,9 +22,9 @@ round trip of the sums per K block cost as much as the products at BERT's sizes)
 epilogue as the register tile's do (tile.py `emit_row_epilogue`), one row at a time from the stack buffer.
 
 The glue (compute_exec.c `ct_run_amx`) calls them on row blocks of 32 where the CPU has AMX-BF16 and the OS granted
-the tile state (matrix_engine.c), else the register tiles. The program runs in the reference interpreter on any host, and a
-library built with ONNXOPT_EMULATE_TILES=1 runs the same steps as plain code, so the whole path is tested without
-AMX (tests/codegen/test_amx_bf16.py).
+the tile state (matrix_engine.c), else the register tiles. The program runs in the reference interpreter on any
+host, and a library built with ONNXOPT_EMULATE_TILES=1 runs the same steps as plain code, so the whole path is tested
+without AMX (tests/codegen/test_amx_bf16.py).
 """
 
 from __future__ import annotations
