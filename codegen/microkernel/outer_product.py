@@ -298,7 +298,7 @@ def round_rows_to_bf16(b: ir.IRBuilder, a_rows: list, out, k_count, stride) -> N
     pre = b.block
     loop = fn.append_basic_block("a16.loop")
     done = fn.append_basic_block("a16.done")
-    b.cbranch(b.icmp_signed(">", k_count, ir.Constant(I64, 0)), loop, done)
+    b.cbranch(b.icmp_signed(">", stride, ir.Constant(I64, 0)), loop, done)  # zeros alone too (k_count 0)
     b.position_at_end(loop)
     k = b.phi(I64, name="ka")
     k.add_incoming(ir.Constant(I64, 0), pre)

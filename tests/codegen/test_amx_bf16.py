@@ -108,6 +108,32 @@ def test_the_amx_tiles_compile_to_tile_instructions():
         assert mnemonic in asm, mnemonic
 
 
+@needs_bf16
+@pytest.mark.parametrize("k", [1, 16, 48, 64, 100])
+def test_the_rounding_function_writes_every_value_and_the_zero_padding(k):
+    """A's bfloat16 copy, rows K-rounded-up-to-32 apart: whole vectors by plain stores, the rest masked, and the
+    padding zeroed even where K is a whole number of vectors (K = 48: 16 zeros after the last vector), into a
+    buffer that held NaNs (the per-thread scratch keeps its last contents)."""
+    from kernel_harness import jit_function
+
+    from onnxopt.codegen.compute import tile as ct
+
+    target = parse_target("cpu=x86-64-v4,+avx512bf16")
+    module = new_module(target, "amx_round")
+    amx_tile.define_amx_round_function(module, "round")
+    fn, engine = jit_function(str(module), target, "round", 1)
+    rows, kp = 3, -(-k // 32) * 32
+    a = np.random.default_rng(k).standard_normal((rows, k + 5)).astype(np.float32)  # rows k + 5 apart
+    a16 = np.full((rows, kp), 0x7FC0, np.uint16)  # bf16 NaN
+    t = np.zeros(ct.SLOTS, np.int64)
+    t[ct.SLOT_A], t[ct.SLOT_A_MS], t[ct.SLOT_K] = a.ctypes.data, a.shape[1], k
+    t[amx_tile.SLOT_A16], t[amx_tile.SLOT_A16_ROWS] = a16.ctypes.data, rows
+    fn(t.ctypes.data)
+    np.testing.assert_array_equal(a16[:, :k], bfloat16_bits(a[:, :k]))
+    assert not a16[:, k:].any()
+    del engine
+
+
 def _matmul(m: int, k: int, n: int, seed: int = 0, bias: bool = False) -> onnx.ModelProto:
     w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h" if bias else "y"])]
@@ -135,10 +161,11 @@ def _within_bf16(want, got) -> bool:
 
 
 @needs_bf16
-@pytest.mark.parametrize("m,k", [(77, 600), (40, 257), (16, 64)])
+@pytest.mark.parametrize("m,k", [(77, 600), (40, 257), (16, 64), (32, 48)])
 def test_the_whole_path_on_emulated_tiles_in_a_fresh_process(tmp_path, monkeypatch, m, k):
     """77 rows: two blocks of 32 on AMX, 13 on the register tiles; K = 600 in one call (the sums stay in the tiles);
-    K = 257: padded to 288 with zero rows, in the stored weights and in A's tile buffer."""
+    K = 257: padded to 288 with zero rows, in the stored weights and in A's tile buffer; K = 48: whole vectors, then
+    zeros alone up to 64."""
     monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
     n = 100
     res, out = _build(tmp_path, _matmul(m, k, n, seed=m))
