@@ -144,32 +144,22 @@ def test_weights_stored_once_in_pairs_and_bodies_read_them(written):
     assert np.max(np.abs(bodies - exact)) > 0
 
 
-def test_targets_without_vdpbf16ps_keep_convolutions_float32(tmp_path):
+@pytest.mark.parametrize("target, why", [
+    ("x86-64-v4", "no avx512_bf16"),
+    # Sapphire Rapids runs vdpbf16ps at half its float32 FMA rate (measured), so bf16 convolutions there would run
+    # slower than float32 until they run on AMX tiles
+    ("cpu=sapphirerapids", "has AMX"),
+])
+def test_targets_that_cannot_gain_keep_convolutions_float32_and_say_why(tmp_path, target, why):
     model, _ = chain()
-    src = str(tmp_path / "chain.onnx")
+    src, out = str(tmp_path / "chain.onnx"), str(tmp_path / "w" / "chain.onnx")
     onnx.save(model, src)
     (tmp_path / "w").mkdir()
-    res = onnxopt.optimize(src, str(tmp_path / "w" / "chain.onnx"), precision="bf16", plan="compute-blocked",
-                           **{**FAST, "target": "x86-64-v4"})
+    res = onnxopt.optimize(src, out, precision="bf16", plan="compute-blocked", **{**FAST, "target": target})
     p = res.report["precision"]
     assert p["written"]["lowered_regions"] == 0
-    assert any("no avx512_bf16" in e["reason"] for e in p["float32_regions"])
-    assert not any(t.data_type == TensorProto.BFLOAT16 for t in onnx.load(str(tmp_path / "w" / "chain.onnx"))
-                   .graph.initializer)
-
-
-def test_amx_targets_keep_convolutions_float32_and_say_why(tmp_path):
-    """Sapphire Rapids runs vdpbf16ps at half its float32 FMA rate (measured), so bf16 convolutions there would run
-    slower than float32 until they run on AMX tiles: an AMX target keeps them float32 and the report says so."""
-    model, _ = chain()
-    src = str(tmp_path / "chain.onnx")
-    onnx.save(model, src)
-    (tmp_path / "w").mkdir()
-    res = onnxopt.optimize(src, str(tmp_path / "w" / "chain.onnx"), precision="bf16", plan="compute-blocked",
-                           **{**FAST, "target": "cpu=sapphirerapids"})
-    p = res.report["precision"]
-    assert p["written"]["lowered_regions"] == 0
-    assert any("has AMX" in e["reason"] for e in p["float32_regions"])
+    assert any(why in e["reason"] for e in p["float32_regions"])
+    assert not any(t.data_type == TensorProto.BFLOAT16 for t in onnx.load(out).graph.initializer)
 
 
 def test_bfloat16_decoding_before_opset_13_is_exact():
