@@ -161,13 +161,13 @@ def _within_bf16(want, got) -> bool:
 
 
 @needs_bf16
-@pytest.mark.parametrize("m,k", [(77, 600), (40, 257), (16, 64), (32, 48)])
-def test_the_whole_path_on_emulated_tiles_in_a_fresh_process(tmp_path, monkeypatch, m, k):
+@pytest.mark.parametrize("m,k,n", [(77, 600, 100), (40, 257, 100), (16, 64, 100), (32, 48, 100), (4096, 4096, 16)])
+def test_the_whole_path_on_emulated_tiles_in_a_fresh_process(tmp_path, monkeypatch, m, k, n):
     """77 rows: two blocks of 32 on AMX, 13 on the register tiles; K = 600 in one call (the sums stay in the tiles);
     K = 257: padded to 288 with zero rows, in the stored weights and in A's tile buffer; K = 48: whole vectors, then
-    zeros alone up to 64."""
+    zeros alone up to 64; 4096 x 4096 (one panel, 16 row tasks of 256 rows): A's bf16 copy (1 MiB) holds 128 rows,
+    so each task's rows go through it in two chunks."""
     monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
-    n = 100
     res, out = _build(tmp_path, _matmul(m, k, n, seed=m))
     regions = res.report["regions"]
     assert [r.get("matrix_instruction") for r in regions] == ["tdpbf16ps"]
