@@ -22,7 +22,7 @@ from onnxopt.codegen.target import parse_target
 from onnxopt.fusion.compute import bfloat16_values
 from onnxopt.verify import LOW_PRECISION_TOLERANCE, compare
 
-# vdpbf16ps without AMX (Zen 4 and 5, Cooper Lake): an AMX target keeps its convolutions float32 (conv_refusal)
+# vdpbf16ps without AMX (Zen 4 and 5, Cooper Lake); AMX targets: tests/codegen/test_amx_conv.py
 BF16_TARGET = "cpu=x86-64-v4,+avx512bf16"
 FAST = {"measure": False, "threads": 2, "cost_cache": False, "tune_budget": 0, "target": BF16_TARGET}
 HAS_BF16 = parse_target("native").has("avx512bf16")
@@ -144,13 +144,9 @@ def test_weights_stored_once_in_pairs_and_bodies_read_them(written):
     assert np.max(np.abs(bodies - exact)) > 0
 
 
-@pytest.mark.parametrize("target, why", [
-    ("x86-64-v4", "no avx512_bf16"),
-    # Sapphire Rapids runs vdpbf16ps at half its float32 FMA rate (measured), so bf16 convolutions there would run
-    # slower than float32 until they run on AMX tiles
-    ("cpu=sapphirerapids", "has AMX"),
-])
-def test_targets_that_cannot_gain_keep_convolutions_float32_and_say_why(tmp_path, target, why):
+def test_a_target_without_avx512_bf16_keeps_convolutions_float32_and_says_why(tmp_path):
+    """(AMX targets lower their convolutions onto the tiles: tests/codegen/test_amx_conv.py.)"""
+    target, why = "x86-64-v4", "no avx512_bf16"
     model, _ = chain()
     src, out = str(tmp_path / "chain.onnx"), str(tmp_path / "w" / "chain.onnx")
     onnx.save(model, src)

@@ -72,6 +72,18 @@ def program(ins, groups: int, nv: int, panel: int) -> TileProgram:
     """16 x `groups` rows of the bfloat16 A buffer (pointer `a16`, `a_rs` bytes a row) times `nv` 16-column slices
     of a B panel `panel` columns wide (pointer `b`), the whole K in `chunks` chunks of 32: the float32 sums
     [16 groups][nv * 16] start at zero in the C tiles, stay there over all of K and are stored to `cout`."""
+    _, a_shape, b_shape = ins.shapes_for(ROWS, 16, K_CHUNK)
+    return passes(f"compute_bf16_amx_g{groups}v{nv}", ins, groups, nv, (("chunk", affine("chunks")),),
+                  lambda g: Load(f"a{g}", "a16", affine((ROWS * g, "a_rs"), (a_shape.colsb, "chunk")), affine("a_rs")),
+                  lambda j: Load("b", "b", affine((b_shape.rows * panel * 4, "chunk"), const=j * 64),
+                                 affine(const=panel * 4)))
+
+
+def passes(name: str, ins, groups: int, nv: int, loops, load_a, load_b) -> TileProgram:
+    """The tile program both bf16 kernels run: C tiles for 16 x `groups` rows and `nv` 16-column vectors, zeroed,
+    summed over the K loops `loops` ((variable, count), outermost first) by `load_a(g)` (A tile `a{g}`) and
+    `load_b(j)` (B tile `b`, vector j) and tdpbf16ps, then stored to `cout` [16 groups][nv * 16] float32. With two
+    row groups the vectors go two at a time (4 C, 2 A and 1 B tile of the engine's 8)."""
     c_shape, a_shape, b_shape = ins.shapes_for(ROWS, 16, K_CHUNK)
     c_row = nv * 64  # bytes of a row of the sums
     step = 2 if groups == 2 else nv  # columns a pass: the tiles a pass holds fit the engine's 8
@@ -80,18 +92,19 @@ def program(ins, groups: int, nv: int, panel: int) -> TileProgram:
         cols = range(j0, min(j0 + step, nv))
         cs = {(g, j): f"c{g}{j - j0}" for g in range(groups) for j in cols}
         steps += [Zero(t) for t in cs.values()]
-        body = [Load(f"a{g}", "a16", affine((ROWS * g, "a_rs"), (a_shape.colsb, "chunk")), affine("a_rs"))
-                for g in range(groups)]
+        body = [load_a(g) for g in range(groups)]
         for j in cols:
-            body.append(Load("b", "b", affine((b_shape.rows * panel * 4, "chunk"), const=j * 64),
-                             affine(const=panel * 4)))
+            body.append(load_b(j))
             body += [Dot(ins, cs[(g, j)], f"a{g}", "b") for g in range(groups)]
-        steps.append(Repeat("chunk", affine("chunks"), tuple(body)))
+        body = tuple(body)
+        for var, count in reversed(loops):
+            body = (Repeat(var, count, body),)
+        steps += body
         steps += [Store(t, "cout", affine(const=g * ROWS * c_row + j * 64), affine(const=c_row))
                   for (g, j), t in cs.items()]
     c_tiles = [f"c{g}{j}" for g in range(groups) for j in range(min(step, nv))]
     shapes = [(c, c_shape) for c in c_tiles] + [(f"a{g}", a_shape) for g in range(groups)] + [("b", b_shape)]
-    return TileProgram(f"compute_bf16_amx_g{groups}v{nv}", tuple(shapes), tuple(steps), (ins,))
+    return TileProgram(name, tuple(shapes), tuple(steps), (ins,))
 
 
 def define_amx_tile_function(module: ir.Module, name: str, spec: TileSpec, ins, groups: int, nv: int,
@@ -180,13 +193,18 @@ def define_amx_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, in
                               emulate: bool) -> list[list[str]]:
     """Every (groups, nv) variant, then the rounding function; returns their names as [groups - 1][nv - 1] and a
     last row [round]."""
-    ins = next(i for i in MATRIX_INSTRUCTIONS if i.name == ins_name)
     define_amx_round_function(module, f"{prefix}_round")
+    return define_variants(module, prefix, spec, ins_name, emulate, define_amx_tile_function) + [[f"{prefix}_round"]]
+
+
+def define_variants(module: ir.Module, prefix: str, spec: TileSpec, ins_name: str, emulate: bool,
+                    define) -> list[list[str]]:
+    """define(module, name, spec, instruction, groups, nv, emulate) for every (groups, nv) variant; returns their
+    names as [groups - 1][nv - 1]."""
+    ins = next(i for i in MATRIX_INSTRUCTIONS if i.name == ins_name)
     names = []
     for groups in range(1, MAX_GROUPS + 1):
-        row = []
-        for nv in range(1, spec.tile.ni + 1):
-            row.append(f"{prefix}_x{groups}v{nv}")
-            define_amx_tile_function(module, row[-1], spec, ins, groups, nv, emulate)
-        names.append(row)
-    return names + [[f"{prefix}_round"]]
+        names.append([f"{prefix}_x{groups}v{nv}" for nv in range(1, spec.tile.ni + 1)])
+        for nv, name in enumerate(names[-1], 1):
+            define(module, name, spec, ins, groups, nv, emulate)
+    return names

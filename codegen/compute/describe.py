@@ -93,6 +93,13 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
             *desc.amx_tiles, (desc.amx_round,) = amx.names()
             desc.matrix_instruction, desc.amx_emulated = ins.name, amx.emulated
             sets.append(amx)
+    if req.kind == "blocked" and b_format == "bf16_dot" and not wino:  # a bf16 convolution: AMX tiles too
+        ins, _ = amx_choose(target, tile.lanes)
+        if ins is not None:
+            amx = TileSetRequest("amx_conv", spec, matrix=ins.name, emulated=emulating())
+            desc.amx_tiles = amx.names()
+            desc.matrix_instruction, desc.amx_emulated = ins.name, amx.emulated
+            sets.append(amx)
     return desc, [req] + sets
 
 

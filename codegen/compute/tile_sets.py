@@ -26,6 +26,7 @@ from ..compile import compile_object, new_module
 from ..target import Target
 from ..vmath.isa import set_features
 from .amx_tile import MAX_GROUPS as AMX_MAX_GROUPS
+from .amx_conv_tile import define_amx_conv_functions
 from .amx_tile import define_amx_tile_functions
 from .blocked_tile import define_blocked_tile_functions, define_depthwise_tile_functions
 from .tile import TileSpec, define_tile_functions
@@ -40,9 +41,9 @@ _COMPILED: OrderedDict[str, bytes] = OrderedDict()
 @dataclass(frozen=True)
 class TileSetRequest:
     """One set of tile functions: `kind` "nchw" (tile.py), "blocked" or "depthwise" (blocked_tile.py),
-    "winograd" (winograd.py: a Winograd convolution's two transforms, the epilogue in the second), or "amx"
+    "winograd" (winograd.py: a Winograd convolution's two transforms, the epilogue in the second), "amx"
     (amx_tile.py: a bfloat16 packed-B matmul on the matrix instruction `matrix`, its tiles as plain code when
-    `emulated`)."""
+    `emulated`) or "amx_conv" (amx_conv_tile.py: a bfloat16 blocked convolution on it)."""
 
     kind: str
     spec: TileSpec
@@ -69,6 +70,8 @@ class TileSetRequest:
         if self.kind == "amx":
             return [[f"{p}_x{g}v{nv}" for nv in range(1, tile.ni + 1)] for g in range(1, AMX_MAX_GROUPS + 1)] + \
                 [[f"{p}_round"]]
+        if self.kind == "amx_conv":
+            return [[f"{p}_x{g}v{nv}" for nv in range(1, tile.ni + 1)] for g in range(1, AMX_MAX_GROUPS + 1)]
         tag = "b" if self.kind == "blocked" else "m"
         return [[f"{p}_{tag}{mi}v{nv}" for nv in range(1, tile.ni + 1)] for mi in range(1, tile.mi + 1)]
 
@@ -80,6 +83,9 @@ class TileSetRequest:
         if self.kind == "amx":
             set_features(module, features)
             return define_amx_tile_functions(module, self.prefix(), self.spec, self.matrix, self.emulated)
+        if self.kind == "amx_conv":
+            set_features(module, features)
+            return define_amx_conv_functions(module, self.prefix(), self.spec, self.matrix, self.emulated)
         if self.kind == "winograd":
             return define_winograd_functions(module, self.prefix(), self.spec, features, self.wino_kernel,
                                              self.winograd)

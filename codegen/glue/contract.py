@@ -478,6 +478,10 @@ CT_TILE = ArgBlock("ct_tile", [
     Alias("dw_rows", "voff", 1, comment="a depthwise tile (nv = 1): rows one call computes (0: one)"),
     Alias("dw_a_row", "voff", 2, comment="floats between those rows in the input"),
     Alias("dw_c_row", "voff", 3, comment="and in the outputs"),
+    Alias("geometry", "koff", ctype="const int64_t *", comment="a bfloat16 convolution on AMX tiles: its geometry "
+                                                              "table (codegen/compute/amx_conv_tile.py)"),
+    Alias("pos", "acc", ctype="const int64_t *", comment="a bfloat16 convolution on AMX tiles: each pixel's output "
+                                                         "offset"),
 ], comment="a compute tile's record (codegen/compute/tile.py, blocked_tile.py)")
 
 POOL_MAX_OUT = Limit("POOL_MAX_OUT", 4, "outputs of a pool's epilogue")

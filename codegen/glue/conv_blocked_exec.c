@@ -16,6 +16,7 @@
  * spent on the zeros a strided transposed convolution would insert between input pixels. Each phase is a cb_phase;
  * a convolution has one. */
 #define CB_FLAT_ROW 96
+#define CB_AMX_GEOMETRY 10 /* amx_conv_tile.py AMX_GEOMETRY */
 #define CB_MAX_PHASES 64
 
 typedef struct {
@@ -72,6 +73,14 @@ typedef struct {
   /* bfloat16 weights (onnxopt/driver/precision.py): the tiles read `in16`, a bfloat16 copy of the blocked input
      (zero-padded), and K, K_all and the tap tables count pairs of adjacent input channels (cb_prepare) */
   const uint16_t *in16;
+  int64_t w_group; /* weights elements (floats, or bfloat16 pairs) per group of vectors: K_all * NI * L unless
+                      padded (an AMX target pads the channels of bfloat16 weights to 32) */
+  /* bfloat16 on AMX tiles (codegen/compute/amx_conv_tile.py, cb_run_amx_task): the tiles read `in32`, the input in
+     blocks of 32 channels, zero-padded, [N][ceil(C / 32)][Hp][Wp][32], and the geometry table the program reads */
+  int amx;
+  const uint16_t *in32;
+  int64_t amx_geometry[CB_AMX_GEOMETRY];
+  int64_t amx_Wp, amx_item, amx_row; /* padded width; elements an item; virtual pixels a row (stride 1), or 0 */
   float *out[CT_MAX_OUT];
   const float *extra[CT_MAX_EXTRA];
   int64_t extra_count[CT_MAX_EXTRA];
@@ -88,14 +97,20 @@ static inline const float *cb_input_at(const cb_job *job, int64_t at) {
   return job->in16 ? (const float *)(const void *)(job->in16 + at) : job->in + at;
 }
 
-static void cb_run_task(const cb_job *job, int64_t task) {
-  const onnxopt_ct_desc *d = job->d;
-  int64_t L = d->lanes, NI = d->ni, MI = d->mi;
+/* Task `task`'s rows [r[0], r[1]) (all items) and groups of vectors [g[0], g[1]), as cb_split numbered them. */
+static void cb_task_range(const cb_job *job, int64_t task, int64_t r[2], int64_t g[2]) {
   int64_t rt = job->weights_major ? task % job->rtasks : task / job->gtasks;
   int64_t gt = job->weights_major ? task / job->rtasks : task % job->gtasks;
   int64_t all_rows = job->N * job->rows;
-  int64_t r0 = rt * all_rows / job->rtasks, r1 = (rt + 1) * all_rows / job->rtasks;
-  int64_t g0 = gt * job->groups_of_vectors / job->gtasks, g1 = (gt + 1) * job->groups_of_vectors / job->gtasks;
+  r[0] = rt * all_rows / job->rtasks, r[1] = (rt + 1) * all_rows / job->rtasks;
+  g[0] = gt * job->groups_of_vectors / job->gtasks, g[1] = (gt + 1) * job->groups_of_vectors / job->gtasks;
+}
+
+static void cb_run_task(const cb_job *job, int64_t task) {
+  const onnxopt_ct_desc *d = job->d;
+  int64_t L = d->lanes, NI = d->ni, MI = d->mi, rg[2], gg[2];
+  cb_task_range(job, task, rg, gg);
+  int64_t r0 = rg[0], r1 = rg[1], g0 = gg[0], g1 = gg[1];
   int64_t plane_out = job->OH * job->OW * L, item_out = job->OCB * plane_out;
   const cb_window *w = &job->win;
   float window[w->on ? CB_WINDOW_MAX_FLOATS : 1] __attribute__((aligned(64)));
@@ -104,7 +119,7 @@ static void cb_run_task(const cb_job *job, int64_t task) {
   for (int64_t g = g0; g < g1; g++) {
     int64_t vb = g * NI; /* first channel vector of this group */
     int nv = (int)(job->OCB - vb < NI ? job->OCB - vb : NI);
-    const float *wg = job->w + g * job->K_all * NI * L;
+    const float *wg = job->w + g * (job->w_group ? job->w_group : job->K_all * NI * L);
     for (int j = 0; j < nv; j++) {
       int64_t left = job->OC - (vb + j) * L;
       t.voff[j] = j * L;
@@ -157,6 +172,68 @@ static void cb_run_task(const cb_job *job, int64_t task) {
         t.count = count;
         for (int j = 0; j < nv; j++) t.coff[j] = (vb + j) * plane_out + out_r + p0 * ph->ldc;
         d->tiles[(mi - 1) * d->ni + (nv - 1)]((const int64_t *)&t);
+      }
+    }
+  }
+}
+
+
+/* A bfloat16 convolution on AMX tiles (codegen/compute/amx_conv_tile.py): per group of output vectors and row,
+   calls of 16 or 32 pixels, each over all of K. A stride-1 convolution's rows are runs of amx_row "virtual" pixels
+   over the padded width, row after row (v = oh * Wp + ow reads the copy at v + tap offset), so no call is short but
+   the last; the pixels in the padding columns (ow >= OW) are computed and dropped (pos -1): 2 of Wp for a 3x3.
+   A strided convolution's rows are output rows, its last call of a row short. */
+static void cb_run_amx_task(const cb_job *job, int64_t task) {
+  const onnxopt_ct_desc *d = job->d;
+  int64_t L = d->lanes, NI = d->ni, G = d->amx_groups, rg[2], gg[2];
+  cb_task_range(job, task, rg, gg);
+  int64_t r0 = rg[0], r1 = rg[1], g0 = gg[0], g1 = gg[1];
+  int64_t plane_out = job->OH * job->OW * L, item_out = job->OCB * plane_out, Wp = job->amx_Wp;
+  int64_t sw = d->sw, OW = job->OW, pos[32];
+  ct_tile t;
+  memset(&t, 0, sizeof(t));
+  t.geometry = job->amx_geometry;
+  t.pos = pos;
+  t.a_ms = job->amx_row ? 64 : sw * 64;
+  for (int64_t g = g0; g < g1; g++) {
+    int64_t vb = g * NI;
+    int nv = (int)(job->OCB - vb < NI ? job->OCB - vb : NI);
+    t.b = job->w + g * job->w_group;
+    for (int j = 0; j < nv; j++) {
+      int64_t left = job->OC - (vb + j) * L;
+      t.lanes[j] = left < L ? left : L;
+      t.coff[j] = (vb + j) * plane_out;
+    }
+    for (int64_t rr = r0; rr < r1; rr++) {
+      int64_t n = rr / job->rows, r = rr % job->rows;
+      for (int o = 0; o < d->sig.n_out; o++) t.out[o] = job->out[o] + n * item_out;
+      for (int e = 0; e < d->n_extra; e++) {
+        const float *base = job->extra[e] + (d->extra_nstride[e] ? n * job->extra_count[e] : 0);
+        if (d->extra_kind[e] == EX_CHANNEL) base += vb * L;
+        t.extra[e] = base;
+      }
+      const uint16_t *item = job->in32 + n * job->amx_item;
+      int64_t p_begin, p_end; /* virtual pixels (stride 1) or the row's output columns */
+      if (job->amx_row) {
+        p_begin = r * job->amx_row;
+        p_end = p_begin + job->amx_row;
+        int64_t last = (job->OH - 1) * Wp + OW; /* one past the last real pixel */
+        if (p_end > last) p_end = last;
+      } else {
+        p_begin = 0;
+        p_end = OW;
+      }
+      for (int64_t p = p_begin; p < p_end;) {
+        int64_t left = p_end - p, groups = left > 16 && G > 1 ? 2 : 1, cnt = left < 16 * groups ? left : 16 * groups;
+        for (int64_t i = 0; i < cnt; i++) {
+          int64_t v = p + i;
+          if (job->amx_row) pos[i] = v % Wp < OW ? (v / Wp * OW + v % Wp) * L : -1;
+          else pos[i] = (r * OW + v) * L;
+        }
+        t.count = cnt;
+        t.a16 = job->amx_row ? item + p * 32 : item + (r * d->sh * Wp + p * sw) * 32;
+        d->amx_tiles[(groups - 1) * NI + (nv - 1)]((const int64_t *)&t);
+        p += cnt;
       }
     }
   }
@@ -423,6 +500,96 @@ __attribute__((target("avx512f"))) static int64_t cb_from_nchw16(float *vec, con
   return i;
 }
 #endif
+
+/* The input, zero-padded, as bfloat16 in blocks of 32 channels (a pixel's 32 channels are one 64-byte AMX tile row):
+   what a bfloat16 convolution's AMX tiles read (cb_run_amx_task), one task per padded row of one block, rounded
+   as cb_copy16_row rounds. From a blocked input (16 lanes) a block is two of its vectors; from NCHW, 32 planes
+   transposed 16 pixels at a time (a float at a time, this copy was 9% of PP-OCRv4 det's run). */
+typedef struct {
+  const float *x;
+  uint16_t *buf;
+  int64_t C, H, W, Hp, Wp, pt, pl, Q; /* Q: blocks of 32 an item */
+  int blocked;                        /* the input is blocked (16 lanes), else NCHW */
+} cb_copy32_job;
+
+#ifdef CB_HAVE_TRANSPOSE16
+/* 16 floats rounded to bfloat16 as cb_bf16 rounds. */
+__attribute__((target("avx512f"))) static inline __m256i cb_bf16_vec(__m512 x) {
+  const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), inf = _mm512_set1_epi32(0x7F800000);
+  const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), quiet = _mm512_set1_epi32(0x40);
+  __m512i u = _mm512_castps_si512(x);
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
+  __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absmask), inf);
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet)));
+}
+
+/* The W pixels of a row of vectors `a` and `b` (16 floats a pixel; b NULL: zeros) into 32-channel pixels. */
+__attribute__((target("avx512f"))) static void cb_bf16_pixels32(uint16_t *dst, const float *a, const float *b,
+                                                                int64_t W) {
+  for (int64_t w = 0; w < W; w++) {
+    _mm256_storeu_si256((__m256i *)(dst + w * 32), cb_bf16_vec(_mm512_loadu_ps(a + w * 16)));
+    _mm256_storeu_si256((__m256i *)(dst + w * 32 + 16), b ? cb_bf16_vec(_mm512_loadu_ps(b + w * 16))
+                                                          : _mm256_setzero_si256());
+  }
+}
+
+/* Pixels [0, W) of a row of `lanes` NCHW planes (HW floats apart; the rest of the 32 zeros) into 32-channel pixels,
+   16 at a time; returns where it stopped. */
+__attribute__((target("avx512f"))) static int64_t cb_nchw_pixels32(uint16_t *dst, const float *src, int64_t HW,
+                                                                   int64_t lanes, int64_t W) {
+  int64_t w = 0;
+  for (; w + 16 <= W; w += 16)
+    for (int half = 0; half < 2; half++) {
+      __m512 r[16];
+      for (int64_t l = 0; l < 16; l++) {
+        int64_t c = half * 16 + l;
+        r[l] = c < lanes ? _mm512_loadu_ps(src + c * HW + w) : _mm512_setzero_ps();
+      }
+      cb_transpose16(r);
+      for (int k = 0; k < 16; k++) _mm256_storeu_si256((__m256i *)(dst + (w + k) * 32 + half * 16), cb_bf16_vec(r[k]));
+    }
+  return w;
+}
+#endif
+
+static void cb_copy32_row(void *usr, size_t index) {
+  const cb_copy32_job *p = (const cb_copy32_job *)usr;
+  int64_t hp = (int64_t)index % p->Hp, block = (int64_t)index / p->Hp, h = hp - p->pt;
+  int64_t item = block / p->Q, q = block % p->Q;
+  uint16_t *dst = p->buf + (int64_t)index * p->Wp * 32;
+  if (h < 0 || h >= p->H) {
+    memset(dst, 0, (size_t)(p->Wp * 32) * sizeof(uint16_t));
+    return;
+  }
+  memset(dst, 0, (size_t)(p->pl * 32) * sizeof(uint16_t));
+  memset(dst + (p->pl + p->W) * 32, 0, (size_t)((p->Wp - p->pl - p->W) * 32) * sizeof(uint16_t));
+  uint16_t *to = dst + p->pl * 32;
+  int64_t HW = p->H * p->W;
+  if (p->blocked) {
+    int64_t vectors = (p->C + 15) / 16;
+    const float *plane = p->x + (item * vectors + 2 * q) * HW * 16 + h * p->W * 16;
+    const float *next = 2 * q + 1 < vectors ? plane + HW * 16 : NULL;
+#ifdef CB_HAVE_TRANSPOSE16
+    cb_bf16_pixels32(to, plane, next, p->W); /* 16-lane blocked tensors exist only on AVX-512 targets */
+#else
+    for (int64_t w = 0; w < p->W; w++)
+      for (int64_t l = 0; l < 32; l++)
+        to[w * 32 + l] = l < 16 ? cb_bf16(plane[w * 16 + l]) : next ? cb_bf16(next[w * 16 + l - 16]) : 0;
+#endif
+    return;
+  }
+  int64_t c0 = q * 32, lanes = p->C - c0 < 32 ? p->C - c0 : 32, w = 0;
+  const float *src = p->x + (item * p->C + c0) * HW + h * p->W;
+#ifdef CB_HAVE_TRANSPOSE16
+  w = cb_nchw_pixels32(to, src, HW, lanes, p->W);
+#endif
+  for (; w < p->W; w++) {
+    int64_t l = 0;
+    for (; l < lanes; l++) to[w * 32 + l] = cb_bf16(src[l * HW + w]);
+    for (; l < 32; l++) to[w * 32 + l] = 0;
+  }
+}
+
 
 static void cb_reorder_run(void *usr, size_t index) {
   const cb_reorder_job *p = (const cb_reorder_job *)usr;

@@ -126,6 +126,7 @@ typedef struct {
 
 static void cb_ready_task(const cb_ready *r, int64_t task) {
   if (r->depthwise) cb_run_depthwise_task(&r->job, task);
+  else if (r->job.amx) cb_run_amx_task(&r->job, task);
   else cb_run_task(&r->job, task);
 }
 
@@ -163,6 +164,46 @@ static OrtStatus *cb_prepare_depthwise(cb_ready *r, const onnxopt_ct_desc *d, co
   job->phase[0].aoff = tab;
   r->tasks = cb_split(job, 2.0 * (double)job->N * job->OH * job->OW * (double)(job->OCB * L) * (double)job->K,
                       job->N * job->OH, job->OCB);
+  return NULL;
+}
+
+/* The rest of cb_prepare for a bfloat16 convolution on AMX tiles (cb_run_amx_task): the input copied into blocks of
+   32 channels (cb_copy32_row; `blocks` of them an item), the geometry table, the rows and the split. The copy has
+   slack after its end for the reads of the last calls' pixels past their rows, which are computed and dropped. */
+#define CB_AMX_ROW 128 /* virtual pixels a row of a stride-1 convolution's walk: 4 calls of 32 */
+static OrtStatus *cb_prepare_amx(cb_ready *r, const onnxopt_ct_desc *d, OrtKernelContext *ctx, const float *x,
+                                 int64_t blocks, int64_t H, int64_t W, int64_t Hp, int64_t Wp, int64_t pt,
+                                 int64_t pl) {
+  cb_job *job = &r->job;
+  int64_t N = job->N, NI = d->ni, taps = d->kh * d->kw, C = d->ic_g;
+  job->amx = 1;
+  job->amx_Wp = Wp;
+  job->amx_item = blocks * Hp * Wp * 32;
+  int64_t slack = (32 * d->sw + (d->kw - 1) * d->dw + Wp + 32) * 32;
+  int64_t total = N * job->amx_item + slack;
+  uint16_t *copy = (uint16_t *)glue_floats((size_t)(total + 1) / 2);
+  if (!copy) return fail(ORT_FAIL, "onnxopt: out of memory for the bfloat16 input");
+  r->buf = (float *)copy;
+  cb_copy32_job cj = {x, copy, C, H, W, Hp, Wp, pt, pl, blocks, d->in_blocked};
+  int64_t rows = N * blocks * Hp;
+  if (N * job->amx_item < (1 << 16)) {
+    for (int64_t i = 0; i < rows; i++) cb_copy32_row(&cj, (size_t)i);
+  } else {
+    CHECK(API(KernelContext_ParallelFor)(ctx, cb_copy32_row, (size_t)rows, 0, &cj));
+  }
+  job->in32 = copy;
+  int64_t g[CB_AMX_GEOMETRY] = {Hp * Wp * 64, d->dh * Wp * 64, d->dw * 64, blocks, d->kh, d->kw,
+                                16 * taps * NI * 64, d->kw * NI * 64, NI * 64, taps * NI * 64};
+  memcpy(job->amx_geometry, g, sizeof(g));
+  if (d->sh == 1 && d->sw == 1) {
+    job->amx_row = CB_AMX_ROW;
+    job->rows = ((job->OH - 1) * Wp + job->OW + CB_AMX_ROW - 1) / CB_AMX_ROW;
+  } else {
+    job->rows = job->OH;
+  }
+  job->weights_major = cb_weights_major(job, NI, d->lanes);
+  r->tasks = cb_split(job, 2.0 * (double)N * (double)job->OH * job->OW * (double)(job->OCB * d->lanes) *
+                               (double)(blocks * 32 * taps), N * job->rows, job->groups_of_vectors);
   return NULL;
 }
 
@@ -256,7 +297,32 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
   }
   if (!st && depthwise) st = cb_prepare_depthwise(r, d, x, H, W, pt, pl);
   if (st || depthwise) goto done;
-  if (bf16) job->K = job->K_all = (C + 1) / 2 * th * tw;
+  if (bf16) {
+    job->K = job->K_all = (C + 1) / 2 * th * tw;
+    int64_t wd[MAX_RANK];
+    size_t wr = 0;
+    OrtTensorTypeAndShapeInfo *info;
+    st = API(GetTensorTypeAndShape)(wv, &info);
+    if (!st) {
+      st = API(GetDimensionsCount)(info, &wr);
+      if (!st && wr != 3) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: bfloat16 convolution weights must be 3-D");
+      if (!st) st = API(GetDimensions)(info, wd, wr);
+      API(ReleaseTensorTypeAndShapeInfo)(info);
+    }
+    if (st) goto done;
+    /* pairs of input channels a tap, as stored: ceil(C / 2), or padded to whole blocks of 32 channels (16 pairs)
+       where the target has AMX-BF16 */
+    int64_t pairs = wd[1] / 2 / (th * tw);
+    if (pairs < (C + 1) / 2 || wd[2] != d->ni * L) {
+      st = fail(ORT_INVALID_ARGUMENT, "onnxopt: the bfloat16 convolution weights have the wrong shape");
+      goto done;
+    }
+    job->w_group = pairs * th * tw * d->ni * L;
+    if (d->amx_groups > 0 && pairs % 16 == 0 && amx_ok(AMX_BF16)) {
+      st = cb_prepare_amx(r, d, ctx, x, pairs / 16, H, W, Hp, Wp, pt, pl);
+      goto done;
+    }
+  }
   job->win.on = !bf16 && !d->transposed && padded &&
                 cb_window_pays(d, &job->win, N, planes, ps, H, W, OH, OW, Hp, Wp, pt, pl, job->groups_of_vectors);
   if (job->win.on) { /* the tables address the input itself */

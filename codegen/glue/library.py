@@ -49,7 +49,7 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
     initializer is CT_DESC's (codegen/glue/contract.py), by member name."""
     syms = [s for row in k.tiles for s in row]
     amx = [s for row in k.amx_tiles for s in row]
-    amx_round = [k.amx_round] if amx else []
+    amx_round = [k.amx_round] if amx and k.amx_round else []  # a convolution's AMX tiles have none
     wino = [k.wino_in, k.wino_out] if k.winograd else []
     parts = [f"extern void {s}(const int64_t *);\n" for s in syms + amx + amx_round + wino]
     parts.append(_c_array("int", f"{c}_in_types", k.in_types))

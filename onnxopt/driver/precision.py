@@ -11,11 +11,14 @@ What is lowered:
   in the kernel; elsewhere
   the bfloat16 weights are widened in registers and multiplied with float32 FMAs (half the weight bytes, the float32
   FMA rate). float16 is always that widening (vcvtph2ps).
-- bf16 only, on vdpbf16ps only: one-group convolutions on the blocked kernel (fusion/layout.py `lower_blocked_conv`):
-  weights in pairs of adjacent input channels, the input read from a bfloat16 copy the glue makes per call
-  (blocked, zero-padded; an NCHW input of 16 channels or more is blocked by that copy). A target without
-  avx512_bf16 keeps them float32: widening would save no time in a compute-bound convolution. So does a target with
-  AMX (Sapphire Rapids and later), whose cores run vdpbf16ps at half the FMA rate (`conv_refusal`).
+- bf16 only: one-group convolutions on the blocked kernel (fusion/layout.py `lower_blocked_conv`): weights in
+  pairs of adjacent input channels, the input read from a bfloat16 copy the glue makes per call (zero-padded; an
+  NCHW input of 16 channels or more is gathered by that copy). On AMX tiles where the target has AMX-BF16
+  (codegen/compute/amx_conv_tile.py: the copy in blocks of 32 channels, the weights' channels padded to 32), else on
+  vdpbf16ps (blocked by 16). A target without avx512_bf16 keeps them float32: widening would save no time in a
+  compute-bound convolution. On an AMX target (whose cores run vdpbf16ps at half the FMA rate), an NCHW kernel's
+  convolution is given the blocked kernel (NCHW in and out) to reach the tiles, and the convolutions the tiles do not
+  speed up keep float32 (`amx_conv_refusal`).
 Before opset 13 (Cast has no bfloat16) the weights are stored as their bits in UINT16 and the function bodies decode
 them exactly (fusion/compute.py `bfloat16_weights`). Everything else stays float32: depthwise and grouped
 convolutions, the NCHW kernel's, AFUSION and sibling groups, Winograd, attention, elementwise, softmax and LayerNorm
@@ -53,7 +56,7 @@ from onnx import helper, numpy_helper
 
 from onnxopt.errors import UsageError
 from onnxopt.fusion.compute import bfloat16_values, lower_packed_b
-from onnxopt.fusion.layout import lower_blocked_conv
+from onnxopt.fusion.layout import channel_vectors_apply, lower_blocked_conv, with_channel_vectors
 from onnxopt.verify import LOW_PRECISION_TOLERANCE, Tolerance
 
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -96,8 +99,8 @@ def kernel_path(precision: str, target) -> str:
     """How the target runs the lowered GEMMs, in words (the report, and the CLI's line for bf16)."""
     if precision in ("bf16", "auto"):
         if bf16_k_step(target) > 2:
-            return ("bf16 GEMMs on AMX tiles (tdpbf16ps) where the CPU and the OS allow them, else vdpbf16ps "
-                    "(avx512_bf16); convolutions on vdpbf16ps; float32 sums")
+            return ("bf16 GEMMs and blocked convolutions on AMX tiles (tdpbf16ps) where the CPU and the OS allow "
+                    "them, else vdpbf16ps (avx512_bf16); float32 sums")
         if target.has("avx512bf16"):
             return "bf16 on vdpbf16ps (avx512_bf16), float32 sums"
         return (f"bf16 emulated: target {target.name} has no bf16 instruction (avx512_bf16 or AMX), so the weights "
@@ -123,23 +126,51 @@ def conv_refusal(precision: str, target) -> str | None:
     if not target.has("avx512bf16"):
         return (f"conv: float32 (bf16 convolutions run on vdpbf16ps only, and target {target.name} has no "
                 "avx512_bf16: widening the weights would save no time where the convolution is compute-bound)")
-    if target.has("amx-bf16"):
-        return (f"conv: float32 (target {target.name} has AMX: its cores run vdpbf16ps at half the float32 FMA rate "
-                "(220 against 427 GFLOP/s measured on a Sapphire Rapids), so a bf16 convolution there ran slower "
-                "than float32; bf16 convolutions on AMX tiles are not built yet)")
+    if target.has("amx-bf16") and bf16_k_step(target) == 2:
+        return (f"conv: float32 (target {target.name} has AMX-BF16 but no 16-lane tiles to finish its rows: its cores "
+                "run vdpbf16ps at half the float32 FMA rate, 220 against 427 GFLOP/s measured on a Sapphire Rapids)")
+    return None
+
+
+# On AMX tiles a convolution gains where each input value meets enough outputs: its bfloat16 copy (read as float32,
+# written and read again as bfloat16) costs about 8 bytes an input value, and the float32 kernel's arithmetic on it,
+# 2 x OC x taps FLOPs at 427 GFLOP/s, outweighs that at 30 GB/s from OC x taps = 57. Fewer than 32 input channels pad
+# a tile row (32 channels) by half or more. Measured on PP-OCRv4 det's 1x1 convolutions (Sapphire Rapids, 2 threads,
+# the region against its float32 kernel): 16 -> 32 at 160x160 0.62x, 32 -> 48 0.65x, 12 -> 96 0.85x, 24 -> 96 at one
+# pixel 0.77x; 96 -> 96 at 40x40 1.42x, 192 -> 192 at 20x20 2.0-2.8x, 384 -> 360 at 10x10 3.0x.
+AMX_CONV_MIN_CHANNELS = 32
+AMX_CONV_MIN_OUTPUTS = 64  # OC x taps
+
+
+def amx_conv_refusal(region) -> str | None:
+    """Why a convolution keeps float32 on an AMX target though its kernel could take bf16, or None."""
+    a = region.compute.attrs
+    if a.ic_g < AMX_CONV_MIN_CHANNELS:
+        return (f"conv: float32 (on AMX tiles its {a.ic_g} input channels would pad to a tile row of 32, and its "
+                "bfloat16 input copy cost more than the tiles save)")
+    if a.oc * a.kernel[0] * a.kernel[1] < AMX_CONV_MIN_OUTPUTS:
+        return (f"conv: float32 (each input value meets {a.oc * a.kernel[0] * a.kernel[1]} outputs, fewer than "
+                f"{AMX_CONV_MIN_OUTPUTS}: on AMX tiles its bfloat16 input copy costs more than the tiles save)")
     return None
 
 
 def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, list[dict]]:
     """Lower every region that can take `precision` (in place); returns (the lowered regions, the float32 ones
     that are GEMM or convolution regions, each with why)."""
+    from onnxopt.codegen.microkernel.registry import select
+
     lowered, kept = [], []
     conv_why = conv_refusal(precision, target)
+    amx = bf16_k_step(target) > 2
     for r in regions:
         if r.compute is None:
             continue
-        if r.compute.op == "conv":
-            why = conv_why or lower_blocked_conv(r, opset)
+        if r.compute.op == "conv":  # on AMX tiles where the target has them: channels padded to blocks of 32
+            why = conv_why or (amx_conv_refusal(r) if amx else None)
+            if why is None and amx and channel_vectors_apply(r, target.float32_lanes) and not r.compute.attrs.winograd:
+                # an NCHW kernel's convolution: the blocked kernel (NCHW in and out) reaches the tiles
+                with_channel_vectors(r, target.float32_lanes, select(target).tile.ni, opset)
+            why = why or lower_blocked_conv(r, opset, bf16_k_step(target))
         else:
             why = lower_packed_b(r, B_DTYPE[precision], opset, bf16_k_step(target))
         if why is None:

@@ -391,13 +391,14 @@ def blocked_conv_refusal(region: Region, opset: int = 13) -> str | None:
     return None
 
 
-def lower_blocked_conv(region: Region, opset: int) -> str | None:
+def lower_blocked_conv(region: Region, opset: int, ic_step: int = 2) -> str | None:
     """Store a blocked convolution's packed weights as bfloat16 for its vdpbf16ps tiles (codegen/compute/
     blocked_tile.py, `--precision bf16`), in place: pairs of adjacent input channels of one tap side by side,
     [groups][ceil(IC / 2) * KH * KW][NI * L][2] under the shape [groups][2 * ceil(IC / 2) * KH * KW][NI * L] (an odd
-    IC's last pair has zero weights for its second channel, which the blocked input holds as zeros). The input may be
-    blocked or NCHW (with at least BF16_NCHW_MIN_CHANNELS channels): the glue's bfloat16 copy is blocked either way. The function
-    fallback casts them back to float32 and undoes the pairing, so the weights are stored once. Returns why the
+    IC's last pair has zero weights for its second channel, which the blocked input holds as zeros; `ic_step` 32, an
+    AMX target's, pads IC to whole blocks of 32 channels with zero weights, codegen/compute/amx_conv_tile.py). The
+    input may be blocked or NCHW (with at least BF16_NCHW_MIN_CHANNELS channels): the glue's bfloat16 copy is blocked
+    either way. The function fallback casts them back to float32 and undoes the pairing, so the weights are stored once. Returns why the
     region keeps float32 weights, or None when lowered. The glue makes the bfloat16 copy of the input the tiles read
     (conv_blocked_prepare_exec.c)."""
     why = blocked_conv_refusal(region, opset)
@@ -415,10 +416,10 @@ def lower_blocked_conv(region: Region, opset: int) -> str | None:
     ic = k // taps
     if ic * taps != k or ic != a.ic_g:
         return "the packed weights are not [groups][IC * KH * KW][NI * L]"
-    ic2 = ic + ic % 2
+    ic2 = -(-ic // ic_step) * ic_step
     w = packed.reshape(g, ic, taps, width)
     if ic2 != ic:
-        w = np.concatenate([w, np.zeros((g, 1, taps, width), w.dtype)], axis=1)
+        w = np.concatenate([w, np.zeros((g, ic2 - ic, taps, width), w.dtype)], axis=1)
     pairs = np.ascontiguousarray(w.reshape(g, ic2 // 2, 2, taps, width).transpose(0, 1, 3, 4, 2))
     u = f"{name}__bf16"
     tensor, body = bfloat16_weights(name, bfloat16_bits(pairs), (g, ic2 * taps, width), opset, f"{u}_f")
@@ -428,7 +429,7 @@ def lower_blocked_conv(region: Region, opset: int) -> str | None:
              _i64(f"{u}_s4", [g, ic2, taps, width]),
              helper.make_node("Reshape", [f"{u}_t", f"{u}_s4"], [f"{u}_r4"])]
     full = f"{u}_r4"
-    if ic2 != ic:  # the odd IC's zero channel
+    if ic2 != ic:  # the padding channels
         body += [_i64(f"{u}_starts", [0]), _i64(f"{u}_ends", [ic]), _i64(f"{u}_axes", [1]),
                  helper.make_node("Slice", [full, f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_sl"])]
         full = f"{u}_sl"
