@@ -313,7 +313,7 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
     /* pairs of input channels a tap, as stored: ceil(C / 2), or padded to whole blocks of 32 channels (16 pairs)
        where the target has AMX-BF16 */
     int64_t pairs = wd[1] / 2 / (th * tw);
-    if (pairs < (C + 1) / 2 || wd[2] != d->ni * L) {
+    if (pairs < (C + 1) / 2 || wd[2] != d->ni * L || wd[0] < job->groups_of_vectors) {
       st = fail(ORT_INVALID_ARGUMENT, "onnxopt: the bfloat16 convolution weights have the wrong shape");
       goto done;
     }

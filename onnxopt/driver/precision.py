@@ -137,15 +137,19 @@ def conv_refusal(precision: str, target) -> str | None:
 # 2 x OC x taps FLOPs at 427 GFLOP/s, outweighs that at 30 GB/s from OC x taps = 57. Fewer than 32 input channels pad
 # a tile row (32 channels) by half or more. Measured on PP-OCRv4 det's 1x1 convolutions (Sapphire Rapids, 2 threads,
 # the region against its float32 kernel): 16 -> 32 at 160x160 0.62x, 32 -> 48 0.65x, 12 -> 96 0.85x, 24 -> 96 at one
-# pixel 0.77x; 96 -> 96 at 40x40 1.42x, 192 -> 192 at 20x20 2.0-2.8x, 384 -> 360 at 10x10 3.0x.
-AMX_CONV_MIN_CHANNELS = 32
+# pixel 0.77x; 96 -> 96 at 40x40 1.42x, 192 -> 192 at 20x20 2.0-2.8x, 384 -> 360 at 10x10 3.0x. A kernel with
+# several taps reads each copied value once a tap: four 3x3 convolutions of 16 channels at 80x80, whole, ran 1.37x
+# faster on the tiles (422-443 against 583-599 us), with a stride-2 one at 160x160 1.1-1.3x; of 8 channels, even.
+AMX_CONV_MIN_CHANNELS = 32  # a 1x1 convolution's
+AMX_CONV_MIN_CHANNELS_TAPS = 16  # one with several taps
 AMX_CONV_MIN_OUTPUTS = 64  # OC x taps
 
 
 def amx_conv_refusal(region) -> str | None:
     """Why a convolution keeps float32 on an AMX target though its kernel could take bf16, or None."""
     a = region.compute.attrs
-    if a.ic_g < AMX_CONV_MIN_CHANNELS:
+    least = AMX_CONV_MIN_CHANNELS if a.kernel[0] * a.kernel[1] == 1 else AMX_CONV_MIN_CHANNELS_TAPS
+    if a.ic_g < least:
         return (f"conv: float32 (on AMX tiles its {a.ic_g} input channels would pad to a tile row of 32, and its "
                 "bfloat16 input copy cost more than the tiles save)")
     if a.oc * a.kernel[0] * a.kernel[1] < AMX_CONV_MIN_OUTPUTS:

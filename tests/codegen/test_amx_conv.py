@@ -219,13 +219,14 @@ def test_on_this_cpu_the_tiles_run_or_the_loader_says_why_not(tmp_path, ic, laye
 
 @needs_bf16
 def test_the_convolutions_the_tiles_do_not_speed_up_keep_float32_and_say_why(tmp_path):
-    """On an AMX target: a convolution of fewer than 32 input channels, and one whose input values meet fewer than 64
-    outputs, keep float32 weights with the reason; an NCHW-kernel convolution is given the blocked kernel and
-    lowered."""
+    """On an AMX target: a 3x3 convolution of fewer than 16 input channels (a 1x1's: 32), and one whose input values
+    meet fewer than 64 outputs, keep float32 weights with the reason; an NCHW-kernel convolution is given the blocked
+    kernel and lowered."""
     from onnxopt.driver.precision import AMX_CONV_MIN_OUTPUTS
 
     rng = np.random.default_rng(0)
-    shapes = {"narrow": (48, 16, 3), "few_outputs": (40, 48, 1), "lowered": (64, 40, 3)}  # (OC, C, kernel)
+    shapes = {"narrow": (48, 12, 3), "few_outputs": (16, 48, 1), "taps": (64, 16, 3),  # (OC, C, kernel)
+              "lowered": (64, 64, 3)}
     nodes, inits, x = [], [], "x"
     for name, (oc, ic, k) in shapes.items():
         inits.append(numpy_helper.from_array(rng.standard_normal((oc, ic, k, k)).astype(np.float32), f"{name}_w"))
@@ -233,17 +234,18 @@ def test_the_convolutions_the_tiles_do_not_speed_up_keep_float32_and_say_why(tmp
                                       name=name))
         x = name
     nodes[-1].output[0] = "y"
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 10, 12])],
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12, 10, 12])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     res, out = _build(tmp_path, model)
     p = res.report["precision"]
     reasons = {e["nodes"][0]: e["reason"] for e in p["float32_regions"]}
-    assert f"meets 40 outputs, fewer than {AMX_CONV_MIN_OUTPUTS}" in reasons["few_outputs"]
-    assert "its 16 input channels would pad to a tile row of 32" in reasons["narrow"]
-    lowered = [r for r in res.report["regions"] if r["nodes"] == ["lowered"]]
-    assert lowered and lowered[0].get("matrix_instruction") == "tdpbf16ps"
+    assert f"meets 16 outputs, fewer than {AMX_CONV_MIN_OUTPUTS}" in reasons["few_outputs"]
+    assert "its 12 input channels would pad to a tile row of 32" in reasons["narrow"]
+    for name in ("taps", "lowered"):  # 16 channels suffice a 3x3 kernel (each copied value is read once a tap)
+        region = [r for r in res.report["regions"] if r["nodes"] == [name]]
+        assert region and region[0].get("matrix_instruction") == "tdpbf16ps", (name, reasons)
     # on its NCHW output too (the model's last convolution): the blocked kernel, NCHW in and out
     assert res.report["verification"]["ok"]
 
