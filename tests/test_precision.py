@@ -325,9 +325,13 @@ def test_odd_k_is_stored_with_a_zero_row(tmp_path, level):
 
 
 def test_regions_that_cannot_take_bf16_say_why(tmp_path):
-    cv = save(conv(), tmp_path / "conv.onnx")
+    w = np.random.default_rng(4).standard_normal((16, 1, 3, 3)).astype(np.float32)
+    depthwise = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], group=16),
+                        helper.make_node("Relu", ["c"], ["y"])], {"w": w}, [1, 16, 16, 16], [1, 16, 16, 16])
+    cv = save(depthwise, tmp_path / "conv.onnx")
     res = build(cv, str(tmp_path / "w" / "conv.onnx"), precision="bf16")
-    # its input is the graph's, NCHW (or the target has no vdpbf16ps): tests/test_precision_conv.py has the rest
+    # a depthwise convolution stays float32 on every target (no channel pairs; on AMX tiles one channel a group):
+    # tests/test_precision_conv.py and tests/codegen/test_amx_conv.py have the rest
     assert any(e["reason"].startswith("conv: float32 (") for e in res.report["precision"]["float32_regions"])
 
 
