@@ -16,8 +16,7 @@ channels on its columns and 32 input channels of one tap on its reduction. Nothi
   take the blocked convolution's epilogue per pixel (blocked_tile.py `store_epilogue`), at the output offsets the
   glue gives per pixel (the `pos` table; a negative one is not stored): a stride-1 convolution's tiles run over
   the padded width, row after row, and the pixels in the padding columns are computed and dropped; a strided one's
-  tiles stay in one output row, and the pixels past its end (the first `count` are real) are not computed into
-  the outputs.
+  tiles stay in one output row, and of its last call only the first `count` pixels are stored.
 
 The geometry (byte steps of the three K loops, their counts, the weights' steps) is per convolution and per call
 the same, so the glue passes it as one table (`geometry`, AMX_GEOMETRY's order). One call computes 16 x `groups`
@@ -42,7 +41,7 @@ from .tile import SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_LANES, SLOT_OUT, TileSpec,
 SLOT_A16, SLOT_A_MS = CT_TILE.index("a16"), CT_TILE.index("a_ms")
 SLOT_GEOMETRY, SLOT_POS, SLOT_COUNT = CT_TILE.index("geometry"), CT_TILE.index("pos"), CT_TILE.index("count")
 
-# The geometry table's entries, in order (conv_blocked_exec.c fills it, cb_amx_geometry): bytes between channel
+# The geometry table's entries, in order (conv_blocked_prepare_exec.c, cb_prepare_amx, fills it): bytes between channel
 # blocks, kernel rows and kernel columns of the input copy; their counts; the weights' bytes between channel
 # blocks, kernel rows, kernel columns and tile rows (pairs).
 AMX_GEOMETRY = ("plane", "row", "col", "blocks", "kh", "kw", "b_block", "b_row", "b_col", "b_stride")
