@@ -225,10 +225,14 @@ static void cb_run_amx_task(const cb_job *job, int64_t task) {
       }
       for (int64_t p = p_begin; p < p_end;) {
         int64_t left = p_end - p, groups = left > 16 && G > 1 ? 2 : 1, cnt = left < 16 * groups ? left : 16 * groups;
-        for (int64_t i = 0; i < cnt; i++) {
-          int64_t v = p + i;
-          if (job->amx_row) pos[i] = v % Wp < OW ? (v / Wp * OW + v % Wp) * L : -1;
-          else pos[i] = (r * OW + v) * L;
+        if (job->amx_row) { /* (oh, ow) of virtual pixel p, then stepped: no division a pixel */
+          int64_t oh = p / Wp, ow = p % Wp;
+          for (int64_t i = 0; i < cnt; i++) {
+            pos[i] = ow < OW ? (oh * OW + ow) * L : -1;
+            if (++ow == Wp) ow = 0, oh++;
+          }
+        } else {
+          for (int64_t i = 0; i < cnt; i++) pos[i] = (r * OW + p + i) * L;
         }
         t.count = cnt;
         t.a16 = job->amx_row ? item + p * 32 : item + (r * d->sh * Wp + p * sw) * 32;
