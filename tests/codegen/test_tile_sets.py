@@ -5,6 +5,7 @@ whose kernels share sets must link each set once and compute the right answers."
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from onnxopt.codegen.compute.tile_sets import TileSetRequest, compile_tile_set, 
 from onnxopt.fusion.compute import ComputeRule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fusion"))
-from test_layout import MK, TARGET, Chain, check_answers, fused_nodes, needs_vectors  # noqa: E402
+from test_layout import MK, TARGET, Chain, check_answers, fused_nodes, needs_vectors, reference  # noqa: E402
 
 
 def _regions(model):
@@ -159,3 +160,64 @@ def test_tile_sets_compile_to_the_same_code_without_llvms_vectorizers():
         ir_text = str(module)
         full, lean = (target_machine(TARGET).emit_assembly(optimize(ir_text, TARGET, v)) for v in (True, False))
         assert lean == full
+
+
+def _affine_chain(scales, shifts):
+    """Convolutions 8 -> 16 -> 16 ..., each followed by PP-LCNet's learned scale and shift (one-element initializers
+    of learned values), then Clip(0, 6) with its bounds as initializers written by hand."""
+    ch = Chain(8, 12, 12)
+    x = "x"
+    for i, (scale, shift) in enumerate(zip(scales, shifts)):
+        c = ch.conv(x, f"c{i}", 16, act=None)
+        ch.inits += [numpy_helper.from_array(np.array([scale], np.float32), f"scale{i}"),
+                     numpy_helper.from_array(np.array(shift, np.float32), f"shift{i}"),
+                     numpy_helper.from_array(np.array(0.0, np.float32), f"lo{i}"),
+                     numpy_helper.from_array(np.array(6.0, np.float32), f"hi{i}")]
+        ch.nodes += [helper.make_node("Mul", [c, f"scale{i}"], [f"m{i}"]),
+                     helper.make_node("Add", [f"m{i}", f"shift{i}"], [f"a{i}"]),
+                     helper.make_node("Clip", [f"a{i}", f"lo{i}", f"hi{i}"], [f"y{i}"])]
+        ch.c[f"y{i}"] = 16
+        x = f"y{i}"
+    return ch, x
+
+
+def test_layers_that_differ_only_in_learned_scalars_share_a_set():
+    """The learned scale and shift are SCALAR inputs read at run time, so the layers share their code; the Clip
+    bounds (written by hand) stay constants in it, and another bound is another set."""
+    from onnxopt.fusion.compute import SCALAR
+
+    ch, last = _affine_chain([1.2167922, -0.6180339, 0.3183099], [-0.0052005, 0.5116695, 2.7182817])
+    regions = _regions(ch.model([last]))
+    firsts = [regions[f"y{i}"] for i in range(3)]
+    for i, r in enumerate(firsts):
+        assert f"scale{i}" in r.inputs and f"shift{i}" in r.inputs
+        assert r.compute.extra_kinds[-2:] == [SCALAR, SCALAR]
+        assert set(r.program.consts) == {f"lo{i}", f"hi{i}"}
+    assert len({_key(r) for r in firsts}) == 1
+    other, last2 = _affine_chain([1.2167922], [-0.0052005])
+    other.inits = [numpy_helper.from_array(np.array(4.0, np.float32), "hi0") if t.name == "hi0" else t
+                   for t in other.inits]
+    assert _key(_regions(other.model([last2]))["y0"]) != _key(firsts[0])
+
+
+@needs_vectors
+def test_the_shared_set_reads_each_layers_scalars_in_a_fresh_process(tmp_path):
+    """Written and loaded as a user does: one compiled set serves the three layers, each with its own scale and shift,
+    and the answers match onnxruntime's on the original model."""
+    from fresh_process import kernel_ran, run_written
+
+    ch, last = _affine_chain([1.2167922, -0.6180339, 0.3183099], [-0.0052005, 0.5116695, 2.7182817])
+    model = ch.model([last])
+    out = tmp_path / "affine.onnx"
+    result = onnxopt.optimize(model, str(out), plan="compute-blocked", measure=False)
+    written = onnx.load(str(out))
+    fused = fused_nodes(written)
+    assert len(fused) == 3
+    got, loader = run_written(out, ch.feeds["x"], tmp_path)
+    want = reference(model, ch.feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    assert all(kernel_ran(written, nd.op_type, loader["calls"]) >= 1 for nd in fused), loader
+    assert len({r["op_type"] for r in result.report["regions"]}) == 3
+    # one set's tile functions in the library (their symbols are named by the set's digest)
+    sets = set(re.findall(rb"oxt_[a-z]+_([0-9a-f]{24})_", (tmp_path / "affine.onnx.so").read_bytes()))
+    assert len(sets) == 1, sets
