@@ -106,8 +106,10 @@ def pack_merged_weights(w: np.ndarray, mi: int) -> np.ndarray:
 def use_pixel_vectors(oc: int, lanes: int, has_position_input: bool) -> bool:
     """Few output channels leave the channel-vector kernel's lanes idle and its NCHW output goes through a blocked
     buffer; there the pixel-vector kernel (vectors along the phase's output rows) wins (benchmarks/
-    conv_transpose.py). It takes no per-pixel epilogue input."""
-    return oc <= lanes and not has_position_input
+    conv_transpose.py). Up to two vectors of channels: a 2x2 / 2 kernel to 160 x 160, NCHW in and out, ran 1.45x
+    faster on pixel vectors at 24 channels and 1.09x at 32, 0.95x at 48 (AVX-512). It takes no per-pixel epilogue
+    input."""
+    return oc <= 2 * lanes and not has_position_input
 
 
 def build(rule, node, bn, params, head_out: str, uid: str, *, has_position_input: bool = False):

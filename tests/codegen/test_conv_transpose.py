@@ -120,6 +120,10 @@ CORNERS = {
     "wide-batch8": dict(n=8, ic=40, oc=130, h=5, w=6, k=(2, 2), bias=False),
     # few output channels (pixel vectors): the DBNet head's last layer, a 2x2 / 2 read in place
     "oc1-k2s2": dict(n=2, ic=16, oc=1, h=21, w=37, k=(2, 2)),
+    # one plane large enough to be interleaved by several tasks of rows (65,536 outputs and more)
+    "oc1-k2s2-rows": dict(n=1, ic=4, oc=1, h=130, w=131, k=(2, 2)),
+    # two vectors of channels still on pixel vectors (AVX-512), the phases zipped in vectors
+    "oc24-k2s2": dict(n=1, ic=24, oc=24, h=10, w=40, k=(2, 2)),
     # phases merged into one matrix product, with a per-channel epilogue (BatchNorm) repeated per phase
     "oc7-k3s3-bn": dict(n=3, ic=9, oc=7, h=5, w=13, k=(3, 3), s=(3, 3), post=("bn", "relu")),
     # pixel vectors through the padded copy, uneven phases
@@ -143,7 +147,7 @@ def test_conv_transpose_corners(name, tmp_path):
     (("residual", "relu"), "ConvTranspose -> Add -> Relu"),
     (("hardswish",), "ConvTranspose -> Add -> Clip -> Div -> Mul"),
 ])
-@pytest.mark.parametrize("oc", [24, 8])  # channel vectors; pixel vectors (channel vectors with a residual)
+@pytest.mark.parametrize("oc", [40, 8])  # channel vectors; pixel vectors (channel vectors with a residual)
 def test_conv_transpose_epilogues(post, ops, oc, tmp_path):
     m = convt_model(1, 16, oc, 8, 7, k=(4, 4), pads=(1, 1, 1, 1), post=post)
     check(m, tmp_path, ops=ops)
