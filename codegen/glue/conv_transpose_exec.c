@@ -45,8 +45,9 @@ static void ctt_interleave_rows(void *usr, size_t index) {
         src[pw] = p->scratch[o] + p->phase_off[i] + n * p->nstr[i] + (oc * p->qh[i] + q) * p->qw[i];
       }
       int64_t done = 0;
-      if (sw == 2) { /* the pairs both phases have, in vectors */
-        done = p->qw[ph * 2] < p->qw[ph * 2 + 1] ? p->qw[ph * 2] : p->qw[ph * 2 + 1];
+      if (p->sw == 2 && sw == 2) { /* a stride of 2: the pairs both phases have, in vectors */
+        int64_t w0 = p->qw[ph * p->sw], w1 = p->qw[ph * p->sw + 1];
+        done = w0 < w1 ? w0 : w1;
         ctt_zip2(row, src[0], src[1], done);
       }
       for (int64_t pw = 0; pw < sw; pw++)

@@ -124,6 +124,8 @@ CORNERS = {
     "oc1-k2s2-rows": dict(n=1, ic=4, oc=1, h=130, w=131, k=(2, 2)),
     # two vectors of channels still on pixel vectors (AVX-512), the phases zipped in vectors
     "oc24-k2s2": dict(n=1, ic=24, oc=24, h=10, w=40, k=(2, 2)),
+    # an output narrower than the stride (2 columns, stride 3): two phases a row, not a stride of 2
+    "oc2-k2s3-narrow": dict(n=1, ic=3, oc=2, h=2, w=1, k=(2, 2), s=(3, 3)),
     # phases merged into one matrix product, with a per-channel epilogue (BatchNorm) repeated per phase
     "oc7-k3s3-bn": dict(n=3, ic=9, oc=7, h=5, w=13, k=(3, 3), s=(3, 3), post=("bn", "relu")),
     # pixel vectors through the padded copy, uneven phases

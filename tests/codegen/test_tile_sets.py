@@ -217,6 +217,7 @@ def test_the_shared_set_reads_each_layers_scalars_in_a_fresh_process(tmp_path):
     want = reference(model, ch.feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
     assert all(kernel_ran(written, nd.op_type, loader["calls"]) >= 1 for nd in fused), loader
+    check_answers(result, model, ch.feeds)  # with the library and with the function bodies alone
     assert len({r["op_type"] for r in result.report["regions"]}) == 3
     # one set's tile functions in the library (their symbols are named by the set's digest)
     sets = set(re.findall(rb"oxt_[a-z]+_([0-9a-f]{24})_", (tmp_path / "affine.onnx.so").read_bytes()))
