@@ -33,6 +33,9 @@ typedef struct {
   int64_t mblocks, ptiles, ptasks, mtasks;
   int64_t block; /* rows a row block: the register tile's mi, or 16 x amx_groups where the AMX tiles run */
   int amx;       /* a bfloat16 packed B on AMX tiles (codegen/compute/amx_tile.py): ct_amx */
+  const uint16_t *a16; /* on AMX tiles: A's whole-16 rows rounded to bfloat16 once for the op (ct_round_a), [items]
+                          [m16][K rounded up to 32]; NULL: each task rounds its own rows */
+  int64_t m16;
   int rows_mode;
   int64_t OH, OW, Wph, cseg;
   const float *a, *b;
@@ -84,7 +87,7 @@ static int ct_amx(const ct_job *job) {
    of KB: an mmap) page-faults on first touch every run, which cost a bf16 GEMM at BERT's sizes a fifth of its time.
    Each grows to the largest the thread has needed and lives as long as the thread (onnxruntime's pool threads live
    as long as its environment). NULL when memory is short: the callers then do without. */
-enum { CT_SCRATCH_SUMS = 0, CT_SCRATCH_A16 = 1, CT_SCRATCHES = 2 };
+enum { CT_SCRATCH_SUMS = 0, CT_SCRATCH_A16 = 1, CT_SCRATCH_A16_OP = 2, CT_SCRATCHES = 3 };
 static _Thread_local void *ct_scratch_buf[CT_SCRATCHES];
 static _Thread_local size_t ct_scratch_cap[CT_SCRATCHES];
 
@@ -156,47 +159,126 @@ static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, in
    one B panel while every panel of the task meets it. */
 #define CT_AMX_A16_BYTES (1 << 20)
 
-/* A bfloat16 packed B on AMX tiles (codegen/compute/amx_tile.py). The task's rows of A are rounded to bfloat16 once,
-   a chunk of rows at a time (CT_AMX_A16_BYTES), and each panel then meets every row block of the chunk: B streams
-   from memory once a chunk, A's copy from L2. Each call takes the whole K, so the sums stay in the C tiles (no K
-   blocks, no partial sums). Rows below a whole 16 go to the register tiles, over the whole K too. */
-static void ct_run_amx(const ct_job *job, ct_tile *t, const float *a_item, int64_t t0, int64_t t1, int64_t b0,
-                       int64_t b1) {
+/* K a block on the AMX tiles: a row block's bfloat16 A (32 x 256 x 2 = 16 KiB) stays in L1 while it meets every
+   panel of the task, whose B block (32 KiB) streams from L2; with the whole K in one call, A and B both came from L2
+   at every panel (a tile step waits on its loads). The sums wait between blocks in a per-thread buffer. */
+#define CT_AMX_KC 256
+
+/* A bfloat16 packed B on AMX tiles (codegen/compute/amx_tile.py). The rows of A are rounded to bfloat16 once: for
+   the whole op beforehand where several tasks share rows (job->a16, ct_round_a), else by the task, a chunk of rows at
+   a time (CT_AMX_A16_BYTES). Then, K block by K block, each row block of the chunk meets every panel of the task.
+   Rows below a whole 16 go to the register tiles, over the whole K. */
+static void ct_run_amx(const ct_job *job, ct_tile *t, int64_t item, const float *a_item, int64_t t0, int64_t t1,
+                       int64_t b0, int64_t b1) {
   const onnxopt_ct_desc *d = job->d;
   int64_t K = job->K, NRF = d->packed_b, KB = job->K_rows ? job->K_rows : K, block = job->block;
-  int64_t kp = (K + 31) & ~(int64_t)31;
-  int64_t chunk = CT_AMX_A16_BYTES / (2 * (kp > 0 ? kp : 32)) / block * block;
-  if (chunk < block) chunk = block;
+  int64_t kp = (K + 31) & ~(int64_t)31, kp1 = kp > 0 ? kp : 32;
   int64_t r_begin = b0 * block, r_end = b1 * block < job->M ? b1 * block : job->M;
+  const uint16_t *shared = job->a16 ? job->a16 + item * job->m16 * kp : NULL;
+  int64_t chunk = shared ? r_end - r_begin : CT_AMX_A16_BYTES / (2 * kp1) / block * block;
+  if (chunk < block) chunk = block;
   if (chunk > r_end - r_begin) chunk = r_end - r_begin;
-  uint16_t *a16 = (uint16_t *)ct_scratch(CT_SCRATCH_A16, (size_t)(chunk * (kp > 0 ? kp : 32)) * sizeof(uint16_t));
-  t->k = K;
-  t->phase = 0;
-  t->acc = NULL;
+  uint16_t *a16 = shared ? NULL : (uint16_t *)ct_scratch(CT_SCRATCH_A16, (size_t)(chunk * kp1) * sizeof(uint16_t));
+  /* one panel: no A block meets several panels, so the whole K (the blocks would only add the sums' round trips) */
+  int64_t nkb = kp <= CT_AMX_KC * 4 / 3 || t1 - t0 < 2 ? 1 : (kp + CT_AMX_KC - 1) / CT_AMX_KC;
+  int64_t kc = (kp / nkb + 31) & ~(int64_t)31; /* nearly equal blocks of whole tile steps */
+  nkb = kp > 0 ? (kp + kc - 1) / kc : 1;
+  float *partial = NULL;
+  if (nkb > 1) {
+    size_t slots = (size_t)((chunk + block - 1) / block * (t1 - t0));
+    partial = (float *)ct_scratch(CT_SCRATCH_SUMS, slots * (size_t)(block * NRF) * sizeof(float));
+    if (!partial) { /* no buffer: the whole K in one block */
+      nkb = 1;
+      kc = kp;
+    }
+  }
+  t->a16_rs = kp;
+  int configured = amx_tiles_configure();
   for (int64_t r0 = r_begin; r0 < r_end; r0 += chunk) {
     int64_t r1 = r0 + chunk < r_end ? r0 + chunk : r_end;
-    int64_t whole = a16 ? (r1 - r0) / 16 * 16 : 0; /* rows on the tiles; no buffer: all on the register tiles */
-    if (whole) {
-      t->a = a_item + r0 * job->a_ms;
-      t->a16 = a16;
-      t->a16_rows = whole;
-      d->amx_round((const int64_t *)t);
+    int64_t whole; /* rows on the tiles; no buffer: all on the register tiles */
+    const uint16_t *rows16 = a16;
+    if (shared) {
+      whole = (r1 < job->m16 ? r1 : job->m16) - r0;
+      if (whole < 0) whole = 0;
+      rows16 = shared + r0 * kp;
+    } else {
+      whole = a16 ? (r1 - r0) / 16 * 16 : 0;
+      if (whole) {
+        t->k = K;
+        t->a = a_item + r0 * job->a_ms;
+        t->a16 = a16;
+        t->a16_rows = whole;
+        d->amx_round((const int64_t *)t);
+      }
     }
-    for (int64_t tile = t0; tile < t1; tile++) {
+    for (int64_t kb = 0; whole && kb < nkb; kb++) {
+      int64_t k0 = kb * kc;
+      t->k = kp - k0 < kc ? kp - k0 : kc;
+      t->phase = (kb > 0 ? 2 : 0) | (kb < nkb - 1 ? 1 : 0);
+      for (int64_t r = r0; r < r0 + whole; r += block) {
+        int64_t g = (r0 + whole - r) / 16, rows = 16 * (g < d->amx_groups ? g : d->amx_groups);
+        for (int64_t tile = t0; tile < t1; tile++) {
+          int nv = ct_panel_columns(job, t, tile);
+          t->b = (const float *)((const char *)job->b + (tile * KB + k0) * NRF * 2);
+          t->m0 = r;
+          t->a16 = rows16 + (r - r0) * kp + k0;
+          t->acc = partial ? partial + ((r - r0) / block * (t1 - t0) + (tile - t0)) * block * NRF : NULL;
+          d->amx_tiles[(rows / 16 - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+        }
+      }
+    }
+    t->k = K;
+    t->phase = 0;
+    t->acc = NULL;
+    t->a16 = NULL;
+    for (int64_t tile = t0; whole < r1 - r0 && tile < t1; tile++) {
       int nv = ct_panel_columns(job, t, tile);
       t->b = (const float *)((const char *)job->b + tile * KB * NRF * 2);
-      for (int64_t r = r0; r < r1;) {
-        int64_t g = r < r0 + whole ? (r0 + whole - r) / 16 : 0;
-        int64_t rows = g ? 16 * (g < d->amx_groups ? g : d->amx_groups) : (r1 - r < d->mi ? r1 - r : d->mi);
+      for (int64_t r = r0 + whole; r < r1; r += d->mi) {
+        int64_t rows = r1 - r < d->mi ? r1 - r : d->mi;
         t->m0 = r;
         t->a = a_item + r * job->a_ms;
-        t->a16 = g ? a16 + (r - r0) * kp : NULL;
-        if (g) d->amx_tiles[(rows / 16 - 1) * d->ni + (nv - 1)]((const int64_t *)t);
-        else d->tiles[(rows - 1) * d->ni + (nv - 1)]((const int64_t *)t);
-        r += rows;
+        d->tiles[(rows - 1) * d->ni + (nv - 1)]((const int64_t *)t);
       }
     }
   }
+  amx_tiles_release(configured);
+}
+
+/* Rows a task of ct_round_a rounds. */
+#define CT_ROUND_ROWS 16
+
+static void ct_round_task(void *usr, size_t index) {
+  const ct_job *job = (const ct_job *)usr;
+  int64_t per_item = job->m16 / CT_ROUND_ROWS, item = (int64_t)index / per_item;
+  int64_t r0 = (int64_t)index % per_item * CT_ROUND_ROWS, kp = (job->K + 31) & ~(int64_t)31;
+  ct_tile t;
+  memset(&t, 0, sizeof(t));
+  t.a = job->a + job->a_off[item] + r0 * job->a_ms;
+  t.a_ms = job->a_ms;
+  t.k = job->K;
+  t.a16 = job->a16 + (item * job->m16 + r0) * kp;
+  t.a16_rows = CT_ROUND_ROWS;
+  job->d->amx_round((const int64_t *)&t);
+}
+
+/* On AMX tiles with the panels split over several tasks, every task would round the same rows of A to bfloat16
+   (at BERT's sizes, rounding A took a fifth of the GEMM): round them once for the op, in parallel, into a buffer
+   the tasks share. Without the buffer (memory short) the tasks round their own. */
+static OrtStatus *ct_round_a(ct_job *job, OrtKernelContext *ctx, int parallel) {
+  int64_t kp = (job->K + 31) & ~(int64_t)31;
+  job->m16 = job->M / 16 * 16;
+  if (!job->amx || job->ptasks < 2 || job->m16 == 0 || kp == 0) return NULL;
+  uint16_t *a16 = (uint16_t *)ct_scratch(CT_SCRATCH_A16_OP, (size_t)(job->items * job->m16 * kp) * sizeof(uint16_t));
+  if (!a16) return NULL;
+  job->a16 = a16;
+  size_t tasks = (size_t)(job->items * (job->m16 / CT_ROUND_ROWS));
+  if (!parallel) {
+    for (size_t i = 0; i < tasks; i++) ct_round_task(job, i);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, ct_round_task, tasks, 0, job);
 }
 
 static void ct_run_task(const ct_job *job, int64_t task) {
@@ -225,7 +307,7 @@ static void ct_run_task(const ct_job *job, int64_t task) {
   }
   const float *a_item = job->a + job->a_off[item];
   if (job->amx) {
-    ct_run_amx(job, &t, a_item, t0, t1, b0, b1);
+    ct_run_amx(job, &t, item, a_item, t0, t1, b0, b1);
     return;
   }
   if (d->packed_b) {
@@ -317,6 +399,8 @@ static OrtStatus *ct_run(ct_job *job, OrtKernelContext *ctx) {
     for (int64_t i = 0; i < job->items; i++) ct_run_task(job, i);
     return NULL;
   }
+  OrtStatus *st = ct_round_a(job, ctx, 1);
+  if (st) return st;
   return API(KernelContext_ParallelFor)(ctx, ct_task, (size_t)tasks, 0, job);
 }
 

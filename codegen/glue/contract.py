@@ -471,6 +471,8 @@ CT_TILE = ArgBlock("ct_tile", [
     Field("a16", "const uint16_t *", comment="a bfloat16 packed B on AMX tiles: A's rows in bfloat16, [rows][K "
                                              "rounded up to 32], zero-padded (codegen/compute/amx_tile.py)"),
     Field("a16_rows", "int64_t", comment="the rows amx_round writes there"),
+    Field("a16_rs", "int64_t", comment="on AMX tiles: elements between A's bfloat16 rows (K rounded up to 32); the "
+                                       "call's K (k) may be one block of it"),
 ], prefix="CT_SLOT_", aliases=[
     Alias("lo", "a_ks", comment="a depthwise border tile: the first input column that exists (blocked_tile.py)"),
     Alias("hi", "m0", comment="a depthwise border tile: one past the last"),

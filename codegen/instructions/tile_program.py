@@ -10,7 +10,10 @@ variable). Offsets, strides and counts are `Affine`: sums of integer coefficient
   `execute`, every load and store bounds-checked. It runs on any host, so the AMX kernels' packing and programs are
   tested where the CPU has no AMX.
 - `emit` writes the same program as LLVM IR: `x86_amx` values and the instructions' shape-carrying intrinsics,
-  `Repeat` as a loop carrying the tiles it updates.
+  `Repeat` as a loop carrying the tiles it updates. LLVM then allocates the tile registers and loads the
+  configuration (`ldtilecfg`) at every call. With `fixed_registers` each tile is the register of its position in
+  the configuration instead and the program loads none: the caller has loaded it (`configuration`), once for many
+  calls.
 
 The kernels (onnxopt/kinds/*/amx.py) build their program once and hand it to both, so what the tests interpret is
 what the compiler gets. `emit(..., emulate=True)` writes the same steps as plain code instead (tiles in stack
@@ -170,14 +173,26 @@ class TileProgram:
                 raise TypeError(f"not a tile step: {step!r}")
 
     # ---------------------------------------------------------------- LLVM IR
+    def configuration(self) -> bytes:
+        """The 64-byte `ldtilecfg` operand of `emit(fixed_registers=True)`: palette 1, tile i the i-th shape."""
+        cfg = bytearray(64)
+        cfg[0] = 1
+        for i, (_, s) in enumerate(self.shapes):
+            cfg[16 + 2 * i:18 + 2 * i] = s.colsb.to_bytes(2, "little")
+            cfg[48 + i] = s.rows
+        return bytes(cfg)
+
     def emit(self, b: ir.IRBuilder, pointers: dict[str, ir.Value], scalars: dict[str, ir.Value],
-             emulate: bool = False) -> None:
+             emulate: bool = False, fixed_registers: bool = False) -> None:
         """The program at the builder's position; `pointers` and `scalars` (i64) name the values it reads.
-        `emulate`: as plain code (`_emit_emulated`), for any CPU."""
+        `emulate`: as plain code (`_emit_emulated`), for any CPU. `fixed_registers`: tile i of the configuration
+        in tmm<i>, with no `ldtilecfg` of its own (the caller loads `configuration()`)."""
         from onnxopt.codegen.vmath.irutil import for_range
 
         if emulate:
             return self._emit_emulated(b, pointers, scalars)
+        if fixed_registers:
+            return self._emit_fixed(b, pointers, scalars)
 
         shape = self.shape
         i16, i64 = ir.IntType(16), ir.IntType(64)
@@ -187,13 +202,7 @@ class TileProgram:
             return [ir.Constant(i16, shape[t].rows), ir.Constant(i16, shape[t].colsb)]
 
         def value(a: Affine) -> ir.Value:
-            total = ir.Constant(i64, a.const)
-            for coef, names in a.terms:
-                term = ir.Constant(i64, coef)
-                for n in names:
-                    term = b.mul(term, env[n])
-                total = b.add(total, term)
-            return total
+            return _affine_ir(b, a, env)
 
         def address(step):
             return b.gep(pointers[step.pointer], [value(step.offset)], source_etype=ir.IntType(8))
@@ -231,6 +240,39 @@ class TileProgram:
         run(self.steps, {})
 
 
+    def _emit_fixed(self, b: ir.IRBuilder, pointers: dict, scalars: dict) -> None:
+        """The program on named registers: the intrinsics that take a tile's number (clang's _tile_* builtins)."""
+        from onnxopt.codegen.vmath.irutil import for_range
+
+        i8, i64 = ir.IntType(8), ir.IntType(64)
+        reg = {name: ir.Constant(i8, i) for i, (name, _) in enumerate(self.shapes)}
+        env = dict(scalars)
+        void = ir.VoidType()
+
+        def value(a: Affine) -> ir.Value:
+            return _affine_ir(b, a, env)
+
+        def run(steps) -> None:
+            for step in steps:
+                if isinstance(step, Zero):
+                    _call(b, "llvm.x86.tilezero", void, [reg[step.tile]])
+                elif isinstance(step, (Load, Store)):
+                    at = b.gep(pointers[step.pointer], [value(step.offset)], source_etype=ir.IntType(8))
+                    name = "llvm.x86.tileloadd64" if isinstance(step, Load) else "llvm.x86.tilestored64"
+                    _call(b, name, void, [reg[step.tile], at, value(step.stride)])
+                elif isinstance(step, Dot):
+                    _call(b, step.instruction.intrinsic.replace(".internal", ""), void,
+                          [reg[step.c], reg[step.a], reg[step.b]])
+                elif isinstance(step, Repeat):
+                    def body(i, _, step=step):
+                        env[step.var] = i
+                        run(step.body)
+                        return []
+
+                    for_range(b, ir.Constant(i64, 0), value(step.count), ir.Constant(i64, 1), body)
+
+        run(self.steps)
+
     def _emit_emulated(self, b: ir.IRBuilder, pointers: dict, scalars: dict) -> None:
         """Each tile a stack buffer of rows x 64 bytes; loads and stores row copies; a Dot the loops of its
         accumulation rule (`dot`)."""
@@ -245,13 +287,7 @@ class TileProgram:
             return ir.Constant(i64, v)
 
         def value(a: Affine) -> ir.Value:
-            total = c(a.const)
-            for coef, names in a.terms:
-                term = c(coef)
-                for n in names:
-                    term = b.mul(term, env[n])
-                total = b.add(total, term)
-            return total
+            return _affine_ir(b, a, env)
 
         def byte_at(base, offset):
             return b.gep(b.bitcast(base, i8.as_pointer()), [offset], source_etype=i8)
@@ -357,6 +393,18 @@ class TileProgram:
                     for_range(b, c(0), value(step.count), c(1), body)
 
         run(self.steps)
+
+
+def _affine_ir(b: ir.IRBuilder, a: Affine, env: dict) -> ir.Value:
+    """`a` as an i64 value, its names read from `env` (the scalars and loop variables)."""
+    i64 = ir.IntType(64)
+    total = ir.Constant(i64, a.const)
+    for coef, names in a.terms:
+        term = ir.Constant(i64, coef)
+        for n in names:
+            term = b.mul(term, env[n])
+        total = b.add(total, term)
+    return total
 
 
 def _walk(steps):

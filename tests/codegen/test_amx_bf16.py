@@ -64,11 +64,13 @@ def test_the_descriptions_choose_tdpbf16ps_and_the_plain_mapping():
     assert none is None and "16-lane" in why
 
 
+@pytest.mark.parametrize("blocks", [1, 2])
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("nv", [1, 2, 3, 4])
-def test_the_tile_program_on_the_kernels_packing_is_the_instructions_rule(groups, nv):
+def test_the_tile_program_on_the_kernels_packing_is_the_instructions_rule(groups, nv, blocks):
     """The packing the written model stores (bfloat16 pairs, K padded to 32) and A rounded into its zero-padded
-    buffer, through the program over the whole K: tdpbf16ps's rule, bit for bit."""
+    buffer, through the program over the whole K, or over two K blocks as the glue walks them (the first block's
+    sums start from zeros and go to the partial sums, the second starts from those): tdpbf16ps's rule, bit for bit."""
     rng = np.random.default_rng(10 * groups + nv)
     rows, k, panel = 16 * groups, 100, 64
     kp = 128
@@ -76,20 +78,25 @@ def test_the_tile_program_on_the_kernels_packing_is_the_instructions_rule(groups
     w = rng.standard_normal((k, panel)).astype(np.float32)
     a16 = np.zeros((rows, kp), np.uint16)
     a16[:, :k] = bfloat16_bits(a)
-    memory = {"a16": a16.view(np.uint8).reshape(-1).copy(),
-              "b": bfloat16_pairs(w[None], amx_tile.K_CHUNK).view(np.uint8).reshape(-1).copy(),
-              "cout": np.zeros(rows * nv * 16 * 4, np.uint8)}
+    b = bfloat16_pairs(w[None], amx_tile.K_CHUNK).view(np.uint8).reshape(-1)
     prog = amx_tile.program(amx_instructions.TDPBF16PS, groups, nv, panel)
     assert len(prog.shapes) <= 8
-    prog.run(memory, {"a_rs": 2 * kp, "chunks": kp // amx_tile.K_CHUNK})
-    got = memory["cout"].view(np.float32).reshape(rows, nv * 16)
+    sums = np.zeros(rows * nv * 16 * 4, np.uint8)
+    kc = kp // blocks
+    for block in range(blocks):
+        k0 = block * kc
+        memory = {"a16": a16.reshape(-1)[k0:].copy().view(np.uint8),  # from the block's first column, rows kp apart
+                  "b": b[k0 * panel * 2:].copy(),  # the block's first pair row
+                  "cin": sums.copy() if block else np.zeros_like(sums), "cout": sums}
+        prog.run(memory, {"a_rs": 2 * kp, "chunks": kc // amx_tile.K_CHUNK})
+    got = sums.view(np.float32).reshape(rows, nv * 16)
     np.testing.assert_array_equal(got, tile_rule(a, w[:, :nv * 16]))
 
 
 def test_the_interpreter_refuses_a_read_past_the_weights():
     prog = amx_tile.program(amx_instructions.TDPBF16PS, 1, 1, 16)
     memory = {"a16": np.zeros(16 * 64, np.uint8), "b": np.zeros(10 * 64, np.uint8),  # 10 pair rows of the 16
-              "cout": np.zeros(1024, np.uint8)}
+              "cin": np.zeros(1024, np.uint8), "cout": np.zeros(1024, np.uint8)}
     with pytest.raises(IndexError, match="load of tile b"):
         prog.run(memory, {"a_rs": 64, "chunks": 1})
 
@@ -102,10 +109,17 @@ def test_the_amx_tiles_compile_to_tile_instructions():
     names = amx_tile.define_amx_tile_functions(module, "t", spec, "tdpbf16ps", emulate=False)
     assert [len(row) for row in names] == [tile.ni] * amx_tile.MAX_GROUPS + [1]  # then the rounding function
     ir_text = str(module)
-    assert "x86_amx" in ir_text and "llvm.x86.tdpbf16ps.internal" in ir_text
+    assert '"llvm.x86.tdpbf16ps"(' in ir_text and "x86_amx" not in ir_text  # named registers
     asm = compile_assembly(ir_text, target)
-    for mnemonic in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease", "vcvtneps2bf16"):
+    for mnemonic in ("tileloadd", "tdpbf16ps", "tilestored", "vcvtneps2bf16"):
         assert mnemonic in asm, mnemonic
+    # the task loads the configuration once (matrix_engine.c amx_tiles_configure), not every call
+    assert "ldtilecfg" not in asm and "tilerelease" not in asm
+    for groups, nv in [(1, 1), (1, 4), (2, 4)]:  # within the glue's: tiles 0-7, 16 rows of 64 bytes
+        prog = amx_tile.program(amx_instructions.TDPBF16PS, groups, nv, 64)
+        n = len(prog.shapes)
+        assert n <= 8 and prog.configuration() == bytes([1] + [0] * 15 + [64, 0] * n + [0, 0] * (16 - n) +
+                                                        [16] * n + [0] * (16 - n))
 
 
 @needs_bf16
@@ -163,7 +177,8 @@ def _within_bf16(want, got) -> bool:
 @needs_bf16
 @pytest.mark.parametrize("m,k,n", [(77, 600, 100), (40, 257, 100), (16, 64, 100), (32, 48, 100), (4096, 4096, 16)])
 def test_the_whole_path_on_emulated_tiles_in_a_fresh_process(tmp_path, monkeypatch, m, k, n):
-    """77 rows: two blocks of 32 on AMX, 13 on the register tiles; K = 600 in one call (the sums stay in the tiles);
+    """77 rows: two blocks of 32 on AMX, 13 on the register tiles; K = 600 in two K blocks (the sums wait in the
+    task's buffer between them), A rounded once for the op's two panel tasks;
     K = 257: padded to 288 with zero rows, in the stored weights and in A's tile buffer; K = 48: whole vectors, then
     zeros alone up to 64; 4096 x 4096 (one panel, 16 row tasks of 256 rows): A's bf16 copy (1 MiB) holds 128 rows,
     so each task's rows go through it in two chunks."""
@@ -204,10 +219,11 @@ def test_turned_off_the_register_tiles_run_the_same_library(tmp_path, monkeypatc
 @needs_bf16
 def test_a_library_for_an_amx_target_runs_here_and_says_which_tiles(tmp_path):
     """Built with real AMX tiles and loaded in a fresh process: where this CPU has AMX-BF16 they run and the AMX rows
-    follow the instruction's rule; elsewhere the loader says why not and the vdpbf16ps tiles run."""
-    model = _matmul(50, 192, 80, seed=4, bias=True)
+    follow the instruction's rule (K = 400: two K blocks, the sums through the task's buffer between them);
+    elsewhere the loader says why not and the vdpbf16ps tiles run."""
+    model = _matmul(50, 400, 80, seed=4, bias=True)
     _, out = _build(tmp_path, model)
-    x = np.random.default_rng(3).standard_normal((50, 192)).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal((50, 400)).astype(np.float32)
     got, loader = run_written(out, x, tmp_path)
     assert sum(loader["calls"].values()) == 1
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

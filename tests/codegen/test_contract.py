@@ -164,7 +164,7 @@ def test_the_lowerings_read_the_generated_slots():
             assert used and all(consts[n] == v for n, v in used.items()), (block.name, m.__name__)
     from onnxopt.codegen.compute import tile
 
-    assert tile.SLOTS == CT_TILE.n_slots == 36 and tile.SLOT_PHASE == 33
+    assert tile.SLOTS == CT_TILE.n_slots == 37 and tile.SLOT_PHASE == 33
     assert (tile.NV_MAX, tile.MAX_OUTPUTS, tile.MAX_EXTRAS) == (c.CT_NV_MAX.value, c.CT_MAX_OUT.value,
                                                                c.CT_MAX_EXTRA.value)
     from onnxopt.fusion import compute as rule
