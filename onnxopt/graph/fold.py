@@ -2,8 +2,11 @@
 
 Exporters leave `Constant` nodes, `Shape` arithmetic on static shapes, `ConstantOfShape` and friends everywhere.
 We turn `Constant` nodes into initializers, replace `Shape`/`Size` of statically shaped tensors by their values,
-and evaluate every deterministic node whose inputs are all constant with onnxruntime itself (one session for all
-of them, repeated to a fixed point). A folded tensor that would grow the model (more than 1 MiB and more than twice
+and evaluate every deterministic node whose inputs are all constant, or computed by such nodes, with onnxruntime
+itself (one session for all of them, repeated to a fixed point). A tensor's static shape comes from the model's
+value_info or, where it has none, from shape inference on the graph folded so far: an export with no value_info
+(BERT from the torch exporter) computes its head-merge Reshape's shape from Shape(LayerNorm output), and that
+LayerNorm's shape is known only once the position ids' Slice has folded. A folded tensor that would grow the model (more than 1 MiB and more than twice
 its inputs, such as a large `ConstantOfShape` or `Tile`) is left as a node. Initializers that are also graph inputs
 can be overridden at run time (IR < 4 models list weights that way), so they are never treated as constants.
 Subgraphs of If/Loop/Scan are left as they are.
@@ -15,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .large import add_messages, inference_session
+from .large import ANALYSE_LIGHT_BYTES, add_messages, inference_session, light_copy, model_bytes
 from .quantized import QUANTIZATION_OPS
 
 NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
@@ -111,7 +114,17 @@ def _static_shape(vi_map, name):
     return dims
 
 
-def fold_constants(model: onnx.ModelProto, max_rounds: int = 8) -> int:
+def _inferred_value_info(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Shape inference's value_info for `model` as it is now (a light copy of a big one); the model is unchanged."""
+    analysed = light_copy(model) if model_bytes(model) > ANALYSE_LIGHT_BYTES else model
+    try:
+        inferred = onnx.shape_inference.infer_shapes(analysed, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - shapes only help folding
+        return {}
+    return {v.name: v for v in inferred.graph.value_info}
+
+
+def fold_constants(model: onnx.ModelProto, max_rounds: int = 16) -> int:
     """Fold in place; returns the number of nodes removed."""
     import onnxruntime as ort
 
@@ -131,8 +144,12 @@ def fold_constants(model: onnx.ModelProto, max_rounds: int = 8) -> int:
     new_inits: list[onnx.TensorProto] = []
     for _ in range(max_rounds):
         vi_map = {v.name: v for v in list(graph.value_info) + list(graph.input) + list(graph.output)}
+        if any(n.op_type in ("Shape", "Size") and n.input[0] not in consts and _static_shape(vi_map, n.input[0]) is None
+               for n in graph.node):
+            vi_map = {**_inferred_value_info(model), **vi_map}
         folded: dict[str, np.ndarray] = {}
         to_eval = []
+        evaluated: set[str] = set()  # outputs of this round's evaluated nodes: a chain folds in one session
         for n in graph.node:
             if n.domain not in ("", "ai.onnx") or _has_subgraph(n) or n.op_type in NONDETERMINISTIC \
                     or n.op_type in QUANTIZATION_OPS:  # int8 weights stay int8 for onnxruntime's QDQ kernels
@@ -154,8 +171,9 @@ def fold_constants(model: onnx.ModelProto, max_rounds: int = 8) -> int:
                         end = next((a.i for a in n.attribute if a.name == "end"), None)
                         folded[n.output[0]] = np.array(shape[start:end], dtype=np.int64)
                     continue
-            if all((not x) or x in consts for x in n.input) and any(n.input):
+            if all((not x) or x in consts or x in evaluated for x in n.input) and any(n.input):
                 to_eval.append(n)
+                evaluated.update(o for o in n.output if o)
         if to_eval:
             folded.update(_evaluate(model, to_eval, consts, default_opset, ort))
         if not folded:

@@ -136,11 +136,47 @@ def test_shape_of_symbolic_tensor_does_not_fold():
     assert ops(m) == ["Shape", "Size", "Reshape"]
 
 
-def test_shape_of_tensor_without_shape_info_does_not_fold():
-    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Shape", ["r"], ["s"])]
-    m = make_model(nodes, [vi("x", F32, [2, 3])], [vi("s", I64, [2])])  # no value_info for r
-    assert fold_constants(m) == 0
-    assert ops(m) == ["Relu", "Shape"]
+def test_shape_of_tensor_without_value_info_folds_from_shape_inference():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Shape", ["r"], ["s"]),
+             helper.make_node("Reshape", ["r", "s"], ["y"])]
+    m = make_model(nodes, [vi("x", F32, [2, 3])], [vi("y", F32, [2, 3])])  # no value_info for r
+    assert fold_constants(m) == 1
+    assert ops(m) == ["Relu", "Reshape"]
+    np.testing.assert_array_equal(inits(m)[m.graph.node[1].input[1]], [2, 3])
+    sym = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Shape", ["r"], ["s"])],
+                     [vi("x", F32, ["N", 3])], [vi("s", I64, [2])])
+    assert fold_constants(sym) == 0  # inference gives N: a run-time dim
+
+
+def test_a_shape_known_only_after_folding_folds_in_the_same_call():
+    """BERT as the torch exporter writes it (no value_info): the position ids are a Slice of a buffer whose end is
+    Shape(input_ids), the embeddings' sum's shape is known only once that Slice has folded, and the head-merge
+    Reshape's target comes from Shape(that sum). One fold_constants call leaves no shape arithmetic, evaluating each
+    chain of constant nodes in one session, so the Reshape's output shape is static for the kernels."""
+    ids = vi("ids", I64, [1, 8])
+    nodes = [
+        helper.make_node("Shape", ["ids"], ["ids_shape"]),
+        helper.make_node("Slice", ["ids_shape", "one", "two"], ["seq"]),  # [8]
+        helper.make_node("Slice", ["buffer", "zero", "seq", "one"], ["positions"]),  # [1, 8] of the [1, 512] ids
+        helper.make_node("Gather", ["table", "positions"], ["pos_emb"]),  # [1, 8, 4]
+        helper.make_node("Gather", ["table", "ids"], ["word_emb"]),
+        helper.make_node("Add", ["word_emb", "pos_emb"], ["h"]),
+        helper.make_node("Shape", ["h"], ["h_shape"]),
+        helper.make_node("Gather", ["h_shape", "zero_s"], ["batch"], axis=0),
+        helper.make_node("Unsqueeze", ["batch", "zero"], ["batch1"]),
+        helper.make_node("Concat", ["batch1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["h", "target"], ["y"]),
+    ]
+    inits_ = [const("buffer", np.arange(512)[None], np.int64), const("table", np.random.default_rng(0).standard_normal(
+        (512, 4)).astype(np.float32)), const("zero", [0], np.int64), const("one", [1], np.int64),
+        const("two", [2], np.int64), const("zero_s", 0, np.int64), const("minus1", [-1], np.int64)]
+    m = make_model(nodes, [ids], [vi("y", F32, None)], inits=inits_)
+    x = np.random.default_rng(1).integers(0, 512, (1, 8)).astype(np.int64)
+    want = run(m, {"ids": x})[0]
+    fold_constants(m)
+    assert ops(m) == ["Gather", "Add", "Reshape"]
+    np.testing.assert_array_equal(inits(m)[m.graph.node[2].input[1]], [1, -1])
+    np.testing.assert_array_equal(run(m, {"ids": x})[0], want)
 
 
 def _reshape_chain_model(batch):
