@@ -80,7 +80,11 @@ def define_amx_conv_function(module: ir.Module, name: str, spec: TileSpec, ins, 
     scalars["a_ms"] = a_ms
 
     sums = b.alloca(F32, size=ir.Constant(I64, rows * nv * 16))
-    program(ins, groups, nv).emit(b, {"a16": a16, "b": bp, "cout": sums}, scalars, emulate=emulate)
+    prog = program(ins, groups, nv)
+    # named registers in the glue's configuration (matrix_engine.c amx_tiles_configure, once a task): LLVM's own
+    # ldtilecfg at every call cost most where K is short (a 1x1 convolution of 96 channels: 3 tile steps)
+    assert all((s.rows, s.colsb) == (16, 64) for _, s in prog.shapes), prog.shapes
+    prog.emit(b, {"a16": a16, "b": bp, "cout": sums}, scalars, emulate=emulate, fixed_registers=True)
 
     chan = channel_inputs(b, spec, extras, [ir.Constant(I64, j * lanes) for j in range(nv)], masks)
 

@@ -195,6 +195,7 @@ static void cb_run_amx_task(const cb_job *job, int64_t task) {
   t.geometry = job->amx_geometry;
   t.pos = pos;
   t.a_ms = job->amx_row ? 64 : sw * 64;
+  int configured = amx_tiles_configure(); /* the tiles name their registers (amx_conv_tile.py) */
   for (int64_t g = g0; g < g1; g++) {
     int64_t vb = g * NI;
     int nv = (int)(job->OCB - vb < NI ? job->OCB - vb : NI);
@@ -241,6 +242,7 @@ static void cb_run_amx_task(const cb_job *job, int64_t task) {
       }
     }
   }
+  amx_tiles_release(configured);
 }
 
 

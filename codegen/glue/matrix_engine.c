@@ -67,8 +67,8 @@ __attribute__((visibility("default"))) int onnxopt_amx_status(void) {
   return __atomic_load_n(&g_amx_state, __ATOMIC_ACQUIRE);
 }
 
-/* The bfloat16 GEMM tiles (codegen/compute/amx_tile.py) name their registers and load no configuration of their
-   own: the task loads this one (palette 1, all eight tiles 16 rows of 64 bytes) once before its calls and releases
+/* The bfloat16 GEMM and convolution tiles (codegen/compute/amx_tile.py, amx_conv_tile.py) name their registers and
+   load no configuration of their own: the task loads this one (palette 1, all eight tiles 16 rows of 64 bytes) once before its calls and releases
    it after them. With LLVM's configuration at every call, `ldtilecfg` took 9% of the tile function and 15% of a
    call over 256 of K. Only where the tiles are real: emulated ones are plain code. */
 #if defined(__x86_64__) && defined(__GNUC__)
