@@ -266,7 +266,7 @@ static void ct_round_task(void *usr, size_t index) {
 /* On AMX tiles with the panels split over several tasks, every task would round the same rows of A to bfloat16
    (at BERT's sizes, rounding A took a fifth of the GEMM): round them once for the op, in parallel, into a buffer
    the tasks share. Without the buffer (memory short) the tasks round their own. */
-static OrtStatus *ct_round_a(ct_job *job, OrtKernelContext *ctx, int parallel) {
+static OrtStatus *ct_round_a(ct_job *job, OrtKernelContext *ctx) {
   int64_t kp = (job->K + 31) & ~(int64_t)31;
   job->m16 = job->M / 16 * 16;
   if (!job->amx || job->ptasks < 2 || job->m16 == 0 || kp == 0) return NULL;
@@ -274,10 +274,6 @@ static OrtStatus *ct_round_a(ct_job *job, OrtKernelContext *ctx, int parallel) {
   if (!a16) return NULL;
   job->a16 = a16;
   size_t tasks = (size_t)(job->items * (job->m16 / CT_ROUND_ROWS));
-  if (!parallel) {
-    for (size_t i = 0; i < tasks; i++) ct_round_task(job, i);
-    return NULL;
-  }
   return API(KernelContext_ParallelFor)(ctx, ct_round_task, tasks, 0, job);
 }
 
@@ -399,7 +395,7 @@ static OrtStatus *ct_run(ct_job *job, OrtKernelContext *ctx) {
     for (int64_t i = 0; i < job->items; i++) ct_run_task(job, i);
     return NULL;
   }
-  OrtStatus *st = ct_round_a(job, ctx, 1);
+  OrtStatus *st = ct_round_a(job, ctx);
   if (st) return st;
   return API(KernelContext_ParallelFor)(ctx, ct_task, (size_t)tasks, 0, job);
 }

@@ -249,20 +249,22 @@ class TileProgram:
         env = dict(scalars)
         void = ir.VoidType()
 
+        def call(name, args):
+            return _call(b, name, void, args)
+
         def value(a: Affine) -> ir.Value:
             return _affine_ir(b, a, env)
 
         def run(steps) -> None:
             for step in steps:
                 if isinstance(step, Zero):
-                    _call(b, "llvm.x86.tilezero", void, [reg[step.tile]])
+                    call("llvm.x86.tilezero", [reg[step.tile]])
                 elif isinstance(step, (Load, Store)):
                     at = b.gep(pointers[step.pointer], [value(step.offset)], source_etype=ir.IntType(8))
                     name = "llvm.x86.tileloadd64" if isinstance(step, Load) else "llvm.x86.tilestored64"
-                    _call(b, name, void, [reg[step.tile], at, value(step.stride)])
+                    call(name, [reg[step.tile], at, value(step.stride)])
                 elif isinstance(step, Dot):
-                    _call(b, step.instruction.intrinsic.replace(".internal", ""), void,
-                          [reg[step.c], reg[step.a], reg[step.b]])
+                    call(step.instruction.intrinsic.replace(".internal", ""), [reg[step.c], reg[step.a], reg[step.b]])
                 elif isinstance(step, Repeat):
                     def body(i, _, step=step):
                         env[step.var] = i
