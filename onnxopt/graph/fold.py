@@ -6,8 +6,9 @@ and evaluate every deterministic node whose inputs are all constant, or computed
 itself (one session for all of them, repeated to a fixed point). A tensor's static shape comes from the model's
 value_info or, where it has none, from shape inference on the graph folded so far: an export with no value_info
 (BERT from the torch exporter) computes its head-merge Reshape's shape from Shape(LayerNorm output), and that
-LayerNorm's shape is known only once the position ids' Slice has folded. A folded tensor that would grow the model (more than 1 MiB and more than twice
-its inputs, such as a large `ConstantOfShape` or `Tile`) is left as a node. Initializers that are also graph inputs
+LayerNorm's shape is known only once the position ids' Slice has folded. A folded tensor that would grow the model
+(more than 1 MiB and more than twice its inputs, such as a large `ConstantOfShape` or `Tile`) is left as a node, and
+so is every node of the same chain computed from it. Initializers that are also graph inputs
 can be overridden at run time (IR < 4 models list weights that way), so they are never treated as constants.
 Subgraphs of If/Loop/Scan are left as they are.
 """
@@ -224,9 +225,9 @@ def _evaluate(model, nodes, consts, opset, ort) -> dict[str, np.ndarray]:
             part = _evaluate_one(model, n, known, result, init_by_name, ort, so)
             result.update(part)
     out: dict[str, np.ndarray] = {}
-    for n in nodes:
+    for n in nodes:  # in graph order: a node computed from one that stays a node stays a node too
         in_bytes = sum(_nbytes(init_by_name.get(x), result.get(x)) for x in n.input if x)
-        ok = True
+        ok = all(x in out for x in n.input if x and x in produced)
         for o in n.output:
             if not o:
                 continue

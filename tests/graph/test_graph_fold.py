@@ -242,6 +242,23 @@ def test_large_constant_of_shape_is_not_folded():
     assert y.shape == shape and np.all(y == 2.5)
 
 
+def test_a_chain_from_a_large_constant_of_shape_is_not_folded():
+    """A chain folds in one session, but a node computed from a tensor refused for its size stays a node too (its
+    own output is no larger than its inputs, so by itself it would have folded and grown the model)."""
+    shape = (512, 1024)
+    nodes = [helper.make_node("ConstantOfShape", ["shp"], ["big"],
+                              value=numpy_helper.from_array(np.array([1.5], np.float32))),
+             helper.make_node("Mul", ["big", "two"], ["twice"]),
+             helper.make_node("Add", ["x", "twice"], ["y"])]
+    m = make_model(nodes, [vi("x", F32, [1])], [vi("y", F32, list(shape))],
+                   inits=[const("shp", list(shape), np.int64), const("two", 2.0)])
+    size_before = m.ByteSize()
+    assert fold_constants(m) == 0
+    assert ops(m) == ["ConstantOfShape", "Mul", "Add"]
+    assert m.ByteSize() < size_before + 1024
+    np.testing.assert_array_equal(run(m, {"x": np.ones(1, np.float32)})[0], np.full(shape, 4.0, np.float32))
+
+
 def test_small_constant_of_shape_is_folded():
     m = _constant_of_shape_model((4, 4))
     assert fold_constants(m) == 1
