@@ -148,6 +148,7 @@ def define_amx_tile_function(module: ir.Module, name: str, spec: TileSpec, ins, 
     prog = program(ins, groups, nv, panel)
     # the glue's configuration (matrix_engine.c amx_tiles_configure): tile i in tmm<i>, each 16 rows of 64 bytes
     assert all((s.rows, s.colsb) == (16, 64) for _, s in prog.shapes), prog.shapes
+    assert rows * nv * 16 <= ROWS * MAX_GROUPS * 64, (rows, nv)  # the first block's sums fit the zeros (_zeros)
     prog.emit(b, {"a16": a16, "b": bp, "cin": cin, "cout": cout},
               {"a_rs": b.mul(a_rs, ir.Constant(I64, 2)), "chunks": b.udiv(_padded_k(b, k_count),
                                                                         ir.Constant(I64, K_CHUNK))},
