@@ -55,6 +55,7 @@ from onnxopt.verify import Tolerance, check_given_inputs, load_check_inputs, mak
 from onnxopt.driver.policy import (PLANS, FUSION_KINDS, passthroughs_kept, _consistent_layouts, _op_counts,
                                    _channel_vector_kernel, _packed_panel)
 from onnxopt.driver.decision import DecisionStage
+from onnxopt.kinds.attention import amx as attention_amx
 from onnxopt.driver.precision import (DEFAULT_ACCURACY_BUDGET, bf16_k_step, choose_auto, conv_refusal, kernel_path,
                                       lower_regions, parse_budget, parse_precision)
 from onnxopt.driver.result import Result
@@ -461,9 +462,11 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             # only regions the lowering takes, each GEMM once (the plans share their regions' nodes)
             lowerable = {}
             convs = conv_refusal(opts.precision, opts.target) is None
+            attention = attention_amx.choose(opts.target)[0] is not None
             for r in regions:
-                if r.compute is not None and ((r.compute.op == "matmul" and r.compute.attrs.packed_b)
-                                              or (convs and blocked_conv_refusal(r) is None)):
+                if (r.compute is None and attention and r.params.family == "attention") or (
+                        r.compute is not None and ((r.compute.op == "matmul" and r.compute.attrs.packed_b)
+                                                   or (convs and blocked_conv_refusal(r) is None))):
                     lowerable.setdefault(r.nodes[0].output[0], []).append(r)
             feeds = make_inputs(work, self._bindings(), opts.seed, opts.check_inputs)
             round_a = opts.target.has("avx512bf16") or bf16_k_step(opts.target) > 2  # vdpbf16ps and AMX read bf16 A
@@ -471,7 +474,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
                 work, [rs[0] for rs in lowerable.values()], opts.accuracy_budget, round_a,
                 lambda m, outputs: self._session(m).run(outputs, feeds))
             chosen_heads = {r.nodes[0].output[0] for r in chosen}
-            candidates = [r for r in regions if r.compute is None or r.nodes[0].output[0] in chosen_heads
+            candidates = [r for r in regions if r.nodes[0].output[0] in chosen_heads
                           or r.nodes[0].output[0] not in lowerable]
         lowered, kept = lower_regions(candidates, opts.precision, opset, opts.target)
         seen = set()

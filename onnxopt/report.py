@@ -185,7 +185,7 @@ def _render_precision(p: dict | None, console, verbose: bool) -> None:
         return
     written = p.get("written") or {}
     console.print(f"[cyan]precision {p['requested']}[/cyan]: {p['kernels']}; "
-                  f"{written.get('lowered_regions', 0)} lowered GEMM and convolution kernels written (of "
+                  f"{written.get('lowered_regions', 0)} lowered kernels written (of "
                   f"{p.get('lowered_candidates', 0)} candidates), "
                   f"{len(p.get('float32_regions', []))} written regions kept float32")
     for e in p.get("float32_regions", [])[:None if verbose else 5]:

@@ -20,18 +20,24 @@ model, x, out = sys.argv[1:4]
 s = rt.InferenceSession(model)
 lib = rt.registered_library(s, loadable=True)
 assert lib, "the loader did not register the library"
-np.save(out, s.run(None, {s.get_inputs()[0].name: np.load(x)})[0])
+feeds = dict(np.load(x)) if x.endswith(".npz") else {s.get_inputs()[0].name: np.load(x)}
+np.save(out, s.run(None, feeds)[0])
 chk = rt.check_library(model)
 print(json.dumps({"calls": {k: v for k, v in kernel_calls(lib).items() if v}, "precision": chk.precision,
                   "detail": chk.precision_detail, "amx": amx_status(lib)["state"]}))
 """
 
 
-def run_written(model_path, x: np.ndarray, folder, env: dict | None = None) -> tuple[np.ndarray, dict]:
-    """The model's first output for `x` (its one input) and what the loader said: {"calls": {op type: Compute
-    calls}, "precision", "detail", "amx": whether the AMX tiles ran, or why not}."""
-    np.save(folder / "x.npy", x)
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(model_path), str(folder / "x.npy"), str(folder / "got.npy")],
+def run_written(model_path, x, folder, env: dict | None = None) -> tuple[np.ndarray, dict]:
+    """The model's first output for `x` (its one input, or a dict of inputs by name) and what the loader said:
+    {"calls": {op type: Compute calls}, "precision", "detail", "amx": whether the AMX tiles ran, or why not}."""
+    if isinstance(x, dict):
+        feeds = folder / "x.npz"
+        np.savez(feeds, **x)
+    else:
+        feeds = folder / "x.npy"
+        np.save(feeds, x)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(model_path), str(feeds), str(folder / "got.npy")],
                        check=False, capture_output=True, text=True, cwd=str(folder), timeout=120,
                        env={**os.environ, **(env or {})})
     assert r.returncode == 0, r.stderr

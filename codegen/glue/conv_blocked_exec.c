@@ -382,31 +382,6 @@ typedef struct {
   int64_t nchw_c; /* > 0: the input is NCHW with this many channels, blocked by the copy (16 lanes) */
 } cb_copy16_job;
 
-static inline uint16_t cb_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays a (quiet) NaN */
-  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-/* 16 floats at a time (the rounding above on AVX-512 integer lanes); returns how many it converted. */
-__attribute__((target("avx512f"))) static int64_t cb_bf16_run16(uint16_t *dst, const float *src, int64_t n) {
-  const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), inf = _mm512_set1_epi32(0x7F800000);
-  const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), quiet = _mm512_set1_epi32(0x40);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
-    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absmask), inf);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet));
-    _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
-  }
-  return i;
-}
-#endif
-
 static void cb_copy16_row(void *usr, size_t index) {
   const cb_copy16_job *p = (const cb_copy16_job *)usr;
   int64_t ps = p->ps, hp = (int64_t)index % p->Hp, plane = (int64_t)index / p->Hp, h = hp - p->pt;
@@ -424,7 +399,7 @@ static void cb_copy16_row(void *usr, size_t index) {
     const float *src = p->x + (item * C + c0) * HW + h * p->W;
     for (int64_t w = 0; w < p->W; w++) {
       int64_t l = 0;
-      for (; l < lanes; l++) to[w * 16 + l] = cb_bf16(src[l * HW + w]);
+      for (; l < lanes; l++) to[w * 16 + l] = glue_bf16(src[l * HW + w]);
       for (; l < 16; l++) to[w * 16 + l] = 0;
     }
     return;
@@ -432,9 +407,9 @@ static void cb_copy16_row(void *usr, size_t index) {
   const float *src = p->x + (plane * p->H + h) * p->W * ps;
   int64_t n = p->W * ps, i = 0;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (ps == 16) i = cb_bf16_run16(to, src, n); /* 16-lane blocked tensors exist only on AVX-512 targets */
+  if (ps == 16) i = glue_bf16_run16(to, src, n); /* 16-lane blocked tensors exist only on AVX-512 targets */
 #endif
-  for (; i < n; i++) to[i] = cb_bf16(src[i]);
+  for (; i < n; i++) to[i] = glue_bf16(src[i]);
 }
 
 /* NCHW <-> blocked for the kernel that computes in the blocked layout but takes and gives NCHW tensors. One task
@@ -519,7 +494,7 @@ typedef struct {
 } cb_copy32_job;
 
 #ifdef CB_HAVE_TRANSPOSE16
-/* 16 floats rounded to bfloat16 as cb_bf16 rounds. */
+/* 16 floats rounded to bfloat16 as glue_bf16 rounds. */
 __attribute__((target("avx512f"))) static inline __m256i cb_bf16_vec(__m512 x) {
   const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), inf = _mm512_set1_epi32(0x7F800000);
   const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), quiet = _mm512_set1_epi32(0x40);
@@ -583,7 +558,7 @@ static void cb_copy32_row(void *usr, size_t index) {
 #else
     for (int64_t w = 0; w < p->W; w++)
       for (int64_t l = 0; l < 32; l++)
-        to[w * 32 + l] = l < 16 ? cb_bf16(plane[w * 16 + l]) : next ? cb_bf16(next[w * 16 + l - 16]) : 0;
+        to[w * 32 + l] = l < 16 ? glue_bf16(plane[w * 16 + l]) : next ? glue_bf16(next[w * 16 + l - 16]) : 0;
 #endif
     return;
   }
@@ -594,7 +569,7 @@ static void cb_copy32_row(void *usr, size_t index) {
 #else
   for (int64_t w = 0; w < p->W; w++) {
     int64_t l = 0;
-    for (; l < lanes; l++) to[w * 32 + l] = cb_bf16(src[l * HW + w]);
+    for (; l < lanes; l++) to[w * 32 + l] = glue_bf16(src[l * HW + w]);
     for (; l < 32; l++) to[w * 32 + l] = 0;
   }
 #endif

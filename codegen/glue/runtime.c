@@ -52,6 +52,33 @@ static void grid_split(double ops, double min_ops, int64_t max_tasks, int64_t na
   }
 }
 
+/* float32 to bfloat16, round to nearest even (as vcvtneps2bf16 and the offline packing round). */
+static inline uint16_t glue_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays a (quiet) NaN */
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* glue_bf16 16 floats at a time on AVX-512 integer lanes, for as many whole vectors as n holds; returns how many it
+   converted. Only for kernels that run on AVX-512 CPUs. */
+__attribute__((target("avx512f"))) static int64_t glue_bf16_run16(uint16_t *dst, const float *src, int64_t n) {
+  const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), inf = _mm512_set1_epi32(0x7F800000);
+  const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), quiet = _mm512_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absmask), inf);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet));
+    _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
+  }
+  return i;
+}
+#endif
+
 /* Input i of a call: its dims (at most MAX_RANK), its rank and its data (the kinds' executors). */
 static OrtStatus *glue_input(OrtKernelContext *ctx, int i, int64_t *dims, size_t *rank, const void **data) {
   const OrtValue *in;

@@ -34,7 +34,7 @@ from onnxopt.fusion import winograd
 from onnxopt.tune import search_tile
 from onnxopt.tune.tile_search import kernel_tolerance
 from onnxopt.verify import KERNEL_ATOL, KERNEL_RTOL, LOW_PRECISION_TOLERANCE, Tolerance, compare
-from onnxopt.driver.precision import is_lowered
+from onnxopt.driver.precision import is_lowered, lowered_dtype
 from onnxopt.driver.policy import (COLD_REGION_BYTES, SETTLED_BEYOND, ALONE_CHECK_S, _machine, custom_ops,
                                    runs_quantized_units)
 
@@ -415,7 +415,7 @@ class KernelStage:
                          "outputs": r.outputs, "shape": r.shape, "bytes": bytes_moved,
                          "max_abs_err": max(d.max_abs for d in diffs)}
                 if is_lowered(r):  # its weights' type; "% of peak" is still against the float32 peak
-                    entry["weights_dtype"] = r.compute.attrs.b_dtype
+                    entry["weights_dtype"] = lowered_dtype(r)
                 if blocked_inputs(r) or blocked_outputs(r):
                     entry["layout"] = (("blocked" if r.inputs[0] in blocked_inputs(r) else "nchw") + "->"
                                        + ("blocked" if blocked_outputs(r) else "nchw"))

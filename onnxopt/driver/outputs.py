@@ -29,7 +29,8 @@ from onnxopt.driver.policy import (WHOLE_MODEL_MARGIN, _op_counts, offline_split
                                    takes_int8_units)
 from onnxopt.driver.result import Result
 from onnxopt.driver.openvino_reference import OPENVINO_FACTOR, openvino_bf16_outputs, openvino_relative
-from onnxopt.driver.precision import is_lowered, kernel_path, low_precision_tolerance, precision_cost, worst_error
+from onnxopt.driver.precision import (is_lowered, kernel_path, lowered_dtype, low_precision_tolerance, precision_cost,
+                                      worst_error)
 
 WRITTEN_TIME_S = 0.5  # seconds timing the written model against the original (report["written_timing"])
 
@@ -195,7 +196,7 @@ class OutputStage:
         if self.opts.precision == "fp32":
             return None
         lowered = [r for r in accepted if is_lowered(r)]
-        b_dtypes = {r.compute.attrs.b_dtype for r in lowered}
+        b_dtypes = {lowered_dtype(r) for r in lowered}
         record = {"precision": {"bfloat16": "bf16", "float16": "fp16"}[b_dtypes.pop()] if lowered else "fp32",
                   "requested": self.opts.precision,
                   "kernels": kernel_path(self.opts.precision, self.opts.target) if lowered else "fp32",

@@ -19,9 +19,12 @@ What is lowered:
   compute-bound convolution. On an AMX target (whose cores run vdpbf16ps at half the FMA rate), an NCHW kernel's
   convolution is given the blocked kernel (NCHW in and out) to reach the tiles, and the convolutions the tiles do not
   speed up keep float32 (`amx_conv_refusal`).
+- attention chains, on an AMX-BF16 target only (onnxopt/kinds/attention/amx.py): Q, K^T, V and the softmax's
+  weights rounded to bfloat16 for the two products on AMX tiles, the softmax and the sums float32; the float32 kernel
+  runs where the tiles cannot (vdpbf16ps at half the FMA rate would gain nothing there).
 Before opset 13 (Cast has no bfloat16) the weights are stored as their bits in UINT16 and the function bodies decode
 them exactly (fusion/compute.py `bfloat16_weights`). Everything else stays float32: depthwise and grouped
-convolutions, the NCHW kernel's, AFUSION and sibling groups, Winograd, attention, elementwise, softmax and LayerNorm
+convolutions, the NCHW kernel's, AFUSION and sibling groups, Winograd, elementwise, softmax and LayerNorm
 regions, and any region the lowering refuses (the report says which and why). onnxopt lowers nothing unless asked:
 fp32 is the default and builds exactly what it built before the option.
 
@@ -57,6 +60,7 @@ from onnx import helper, numpy_helper
 from onnxopt.errors import UsageError
 from onnxopt.fusion.compute import bfloat16_values, lower_packed_b
 from onnxopt.fusion.layout import channel_vectors_apply, lower_blocked_conv, with_channel_vectors
+from onnxopt.kinds.attention import amx as attention_amx
 from onnxopt.verify import LOW_PRECISION_TOLERANCE, Tolerance
 
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -99,8 +103,8 @@ def kernel_path(precision: str, target) -> str:
     """How the target runs the lowered GEMMs, in words (the report, and the CLI's line for bf16)."""
     if precision in ("bf16", "auto"):
         if bf16_k_step(target) > 2:
-            return ("bf16 GEMMs and blocked convolutions on AMX tiles (tdpbf16ps) where the CPU and the OS allow "
-                    "them, else vdpbf16ps (avx512_bf16); float32 sums")
+            return ("bf16 GEMMs, blocked convolutions and attention's two products on AMX tiles (tdpbf16ps) where "
+                    "the CPU and the OS allow them, else vdpbf16ps (avx512_bf16; attention: float32); float32 sums")
         if target.has("avx512bf16"):
             return "bf16 on vdpbf16ps (avx512_bf16), float32 sums"
         return (f"bf16 emulated: target {target.name} has no bf16 instruction (avx512_bf16 or AMX), so the weights "
@@ -168,6 +172,10 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
     amx = bf16_k_step(target) > 2
     for r in regions:
         if r.compute is None:
+            if r.params.family == "attention":  # its two products on AMX tiles, where the target has them
+                why = attention_amx.lower(r, target)
+                (kept.append({"nodes": r.node_names, "ops": r.describe(), "precision": "fp32", "reason": why})
+                 if why else lowered.append(r))
             continue
         if r.compute.op == "conv":  # on AMX tiles where the target has them: channels padded to blocks of 32
             why = conv_why or (amx_conv_refusal(r) if amx else None)
@@ -184,8 +192,15 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
     return lowered, kept
 
 
+def lowered_dtype(region) -> str | None:
+    """The 16-bit type a lowered region computes in ("bfloat16", "float16"), None for float32."""
+    if region.compute is not None:
+        return region.compute.attrs.b_dtype
+    return "bfloat16" if getattr(region.params, "products", "float32") == "bfloat16" else None
+
+
 def is_lowered(region) -> bool:
-    return region.compute is not None and region.compute.attrs.b_dtype is not None
+    return lowered_dtype(region) is not None
 
 
 def precision_cost(names, want, got) -> list[dict]:
@@ -227,10 +242,16 @@ def _simulated(model: onnx.ModelProto, regions, round_a: bool) -> onnx.ModelProt
     m.CopyFrom(model)
     opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 13)
     inits = {t.name: t for t in m.graph.initializer}
-    heads = {r.nodes[0].output[0]: r for r in regions}
+    heads = {r.nodes[0].output[0]: r for r in regions if not _is_attention(r)}
+    # an attention chain's two products read bf16 operands (Q and K, then the weights and V): both rounded
+    products = {n.output[0] for r in regions if _is_attention(r) for n in r.nodes if n.op_type == "MatMul"}
     new_nodes = []
     for n in m.graph.node:
-        if n.output and n.output[0] in heads and n.op_type in LOWERED_OPS and n.input[1] in inits:
+        if n.output and n.output[0] in products:
+            for i in range(2):
+                new_nodes += _round_to_bfloat16(n.input[i], f"{n.output[0]}__bf16_{i}", opset)
+                n.input[i] = f"{n.output[0]}__bf16_{i}"
+        elif n.output and n.output[0] in heads and n.op_type in LOWERED_OPS and n.input[1] in inits:
             b = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
             bname = f"{n.output[0]}__bf16_b"
             m.graph.initializer.append(numpy_helper.from_array(bfloat16_values(b), bname))
@@ -246,6 +267,10 @@ def _simulated(model: onnx.ModelProto, regions, round_a: bool) -> onnx.ModelProt
 
 
 LOWERED_OPS = ("MatMul", "Gemm", "Conv")
+
+
+def _is_attention(region) -> bool:
+    return region.compute is None and region.params.family == "attention"
 VELTKAMP_BF16 = float(2 ** 16 + 1)  # float32's 24-bit significand split at 16 bits: the high 8 are bfloat16's
 
 
@@ -321,7 +346,7 @@ def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list
     simulated model stays within the budget is found by bisection (the error grows with the regions taken, near
     enough monotonically): about log2(regions) sessions, not one per region."""
     names = [o.name for o in model.graph.output]
-    gemms = {id(r): _gemm_of(model, r) for r in regions}
+    gemms = {id(r): (None, None) if _is_attention(r) else _gemm_of(model, r) for r in regions}
     refused = [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
                 "reason": "its B is not an initializer, which the accuracy simulation needs"}
                for r in regions if gemms[id(r)] is None]
@@ -330,7 +355,7 @@ def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list
     def cost(taken) -> float:
         return worst_error(precision_cost(names, want, run(_simulated(model, taken, round_a), names)))
 
-    a_names = list(dict.fromkeys(gemms[id(r)][0].input[0] for r in regions))
+    a_names = list(dict.fromkeys(gemms[id(r)][0].input[0] if gemms[id(r)][0] else r.outputs[0] for r in regions))
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     known = {o.name for o in probe.graph.output}
@@ -344,6 +369,12 @@ def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list
     own = []
     for r in regions:
         node, b = gemms[id(r)]
+        if node is None:  # an attention chain: its output with only its own products in bf16, in onnxruntime
+            exact = np.asarray(a_values[r.outputs[0]], np.float64)
+            low = np.asarray(run(_simulated(probe, [r], round_a), [r.outputs[0]])[0], np.float64)
+            scale = float(np.max(np.abs(exact))) if exact.size else 0.0
+            own.append((float(np.max(np.abs(exact - low))) / scale if scale > 0 else 0.0, r))
+            continue
         a = np.asarray(a_values[node.input[0]], np.float32)
         if node.op_type == "Conv":
             own.append((_conv_own_error(model, node, a), r))
@@ -366,7 +397,7 @@ def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list
         else:
             hi = mid - 1
     refused += [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
-                 "reason": f"bf16 here (its GEMM's own error {e:.3g}, more than the {lo} taken) would take the model "
+                 "reason": f"bf16 here (its own error {e:.3g}, more than the {lo} taken) would take the model "
                            f"past the accuracy budget {budget:g}"} for e, r in own[lo:]]
     return [r for _, r in own[:lo]], refused, {"simulated_max_rel_error": best_err,
                                                "regions_simulated": len(own), "sessions": sessions}

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from amx_rules import tile_rule, within_accumulation_bound
 from fresh_process import run_written
 from onnx import TensorProto, helper, numpy_helper
 
@@ -27,7 +28,7 @@ from onnxopt.codegen.compute.tile import TileSpec
 from onnxopt.codegen.instructions import amx as amx_instructions
 from onnxopt.codegen.microkernel.registry import select
 from onnxopt.codegen.target import host_cpu_flags, parse_target
-from onnxopt.fusion.compute import bfloat16_bits, bfloat16_pairs, bfloat16_values
+from onnxopt.fusion.compute import bfloat16_bits, bfloat16_pairs
 from onnxopt.verify import LOW_PRECISION_TOLERANCE, compare
 
 AMX_BF16_TARGET = "cpu=x86-64-v4,+avx512bf16,+avx512vnni,+amx-tile,+amx-bf16"
@@ -35,23 +36,6 @@ HAS_BF16 = "avx512_bf16" in host_cpu_flags()
 HAS_AMX_BF16 = {"amx_tile", "amx_bf16"} <= host_cpu_flags()
 FAST = {"measure": False, "threads": 1, "cost_cache": False, "tune_budget": 0}
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no avx512_bf16 (the AMX target's vector tiles)")
-
-
-def tile_rule(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """tdpbf16ps's sums: A and B rounded to bfloat16, each product (exact in float32) added in K order, each add
-    rounded to float32."""
-    a16, w16 = bfloat16_values(a), bfloat16_values(w)
-    acc = np.zeros((a.shape[0], w.shape[1]), np.float32)
-    for k in range(a.shape[1]):
-        acc = (acc + a16[:, k, None] * w16[None, k, :]).astype(np.float32)
-    return acc
-
-
-def within_accumulation_bound(a: np.ndarray, w: np.ndarray, got: np.ndarray) -> bool:
-    """got is a @ w over bf16-rounded operands, summed in float32 in some order: |error| <= (K + 1) u sum |a||w|."""
-    a16, w16 = bfloat16_values(a).astype(np.float64), bfloat16_values(w).astype(np.float64)
-    bound = (a.shape[1] + 1) * 2.0**-24 * (np.abs(a16) @ np.abs(w16))
-    return bool(np.all(np.abs(got - a16 @ w16) <= bound))
 
 
 def test_the_descriptions_choose_tdpbf16ps_and_the_plain_mapping():

@@ -18,6 +18,7 @@ import subprocess
 import numpy as np
 import onnx
 import pytest
+from amx_rules import tile_rule
 from fresh_process import run_written
 from onnx import TensorProto, helper, numpy_helper
 
@@ -36,15 +37,6 @@ HAS_BF16 = "avx512_bf16" in host_cpu_flags()
 HAS_AMX_BF16 = {"amx_tile", "amx_bf16"} <= host_cpu_flags()
 FAST = {"measure": False, "threads": 2, "cost_cache": False, "tune_budget": 0, "plan": "compute-blocked"}
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no avx512_bf16 (the AMX target's vector code)")
-
-
-def tile_rule(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """tdpbf16ps's sums over bf16 operands a [rows, K] and w [K, n]: each product added in K order, rounded to
-    float32 each time."""
-    acc = np.zeros((a.shape[0], w.shape[1]), np.float32)
-    for k in range(a.shape[1]):
-        acc = (acc + a[:, k, None].astype(np.float32) * w[None, k, :].astype(np.float32)).astype(np.float32)
-    return acc
 
 
 def im2col(x: np.ndarray, kh: int, kw: int, s: int, p: int, d: int, blocks: int) -> tuple[np.ndarray, int, int]:

@@ -24,6 +24,13 @@ class AttentionKernelDesc:
     fn: str  # the generated function (glue.h attention_fn)
     rank: int = 0  # of q, k, v and the output, where perms are given
     perms: tuple = ((), (), (), ())  # AttentionParams.perms
+    amx_fn: str = ""  # the bf16 kernel on AMX tiles (amx.py), run where the CPU and the OS allow them; "" for none
+    matrix_instruction: str = ""  # what its tiles run on (the report's)
+    amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
+
+    @property
+    def uses_amx(self) -> bool:
+        return bool(self.amx_fn)
 
     def c_source(self, prefix: str) -> str:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_attention_desc, glue.h)."""
@@ -31,9 +38,9 @@ class AttentionKernelDesc:
         perms = ", ".join("{" + ", ".join(str(x) for x in (p or range(self.rank)) or [0]) + "}" for p in self.perms)
         elem = from_onnx(self.in_types[0])
         ct, acc = elem.c, elem.accumulator.c  # q, K^T and V panels, the output; the scores' scratch
-        return (f"extern void {self.fn}(const {ct} *, int64_t, const {ct} *, int64_t, const {ct} *, int64_t, "
-                f"const void *, int64_t, {ct} *, int64_t, int64_t, int64_t, int64_t, int64_t, {acc} *, int64_t);\n"
-                f"{decls}static const onnxopt_attention_desc {prefix}_desc = {{{sig}, {int(self.k_transposed)}, "
-                f"{MASK_KINDS[self.mask_kind]}, {self.block}, {self.rows_block}, {self.min_tasks}, {self.fn}, "
-                f"{int(any(self.perms))}, "
-                f"{{{perms}}}}};\n")
+        externs = "".join(f"extern void {fn}(const {ct} *, int64_t, const {ct} *, int64_t, const {ct} *, int64_t, "
+                          f"const void *, int64_t, {ct} *, int64_t, int64_t, int64_t, int64_t, int64_t, {acc} *, "
+                          "int64_t);\n" for fn in (self.fn, self.amx_fn) if fn)
+        return (f"{externs}{decls}static const onnxopt_attention_desc {prefix}_desc = {{{sig}, "
+                f"{int(self.k_transposed)}, {MASK_KINDS[self.mask_kind]}, {self.block}, {self.rows_block}, "
+                f"{self.min_tasks}, {self.fn}, {int(any(self.perms))}, {{{perms}}}, {self.amx_fn or 'NULL'}}};\n")

@@ -17,6 +17,8 @@ typedef struct {
   int64_t q_rs, o_rs;    /* row strides */
   int64_t k_ls, k_ts;    /* strides of K between keys and between head-dim elements, in any layout */
   int64_t v_ls, v_cs;    /* strides of V between keys and between its columns */
+  int amx;               /* the bf16 kernel on AMX tiles runs (desc amx_fn, and the CPU and the OS allow it) */
+  int64_t lp, dp, lk, dvp; /* its padded extents (amx.py): L to 64, d to 32, L to 32, dv to 64 */
   int failed;
 } attn_job;
 
@@ -55,6 +57,68 @@ static void attn_pack(const attn_job *j, const float *k, const float *v, float *
   }
 }
 
+/* n floats to bfloat16: 16 at a time on AVX-512 (the bf16 kernel runs only on AMX CPUs), the rest one by one. */
+static void attn_bf16_row(uint16_t *dst, const float *src, int64_t n) {
+  int64_t i = 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  i = glue_bf16_run16(dst, src, n);
+#endif
+  for (; i < n; i++) dst[i] = glue_bf16(src[i]);
+}
+
+#define ATTN_ROW_PAIRS 512 /* values a task converts on its stack at once */
+
+/* dst[i] = bf16(r0[i * st]) | bf16(r1[i * st]) << 16 for i < n (a pair of rows interleaved; a NULL row gives
+   zeros), contiguous rows converted 16 values at a time. */
+static void attn_pair_rows(uint32_t *dst, const float *r0, const float *r1, int64_t st, int64_t n) {
+  uint16_t lo[ATTN_ROW_PAIRS], hi[ATTN_ROW_PAIRS];
+  for (int64_t c0 = 0; c0 < n; c0 += ATTN_ROW_PAIRS) {
+    int64_t m = n - c0 < ATTN_ROW_PAIRS ? n - c0 : ATTN_ROW_PAIRS;
+    for (int t = 0; t < 2; t++) {
+      const float *row = t ? r1 : r0;
+      uint16_t *to = t ? hi : lo;
+      if (!row)
+        memset(to, 0, (size_t)m * sizeof(uint16_t));
+      else if (st == 1)
+        attn_bf16_row(to, row + c0, m);
+      else
+        for (int64_t i = 0; i < m; i++) to[i] = glue_bf16(row[(c0 + i) * st]);
+    }
+    for (int64_t i = 0; i < m; i++) dst[c0 + i] = (uint32_t)lo[i] | (uint32_t)hi[i] << 16;
+  }
+}
+
+/* The bf16 kernel's B operands, rounded to bfloat16 in the tiles' pair layouts (amx.py): K^T as [dp / 2][lp] pairs of
+   head-dim elements (zeros past d and L), V as [lk / 2][dvp] pairs of keys (zeros past L and dv), each pair one
+   uint32 (the lower element in the low half). Rows contiguous in memory are converted 16 values at a time: K's
+   rows of head-dim elements (K [L][d], the usual layout) and then spread over the pair rows; K^T's rows of keys and
+   V's rows of columns as pairs of rows interleaved (attn_pair_rows). Element by element it took a quarter of the op. */
+static void attn_pack_bf16(const attn_job *j, const float *k, const float *v, uint32_t *kp, uint32_t *vp) {
+  int64_t L = j->L, dd = j->d_, dv = j->dv, pairs = j->dp / 2;
+  if (j->k_ts == 1 && pairs <= ATTN_ROW_PAIRS / 2) {
+    uint32_t row[ATTN_ROW_PAIRS / 2];
+    memset(row, 0, sizeof row);
+    for (int64_t l = 0; l < L; l++) {
+      attn_bf16_row((uint16_t *)row, k + l * j->k_ls, dd);
+      for (int64_t t2 = 0; t2 < pairs; t2++) kp[t2 * j->lp + l] = row[t2];
+    }
+  } else {
+    for (int64_t t2 = 0; t2 < pairs; t2++)
+      attn_pair_rows(kp + t2 * j->lp, 2 * t2 < dd ? k + 2 * t2 * j->k_ts : NULL,
+                     2 * t2 + 1 < dd ? k + (2 * t2 + 1) * j->k_ts : NULL, j->k_ls, L);
+  }
+  for (int64_t t2 = 0; t2 < pairs; t2++) memset(kp + t2 * j->lp + L, 0, (size_t)(j->lp - L) * sizeof(uint32_t));
+  for (int64_t l2 = 0; l2 < j->lk / 2; l2++) {
+    uint32_t *dst = vp + l2 * j->dvp;
+    int64_t l = 2 * l2;
+    attn_pair_rows(dst, l < L ? v + l * j->v_ls : NULL, l + 1 < L ? v + (l + 1) * j->v_ls : NULL, j->v_cs, dv);
+    memset(dst + dv, 0, (size_t)(j->dvp - dv) * sizeof(uint32_t));
+  }
+}
+
+/* Floats of the bf16 kernel's scratch (amx.py): scores [16][lp], q16 [16][dp] and p16 [16][lp] bf16, o [16][dvp]. */
+static size_t attn_amx_scratch(const attn_job *j) { return (size_t)(16 * j->lp + 8 * j->dp + 8 * j->lp + 16 * j->dvp); }
+
 static void attn_task(void *usr, size_t index) {
   attn_job *j = (attn_job *)usr;
   const onnxopt_attention_desc *d = j->d;
@@ -69,8 +133,15 @@ static void attn_task(void *usr, size_t index) {
   int64_t L = j->L, W = d->block;
   int64_t kp_ps = j->d_ * W, vp_ps = L * W;
   size_t k_floats = (size_t)((L + W - 1) / W) * (size_t)kp_ps, v_floats = (size_t)((j->dv + W - 1) / W) * (size_t)vp_ps;
-  int expand_mask = d->mask_kind && j->mask_ls == 0 && L > 1;
   size_t s_floats = (size_t)d->rows_block * j->s_rs; /* the scores of one block of rows at a time */
+  if (j->amx) { /* the pairs (one float's room each) and the bf16 kernel's scratch */
+    kp_ps = j->lp;
+    vp_ps = j->dvp;
+    k_floats = (size_t)(j->dp / 2 * j->lp);
+    v_floats = (size_t)(j->lk / 2 * j->dvp);
+    s_floats = attn_amx_scratch(j);
+  }
+  int expand_mask = d->mask_kind && j->mask_ls == 0 && L > 1;
   size_t scratch = s_floats + k_floats + v_floats + (expand_mask ? (size_t)(j->mask_rs ? rows : 1) * L : 0);
   float *s = glue_floats(scratch ? scratch : 1);
   if (!s) {
@@ -78,7 +149,10 @@ static void attn_task(void *usr, size_t index) {
     return;
   }
   float *kp = s + s_floats, *vp = kp + k_floats;
-  attn_pack(j, j->k + off[1], j->v + off[2], kp, vp, W);
+  if (j->amx)
+    attn_pack_bf16(j, j->k + off[1], j->v + off[2], (uint32_t *)kp, (uint32_t *)vp);
+  else
+    attn_pack(j, j->k + off[1], j->v + off[2], kp, vp, W);
   const char *mask = NULL;
   int64_t mask_rs = 0;
   if (d->mask_kind) {
@@ -94,8 +168,10 @@ static void attn_task(void *usr, size_t index) {
       mask_rs = j->mask_rs ? L : 0;
     }
   }
-  d->fn(j->q + off[0] + r0 * j->q_rs, j->q_rs, kp, kp_ps, vp, vp_ps, mask, mask_rs, j->out + off[4] + r0 * j->o_rs,
-        j->o_rs, rows, L, j->d_, j->dv, s, j->s_rs);
+  int tiles = j->amx ? amx_tiles_configure() : 0; /* the bf16 kernel's tiles are named registers (amx.py) */
+  (j->amx ? d->amx_fn : d->fn)(j->q + off[0] + r0 * j->q_rs, j->q_rs, kp, kp_ps, vp, vp_ps, mask, mask_rs,
+                               j->out + off[4] + r0 * j->o_rs, j->o_rs, rows, L, j->d_, j->dv, s, j->s_rs);
+  amx_tiles_release(tiles);
   glue_release(s);
 }
 
@@ -198,14 +274,24 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   if (lead_total == 0 || j.M == 0 || j.dv == 0) return NULL;
   j.s_rs = (j.L + d->block - 1) / d->block * d->block;
   if (j.s_rs == 0) j.s_rs = d->block;
+  j.amx = d->amx_fn && amx_ok(AMX_BF16);
+  if (j.amx) {
+    j.lp = (j.L + 63) / 64 * 64;
+    j.dp = (j.d_ + 31) / 32 * 32;
+    j.lk = (j.L + 31) / 32 * 32;
+    j.dvp = (j.dv + 63) / 64 * 64;
+    j.s_rs = j.lp;
+  }
   /* rows a task: all of a (batch, head)'s rows unless that leaves fewer tasks than threads to feed, in whole
-     micro-kernel blocks; a task packs its head's K^T and V once, so fewer rows a task cost more packing */
-  int64_t mr = d->rows_block, rows = j.M;
+     micro-kernel blocks (16 rows on the tiles); a task packs its head's K^T and V once, so fewer rows a task cost
+     more packing */
+  int64_t mr = j.amx ? 16 : d->rows_block, rows = j.M;
   int64_t want_blocks = (d->min_tasks + lead_total - 1) / lead_total;
   if (want_blocks > 1) {
     rows = (j.M + want_blocks - 1) / want_blocks;
     if (rows >= mr) rows = (rows + mr - 1) / mr * mr;
   }
+  if (j.amx && rows < mr) rows = mr; /* a tile block computes 16 rows however few of them are kept */
   if (rows > j.M) rows = j.M;
   j.rows = rows;
   j.blocks = (j.M + rows - 1) / rows;

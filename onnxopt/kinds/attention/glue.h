@@ -19,6 +19,9 @@ typedef struct {
      is dim perm[t][i] of the tensor in memory (the head split's and merge's Transposes, folded). */
   int has_perms;
   int perm[4][MAX_RANK];
+  /* The bf16 kernel on AMX tiles (amx.py), or NULL: run instead of fn where the CPU and the OS allow the tiles
+     (matrix_engine.c), on K^T and V packed as bf16 pairs (exec.c attn_pack_bf16). */
+  attention_fn amx_fn;
 } onnxopt_attention_desc;
 
 #endif

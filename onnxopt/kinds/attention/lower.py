@@ -23,6 +23,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from onnxopt.codegen.compile import compile_object, new_module
+from onnxopt.codegen.instructions.tile_program import emulating
 from onnxopt.codegen.target import Target
 from onnxopt.codegen.vmath.exp import vexp_nonpositive
 from onnxopt.codegen.vmath.irutil import broadcast, fma, masked_load, masked_store, reduce_lanes as _reduce, while_loop
@@ -63,13 +64,18 @@ def _vmax(b, x, y):
     return b.select(b.fcmp_ordered(">", x, y), x, y)
 
 
-def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: int) -> str:
+def kernel_function(module: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
+    """A kernel with the signature above (glue.h attention_fn), and a builder at its entry."""
     args = [PTR, I64, PTR, I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, I64, I64, PTR, I64]
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
+    for i in (0, 2, 4, 6, 8, 14):  # q, kp, vp, mask, out, s
+        fn.args[i].add_attribute("noalias")
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+
+def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: int) -> str:
+    fn, b = kernel_function(module, name)
     q, q_rs, kp, kp_ps, vp, vp_ps, mask, mask_rs, out, out_rs, rows, L, d, dv, s, s_rs = fn.args
-    for a in (q, kp, vp, mask, out, s):
-        a.add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
     vty = ir.VectorType(F32, lanes)
     width = NR * lanes
     zero = ir.Constant(vty, [0.0] * lanes)
@@ -210,6 +216,14 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
         raise ValueError(f"the attention kernel is written for float32 tensors, not {elem.name}")
     module = new_module(target, region.op_type)
     sym = define_attention(module, f"{region.op_type}_attn", p, target.float32_lanes)
+    amx_sym, matrix = "", None
+    if p.products == "bfloat16":
+        from . import amx
+  # with the float32 kernel beside it, for where the tiles cannot run
+        matrix, why = amx.choose(target)
+        if matrix is None:
+            raise ValueError(f"the attention kernel's bf16 products need AMX tiles: {why}")
+        amx_sym = amx.define_attention_amx(module, f"{region.op_type}_attn_amx", p, matrix, emulating())
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     e = elem.onnx
@@ -218,5 +232,7 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
                                k_transposed=p.k_transposed, mask_kind=p.mask_kind,
                                block=NR * target.float32_lanes, rows_block=MR, min_tasks=p.min_tasks or MIN_TASKS,
                                fn=sym,
-                               rank=max((len(x) for x in p.perms), default=0), perms=p.perms)
+                               rank=max((len(x) for x in p.perms), default=0), perms=p.perms,
+                               amx_fn=amx_sym, matrix_instruction=matrix.name if matrix else "",
+                               amx_emulated=bool(amx_sym) and emulating())
     return obj, desc, ir_text

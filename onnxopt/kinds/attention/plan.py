@@ -5,7 +5,7 @@ and the buffer it needs, and why the softmax may keep whole rows.
 The tiles are the executor's (exec.c, attention_execute): a task takes a (batch, head)'s query rows, split into
 whole micro-kernel blocks only as far as every thread needs a task; the l, k and n tiles are whole (T_L = L: the
 score rows are kept, one micro-kernel block of them at a time). The buffer is a task's scratch: K^T and V packed in
-panels and the block's score rows.
+panels and the block's score rows (the bf16 kernel's: K^T and V as bf16 pairs, and its blocks of 16 rows, amx.py).
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ import math
 
 from onnxopt.annotate.data_movement import gemm_chain, illegal, movement, softmax_strategy
 
+from . import amx
 from .lower import MIN_TASKS, MR
 
 
-def task_rows(M: int, heads: int, min_tasks: int = MIN_TASKS) -> int:
-    """exec.c's rows a task, for these extents."""
+def task_rows(M: int, heads: int, min_tasks: int = MIN_TASKS, mr: int = MR) -> int:
+    """exec.c's rows a task, for these extents, in blocks of `mr` rows (the bf16 kernel's: 16)."""
     want_blocks = -(-min_tasks // max(heads, 1))
     if want_blocks <= 1:
         return max(1, M)
     rows = -(-M // want_blocks)
-    if rows >= MR:
-        rows = -(-rows // MR) * MR
+    if rows >= mr or mr == amx.ROWS:  # a tile block computes 16 rows however few are kept
+        rows = -(-rows // mr) * mr
     return max(1, min(rows, M))
 
 
@@ -32,6 +33,13 @@ def scratch_floats(L: int, d: int, dv: int, block: int) -> int:
     """exec.c's scratch a task (without an expanded mask): MR score rows, K^T and V in panels of `block`."""
     pad = lambda n: max(block, -(-n // block) * block)  # noqa: E731
     return MR * pad(L) + pad(L) * d + pad(dv) * L
+
+
+def amx_scratch_floats(L: int, d: int, dv: int) -> int:
+    """exec.c's scratch a task for the bf16 kernel (amx.py): K^T and V as bf16 pairs, the block's scores, q16, p16
+    and sums (attn_amx_scratch)."""
+    lp, dp, lk, dvp = -(-L // 64) * 64, -(-d // 32) * 32, -(-L // 32) * 32, -(-dv // 64) * 64
+    return dp // 2 * lp + lk // 2 * dvp + 16 * lp + 8 * dp + 8 * lp + 16 * dvp
 
 
 def logical_shape(shape, perm) -> list[int]:
@@ -52,8 +60,9 @@ def report(region, feeds: dict, desc) -> dict:
     heads = math.prod(max(a, b, c) for a, b, c in zip(q[:-2], k[:-2], v[:-2]))
     if 0 in (M, L, d, dv, heads):  # an empty chain moves nothing
         return {}
-    rows = task_rows(M, heads, desc.min_tasks)
-    buffer = scratch_floats(L, d, dv, desc.block)
+    # the bf16 kernel where the tiles run (the report's view assumes they do where the library has them)
+    rows = task_rows(M, heads, desc.min_tasks, amx.ROWS if desc.amx_fn else MR)
+    buffer = amx_scratch_floats(L, d, dv) if desc.amx_fn else scratch_floats(L, d, dv, desc.block)
     chain = gemm_chain(M, dv, d, L, batch=heads, middle="softmax")
     tiles = {"b": 1, "m": rows, "l": L, "k": d, "n": dv}
     order = ("b", "m", "l", "k", "n")
