@@ -1,6 +1,6 @@
-"""Transformer GEMMs (M = 128, MatMul + bias) in each `--precision`, timed as written files against onnxruntime fp32.
+"""Transformer GEMMs (MatMul + bias; M = 128 unless --shapes) in each `--precision`, timed as written files.
 
-    python benchmarks/precision_gemms.py [--threads 2] [--rounds 30] [--out DIR]
+    python benchmarks/precision_gemms.py [--threads 2] [--rounds 30] [--out DIR] [--shapes 128x768x768,...]
 
 Each model is written by `onnxopt.optimize(..., precision=P, measure=False)` (fp32, bf16 on this CPU, bf16 for
 x86-64-v4, which has no avx512_bf16 and so runs the emulated path, and fp16), loaded through `onnxopt.runtime` as a
@@ -75,12 +75,15 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--out", default=None, help="where the written models go (default: a temporary folder)")
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
+                    help="the GEMMs as M x K x N, comma-separated (default: BERT-base's three at 128 tokens)")
     a = ap.parse_args(argv)
+    shapes = [tuple(int(d) for d in text.split("x")) for text in a.shapes.split(",")]
     folder = a.out or tempfile.mkdtemp(prefix="precision-gemms-")
     os.makedirs(folder, exist_ok=True)
     peaks = load_machine().peak_flops
-    for m, k, n in SHAPES:
-        src = os.path.join(folder, f"mm_{k}x{n}.onnx")
+    for m, k, n in shapes:
+        src = os.path.join(folder, f"mm_{m}x{k}x{n}.onnx")
         onnx.save(gemm_model(m, k, n), src)
         feeds = {"x": np.random.default_rng(1).standard_normal((1, m, k)).astype(np.float32)}
         reference = ort.InferenceSession(src, session_options(a.threads), providers=["CPUExecutionProvider"])
@@ -90,7 +93,7 @@ def main(argv=None) -> None:
         sessions = [reference]
         for precision, target in VARIANTS:
             name = f"{precision}@{target}"
-            out = os.path.join(folder, f"{precision}_{target}_{k}x{n}.onnx")
+            out = os.path.join(folder, f"{precision}_{target}_{m}x{k}x{n}.onnx")
             onnxopt.optimize(src, out, precision=precision, target=target, measure=False, threads=a.threads,
                              cost_cache=False, tune_budget=0)
             s = rt.InferenceSession(out, session_options(a.threads))
