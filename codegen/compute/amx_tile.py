@@ -38,9 +38,9 @@ from llvmlite import ir
 from onnxopt.codegen.instructions import MATRIX_INSTRUCTIONS, mapping, matrix_available
 from onnxopt.codegen.instructions.expr import Computation, Loop, access, cast, mul
 from onnxopt.codegen.instructions.tile_program import Dot, Load, Repeat, Store, TileProgram, Zero, affine
-from onnxopt.codegen.vmath.irutil import for_range, intrinsic
+from onnxopt.codegen.vmath.irutil import for_range
 
-from ..microkernel.outer_product import F32, I16, I64, PTR, lane_mask, round_rows_to_bf16
+from ..microkernel.outer_product import F32, I16, I64, PTR, lane_mask, round_rows_16bit, to_16bit
 from ..glue.contract import CT_TILE
 from .tile import (SLOT_A, SLOT_A_MS, SLOT_B, SLOT_COFF, SLOT_EXTRA, SLOT_K, SLOT_LANES, SLOT_LDC, SLOT_M0, SLOT_OUT,
                    TileSpec, _slot, emit_row_epilogue)
@@ -54,22 +54,22 @@ K_CHUNK = 32  # bf16 elements of K a tile step takes (64 bytes of an A row, 16 p
 _LOOPS = {"m": "row", "n": "column", "k": "depth"}
 
 
-def gemm() -> Computation:
+def gemm(dtype: str = "bf16") -> Computation:
     """The packed-B tile's GEMM in the tensor language: out[row, column] += a[row, depth] * w[depth, column], bf16
-    operands widened to float32."""
-    return Computation("compute_bf16", (Loop("row", ROWS), Loop("column", 16), Loop("depth", K_CHUNK, reduce=True)),
+    (or f16) operands widened to float32."""
+    return Computation(f"compute_{dtype}", (Loop("row", ROWS), Loop("column", 16), Loop("depth", K_CHUNK, reduce=True)),
                        access("out", "f32", "row", "column"),
-                       mul("f32", cast("f32", access("a", "bf16", "row", "depth")),
-                           cast("f32", access("w", "bf16", "depth", "column"))))
+                       mul("f32", cast("f32", access("a", dtype, "row", "depth")),
+                           cast("f32", access("w", dtype, "depth", "column"))))
 
 
-def choose(target, lanes: int):
-    """(instruction, mapping) the bfloat16 tile runs on for `target`, or (None, why)."""
+def choose(target, lanes: int, dtype: str = "bf16"):
+    """(instruction, mapping) the 16-bit tile (`dtype` "bf16" or "f16") runs on for `target`, or (None, why)."""
     if lanes != 16:
         return None, "the AMX tiles finish rows on 16-lane vectors (AVX-512)"
-    ins, m = mapping.implemented(gemm(), matrix_available(target, ("bf16", "bf16")), _LOOPS)
+    ins, m = mapping.implemented(gemm(dtype), matrix_available(target, (dtype, dtype)), _LOOPS)
     if ins is None:
-        return None, f"target {target.name} has no bf16 matrix instruction" if m == "no matrix instruction" else m
+        return None, f"target {target.name} has no {dtype} matrix instruction" if m == "no matrix instruction" else m
     return ins, m
 
 
@@ -185,7 +185,7 @@ def _padded_k(b: ir.IRBuilder, k_count):
     return b.and_(b.add(k_count, ir.Constant(I64, K_CHUNK - 1)), ir.Constant(I64, -K_CHUNK))
 
 
-def define_amx_round_function(module: ir.Module, name: str) -> ir.Function:
+def define_amx_round_function(module: ir.Module, name: str, dtype: str = "bf16") -> ir.Function:
     """`void name(const int64 *tile)`: rows `a16_rows` of A (float32 at `a`, `a_ms` apart, `k` of them) rounded to
     bfloat16 (vcvtneps2bf16: round to nearest even) into `a16`, rows K-rounded-up-to-32 apart, zero-padded: whole
     vectors with plain loads and stores (masked ones cost the GEMM 4-12% here), the rest masked. The glue calls it once
@@ -207,14 +207,14 @@ def define_amx_round_function(module: ir.Module, name: str) -> ir.Function:
 
         def step(k, _):
             x = b.load(b.bitcast(b.gep(src, [k], source_etype=F32), vty.as_pointer()), typ=vty, align=4)
-            h = intrinsic(b, "llvm.x86.avx512bf16.cvtneps2bf16.512", hty, [x])
+            h = to_16bit(b, x, dtype)
             b.store(h, b.bitcast(b.gep(dst, [k], source_etype=I16), hty.as_pointer()), align=2)
             return []
 
         for_range(b, ir.Constant(I64, 0), whole, ir.Constant(I64, 16), step)
         # the rest of K and the zeros up to the padded row, masked
-        round_rows_to_bf16(b, [b.gep(src, [whole], source_etype=F32)], b.gep(dst, [whole], source_etype=I16),
-                           b.sub(k_count, whole), b.sub(kp, whole))
+        round_rows_16bit(b, [b.gep(src, [whole], source_etype=F32)], b.gep(dst, [whole], source_etype=I16),
+                         b.sub(k_count, whole), b.sub(kp, whole), dtype)
         return []
 
     for_range(b, ir.Constant(I64, 0), rows, ir.Constant(I64, 1), row)
@@ -226,7 +226,8 @@ def define_amx_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, in
                               emulate: bool) -> list[list[str]]:
     """Every (groups, nv) variant, then the rounding function; returns their names as [groups - 1][nv - 1] and a
     last row [round]."""
-    define_amx_round_function(module, f"{prefix}_round")
+    ins = next(i for i in MATRIX_INSTRUCTIONS if i.name == ins_name)
+    define_amx_round_function(module, f"{prefix}_round", ins.source_dtypes[0])
     return define_variants(module, prefix, spec, ins_name, emulate, define_amx_tile_function) + [[f"{prefix}_round"]]
 
 

@@ -86,8 +86,9 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     if wino:
         desc.winograd = wino
         desc.wino_in, desc.wino_out = sets[0].names()[0]
-    if packed_b and b_format == "bf16_dot" and c.op == "matmul":  # AMX tiles too, where the target has AMX-BF16
-        ins, _ = amx_choose(target, tile.lanes)
+    # AMX tiles too, where the target has AMX-BF16 (AMX-FP16 for float16 pairs)
+    if packed_b and b_format in AMX_DTYPE and c.op == "matmul":
+        ins, _ = amx_choose(target, tile.lanes, AMX_DTYPE[b_format])
         if ins is not None:
             amx = TileSetRequest("amx", spec, matrix=ins.name, emulated=emulating())
             *desc.amx_tiles, (desc.amx_round,) = amx.names()
@@ -109,9 +110,14 @@ def _stored_type(region: Region, c) -> int:
     return init.data_type if init is not None else dtype(c.attrs.b_dtype).onnx
 
 
+# The AMX tiles' operand type for a packed-B format that has them (amx_tile.py).
+AMX_DTYPE = {"bf16_dot": "bf16", "f16_pairs": "f16"}
+
+
 def b_format_for(b_dtype: str | None, target: Target, lanes: int) -> str:
     """The packed-B tile's format (microkernel/outer_product.py, B_FORMATS) for weights stored as `b_dtype`:
-    bfloat16 on vdpbf16ps where the target has avx512_bf16 (16 lanes), else widened to float32 in registers."""
+    bfloat16 on vdpbf16ps where the target has avx512_bf16 (16 lanes), else widened to float32 in registers;
+    float16 in pairs where the target has AMX-FP16 tiles (16 lanes), else as it is, both widened in registers."""
     if b_dtype in (None, "float32"):
         return "f32"
     if b_dtype == "bfloat16":
@@ -119,7 +125,7 @@ def b_format_for(b_dtype: str | None, target: Target, lanes: int) -> str:
     if b_dtype == "float16":
         if not target.has("f16c"):
             raise ValueError("float16 weights need F16C (vcvtph2ps), which the target lacks")
-        return "f16"
+        return "f16_pairs" if amx_choose(target, lanes, "f16")[0] is not None else "f16"
     raise ValueError(f"no packed-B kernel for weights stored as {b_dtype}")
 
 

@@ -80,7 +80,8 @@ static int64_t ct_packed_group(const onnxopt_ct_desc *d, int64_t K) {
 static int ct_amx(const ct_job *job) {
   const onnxopt_ct_desc *d = job->d;
   int64_t KB = job->K_rows ? job->K_rows : job->K;
-  return d->packed_b && d->amx_groups > 0 && KB % 32 == 0 && amx_ok(AMX_BF16);
+  int unit = d->sig.in_types[1] == 10 ? AMX_FP16 : AMX_BF16; /* float16 weights: tdpfp16ps, else tdpbf16ps */
+  return d->packed_b && d->amx_groups > 0 && KB % 32 == 0 && amx_ok(unit);
 }
 
 /* Scratch of the calling thread kept from call to call, one per use (CT_SCRATCH_*): a fresh buffer per task (hundreds

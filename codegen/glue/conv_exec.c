@@ -131,10 +131,11 @@ static OrtStatus *ct_matmul(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
     if (br != 3 || bd[2] != d->packed_b || bd[0] != (d->oc + d->packed_b - 1) / d->packed_b)
       return fail(ORT_INVALID_ARGUMENT, "onnxopt: packed matmul weights do not match the kernel");
     /* bfloat16 pairs along K: an odd K is stored with a zero row to make the last pair, or K padded with zero
-       rows to whole AMX steps of 32 (driver/precision.py) */
+       rows to whole AMX steps of 32 (driver/precision.py); float16 in pairs only for AMX-FP16 tiles, padded so */
     int bf16 = d->sig.in_types[1] == 16 || d->sig.in_types[1] == 4;
+    int f16_pairs = d->sig.in_types[1] == 10 && d->amx_groups > 0;
     int64_t stored = bf16 ? K + (K & 1) : K;
-    if (bf16 && bd[1] == ((K + 31) & ~(int64_t)31)) stored = bd[1];
+    if ((bf16 || f16_pairs) && bd[1] == ((K + 31) & ~(int64_t)31)) stored = bd[1];
     if (bd[1] != stored) return fail(ORT_INVALID_ARGUMENT, "onnxopt: matmul inner dimensions differ");
     k_rows = stored != K ? stored : 0;
     N = d->oc;

@@ -10,8 +10,8 @@ extern const int onnxopt_uses_amx; /* the library's kernels carry AMX tiles: 1, 
 
 enum { AMX_NOT_ASKED = 0, AMX_GRANTED = 1, AMX_EMULATED = 2, AMX_NO_CPU = -1000, AMX_TURNED_OFF = -1001 };
 static int g_amx_state; /* one of the above, or -errno of the refused request */
-enum { AMX_INT8 = 1, AMX_BF16 = 2 };
-static int g_amx_units; /* the CPU's tile instructions: AMX_INT8 | AMX_BF16 (all of them when emulated) */
+enum { AMX_INT8 = 1, AMX_BF16 = 2, AMX_FP16 = 4 };
+static int g_amx_units; /* the CPU's tile instructions: AMX_INT8 | AMX_BF16 | AMX_FP16 (all of them when emulated) */
 
 /* Whether tiles using `units` (AMX_INT8, AMX_BF16) may run in this process. */
 static int amx_ok(int units) {
@@ -24,12 +24,15 @@ static int amx_ok(int units) {
 #include <errno.h>
 long syscall(long number, ...); /* unistd.h declares it only outside strict C11 */
 
-/* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8, bit 22 AMX-BF16 (read directly: older compilers'
-   __builtin_cpu_supports does not know AMX's names). The units the CPU has, 0 without AMX-TILE. */
+/* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8, bit 22 AMX-BF16; sub-leaf 1: EAX bit 21 AMX-FP16 (read
+   directly: older compilers' __builtin_cpu_supports does not know AMX's names). The units the CPU has, 0 without
+   AMX-TILE. */
 static int amx_cpu(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1)) return 0;
-  return (d >> 25 & 1 ? AMX_INT8 : 0) | (d >> 22 & 1 ? AMX_BF16 : 0);
+  int units = (d >> 25 & 1 ? AMX_INT8 : 0) | (d >> 22 & 1 ? AMX_BF16 : 0);
+  if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 21 & 1)) units |= AMX_FP16;
+  return units;
 }
 #define ONNXOPT_SYS_ARCH_PRCTL 158
 #define ONNXOPT_ARCH_REQ_XCOMP_PERM 0x1023
@@ -43,7 +46,7 @@ static void amx_request(void) {
     state = AMX_TURNED_OFF;
   } else if (onnxopt_uses_amx == 2) {
     state = AMX_EMULATED; /* plain code: nothing to ask of the CPU or the OS */
-    g_amx_units = AMX_INT8 | AMX_BF16;
+    g_amx_units = AMX_INT8 | AMX_BF16 | AMX_FP16;
   } else if (!(g_amx_units = amx_cpu())) {
     state = AMX_NO_CPU;
   } else {
@@ -55,7 +58,7 @@ static void amx_request(void) {
 }
 #else
 static void amx_request(void) {
-  if (onnxopt_uses_amx == 2) g_amx_units = AMX_INT8 | AMX_BF16;
+  if (onnxopt_uses_amx == 2) g_amx_units = AMX_INT8 | AMX_BF16 | AMX_FP16;
   if (onnxopt_uses_amx)
     __atomic_store_n(&g_amx_state, onnxopt_uses_amx == 2 ? AMX_EMULATED : AMX_NO_CPU, __ATOMIC_RELEASE);
 }

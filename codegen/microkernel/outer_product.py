@@ -153,7 +153,9 @@ def emit_k_loop(b: ir.IRBuilder, lanes: int, mi: int, nv: int, k_count, step, in
 #   "bf16":     the same pairs widened to float32 in registers (a shift and a mask) and float32 FMAs with A as it
 #               is: half the weight bytes, the float32 FMA rate (targets without avx512_bf16).
 #   "f16":      float16, [K][panel], widened by vcvtph2ps (F16C) and float32 FMAs: half the weight bytes.
-B_FORMATS = ("f32", "bf16_dot", "bf16", "f16")
+#   "f16_pairs": float16 in pairs along K as "bf16" is (the layout AMX-FP16's tdpfp16ps reads, K padded to its
+#               steps), widened the same way for the rows the tiles do not take.
+B_FORMATS = ("f32", "bf16_dot", "bf16", "f16", "f16_pairs")
 I16 = ir.IntType(16)
 F16 = ir.HalfType()
 
@@ -190,16 +192,24 @@ def emit_packed_b_low_precision(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv
         return [b.load(b.gep(row, [b.mul(voff[j], ir.Constant(I64, 2))], source_etype=I16), typ=ity, align=4)
                 for j in range(nv)]
 
-    if b_format == "bf16":
+    if b_format in ("bf16", "f16_pairs"):
         high = ir.Constant(ity, [0xFFFF0000 - (1 << 32)] * lanes)  # the odd k's bf16 is the pair's high half
         shift = ir.Constant(ity, [16] * lanes)
+        hty = ir.VectorType(F16, lanes)
+
+        def widen(w, h):
+            """Half h of the pair words as float32: bfloat16 by its bits, float16 through vcvtph2ps."""
+            if b_format == "bf16":
+                return b.bitcast(b.shl(w, shift) if h == 0 else b.and_(w, high), vty)
+            half = b.trunc(w if h == 0 else b.lshr(w, shift), ir.VectorType(I16, lanes))
+            return b.fpext(b.bitcast(half, hty), vty)
 
         def step(kk, acc, halves=2):
             words = b_pairs(kk)
             k = b.shl(kk, ir.Constant(I64, 1))
             out = [list(row) for row in acc]
             for h in range(halves):  # the even k's weights are the low halves, the odd k's the high ones
-                vecs = [b.bitcast(b.shl(w, shift) if h == 0 else b.and_(w, high), vty) for w in words]
+                vecs = [widen(w, h) for w in words]
                 at = b.add(k, ir.Constant(I64, h))
                 for i in range(mi):
                     a = broadcast(b, b.load(b.gep(a_rows[i], [at], source_etype=F32), typ=F32), lanes)
@@ -219,7 +229,7 @@ def emit_packed_b_low_precision(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv
     # conversion and a broadcast.
     stride = b.and_(b.add(k_count, ir.Constant(I64, 1)), ir.Constant(I64, -2))
     a16 = b.alloca(I16, size=b.mul(stride, ir.Constant(I64, mi)))
-    round_rows_to_bf16(b, a_rows, a16, k_count, stride)
+    round_rows_16bit(b, a_rows, a16, k_count, stride)
     a16_rows = [b.gep(a16, [b.mul(ir.Constant(I64, i), stride)], source_etype=I16) for i in range(mi)]
     dot = "llvm.x86.avx512bf16.dpbf16ps.512"
 
@@ -289,11 +299,21 @@ def _if_then(b: ir.IRBuilder, cond, acc, then) -> list[list[ir.Value]]:
     return out
 
 
-def round_rows_to_bf16(b: ir.IRBuilder, a_rows: list, out, k_count, stride) -> None:
-    """out[i * stride + k] = bfloat16(A[i, k]) (vcvtneps2bf16: round to nearest even) for k < k_count, and 0 up to
-    `stride` (k_count rounded up to pairs), 16 values per step, the last step masked."""
-    vty = ir.VectorType(F32, 16)
+def to_16bit(b: ir.IRBuilder, x, dtype: str = "bf16"):
+    """16 floats as the bits of 16 bfloat16 ("bf16": vcvtneps2bf16) or float16 ("f16": vcvtps2ph) values, rounded
+    to nearest even."""
     hty = ir.VectorType(I16, 16)
+    if dtype == "bf16":
+        return intrinsic(b, "llvm.x86.avx512bf16.cvtneps2bf16.512", hty, [x])
+    if dtype == "f16":
+        return b.bitcast(b.fptrunc(x, ir.VectorType(F16, 16)), hty)
+    raise ValueError(f"no 16-bit rounding to {dtype}")
+
+
+def round_rows_16bit(b: ir.IRBuilder, a_rows: list, out, k_count, stride, dtype: str = "bf16") -> None:
+    """out[i * stride + k] = A[i, k] rounded to `dtype` (to_16bit) for k < k_count, and 0 up to `stride` (k_count
+    rounded up to pairs), 16 values per step, the last step masked."""
+    vty = ir.VectorType(F32, 16)
     fn = b.function
     pre = b.block
     loop = fn.append_basic_block("a16.loop")
@@ -306,7 +326,7 @@ def round_rows_to_bf16(b: ir.IRBuilder, a_rows: list, out, k_count, stride) -> N
     written = lane_mask(b, b.sub(stride, k), 16)
     for i, row in enumerate(a_rows):
         x = masked_load(b, b.gep(row, [k], source_etype=F32), vty, valid, 4)
-        h = intrinsic(b, "llvm.x86.avx512bf16.cvtneps2bf16.512", hty, [x])
+        h = to_16bit(b, x, dtype)
         dst = b.gep(out, [b.add(b.mul(ir.Constant(I64, i), stride), k)], source_etype=I16)
         masked_store(b, h, dst, written, 2)
     k_next = b.add(k, ir.Constant(I64, 16))

@@ -10,7 +10,8 @@ What is lowered:
   where the target has avx512_bf16 (the rows AMX does not take, and targets without it), with A rounded to bfloat16
   in the kernel; elsewhere
   the bfloat16 weights are widened in registers and multiplied with float32 FMAs (half the weight bytes, the float32
-  FMA rate). float16 is always that widening (vcvtph2ps).
+  FMA rate). float16 runs on AMX tiles (tdpfp16ps) where the target has AMX-FP16 (Granite Rapids: weights in pairs,
+  K padded to 32, A rounded to float16 as bfloat16's is), and on that widening (vcvtph2ps) for the rest.
 - bf16 only: one-group convolutions on the blocked kernel (fusion/layout.py `lower_blocked_conv`): weights in
   pairs of adjacent input channels, the input read from a bfloat16 copy the glue makes per call (zero-padded; an
   NCHW input of 16 channels or more is gathered by that copy). On AMX tiles where the target has AMX-BF16
@@ -111,6 +112,9 @@ def kernel_path(precision: str, target) -> str:
                 "are stored in bf16 and widened to float32 in registers for float32 FMAs (half the weight bytes, the "
                 "float32 FMA rate)")
     if precision == "fp16":
+        if fp16_k_step(target) > 1:
+            return ("fp16 GEMMs on AMX tiles (tdpfp16ps) where the CPU and the OS allow them, else fp16 storage "
+                    "widened by vcvtph2ps and float32 FMAs; float32 sums")
         return "fp16 storage, widened by vcvtph2ps, float32 FMAs (half the weight bytes, the float32 FMA rate)"
     return "fp32"
 
@@ -121,6 +125,18 @@ def bf16_k_step(target) -> int:
     from onnxopt.codegen.compute.amx_tile import K_CHUNK, choose
 
     return K_CHUNK if choose(target, target.float32_lanes)[0] is not None else 2
+
+
+def fp16_k_step(target) -> int:
+    """K rows a float16 B panel is padded to: whole AMX steps, in pairs, where the target has AMX-FP16 tiles; else
+    1 (stored as the float32 form is, for widening in registers)."""
+    from onnxopt.codegen.compute.amx_tile import K_CHUNK, choose
+
+    return K_CHUNK if choose(target, target.float32_lanes, "f16")[0] is not None else 1
+
+
+def k_step(precision: str, target) -> int:
+    return fp16_k_step(target) if B_DTYPE[precision] == "float16" else bf16_k_step(target)
 
 
 def conv_refusal(precision: str, target) -> str | None:
@@ -173,7 +189,8 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
     for r in regions:
         if r.compute is None:
             if r.params.family == "attention":  # its two products on AMX tiles, where the target has them
-                why = attention_amx.lower(r, target)
+                why = (attention_amx.lower(r, target) if B_DTYPE[precision] == "bfloat16"
+                       else f"attention: float32 ({precision} covers the GEMMs)")
                 (kept.append({"nodes": r.node_names, "ops": r.describe(), "precision": "fp32", "reason": why})
                  if why else lowered.append(r))
             continue
@@ -184,7 +201,7 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
                 with_channel_vectors(r, target.float32_lanes, select(target).tile.ni, opset)
             why = why or lower_blocked_conv(r, opset, bf16_k_step(target))
         else:
-            why = lower_packed_b(r, B_DTYPE[precision], opset, bf16_k_step(target))
+            why = lower_packed_b(r, B_DTYPE[precision], opset, k_step(precision, target))
         if why is None:
             lowered.append(r)
         else:

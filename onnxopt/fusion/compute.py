@@ -613,16 +613,21 @@ def bfloat16_values(x: np.ndarray) -> np.ndarray:
     return (bfloat16_bits(x).astype(np.uint32) << 16).view(np.float32)
 
 
-def bfloat16_pairs(packed: np.ndarray, k_step: int = 2) -> np.ndarray:
-    """Packed float32 panels [pn][K][P] as the bfloat16 tiles read them: bit patterns [pn][K2/2][P][2], the two k
-    of a pair side by side in each column (vdpbf16ps's operand, and AMX's B tile rows), K2 = K rounded up to a
-    multiple of `k_step` (2, or an AMX step of 32) with zero rows."""
+def in_pairs(packed: np.ndarray, k_step: int = 2) -> np.ndarray:
+    """Packed float32 panels [pn][K][P] in pairs along K, [pn][K2/2][P][2]: the two k of a pair side by side in each
+    column (vdpbf16ps's operand, and AMX's B tile rows), K2 = K rounded up to a multiple of `k_step` (2, or an AMX
+    step of 32) with zero rows."""
     pn, k, p = packed.shape
     if k % k_step:
         pad = k_step - k % k_step
         packed = np.concatenate([packed, np.zeros((pn, pad, p), packed.dtype)], axis=1)
         k += pad
-    return bfloat16_bits(np.ascontiguousarray(packed.reshape(pn, k // 2, 2, p).transpose(0, 1, 3, 2)))
+    return np.ascontiguousarray(packed.reshape(pn, k // 2, 2, p).transpose(0, 1, 3, 2))
+
+
+def bfloat16_pairs(packed: np.ndarray, k_step: int = 2) -> np.ndarray:
+    """Packed float32 panels [pn][K][P] as the bfloat16 tiles read them: bit patterns [pn][K2/2][P][2] (in_pairs)."""
+    return bfloat16_bits(in_pairs(packed, k_step))
 
 
 def bfloat16_weights(name: str, bits: np.ndarray, dims, opset: int, out: str):
@@ -667,8 +672,9 @@ def lower_packed_b(region: Region, b_dtype: str, opset: int, k_step: int = 2) ->
 
     bfloat16 is stored in pairs along K, [ceil(N / P)][K2/2][P][2] under the shape [ceil(N / P)][K2][P], K2 = K
     rounded up to a multiple of `k_step` with zero rows (vdpbf16ps multiplies a pair per lane; AMX tiles take 32 K
-    a step: driver/precision.py; the glue reads K2 from the shape); float16 as the float32 form is,
-    [ceil(N / P)][K][P], and only when every weight is within float16's range."""
+    a step: driver/precision.py; the glue reads K2 from the shape); float16 only when every weight is within
+    float16's range, as the float32 form is, [ceil(N / P)][K][P], or in pairs as bfloat16 is where `k_step` is an
+    AMX-FP16 step (k_step > 2)."""
     c = region.compute
     if c is None or c.op in ("conv", "conv_transpose", "afusion", "siblings"):
         return "conv: float32, bf16 not lowered yet"
@@ -685,11 +691,21 @@ def lower_packed_b(region: Region, b_dtype: str, opset: int, k_step: int = 2) ->
     pn, k, p = packed.shape
     if not np.all(np.isfinite(packed)):
         return "B has values that are not finite"
+    if b_dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"no low-precision B as {b_dtype}")
     u = f"{wname}__cast"
     body = [helper.make_node("Cast", [wname], [f"{u}_f"], to=onnx.TensorProto.FLOAT)]
-    if b_dtype == "bfloat16":
+    paired = b_dtype == "bfloat16" or k_step > 2
+    if b_dtype == "float16":
+        big = float(np.max(np.abs(packed))) if packed.size else 0.0
+        if big > FLOAT16_MAX:
+            return f"a weight of magnitude {big:.4g} is past float16's 65504"
+    if paired:
         k2 = -(-k // k_step) * k_step
-        tensor, body = bfloat16_weights(wname, bfloat16_pairs(packed, k_step), (pn, k2, p), opset, f"{u}_f")
+        if b_dtype == "bfloat16":
+            tensor, body = bfloat16_weights(wname, bfloat16_pairs(packed, k_step), (pn, k2, p), opset, f"{u}_f")
+        else:
+            tensor = numpy_helper.from_array(in_pairs(packed, k_step).astype(np.float16).reshape(pn, k2, p), wname)
 
         def const(name, arr):
             return helper.make_node("Constant", [], [name],
@@ -704,14 +720,9 @@ def lower_packed_b(region: Region, b_dtype: str, opset: int, k_step: int = 2) ->
             body += [const(f"{u}_starts", [0]), const(f"{u}_ends", [k]), const(f"{u}_axes", [1]),
                      helper.make_node("Slice", [unpacked, f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_k"])]
             unpacked = f"{u}_k"
-    elif b_dtype == "float16":
-        big = float(np.max(np.abs(packed))) if packed.size else 0.0
-        if big > FLOAT16_MAX:
-            return f"a weight of magnitude {big:.4g} is past float16's 65504"
+    else:
         tensor = numpy_helper.from_array(packed.astype(np.float16), wname)
         unpacked = f"{u}_f"
-    else:
-        raise ValueError(f"no low-precision B as {b_dtype}")
     for node in c.body:
         for i, x in enumerate(node.input):
             if x == wname:

@@ -35,7 +35,7 @@ from llvmlite import ir
 from onnxopt.codegen.instructions import mapping, matrix_available
 from onnxopt.codegen.instructions.expr import Computation, Loop, access, cast, mul
 from onnxopt.codegen.instructions.tile_program import Dot, Load, Repeat, Store, TileProgram, Zero, affine
-from onnxopt.codegen.microkernel.outer_product import lane_mask, round_rows_to_bf16
+from onnxopt.codegen.microkernel.outer_product import lane_mask, round_rows_16bit
 from onnxopt.codegen.vmath.exp import vexp_nonpositive
 from onnxopt.codegen.vmath.irutil import broadcast, for_range, intrinsic, masked_load, masked_store, reduce_lanes
 
@@ -198,12 +198,12 @@ def define_attention_amx(module: ir.Module, name: str, p: AttentionParams, ins, 
         n = b.select(b.icmp_signed("<", b.sub(rows, r0), c(ROWS)), b.sub(rows, r0), c(ROWS))
 
         def q_row(i, _):
-            round_rows_to_bf16(b, [at(q, b.mul(b.add(r0, i), q_rs))], at(q16, b.mul(i, dp), I16), d, dp)
+            round_rows_16bit(b, [at(q, b.mul(b.add(r0, i), q_rs))], at(q16, b.mul(i, dp), I16), d, dp)
             return []
 
         def zero_row(i, _):  # the last block's rows past the queries: zeros, so the tiles read no stale values
-            round_rows_to_bf16(b, [q], at(q16, b.mul(i, dp), I16), c(0), dp)
-            round_rows_to_bf16(b, [q], at(p16, b.mul(i, lp), I16), c(0), lp)
+            round_rows_16bit(b, [q], at(q16, b.mul(i, dp), I16), c(0), dp)
+            round_rows_16bit(b, [q], at(p16, b.mul(i, lp), I16), c(0), lp)
             return []
 
         for_range(b, c(0), n, c(1), q_row)
