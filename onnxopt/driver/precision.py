@@ -20,9 +20,9 @@ What is lowered:
   compute-bound convolution. On an AMX target (whose cores run vdpbf16ps at half the FMA rate), an NCHW kernel's
   convolution is given the blocked kernel (NCHW in and out) to reach the tiles, and the convolutions the tiles do not
   speed up keep float32 (`amx_conv_refusal`).
-- attention chains, on an AMX-BF16 target only (onnxopt/kinds/attention/amx.py): Q, K^T, V and the softmax's
-  weights rounded to bfloat16 for the two products on AMX tiles, the softmax and the sums float32; the float32 kernel
-  runs where the tiles cannot (vdpbf16ps at half the FMA rate would gain nothing there).
+- attention chains, on an AMX-BF16 target only (fp16: AMX-FP16; onnxopt/kinds/attention/amx.py): Q, K^T, V and the
+  softmax's weights rounded to bfloat16 (float16) for the two products on AMX tiles, the softmax and the sums
+  float32; the float32 kernel runs where the tiles cannot (vdpbf16ps at half the FMA rate would gain nothing there).
 Before opset 13 (Cast has no bfloat16) the weights are stored as their bits in UINT16 and the function bodies decode
 them exactly (fusion/compute.py `bfloat16_weights`). Everything else stays float32: depthwise and grouped
 convolutions, the NCHW kernel's, AFUSION and sibling groups, Winograd, elementwise, softmax and LayerNorm
@@ -189,8 +189,7 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
     for r in regions:
         if r.compute is None:
             if r.params.family == "attention":  # its two products on AMX tiles, where the target has them
-                why = (attention_amx.lower(r, target) if B_DTYPE[precision] == "bfloat16"
-                       else f"attention: float32 ({precision} covers the GEMMs)")
+                why = attention_amx.lower(r, target, "bf16" if B_DTYPE[precision] == "bfloat16" else "f16")
                 (kept.append({"nodes": r.node_names, "ops": r.describe(), "precision": "fp32", "reason": why})
                  if why else lowered.append(r))
             continue
@@ -213,7 +212,8 @@ def lowered_dtype(region) -> str | None:
     """The 16-bit type a lowered region computes in ("bfloat16", "float16"), None for float32."""
     if region.compute is not None:
         return region.compute.attrs.b_dtype
-    return "bfloat16" if getattr(region.params, "products", "float32") == "bfloat16" else None
+    products = getattr(region.params, "products", "float32")
+    return None if products == "float32" else products
 
 
 def is_lowered(region) -> bool:

@@ -29,6 +29,8 @@ from onnxopt.kinds.attention import KIND, amx
 from onnxopt.timing import make_session
 
 AMX_BF16_TARGET = "cpu=x86-64-v4,+avx512bf16,+avx512vnni,+amx-tile,+amx-bf16"
+AMX_FP16_TARGET = AMX_BF16_TARGET + ",+amx-fp16"  # Granite Rapids: no development host has it
+BITS = {"bf16": bfloat16_bits, "f16": lambda x: np.asarray(x, np.float32).astype(np.float16).view(np.uint16)}
 HAS_BF16 = "avx512_bf16" in host_cpu_flags()
 HAS_AMX_BF16 = {"amx_tile", "amx_bf16"} <= host_cpu_flags()
 # the kernel's vector code (vcvtneps2bf16) runs on emulated tiles too
@@ -36,19 +38,19 @@ needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no avx512_bf1
 FAST = {"measure": False, "threads": 2, "cost_cache": False, "tune_budget": 0}
 
 
-def pack_kt(k: np.ndarray, lp: int, dp: int) -> np.ndarray:
-    """K [L, d] as exec.c's attn_pack_bf16 lays K^T out: [dp / 2][lp][2] bf16 bits, zeros past d and L."""
+def pack_kt(k: np.ndarray, lp: int, dp: int, dtype: str = "bf16") -> np.ndarray:
+    """K [L, d] as exec.c's attn_pack16 lays K^T out: [dp / 2][lp][2] 16-bit values, zeros past d and L."""
     L, d = k.shape
     kt = np.zeros((dp, lp), np.uint16)
-    kt[:d, :L] = bfloat16_bits(k).T
+    kt[:d, :L] = BITS[dtype](k).T
     return np.ascontiguousarray(kt.reshape(dp // 2, 2, lp).transpose(0, 2, 1))
 
 
-def pack_v(v: np.ndarray, lk: int, dvp: int) -> np.ndarray:
-    """V [L, dv] as attn_pack_bf16 lays it out: [lk / 2][dvp][2] bf16 bits, zeros past L and dv."""
+def pack_v(v: np.ndarray, lk: int, dvp: int, dtype: str = "bf16") -> np.ndarray:
+    """V [L, dv] as attn_pack16 lays it out: [lk / 2][dvp][2] 16-bit values, zeros past L and dv."""
     L, dv = v.shape
     full = np.zeros((lk, dvp), np.uint16)
-    full[:L, :dv] = bfloat16_bits(v)
+    full[:L, :dv] = BITS[dtype](v)
     return np.ascontiguousarray(full.reshape(lk // 2, 2, dvp).transpose(0, 2, 1))
 
 
@@ -59,18 +61,23 @@ def test_both_products_map_onto_tdpbf16ps():
     assert none is None and "no bf16 matrix instruction" in why
     none, why = amx.choose(parse_target("x86-64-v3"))
     assert none is None and "16-lane" in why
+    assert amx.choose(parse_target(AMX_FP16_TARGET), "f16")[0] is amx_instructions.TDPFP16PS
+    none, why = amx.choose(parse_target(AMX_BF16_TARGET), "f16")
+    assert none is None and "no f16 matrix instruction" in why
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("L,d,dv", [(100, 80, 80), (64, 64, 64), (7, 32, 3)])
-def test_the_tile_program_computes_both_products_by_the_instructions_rule(L, d, dv):
+def test_the_tile_program_computes_both_products_by_the_instructions_rule(L, d, dv, dtype):
     """The scores q16 K^T over the glue's K^T pairs, then p16 V over its V pairs, through the one program in the
-    reference interpreter: tdpbf16ps's rule bit for bit, and zeros in the padding columns."""
+    reference interpreter: tdpbf16ps's (tdpfp16ps's) rule bit for bit, and zeros in the padding columns."""
     rng = np.random.default_rng(L + d)
+    ins = {"bf16": amx_instructions.TDPBF16PS, "f16": amx_instructions.TDPFP16PS}[dtype]
     lp, dp, lk, dvp = -(-L // 64) * 64, -(-d // 32) * 32, -(-L // 32) * 32, -(-dv // 64) * 64
     q = rng.standard_normal((16, d)).astype(np.float32)
     k = rng.standard_normal((L, d)).astype(np.float32)
     v = rng.standard_normal((L, dv)).astype(np.float32)
-    prog = amx.program(amx_instructions.TDPBF16PS)
+    prog = amx.program(ins)
     assert len(prog.shapes) <= 8 and all((s.rows, s.colsb) == (16, 64) for _, s in prog.shapes)
 
     def product(a16, b_pairs, a_cols, c_cols, chunks):
@@ -83,16 +90,16 @@ def test_the_tile_program_computes_both_products_by_the_instructions_rule(L, d, 
         return c
 
     q16 = np.zeros((16, dp), np.uint16)
-    q16[:, :d] = bfloat16_bits(q)
-    s = product(q16, pack_kt(k, lp, dp), dp, lp, dp // 32)
-    np.testing.assert_array_equal(s[:, :L], tile_rule(q, k.T))
+    q16[:, :d] = BITS[dtype](q)
+    s = product(q16, pack_kt(k, lp, dp, dtype), dp, lp, dp // 32)
+    np.testing.assert_array_equal(s[:, :L], tile_rule(q, k.T, dtype))
     assert not s[:, L:].any()
 
     p = rng.random((16, L)).astype(np.float32)
     p16 = np.zeros((16, lp), np.uint16)
-    p16[:, :L] = bfloat16_bits(p)
-    o = product(p16, pack_v(v, lk, dvp), lp, dvp, lk // 32)
-    np.testing.assert_array_equal(o[:, :dv], tile_rule(p, v))
+    p16[:, :L] = BITS[dtype](p)
+    o = product(p16, pack_v(v, lk, dvp, dtype), lp, dvp, lk // 32)
+    np.testing.assert_array_equal(o[:, :dv], tile_rule(p, v, dtype))
     assert not o[:, dv:].any()
 
 
@@ -110,11 +117,13 @@ def test_the_kernel_compiles_to_tile_instructions_on_named_registers():
     assert "ldtilecfg" not in asm and "tilerelease" not in asm  # the task loads the one configuration
 
 
-def _written(tmp_path, model, name="attention.so"):
-    """The model's one attention chain built with bf16 products for the AMX target, written to a file."""
+def _written(tmp_path, model, name="attention.so", products="bfloat16"):
+    """The model's one attention chain built with bf16 (fp16) products for the AMX (AMX-FP16) target, written to a
+    file."""
+    target = AMX_FP16_TARGET if products == "float16" else AMX_BF16_TARGET
     fused, lib, region, _ = fuse_kind(KIND, onnx.shape_inference.infer_shapes(model), tmp_path, name,
-                                      target=parse_target(AMX_BF16_TARGET),
-                                      params=lambda p: dataclasses.replace(p, products="bfloat16"))
+                                      target=parse_target(target),
+                                      params=lambda p: dataclasses.replace(p, products=products))
     path = tmp_path / "fused.onnx"
     onnx.save(fused, path)
     return path, region
@@ -124,17 +133,17 @@ def _scaled_error(want, got) -> float:
     return float(np.nanmax(np.abs(got.astype(np.float64) - want)) / np.nanmax(np.abs(want)))
 
 
-def _check_written(tmp_path, model, feeds, env, amx_state):
+def _check_written(tmp_path, model, feeds, env, amx_state, products="bfloat16", error=(1e-4, 2e-2)):
     """Runs the written model in a fresh process: the loader's AMX state, one kernel call, and the output within
-    bf16's error of the float32 reference, with bf16's rounding visible; then with ONNXOPT_AMX=0, the float32
-    kernel's answer."""
-    path, region = _written(tmp_path, model)
+    bf16's (fp16's) error of the float32 reference, with its rounding visible (`error`: the band); then with
+    ONNXOPT_AMX=0, the float32 kernel's answer."""
+    path, region = _written(tmp_path, model, products=products)
     want = make_session(model, 1, optimization="none").run(None, feeds)[0].astype(np.float64)
     got, loader = run_written(path, feeds, tmp_path, env=env)
     assert loader["amx"] == amx_state and sum(loader["calls"].values()) == 1, loader
     assert np.array_equal(np.isnan(got), np.isnan(want))
     err = _scaled_error(want, got)
-    assert 1e-4 < err < 2e-2, err  # bf16 operands: about 2^-9 of the largest output, not float32's 1e-7
+    assert error[0] < err < error[1], err  # bf16 operands: about 2^-9 of the largest output, not float32's 1e-7
     off, loader = run_written(path, feeds, tmp_path, env={**env, "ONNXOPT_AMX": "0"})
     assert loader["amx"] == "turned off (ONNXOPT_AMX=0)"
     assert _scaled_error(want, off) < 1e-5
@@ -156,6 +165,18 @@ def test_the_bf16_kernel_on_emulated_tiles_in_a_fresh_process(tmp_path, monkeypa
     monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
     model = attention_model(form, b, h, m, lq, d, mask, True, split_heads=split)
     _check_written(tmp_path, model, feeds_for(model), {"ONNXOPT_EMULATE_TILES": "1"}, "emulated")
+
+
+@needs_bf16
+@pytest.mark.parametrize("form,b,h,m,lq,d,mask,split", SHAPES[:2] + [
+    ("sdpa", 1, 2, 20, 37, 40, "add", False)])  # K^T's rows of 37 keys and V's of 40 columns: converted tails
+def test_the_fp16_kernel_on_emulated_amx_fp16_tiles(tmp_path, monkeypatch, form, b, h, m, lq, d, mask, split):
+    """`--precision fp16` on an AMX-FP16 target (tdpfp16ps): float16's rounding (about 8x finer than bf16's), and
+    the float32 kernel where the tiles are turned off (on this host without emulation, where it has no AMX-FP16)."""
+    monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
+    model = attention_model(form, b, h, m, lq, d, mask, True, split_heads=split)
+    _check_written(tmp_path, model, feeds_for(model), {"ONNXOPT_EMULATE_TILES": "1"}, "emulated", "float16",
+                   (1e-5, 2.5e-3))
 
 
 @needs_bf16
@@ -242,6 +263,21 @@ def test_auto_keeps_attention_float32_past_a_tight_budget(tmp_path, monkeypatch)
     assert "matrix_instruction" not in entry and "weights_dtype" not in entry
     kept = [e for e in res.report["precision"]["float32_regions"] if e["nodes"] == entry["nodes"]]
     assert kept and "accuracy budget" in kept[0]["reason"]
+
+
+@needs_bf16
+def test_fp16_lowers_attention_on_an_amx_fp16_target_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
+    src = tmp_path / "src.onnx"
+    onnx.save(_bert_like(), src)
+    res = onnxopt.optimize(str(src), str(tmp_path / "a.onnx"), precision="fp16", target=AMX_FP16_TARGET, **FAST)
+    (entry,) = _attention_entries(res.report)
+    assert entry["matrix_instruction"] == "tdpfp16ps" and entry["weights_dtype"] == "float16"
+    res = onnxopt.optimize(str(src), str(tmp_path / "b.onnx"), precision="fp16", target=AMX_BF16_TARGET, **FAST)
+    (entry,) = _attention_entries(res.report)
+    assert "matrix_instruction" not in entry
+    kept = [e for e in res.report["precision"]["float32_regions"] if e["nodes"] == entry["nodes"]]
+    assert kept and "no f16 matrix instruction" in kept[0]["reason"]
 
 
 def test_a_target_without_amx_keeps_attention_float32_and_says_why(tmp_path):

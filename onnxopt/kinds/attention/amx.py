@@ -15,7 +15,7 @@ columns. The kernel (`define_attention_amx`) runs it twice per block of 16 query
     o   = p16 V             (the tiles)      [16][dvp]     float32, dvp = dv rounded up to 64
     out = o / sum                            only the block's rows, only dv columns
 
-The operands the tiles read as B are packed by the glue once per task (exec.c `attn_pack_bf16`): K^T as bf16 pairs of
+The operands the tiles read as B are packed by the glue once per task (exec.c `attn_pack16`): K^T as bf16 pairs of
 head-dim rows, [dp / 2][Lp][2] (zeros past d and L), V as pairs of key rows, [Lk / 2][dvp][2] with Lk = L rounded up
 to 32 (zeros past L and dv): the tiles' own layouts. The sum is taken over the rounded weights, so the output is a
 weighted mean of V's bf16 values with weights that add up to one exactly as the products see them.
@@ -35,9 +35,9 @@ from llvmlite import ir
 from onnxopt.codegen.instructions import mapping, matrix_available
 from onnxopt.codegen.instructions.expr import Computation, Loop, access, cast, mul
 from onnxopt.codegen.instructions.tile_program import Dot, Load, Repeat, Store, TileProgram, Zero, affine
-from onnxopt.codegen.microkernel.outer_product import lane_mask, round_rows_16bit
+from onnxopt.codegen.microkernel.outer_product import lane_mask, round_rows_16bit, to_16bit
 from onnxopt.codegen.vmath.exp import vexp_nonpositive
-from onnxopt.codegen.vmath.irutil import broadcast, for_range, intrinsic, masked_load, masked_store, reduce_lanes
+from onnxopt.codegen.vmath.irutil import broadcast, for_range, masked_load, masked_store, reduce_lanes
 
 from .lower import kernel_function
 from .params import AttentionParams
@@ -51,27 +51,31 @@ PASS = COLUMN_TILES * 16  # columns a pass: the key and value column counts are 
 _LOOPS = {"m": "row", "n": "column", "k": "depth"}
 
 
-def products() -> list[Computation]:
-    """The chain's two products in the tensor language, bf16 operands widened to float32."""
+# The params' `products` for each 16-bit operand type, and back.
+PRODUCTS = {"bf16": "bfloat16", "f16": "float16"}
+
+
+def products(dtype: str = "bf16") -> list[Computation]:
+    """The chain's two products in the tensor language, `dtype` operands (bf16, f16) widened to float32."""
     def gemm(name, a, b):
         return Computation(name, (Loop("row", ROWS), Loop("column", 16), Loop("depth", K_CHUNK, reduce=True)),
                            access("out", "f32", "row", "column"),
-                           mul("f32", cast("f32", access(a, "bf16", "row", "depth")),
-                               cast("f32", access(b, "bf16", "depth", "column"))))
+                           mul("f32", cast("f32", access(a, dtype, "row", "depth")),
+                               cast("f32", access(b, dtype, "depth", "column"))))
 
-    return [gemm("attention_scores_bf16", "q", "k_t"), gemm("attention_values_bf16", "p", "v")]
+    return [gemm(f"attention_scores_{dtype}", "q", "k_t"), gemm(f"attention_values_{dtype}", "p", "v")]
 
 
-def choose(target):
+def choose(target, dtype: str = "bf16"):
     """(instruction, why): the matrix instruction both products map onto for `target`, or (None, why not)."""
     if target.float32_lanes != 16:
-        return None, "its bf16 kernel finishes rows on 16-lane vectors (AVX-512)"
-    available = matrix_available(target, ("bf16", "bf16"))
+        return None, f"its {dtype} kernel finishes rows on 16-lane vectors (AVX-512)"
+    available = matrix_available(target, (dtype, dtype))
     chosen = None
-    for product in products():
+    for product in products(dtype):
         ins, m = mapping.implemented(product, available, _LOOPS)
         if ins is None:
-            return None, (f"target {target.name} has no bf16 matrix instruction" if m == "no matrix instruction"
+            return None, (f"target {target.name} has no {dtype} matrix instruction" if m == "no matrix instruction"
                           else f"{product.name}: {m}")
         if chosen is not None and ins is not chosen:
             return None, "its two products map onto different instructions"
@@ -124,6 +128,7 @@ def define_attention_amx(module: ir.Module, name: str, p: AttentionParams, ins, 
     """The kernel, with lower.py's float32 kernel's signature: kp and vp are the bf16 pairs (exec.c), kp_ps is Lp
     (keys a K^T pair row), vp_ps is dvp (columns a V pair row), s_rs is Lp."""
     tiles = define_tiles_function(module, f"{name}_tiles", ins, emulate)
+    dtype = ins.source_dtypes[0]
     fn, b = kernel_function(module, name)
     q, q_rs, kp, lp, vp, dvp, mask, mask_rs, out, out_rs, rows, L, d, dv, s, _s_rs = fn.args
     c = lambda v: ir.Constant(I64, v)  # noqa: E731
@@ -142,6 +147,12 @@ def define_attention_amx(module: ir.Module, name: str, p: AttentionParams, ins, 
     scale = ir.Constant(vty, [p.scale] * 16)
     fill = ir.Constant(vty, [p.fill] * 16)
     none = ir.Constant(F32, 0.0 if p.nan_guard else float("nan"))
+
+    def widen(h):
+        """16 values' 16-bit bits back to float32."""
+        if dtype == "f16":
+            return b.fpext(b.bitcast(h, ir.VectorType(ir.HalfType(), 16)), vty)
+        return b.bitcast(b.shl(b.zext(h, ir.VectorType(I32, 16)), ir.Constant(ir.VectorType(I32, 16), [16] * 16)), vty)
 
     def softmax_row(i, r):
         """Row i of the block (query row r): the scores scaled and masked in place, their max; then p16's row and
@@ -182,10 +193,9 @@ def define_attention_amx(module: ir.Module, name: str, p: AttentionParams, ins, 
                 col = b.add(c0, c(16 * j))
                 e = vexp_nonpositive(b, b.fsub(b.load(b.bitcast(at(srow, col), vty.as_pointer()), typ=vty, align=4),
                                                mxv))
-                h = intrinsic(b, "llvm.x86.avx512bf16.cvtneps2bf16.512", hty, [e])
+                h = to_16bit(b, e, dtype)
                 b.store(h, b.bitcast(at(prow, col, I16), hty.as_pointer()), align=2)
-                rounded = b.bitcast(b.shl(b.zext(b.bitcast(h, hty), ir.VectorType(I32, 16)),
-                                          ir.Constant(ir.VectorType(I32, 16), [16] * 16)), vty)
+                rounded = widen(h)
                 sums[j] = b.fadd(sums[j], rounded)
             return sums
 
@@ -198,7 +208,7 @@ def define_attention_amx(module: ir.Module, name: str, p: AttentionParams, ins, 
         n = b.select(b.icmp_signed("<", b.sub(rows, r0), c(ROWS)), b.sub(rows, r0), c(ROWS))
 
         def q_row(i, _):
-            round_rows_16bit(b, [at(q, b.mul(b.add(r0, i), q_rs))], at(q16, b.mul(i, dp), I16), d, dp)
+            round_rows_16bit(b, [at(q, b.mul(b.add(r0, i), q_rs))], at(q16, b.mul(i, dp), I16), d, dp, dtype)
             return []
 
         def zero_row(i, _):  # the last block's rows past the queries: zeros, so the tiles read no stale values
@@ -235,14 +245,15 @@ def define_attention_amx(module: ir.Module, name: str, p: AttentionParams, ins, 
     return name
 
 
-def lower(region, target) -> str | None:
-    """Give the region's two products bf16 operands on AMX tiles (`--precision bf16`/`auto`), in place; or why not."""
+def lower(region, target, dtype: str = "bf16") -> str | None:
+    """Give the region's two products `dtype` operands on AMX tiles (`--precision bf16`/`auto`: bf16; `fp16`: f16),
+    in place; or why not."""
     import dataclasses
 
-    ins, why = choose(target)
+    ins, why = choose(target, dtype)
     if ins is None:
         return f"attention: float32 ({why})"
     if region.params.dtype != "float32":
-        return f"attention: {region.params.dtype} (its bf16 kernel reads float32 tensors)"
-    region.params = dataclasses.replace(region.params, products="bfloat16")
+        return f"attention: {region.params.dtype} (its {dtype} kernel reads float32 tensors)"
+    region.params = dataclasses.replace(region.params, products=PRODUCTS[dtype])
     return None

@@ -27,6 +27,7 @@ class AttentionKernelDesc:
     amx_fn: str = ""  # the bf16 kernel on AMX tiles (amx.py), run where the CPU and the OS allow them; "" for none
     matrix_instruction: str = ""  # what its tiles run on (the report's)
     amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
+    amx_f16: bool = False  # its tiles take float16 (tdpfp16ps, AMX-FP16), else bfloat16
 
     @property
     def uses_amx(self) -> bool:
@@ -43,4 +44,5 @@ class AttentionKernelDesc:
                           "int64_t);\n" for fn in (self.fn, self.amx_fn) if fn)
         return (f"{externs}{decls}static const onnxopt_attention_desc {prefix}_desc = {{{sig}, "
                 f"{int(self.k_transposed)}, {MASK_KINDS[self.mask_kind]}, {self.block}, {self.rows_block}, "
-                f"{self.min_tasks}, {self.fn}, {int(any(self.perms))}, {{{perms}}}, {self.amx_fn or 'NULL'}}};\n")
+                f"{self.min_tasks}, {self.fn}, {int(any(self.perms))}, {{{perms}}}, {self.amx_fn or 'NULL'}, "
+                f"{int(self.amx_f16)}}};\n")

@@ -57,61 +57,98 @@ static void attn_pack(const attn_job *j, const float *k, const float *v, float *
   }
 }
 
-/* n floats to bfloat16: 16 at a time on AVX-512 (the bf16 kernel runs only on AMX CPUs), the rest one by one. */
-static void attn_bf16_row(uint16_t *dst, const float *src, int64_t n) {
+/* float32 to float16, round to nearest even (IEEE binary16: subnormals kept, overflow to infinity). */
+static uint16_t attn_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof(x));
+  uint32_t sign = (x >> 16) & 0x8000u, e = (x >> 23) & 0xFFu, m = x & 0x7FFFFFu;
+  if (e == 0xFF) return (uint16_t)(sign | 0x7C00u | (m ? 0x200u : 0)); /* infinity, NaN (quiet) */
+  int32_t exp = (int32_t)e - 112;                                        /* the float16 exponent field */
+  if (exp >= 31) return (uint16_t)(sign | 0x7C00u);
+  if (exp <= 0) { /* a float16 subnormal or zero: the significand with its leading bit, shifted */
+    if (exp < -10) return (uint16_t)sign;
+    uint32_t full = m | 0x800000u, shift = (uint32_t)(14 - exp), half = full >> shift;
+    uint32_t rest = full & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    return (uint16_t)(sign | (half + (rest > mid || (rest == mid && (half & 1)))));
+  }
+  uint32_t half = (uint32_t)exp << 10 | m >> 13, rest = m & 0x1FFFu; /* a carry into the exponent is right */
+  return (uint16_t)(sign | (half + (rest > 0x1000u || (rest == 0x1000u && (half & 1)))));
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* attn_f16 16 floats at a time (vcvtps2ph); returns how many it converted. Only on AVX-512 CPUs. */
+__attribute__((target("avx512f"))) static int64_t attn_f16_run16(uint16_t *dst, const float *src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  return i;
+}
+#endif
+
+/* n floats to bfloat16 (float16 where `f16`): 16 at a time on AVX-512 (the 16-bit kernels run only on AMX CPUs),
+   the rest one by one. */
+static void attn_row16(uint16_t *dst, const float *src, int64_t n, int f16) {
   int64_t i = 0;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  i = glue_bf16_run16(dst, src, n);
+  i = f16 ? attn_f16_run16(dst, src, n) : glue_bf16_run16(dst, src, n);
 #endif
-  for (; i < n; i++) dst[i] = glue_bf16(src[i]);
+  for (; i < n; i++) dst[i] = f16 ? attn_f16(src[i]) : glue_bf16(src[i]);
 }
 
 #define ATTN_ROW_PAIRS 512 /* values a task converts on its stack at once */
 
-/* dst[i] = bf16(r0[i * st]) | bf16(r1[i * st]) << 16 for i < n (a pair of rows interleaved; a NULL row gives
-   zeros), contiguous rows converted 16 values at a time. */
-static void attn_pair_rows(uint32_t *dst, const float *r0, const float *r1, int64_t st, int64_t n) {
+/* dst[i] = h(r0[i * st]) | h(r1[i * st]) << 16 for i < n, h the 16-bit rounding (bfloat16, or float16 where
+   `f16`): a pair of rows interleaved, a NULL row giving zeros. Rows of elements apart are gathered first, so each
+   is converted 16 values at a time. */
+static void attn_pair_rows(uint32_t *dst, const float *r0, const float *r1, int64_t st, int64_t n, int f16) {
   uint16_t lo[ATTN_ROW_PAIRS], hi[ATTN_ROW_PAIRS];
+  float gathered[ATTN_ROW_PAIRS];
   for (int64_t c0 = 0; c0 < n; c0 += ATTN_ROW_PAIRS) {
     int64_t m = n - c0 < ATTN_ROW_PAIRS ? n - c0 : ATTN_ROW_PAIRS;
     for (int t = 0; t < 2; t++) {
       const float *row = t ? r1 : r0;
       uint16_t *to = t ? hi : lo;
-      if (!row)
+      if (!row) {
         memset(to, 0, (size_t)m * sizeof(uint16_t));
-      else if (st == 1)
-        attn_bf16_row(to, row + c0, m);
-      else
-        for (int64_t i = 0; i < m; i++) to[i] = glue_bf16(row[(c0 + i) * st]);
+        continue;
+      }
+      const float *from = row + c0;
+      if (st != 1) {
+        for (int64_t i = 0; i < m; i++) gathered[i] = row[(c0 + i) * st];
+        from = gathered;
+      }
+      attn_row16(to, from, m, f16);
     }
     for (int64_t i = 0; i < m; i++) dst[c0 + i] = (uint32_t)lo[i] | (uint32_t)hi[i] << 16;
   }
 }
 
-/* The bf16 kernel's B operands, rounded to bfloat16 in the tiles' pair layouts (amx.py): K^T as [dp / 2][lp] pairs of
+/* The 16-bit kernel's B operands, rounded to bfloat16 (float16 where amx_f16) in the tiles' pair layouts (amx.py): K^T as [dp / 2][lp] pairs of
    head-dim elements (zeros past d and L), V as [lk / 2][dvp] pairs of keys (zeros past L and dv), each pair one
    uint32 (the lower element in the low half). Rows contiguous in memory are converted 16 values at a time: K's
    rows of head-dim elements (K [L][d], the usual layout) and then spread over the pair rows; K^T's rows of keys and
    V's rows of columns as pairs of rows interleaved (attn_pair_rows). Element by element it took a quarter of the op. */
-static void attn_pack_bf16(const attn_job *j, const float *k, const float *v, uint32_t *kp, uint32_t *vp) {
+static void attn_pack16(const attn_job *j, const float *k, const float *v, uint32_t *kp, uint32_t *vp) {
   int64_t L = j->L, dd = j->d_, dv = j->dv, pairs = j->dp / 2;
+  int f16 = j->d->amx_f16;
   if (j->k_ts == 1 && pairs <= ATTN_ROW_PAIRS / 2) {
     uint32_t row[ATTN_ROW_PAIRS / 2];
     memset(row, 0, sizeof row);
     for (int64_t l = 0; l < L; l++) {
-      attn_bf16_row((uint16_t *)row, k + l * j->k_ls, dd);
+      attn_row16((uint16_t *)row, k + l * j->k_ls, dd, f16);
       for (int64_t t2 = 0; t2 < pairs; t2++) kp[t2 * j->lp + l] = row[t2];
     }
   } else {
     for (int64_t t2 = 0; t2 < pairs; t2++)
       attn_pair_rows(kp + t2 * j->lp, 2 * t2 < dd ? k + 2 * t2 * j->k_ts : NULL,
-                     2 * t2 + 1 < dd ? k + (2 * t2 + 1) * j->k_ts : NULL, j->k_ls, L);
+                     2 * t2 + 1 < dd ? k + (2 * t2 + 1) * j->k_ts : NULL, j->k_ls, L, f16);
   }
   for (int64_t t2 = 0; t2 < pairs; t2++) memset(kp + t2 * j->lp + L, 0, (size_t)(j->lp - L) * sizeof(uint32_t));
   for (int64_t l2 = 0; l2 < j->lk / 2; l2++) {
     uint32_t *dst = vp + l2 * j->dvp;
     int64_t l = 2 * l2;
-    attn_pair_rows(dst, l < L ? v + l * j->v_ls : NULL, l + 1 < L ? v + (l + 1) * j->v_ls : NULL, j->v_cs, dv);
+    attn_pair_rows(dst, l < L ? v + l * j->v_ls : NULL, l + 1 < L ? v + (l + 1) * j->v_ls : NULL, j->v_cs, dv,
+                   f16);
     memset(dst + dv, 0, (size_t)(j->dvp - dv) * sizeof(uint32_t));
   }
 }
@@ -150,7 +187,7 @@ static void attn_task(void *usr, size_t index) {
   }
   float *kp = s + s_floats, *vp = kp + k_floats;
   if (j->amx)
-    attn_pack_bf16(j, j->k + off[1], j->v + off[2], (uint32_t *)kp, (uint32_t *)vp);
+    attn_pack16(j, j->k + off[1], j->v + off[2], (uint32_t *)kp, (uint32_t *)vp);
   else
     attn_pack(j, j->k + off[1], j->v + off[2], kp, vp, W);
   const char *mask = NULL;
@@ -274,7 +311,7 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   if (lead_total == 0 || j.M == 0 || j.dv == 0) return NULL;
   j.s_rs = (j.L + d->block - 1) / d->block * d->block;
   if (j.s_rs == 0) j.s_rs = d->block;
-  j.amx = d->amx_fn && amx_ok(AMX_BF16);
+  j.amx = d->amx_fn && amx_ok(d->amx_f16 ? AMX_FP16 : AMX_BF16);
   if (j.amx) {
     j.lp = (j.L + 63) / 64 * 64;
     j.dp = (j.d_ + 31) / 32 * 32;

@@ -217,12 +217,13 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
     module = new_module(target, region.op_type)
     sym = define_attention(module, f"{region.op_type}_attn", p, target.float32_lanes)
     amx_sym, matrix = "", None
-    if p.products == "bfloat16":
+    if p.products != "float32":  # with the float32 kernel beside it, for where the tiles cannot run
         from . import amx
-  # with the float32 kernel beside it, for where the tiles cannot run
-        matrix, why = amx.choose(target)
+
+        operand = {v: k for k, v in amx.PRODUCTS.items()}[p.products]
+        matrix, why = amx.choose(target, operand)
         if matrix is None:
-            raise ValueError(f"the attention kernel's bf16 products need AMX tiles: {why}")
+            raise ValueError(f"the attention kernel's {operand} products need AMX tiles: {why}")
         amx_sym = amx.define_attention_amx(module, f"{region.op_type}_attn_amx", p, matrix, emulating())
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
@@ -234,5 +235,6 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
                                fn=sym,
                                rank=max((len(x) for x in p.perms), default=0), perms=p.perms,
                                amx_fn=amx_sym, matrix_instruction=matrix.name if matrix else "",
+                               amx_f16=p.products == "float16",
                                amx_emulated=bool(amx_sym) and emulating())
     return obj, desc, ir_text

@@ -23,13 +23,13 @@ class AttentionParams(KindParams):
     perms: tuple = ((), (), (), ())
     dtype: str = "float32"  # of q, k, v, the output and an additive mask, from the graph
     min_tasks: int = 0  # the schedule (schedule.py): the fewest tasks a call is split into; 0, MIN_TASKS
-    # "bfloat16": the two products take bf16 operands on AMX tiles (amx.py; `--precision bf16`/`auto`), the
-    # float32 kernel kept for where the tiles cannot run; "float32": float32 throughout
+    # "bfloat16" ("float16"): the two products take bf16 (fp16) operands on AMX tiles (amx.py; `--precision
+    # bf16`/`auto` (`fp16`)), the float32 kernel kept for where the tiles cannot run; "float32": float32 throughout
     products: str = "float32"
 
     def key(self) -> list:
         key = [repr(self.scale), self.k_transposed, self.mask_kind, repr(self.fill), self.nan_guard]
         key = key + [list(p) for p in self.perms] if any(self.perms) else key
         key = key if self.dtype == "float32" else key + [self.dtype]  # float32's op types as before the field
-        key = key + (["bf16"] if self.products == "bfloat16" else [])
+        key = key + ({"bfloat16": ["bf16"], "float16": ["f16"]}.get(self.products, []))
         return key + ([f"tasks{self.min_tasks}"] if self.min_tasks else [])
