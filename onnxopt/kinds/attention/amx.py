@@ -1,4 +1,6 @@
-"""The attention chain's two products in bfloat16 on AMX tiles (`--precision bf16` / `auto` on an AMX-BF16 target).
+"""The attention chain's two products in bfloat16 on AMX tiles (`--precision bf16` / `auto` on an AMX-BF16 target),
+or in float16 (`--precision fp16` on an AMX-FP16 target: `tdpfp16ps`, the same program and kernel, every "bf16"
+below read as float16).
 
 Both products are bf16 GEMMs into float32 sums, written in the tensor language and matched against the target's
 matrix instructions by AMOS's mapper (codegen/instructions/mapping.py `implemented`), as the bf16 GEMM's tile is

@@ -17,7 +17,7 @@ typedef struct {
   int64_t q_rs, o_rs;    /* row strides */
   int64_t k_ls, k_ts;    /* strides of K between keys and between head-dim elements, in any layout */
   int64_t v_ls, v_cs;    /* strides of V between keys and between its columns */
-  int amx;               /* the bf16 kernel on AMX tiles runs (desc amx_fn, and the CPU and the OS allow it) */
+  int amx;               /* the 16-bit kernel on AMX tiles runs (desc amx_fn, and the CPU and the OS allow it) */
   int64_t lp, dp, lk, dvp; /* its padded extents (amx.py): L to 64, d to 32, L to 32, dv to 64 */
   int failed;
 } attn_job;
@@ -123,11 +123,11 @@ static void attn_pair_rows(uint32_t *dst, const float *r0, const float *r1, int6
   }
 }
 
-/* The 16-bit kernel's B operands, rounded to bfloat16 (float16 where amx_f16) in the tiles' pair layouts (amx.py): K^T as [dp / 2][lp] pairs of
-   head-dim elements (zeros past d and L), V as [lk / 2][dvp] pairs of keys (zeros past L and dv), each pair one
-   uint32 (the lower element in the low half). Rows contiguous in memory are converted 16 values at a time: K's
-   rows of head-dim elements (K [L][d], the usual layout) and then spread over the pair rows; K^T's rows of keys and
-   V's rows of columns as pairs of rows interleaved (attn_pair_rows). Element by element it took a quarter of the op. */
+/* The 16-bit kernel's B operands, rounded to bfloat16 (float16 where amx_f16) in the tiles' pair layouts (amx.py):
+   K^T as [dp / 2][lp] pairs of head-dim elements (zeros past d and L), V as [lk / 2][dvp] pairs of keys (zeros past
+   L and dv), each pair one uint32 (the lower element in the low half). Rows are converted 16 values at a time: K's
+   rows of head-dim elements (K [L][d], the usual layout), then spread over the pair rows; K^T's rows of keys and V's
+   rows of columns as pairs of rows interleaved (attn_pair_rows). Element by element it took a quarter of the op. */
 static void attn_pack16(const attn_job *j, const float *k, const float *v, uint32_t *kp, uint32_t *vp) {
   int64_t L = j->L, dd = j->d_, dv = j->dv, pairs = j->dp / 2;
   int f16 = j->d->amx_f16;
@@ -153,7 +153,8 @@ static void attn_pack16(const attn_job *j, const float *k, const float *v, uint3
   }
 }
 
-/* Floats of the bf16 kernel's scratch (amx.py): scores [16][lp], q16 [16][dp] and p16 [16][lp] bf16, o [16][dvp]. */
+/* Floats of the 16-bit kernel's scratch (amx.py): scores [16][lp], q16 [16][dp] and p16 [16][lp] 16-bit values,
+   o [16][dvp]. */
 static size_t attn_amx_scratch(const attn_job *j) { return (size_t)(16 * j->lp + 8 * j->dp + 8 * j->lp + 16 * j->dvp); }
 
 static void attn_task(void *usr, size_t index) {
@@ -171,7 +172,7 @@ static void attn_task(void *usr, size_t index) {
   int64_t kp_ps = j->d_ * W, vp_ps = L * W;
   size_t k_floats = (size_t)((L + W - 1) / W) * (size_t)kp_ps, v_floats = (size_t)((j->dv + W - 1) / W) * (size_t)vp_ps;
   size_t s_floats = (size_t)d->rows_block * j->s_rs; /* the scores of one block of rows at a time */
-  if (j->amx) { /* the pairs (one float's room each) and the bf16 kernel's scratch */
+  if (j->amx) { /* the pairs (one float's room each) and the 16-bit kernel's scratch */
     kp_ps = j->lp;
     vp_ps = j->dvp;
     k_floats = (size_t)(j->dp / 2 * j->lp);
