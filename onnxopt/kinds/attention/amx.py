@@ -41,7 +41,7 @@ from onnxopt.codegen.microkernel.outer_product import lane_mask, round_rows_16bi
 from onnxopt.codegen.vmath.exp import vexp_nonpositive
 from onnxopt.codegen.vmath.irutil import broadcast, for_range, masked_load, masked_store, reduce_lanes
 
-from .lower import kernel_function
+from .desc import kernel_function
 from .params import AttentionParams
 
 F32, I64, I32, I16, I8 = ir.FloatType(), ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.IntType(8)

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llvmlite import ir
+
 from onnxopt.dtypes import from_onnx
 
 from ..base import c_signature
 
 MASK_KINDS = {"none": 0, "add": 1, "select": 2, "fill": 3}
+
+
+def kernel_function(module, name: str):
+    """(a kernel function with glue.h's attention_fn signature, a builder at its entry): the float32 kernel
+    (lower.py) and the 16-bit one (amx.py) both have it (lower.py's docstring names the arguments)."""
+    i64, ptr = ir.IntType(64), ir.PointerType()
+    args = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, ptr, i64]
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
+    for i in (0, 2, 4, 6, 8, 14):  # q, kp, vp, mask, out, s
+        fn.args[i].add_attribute("noalias")
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
 
 
 @dataclass

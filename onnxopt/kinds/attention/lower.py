@@ -29,7 +29,8 @@ from onnxopt.codegen.vmath.exp import vexp_nonpositive
 from onnxopt.codegen.vmath.irutil import broadcast, fma, masked_load, masked_store, reduce_lanes as _reduce, while_loop
 from onnxopt.dtypes import dtype
 
-from .desc import AttentionKernelDesc
+from . import amx
+from .desc import AttentionKernelDesc, kernel_function
 from .params import AttentionParams
 
 F32 = ir.FloatType()  # the kernel's element type: it is written for float32 (build() checks the params' dtype)
@@ -62,15 +63,6 @@ def _when(b: ir.IRBuilder, cond, then):
 
 def _vmax(b, x, y):
     return b.select(b.fcmp_ordered(">", x, y), x, y)
-
-
-def kernel_function(module: ir.Module, name: str) -> tuple[ir.Function, ir.IRBuilder]:
-    """A kernel with the signature above (glue.h attention_fn), and a builder at its entry."""
-    args = [PTR, I64, PTR, I64, PTR, I64, PTR, I64, PTR, I64, I64, I64, I64, I64, PTR, I64]
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
-    for i in (0, 2, 4, 6, 8, 14):  # q, kp, vp, mask, out, s
-        fn.args[i].add_attribute("noalias")
-    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
 
 
 def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: int) -> str:
@@ -218,8 +210,6 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
     sym = define_attention(module, f"{region.op_type}_attn", p, target.float32_lanes)
     amx_sym, matrix = "", None
     if p.products != "float32":  # with the float32 kernel beside it, for where the tiles cannot run
-        from . import amx
-
         operand = {v: k for k, v in amx.PRODUCTS.items()}[p.products]
         matrix, why = amx.choose(target, operand)
         if matrix is None:
