@@ -288,6 +288,8 @@ LOWERED_OPS = ("MatMul", "Gemm", "Conv")
 
 def _is_attention(region) -> bool:
     return region.compute is None and region.params.family == "attention"
+
+
 VELTKAMP_BF16 = float(2 ** 16 + 1)  # float32's 24-bit significand split at 16 bits: the high 8 are bfloat16's
 
 
