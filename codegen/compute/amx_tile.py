@@ -187,9 +187,9 @@ def _padded_k(b: ir.IRBuilder, k_count):
 
 def define_amx_round_function(module: ir.Module, name: str, dtype: str = "bf16") -> ir.Function:
     """`void name(const int64 *tile)`: rows `a16_rows` of A (float32 at `a`, `a_ms` apart, `k` of them) rounded to
-    bfloat16 (vcvtneps2bf16: round to nearest even; float16 by vcvtps2ph where `dtype` is "f16") into `a16`, rows K-rounded-up-to-32 apart, zero-padded: whole
-    vectors with plain loads and stores (masked ones cost the GEMM 4-12% here), the rest masked. The glue calls it once
-    per chunk of rows, and every panel's tiles read the copy."""
+    bfloat16 (vcvtneps2bf16: round to nearest even; float16 by vcvtps2ph where `dtype` is "f16") into `a16`, rows
+    K-rounded-up-to-32 apart, zero-padded: whole vectors with plain loads and stores (masked ones cost the GEMM 4-12%
+    here), the rest masked. The glue calls it once per chunk of rows, and every panel's tiles read the copy."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
     fn.args[0].add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
