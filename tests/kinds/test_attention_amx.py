@@ -153,7 +153,7 @@ def _check_written(tmp_path, model, feeds, env, amx_state, products="bfloat16", 
 SHAPES = [  # form, batch, heads, queries, keys, head dim, mask, split heads
     ("bert", 1, 2, 20, 37, 64, "add", True),  # one partial block of 16 rows and 4; keys padded to 64
     ("sdpa", 2, 3, 33, 128, 80, "add", False),  # head dim 80: padded to 96 (K^T) and 128 (V's columns)
-    ("bert", 1, 4, 16, 7, 32, "select", False),  # a bool mask, 7 keys
+    ("bert", 1, 4, 16, 70, 32, "select", False),  # a bool mask, 70 keys (padded to 128)
     ("sdpa", 1, 2, 40, 40, 64, "fill", True),
 ]
 
@@ -180,9 +180,25 @@ def test_the_fp16_kernel_on_emulated_amx_fp16_tiles(tmp_path, monkeypatch, form,
 
 
 @needs_bf16
+@pytest.mark.parametrize("keys", [1, 32])
+def test_fewer_keys_than_the_tiles_pay_for_run_the_float32_kernel(tmp_path, monkeypatch, keys):
+    """Below amx.MIN_KEYS keys the float32 kernel the library carries is faster: the glue runs it (float32's
+    error, not bf16's), with the tiles available."""
+    assert keys < amx.MIN_KEYS
+    monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
+    model = attention_model("bert", 1, 2, 20, keys, 64, "add", True)
+    feeds = feeds_for(model)
+    path, _ = _written(tmp_path, model)
+    want = make_session(model, 1, optimization="none").run(None, feeds)[0].astype(np.float64)
+    got, loader = run_written(path, feeds, tmp_path, env={"ONNXOPT_EMULATE_TILES": "1"})
+    assert loader["amx"] == "emulated" and sum(loader["calls"].values()) == 1
+    assert _scaled_error(want, got) < 1e-5
+
+
+@needs_bf16
 def test_a_row_masked_everywhere_gives_zeros_on_the_tiles(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
-    model = attention_model("bert", 1, 2, 5, 9, 32, "add", True)
+    model = attention_model("bert", 1, 2, 5, 45, 32, "add", True)
     feeds = feeds_for(model)
     feeds["mask"][0, 0, 0, :] = -np.inf
     path, _ = _written(tmp_path, model)
@@ -198,7 +214,7 @@ def test_the_bf16_kernel_on_the_real_tiles(tmp_path, form, b, h, m, lq, d, mask,
     _check_written(tmp_path, model, feeds_for(model), {}, "granted")
 
 
-def _bert_like(seq=24, heads=2, d=32):
+def _bert_like(seq=40, heads=2, d=32):
     """An exported attention block's shape: projections (constant weights) into a split-head attention chain."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -240,10 +256,10 @@ def test_the_driver_lowers_attention_and_checks_it(tmp_path, monkeypatch, precis
     assert entry["matrix_instruction"] == "tdpbf16ps" and entry["weights_dtype"] == "bfloat16"
     assert res.report["verification"]["ok"]
     assert entry["nodes"] in res.report["precision"]["lowered"]
-    # the data-movement view of the bf16 kernel: its tasks' rows in whole tile blocks (2 heads, 24 queries: one
-    # task of 16 rows and one of 8 rather than four of 6)
+    # the data-movement view of the bf16 kernel: its tasks' rows in whole tile blocks (2 heads, 40 queries: tasks
+    # of 16 rows rather than four of 10)
     assert entry["data_movement"]["tiles"]["m"] == 16
-    x = np.random.default_rng(1).standard_normal((1, 24, 64)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((1, 40, 64)).astype(np.float32)
     got, loader = run_written(out, x, tmp_path, env={"ONNXOPT_EMULATE_TILES": "1"})
     assert loader["amx"] == "emulated" and loader["calls"].get(entry["op_type"]) == 1, loader
     want = make_session(model, 1, optimization="none").run(None, {"x": x})[0]

@@ -50,6 +50,10 @@ ROWS = 16  # query rows a block: a tile's rows
 COLUMN_TILES = 4  # C tiles a pass (64 columns), with one A and one B tile: 6 of the 8
 K_CHUNK = 32  # bf16 elements of the reduction a tile step takes
 PASS = COLUMN_TILES * 16  # columns a pass: the key and value column counts are padded to it
+# The fewest keys the glue runs this kernel for; below, the float32 one (exec.c). At 32 keys the float32 kernel was
+# faster (12 heads, head dim 64, 2 threads: 0.072-0.076 against 0.080-0.093 ms), at 48 the tiles (0.093-0.107
+# against 0.105-0.112), at 64 1.1-1.3x (benchmarks/attention_chain.py --seqs 32,48,64, both products, twice).
+MIN_KEYS = 33
 _LOOPS = {"m": "row", "n": "column", "k": "depth"}
 
 

@@ -41,6 +41,7 @@ class AttentionKernelDesc:
     matrix_instruction: str = ""  # what its tiles run on (the report's)
     amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
     amx_f16: bool = False  # its tiles take float16 (tdpfp16ps, AMX-FP16), else bfloat16
+    amx_min_keys: int = 0  # the fewest keys it runs for (amx.py MIN_KEYS); fewer run the float32 kernel
 
     @property
     def uses_amx(self) -> bool:
@@ -58,4 +59,4 @@ class AttentionKernelDesc:
         return (f"{externs}{decls}static const onnxopt_attention_desc {prefix}_desc = {{{sig}, "
                 f"{int(self.k_transposed)}, {MASK_KINDS[self.mask_kind]}, {self.block}, {self.rows_block}, "
                 f"{self.min_tasks}, {self.fn}, {int(any(self.perms))}, {{{perms}}}, {self.amx_fn or 'NULL'}, "
-                f"{int(self.amx_f16)}}};\n")
+                f"{int(self.amx_f16)}, {self.amx_min_keys}}};\n")

@@ -312,7 +312,7 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   if (lead_total == 0 || j.M == 0 || j.dv == 0) return NULL;
   j.s_rs = (j.L + d->block - 1) / d->block * d->block;
   if (j.s_rs == 0) j.s_rs = d->block;
-  j.amx = d->amx_fn && amx_ok(d->amx_f16 ? AMX_FP16 : AMX_BF16);
+  j.amx = d->amx_fn && j.L >= d->amx_min_keys && amx_ok(d->amx_f16 ? AMX_FP16 : AMX_BF16);
   if (j.amx) {
     j.lp = (j.L + 63) / 64 * 64;
     j.dp = (j.d_ + 31) / 32 * 32;

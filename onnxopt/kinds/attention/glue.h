@@ -22,7 +22,8 @@ typedef struct {
   /* The bf16 kernel on AMX tiles (amx.py), or NULL: run instead of fn where the CPU and the OS allow the tiles
      (matrix_engine.c), on K^T and V packed as bf16 pairs (exec.c attn_pack_bf16). */
   attention_fn amx_fn;
-  int amx_f16; /* amx_fn's tiles take float16 (tdpfp16ps, AMX-FP16), K^T and V packed so; else bfloat16 */
+  int amx_f16;      /* amx_fn's tiles take float16 (tdpfp16ps, AMX-FP16), K^T and V packed so; else bfloat16 */
+  int amx_min_keys; /* the fewest keys amx_fn runs for: with fewer, fn is faster */
 } onnxopt_attention_desc;
 
 #endif

@@ -225,6 +225,6 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
                                fn=sym,
                                rank=max((len(x) for x in p.perms), default=0), perms=p.perms,
                                amx_fn=amx_sym, matrix_instruction=matrix.name if matrix else "",
-                               amx_f16=p.products == "float16",
+                               amx_f16=p.products == "float16", amx_min_keys=amx.MIN_KEYS if amx_sym else 0,
                                amx_emulated=bool(amx_sym) and emulating())
     return obj, desc, ir_text

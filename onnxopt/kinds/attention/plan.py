@@ -60,9 +60,10 @@ def report(region, feeds: dict, desc) -> dict:
     heads = math.prod(max(a, b, c) for a, b, c in zip(q[:-2], k[:-2], v[:-2]))
     if 0 in (M, L, d, dv, heads):  # an empty chain moves nothing
         return {}
-    # the bf16 kernel where the tiles run (the report's view assumes they do where the library has them)
-    rows = task_rows(M, heads, desc.min_tasks, amx.ROWS if desc.amx_fn else MR)
-    buffer = amx_scratch_floats(L, d, dv) if desc.amx_fn else scratch_floats(L, d, dv, desc.block)
+    # the 16-bit kernel where the tiles run (the report's view assumes they do where the library has them)
+    tiles_run = bool(desc.amx_fn) and L >= desc.amx_min_keys
+    rows = task_rows(M, heads, desc.min_tasks, amx.ROWS if tiles_run else MR)
+    buffer = amx_scratch_floats(L, d, dv) if tiles_run else scratch_floats(L, d, dv, desc.block)
     chain = gemm_chain(M, dv, d, L, batch=heads, middle="softmax")
     tiles = {"b": 1, "m": rows, "l": L, "k": d, "n": dv}
     order = ("b", "m", "l", "k", "n")
