@@ -24,13 +24,15 @@ feeds = dict(np.load(x)) if x.endswith(".npz") else {s.get_inputs()[0].name: np.
 np.save(out, s.run(None, feeds)[0])
 chk = rt.check_library(model)
 print(json.dumps({"calls": {k: v for k, v in kernel_calls(lib).items() if v}, "precision": chk.precision,
-                  "detail": chk.precision_detail, "amx": amx_status(lib)["state"]}))
+                  "detail": chk.precision_detail, "amx": amx_status(lib)["state"],
+                  "amx_units": amx_status(lib)["units"]}))
 """
 
 
 def run_written(model_path, x, folder, env: dict | None = None) -> tuple[np.ndarray, dict]:
     """The model's first output for `x` (its one input, or a dict of inputs by name) and what the loader said:
-    {"calls": {op type: Compute calls}, "precision", "detail", "amx": whether the AMX tiles ran, or why not}."""
+    {"calls": {op type: Compute calls}, "precision", "detail", "amx": whether the AMX tiles ran, or why not,
+    "amx_units": {unit: "runs" or why not}}."""
     if isinstance(x, dict):
         feeds = folder / "x.npz"
         np.savez(feeds, **x)

@@ -16,6 +16,7 @@ import tempfile
 from onnxopt.errors import ToolchainError
 
 from ..copy.desc import CopyKernelDesc, copy_source
+from ..instructions import MATRIX_INSTRUCTIONS
 from ..isa import AARCH64_HWCAPS, isa_of
 from ..pool.desc import PoolKernelDesc, pool_source
 from ..target import Target
@@ -172,8 +173,19 @@ def library_source(kernels: list, target: Target, inline_flops: float = INLINE_F
     # 1: AMX tiles, run where granted (glue/matrix_engine.c); 2: emulated ones (tests), which need no permission
     amx = [k for k in kernels if getattr(k, "uses_amx", False)]
     parts.append(f"const int onnxopt_uses_amx = {2 if any(k.amx_emulated for k in amx) else int(bool(amx))};\n")
+    # the AMX units its tiles run on, so the loader can say which run on this CPU (matrix_engine.c onnxopt_amx_units)
+    parts.append(f"const int onnxopt_amx_units_used = {amx_units(k.matrix_instruction for k in amx)};\n")
     parts.append(_cpu_check(target))
     return headers_source() + "".join(parts)
+
+
+AMX_UNIT_BITS = {"amx-int8": 1, "amx-bf16": 2, "amx-fp16": 4}  # matrix_engine.c's AMX_INT8, AMX_BF16, AMX_FP16
+
+
+def amx_units(instructions) -> int:
+    """The AMX units (matrix_engine.c's bits) that the named matrix instructions run on."""
+    by = {i.name: i for i in MATRIX_INSTRUCTIONS}
+    return sum({AMX_UNIT_BITS[f] for name in instructions for f in by[name].features if f in AMX_UNIT_BITS})
 
 
 def _cpu_check(target: Target) -> str:

@@ -12,6 +12,7 @@ enum { AMX_NOT_ASKED = 0, AMX_GRANTED = 1, AMX_EMULATED = 2, AMX_NO_CPU = -1000,
 static int g_amx_state; /* one of the above, or -errno of the refused request */
 enum { AMX_INT8 = 1, AMX_BF16 = 2, AMX_FP16 = 4 };
 static int g_amx_units; /* the CPU's tile instructions: AMX_INT8 | AMX_BF16 | AMX_FP16 (all of them when emulated) */
+extern const int onnxopt_amx_units_used; /* the units the library's tiles run on (library.py amx_units) */
 
 /* Whether tiles using `units` (AMX_INT8, AMX_BF16) may run in this process. */
 static int amx_ok(int units) {
@@ -68,6 +69,14 @@ static void amx_request(void) {
    run; -1000: this CPU has no AMX; -1001: ONNXOPT_AMX=0; else -errno of the kernel's refusal. */
 __attribute__((visibility("default"))) int onnxopt_amx_status(void) {
   return __atomic_load_n(&g_amx_state, __ATOMIC_ACQUIRE);
+}
+
+/* The units the library's tiles run on (bits 0-2) and those this CPU has (bits 8-10, all of them when emulated; none
+   before a session registered the library or with ONNXOPT_AMX=0): a kernel whose unit the CPU lacks runs its
+   dot-product tiles even where the tile state was granted, and the loader says so (runtime/matrix_engine.py). */
+__attribute__((visibility("default"))) int onnxopt_amx_units(void) {
+  int state = __atomic_load_n(&g_amx_state, __ATOMIC_ACQUIRE);
+  return onnxopt_amx_units_used | (state == AMX_GRANTED || state == AMX_EMULATED ? g_amx_units : 0) << 8;
 }
 
 /* The bfloat16 GEMM and convolution tiles (codegen/compute/amx_tile.py, amx_conv_tile.py) name their registers and

@@ -32,6 +32,7 @@ AMX_FP16_TARGET = "cpu=x86-64-v4,+avx512bf16,+avx512vnni,+amx-tile,+amx-bf16,+am
 SPR_TARGET = "cpu=x86-64-v4,+avx512bf16,+avx512vnni,+amx-tile,+amx-bf16"
 HAS_BF16 = "avx512_bf16" in host_cpu_flags()  # the AMX-FP16 target's vector code needs it to run here
 HAS_AMX_FP16 = {"amx_tile", "amx_fp16"} <= host_cpu_flags()
+HAS_AMX_BF16 = {"amx_tile", "amx_bf16"} <= host_cpu_flags()
 FAST = {"measure": False, "threads": 2, "cost_cache": False, "tune_budget": 0}
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no avx512_bf16 (the AMX target's vector code)")
 
@@ -111,6 +112,7 @@ def test_the_whole_path_on_emulated_tiles_in_a_fresh_process(tmp_path, monkeypat
     x = np.random.default_rng(1).standard_normal((1, m, k)).astype(np.float32)
     got, loader = run_written(out, x, tmp_path, env={"ONNXOPT_EMULATE_TILES": "1"})
     assert loader["amx"] == "emulated" and sum(loader["calls"].values()) == 1 and loader["precision"] == "fp16"
+    assert loader["amx_units"] == {"AMX-FP16": "runs"}
     w, b = (numpy_helper.to_array(t) for t in model.graph.initializer)
     on_tiles = m // 16 * 16
     np.testing.assert_array_equal(got[0, :on_tiles], _fp16_rule_rows(x[0], w, b, on_tiles))
@@ -135,8 +137,12 @@ def test_without_amx_fp16_the_register_tiles_read_the_pairs(tmp_path):
     assert sum(loader["calls"].values()) == 1
     w, b = (numpy_helper.to_array(t) for t in model.graph.initializer)
     if HAS_AMX_FP16 and loader["amx"] == "granted":
+        assert loader["amx_units"] == {"AMX-FP16": "runs"}, loader
         np.testing.assert_allclose(got[0, :48], _fp16_rule_rows(x[0], w, b, 48), rtol=1e-5, atol=1e-5)
     else:
+        if HAS_AMX_BF16 and not HAS_AMX_FP16:  # granted for AMX-BF16, but the loader names the missing unit
+            assert loader["amx"] == "no AMX-FP16 on this CPU", loader
+            assert loader["amx_units"]["AMX-FP16"].startswith("not on this CPU"), loader
         want = x[0].astype(np.float64) @ w.astype(np.float16).astype(np.float64) + b
         np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
 
@@ -148,3 +154,42 @@ def test_a_target_without_amx_fp16_keeps_float16_unpaired(tmp_path):
     assert [r.get("matrix_instruction") for r in res.report["regions"]] == [None]
     packed = next(t for t in onnx.load(out).graph.initializer if t.data_type == TensorProto.FLOAT16)
     assert packed.dims[1] == 100
+
+
+@needs_bf16
+def test_the_loader_names_the_amx_units_that_run_here(tmp_path):
+    """A library with int8 tiles (AMX-INT8) and float16 ones (AMX-FP16): the loader's report names both units and
+    says which run on this CPU. On a Sapphire Rapids the OS grants the tile state, the int8 tiles run, and the fp16
+    kernel's register tiles run instead, which the state says rather than a bare "granted"."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W1"], ["h"], name="int8"),
+                           helper.make_node("Relu", ["h"], ["r"]),
+                           helper.make_node("MatMul", ["r", "W2"], ["y"], name="float")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+                          [numpy_helper.from_array((rng.standard_normal((256, 96)) / 16).astype(np.float32), "W1"),
+                           numpy_helper.from_array((rng.standard_normal((96, 64)) / 10).astype(np.float32), "W2")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "f.onnx")
+    quantize_dynamic(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), weight_type=QuantType.QInt8,
+                     nodes_to_quantize=["int8"])
+    res = onnxopt.optimize(str(tmp_path / "q.onnx"), str(tmp_path / "out.onnx"), precision="fp16",
+                           target=AMX_FP16_TARGET + ",+amx-int8", **FAST)
+    assert sorted(r.get("matrix_instruction") for r in res.report["regions"]) == ["tdpbusd", "tdpfp16ps"]
+    amx = res.report["verification"]["amx"]
+    assert res.report["verification"]["ok"] and set(amx["units"]) == {"AMX-INT8", "AMX-FP16"}, amx
+    has_int8 = {"amx_tile", "amx_int8"} <= host_cpu_flags()
+    if HAS_AMX_FP16 and has_int8 and amx["state"] == "granted":
+        assert set(amx["units"].values()) == {"runs"}, amx
+    elif has_int8 and amx["state"].startswith("no AMX-FP16"):  # Sapphire Rapids
+        assert amx["state"] == "no AMX-FP16 on this CPU (AMX-INT8 granted)", amx
+        assert amx["units"]["AMX-INT8"] == "runs" and amx["units"]["AMX-FP16"].startswith("not on this CPU"), amx
+        assert "AMX-FP16 run their dot-product tiles" in amx["why"], amx
+    elif not has_int8:
+        assert amx["state"] == "no AMX on this CPU", amx
+        assert all("dot-product tiles" in why for why in amx["units"].values()), amx
+    else:
+        assert amx["state"].startswith("refused by the OS"), amx
