@@ -1,13 +1,17 @@
 """Transformer GEMMs (MatMul + bias; M = 128 unless --shapes) in each `--precision`, timed as written files.
 
     python benchmarks/precision_gemms.py [--threads 2] [--rounds 30] [--out DIR] [--shapes 128x768x768,...]
+        [--variants bf16@native,...] [--openvino]
 
 Each model is written by `onnxopt.optimize(..., precision=P, measure=False)` (fp32, bf16 on this CPU, bf16 for
 x86-64-v4, which has no avx512_bf16 and so runs the emulated path, and fp16), loaded through `onnxopt.runtime` as a
 user loads it (its library must be registered and its kernel must run), and all sessions are timed taking turns:
 per round each session's best of 5 runs, the median over rounds. Prints one JSON line a shape: times (us), GFLOP/s,
 the error against onnxruntime fp32 (max |diff| / max |reference|), and the machine model's peaks (float32 and, where
-the CPU has vdpbf16ps, bfloat16) for the fraction of peak.
+the CPU has vdpbf16ps, bfloat16) for the fraction of peak. With --openvino (where the openvino package is
+installed) OpenVINO's CPU plugin runs the same source model at its default precision (bf16 on a CPU with AMX or
+AVX-512 BF16) in the same turns: oneDNN's GEMM on the same shapes and threads, what this machine lets a well-tuned
+library reach.
 """
 
 from __future__ import annotations
@@ -70,6 +74,15 @@ def interleaved(calls, rounds: int, per: int = 5) -> list[float]:
     return [float(np.median(b)) for b in best]
 
 
+def _openvino(src: str, threads: int, feeds: dict):
+    """(a call running `src` on OpenVINO's CPU plugin at its default precision, that precision)."""
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(src, "CPU", {"INFERENCE_NUM_THREADS": threads})
+    request = compiled.create_infer_request()
+    return (lambda: request.infer(feeds)[compiled.output(0)]), str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -77,7 +90,11 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None, help="where the written models go (default: a temporary folder)")
     ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
                     help="the GEMMs as M x K x N, comma-separated (default: BERT-base's three at 128 tokens)")
+    ap.add_argument("--variants", default=",".join(f"{p}@{t}" for p, t in VARIANTS),
+                    help="precision@target of the written models, comma-separated (default: all four)")
+    ap.add_argument("--openvino", action="store_true", help="time OpenVINO's default on the same models too")
     a = ap.parse_args(argv)
+    variants = [tuple(text.split("@")) for text in a.variants.split(",")]
     shapes = [tuple(int(d) for d in text.split("x")) for text in a.shapes.split(",")]
     folder = a.out or tempfile.mkdtemp(prefix="precision-gemms-")
     os.makedirs(folder, exist_ok=True)
@@ -91,7 +108,7 @@ def main(argv=None) -> None:
         row = {"shape": f"M={m} K={k} N={n}", "threads": a.threads,
                "peak_gflops": {dt: round(v / 1e9, 1) for dt, v in peaks.items() if dt in ("float32", "bfloat16")}}
         sessions = [reference]
-        for precision, target in VARIANTS:
+        for precision, target in variants:
             name = f"{precision}@{target}"
             out = os.path.join(folder, f"{precision}_{target}_{m}x{k}x{n}.onnx")
             onnxopt.optimize(src, out, precision=precision, target=target, measure=False, threads=a.threads,
@@ -104,10 +121,18 @@ def main(argv=None) -> None:
                 raise SystemExit(f"{out}: its kernel did not run")
             row[f"{name}_max_rel"] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
             sessions.append(s)
-        times = interleaved([lambda s=s: s.run(None, feeds) for s in sessions], a.rounds)
+        calls = [lambda s=s: s.run(None, feeds) for s in sessions]
+        names = ["onnxruntime_fp32"] + [f"{p}@{t}" for p, t in variants]
+        if a.openvino:
+            ov_call, ov_precision = _openvino(src, a.threads, feeds)
+            got = ov_call()
+            row["openvino_max_rel"] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+            row["openvino_precision"] = ov_precision
+            calls.append(ov_call)
+            names.append("openvino")
+        times = interleaved(calls, a.rounds)
         flops = 2.0 * m * k * n
-        for (precision, target), t in zip((("onnxruntime", "fp32"),) + VARIANTS, times):
-            name = "onnxruntime_fp32" if precision == "onnxruntime" else f"{precision}@{target}"
+        for name, t in zip(names, times):
             row[f"{name}_us"] = round(t * 1e6, 1)
             row[f"{name}_gflops"] = round(flops / t / 1e9, 1)
         print(json.dumps(row), flush=True)

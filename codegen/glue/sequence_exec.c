@@ -26,15 +26,24 @@ typedef struct {
   int64_t dims[MAX_RANK];
 } seq_value;
 
+/* Parts a loop's indices are split into: one per thread of the section, up to this many (threads past it share). */
+#define SEQ_PARTS 8
+
 /* One parallel loop of an op in the sequence. Never reused within a run: a helper still holding a finished loop can
-   only draw indices past its end from it. */
+   only find its parts empty. Its indices are split into `parts` contiguous parts, one per thread in the section
+   when it was published: a thread takes its own part's indices from the front, then the other parts' from their
+   backs. Each thread so works through a contiguous run of tasks, as onnxruntime's own ParallelFor gives it: a
+   packed GEMM's tasks are ordered panel group by panel group, so a thread keeps its half of the weights in its L2.
+   Handing out the indices one by one in turn (each thread every other task) made DistilBERT's bf16 GEMMs at 8 x 128
+   tokens 16% slower than the same kernels run through onnxruntime's pool. */
 typedef struct {
   void (*fn)(void *, size_t);
   void *usr;
   size_t total;
-  atomic_size_t next;
   atomic_size_t done;
-  char pad[24];
+  int parts;
+  char pad[28];
+  atomic_ullong part[SEQ_PARTS]; /* taken from the part's front (low 32 bits) and from its back (high 32) */
 } seq_job;
 
 /* Loops come from a chain of blocks kept in the arena: a block is added when a run opens more loops than the chain
@@ -262,23 +271,42 @@ __attribute__((destructor)) static void seq_free_arenas(void) {
 
 /* ---- The section ---- */
 
-static void seq_work(seq_job *j) {
-  for (;;) {
-    size_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-    if (i >= j->total) return;
-    j->fn(j->usr, i);
-    atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+/* An index of part `p` of loop `j`, from its front or its back; -1 when the part is empty. */
+static int64_t seq_take(seq_job *j, int p, int back) {
+  size_t lo = j->total * (size_t)p / (size_t)j->parts, n = j->total * (size_t)(p + 1) / (size_t)j->parts - lo;
+  unsigned long long st = atomic_load_explicit(&j->part[p], memory_order_relaxed), next;
+  size_t i;
+  do {
+    size_t front = (size_t)(st & 0xffffffffu), taken = (size_t)(st >> 32);
+    if (front + taken >= n) return -1;
+    i = back ? lo + n - 1 - taken : lo + front;
+    next = st + (back ? 1ull << 32 : 1ull);
+  } while (!atomic_compare_exchange_weak_explicit(&j->part[p], &st, next, memory_order_relaxed,
+                                                  memory_order_relaxed));
+  return (int64_t)i;
+}
+
+/* Thread `who` (0: the driver) runs loop `j`'s indices: its own part's from the front, then what is left of the
+   others' from their backs. A thread that came in after the loop was published has no part of its own. */
+static void seq_work(seq_job *j, int who) {
+  int own = who < j->parts;
+  for (int k = 0; k < j->parts; k++) {
+    int p = (who + k) % j->parts;
+    for (int64_t i; (i = seq_take(j, p, !(own && k == 0))) >= 0;) {
+      j->fn(j->usr, (size_t)i);
+      atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+    }
   }
 }
 
-static void seq_help(seq_run *r) {
+static void seq_help(seq_run *r, int who) {
   seq_job *last = NULL;
   unsigned spins = 0;
   for (;;) {
     unsigned gen = atomic_load_explicit(&r->gen, memory_order_seq_cst); /* before looking: a later loop bumps it */
     seq_job *j = atomic_load_explicit(&r->cur, memory_order_acquire);
     if (j && j != last) {
-      seq_work(j);
+      seq_work(j, who);
       last = j;
       spins = 0;
       continue;
@@ -317,11 +345,14 @@ static OrtStatus *seq_parallel_for(seq_run *r, void (*fn)(void *, size_t), size_
   j->fn = fn;
   j->usr = usr;
   j->total = total;
-  atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+  int in = atomic_load_explicit(&r->entered, memory_order_acquire); /* the threads in the section now */
+  j->parts = in < 1 ? 1 : in > SEQ_PARTS ? SEQ_PARTS : in;
+  if ((size_t)j->parts > total) j->parts = (int)total;
+  for (int p = 0; p < j->parts; p++) atomic_store_explicit(&j->part[p], 0, memory_order_relaxed);
   atomic_store_explicit(&j->done, 0, memory_order_relaxed);
   atomic_store_explicit(&r->cur, j, memory_order_release);
   seq_signal(r);
-  seq_work(j);
+  seq_work(j, 0);
   unsigned spins = 0;
   while (atomic_load_explicit(&j->done, memory_order_acquire) < total) seq_pause(&spins);
   return NULL;
@@ -356,12 +387,13 @@ static void seq_drive(seq_run *r) {
 static void seq_section(void *usr, size_t index) {
   (void)index;
   seq_run *r = (seq_run *)usr;
-  if (atomic_fetch_add_explicit(&r->entered, 1, memory_order_acq_rel) == 0) {
+  int who = atomic_fetch_add_explicit(&r->entered, 1, memory_order_acq_rel);
+  if (who == 0) {
     seq_drive(r);
     atomic_store_explicit(&r->end, 1, memory_order_release);
     seq_signal(r);
   } else {
-    seq_help(r);
+    seq_help(r, who);
   }
 }
 
