@@ -37,7 +37,7 @@ import onnx
 
 from onnxopt.emit.model import META_CPU_FLAGS, META_LIBRARY, META_PRECISION, META_PRECISION_DETAIL, META_SHA256
 
-from .kernel_calls import kernel_calls
+from .kernel_calls import bf16_tensors, kernel_calls
 from .matrix_engine import amx_status
 
 
@@ -308,6 +308,7 @@ def registered_library(session, loadable: bool = False) -> str | None:
     return chk.load_path if loadable else chk.path
 
 
-__all__ = ["InferenceSession", "session_options", "check_library", "registered_library", "kernel_calls", "amx_status",
+__all__ = ["InferenceSession", "session_options", "check_library", "registered_library", "kernel_calls", "bf16_tensors",
+           "amx_status",
            "written_session", "LibraryCheck",
            "LibraryNotUsedWarning"]

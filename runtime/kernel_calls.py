@@ -27,3 +27,18 @@ def kernel_calls(library: str) -> dict[str, int]:
         # Our reference only: onnxruntime's keeps the library loaded while it uses it, and a process that checks
         # many models (the optimizer) does not keep every library mapped for good.
         _ctypes.dlclose(lib._handle)
+
+
+def bf16_tensors(library: str) -> int:
+    """How many tensors the library's sequences kept in bfloat16 in this process (one per tensor per run): a bf16
+    GEMM's output that only bf16 GEMMs read as their A (codegen/glue/sequence_exec.c). 0 where the AMX tiles do not
+    run, with ONNXOPT_SEQUENCE_BF16=0, or for a library written before."""
+    lib = ctypes.CDLL(library)
+    try:
+        count = getattr(lib, "onnxopt_sequence_bf16_tensors", None)
+        if count is None:
+            return 0
+        count.restype = ctypes.c_ulonglong
+        return int(count())
+    finally:
+        _ctypes.dlclose(lib._handle)

@@ -14,7 +14,7 @@ SCRIPT = """
 import json, sys
 import numpy as np
 import onnxopt.runtime as rt
-from onnxopt.runtime.kernel_calls import kernel_calls
+from onnxopt.runtime.kernel_calls import bf16_tensors, kernel_calls
 from onnxopt.runtime.matrix_engine import amx_status
 model, x, out = sys.argv[1:4]
 s = rt.InferenceSession(model)
@@ -25,14 +25,14 @@ np.save(out, s.run(None, feeds)[0])
 chk = rt.check_library(model)
 print(json.dumps({"calls": {k: v for k, v in kernel_calls(lib).items() if v}, "precision": chk.precision,
                   "detail": chk.precision_detail, "amx": amx_status(lib)["state"],
-                  "amx_units": amx_status(lib)["units"]}))
+                  "amx_units": amx_status(lib)["units"], "bf16_tensors": bf16_tensors(lib)}))
 """
 
 
 def run_written(model_path, x, folder, env: dict | None = None) -> tuple[np.ndarray, dict]:
     """The model's first output for `x` (its one input, or a dict of inputs by name) and what the loader said:
     {"calls": {op type: Compute calls}, "precision", "detail", "amx": whether the AMX tiles ran, or why not,
-    "amx_units": {unit: "runs" or why not}}."""
+    "amx_units": {unit: "runs" or why not}, "bf16_tensors": tensors its sequences kept in bfloat16}."""
     if isinstance(x, dict):
         feeds = folder / "x.npz"
         np.savez(feeds, **x)

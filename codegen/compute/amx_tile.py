@@ -117,8 +117,9 @@ def passes(name: str, ins, groups: int, nv: int, loops, load_a, load_b, start: s
 
 
 def define_amx_tile_function(module: ir.Module, name: str, spec: TileSpec, ins, groups: int, nv: int,
-                             emulate: bool) -> ir.Function:
-    """`void name(const int64 *tile)`: a ct_tile record as the register tiles get it, for 16 x `groups` rows."""
+                             emulate: bool, out16: bool = False) -> ir.Function:
+    """`void name(const int64 *tile)`: a ct_tile record as the register tiles get it, for 16 x `groups` rows; with
+    `out16` the output is written in bfloat16 (`has_out16`)."""
     rows, lanes, panel = ROWS * groups, spec.tile.lanes, spec.packed_b
     vty = ir.VectorType(F32, lanes)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
@@ -157,7 +158,7 @@ def define_amx_tile_function(module: ir.Module, name: str, spec: TileSpec, ins, 
     def row(r, _):
         vecs = [b.load(vector_at(b.add(b.mul(r, ir.Constant(I64, nv * 16)), ir.Constant(I64, j * 16))), typ=vty,
                        align=4) for j in range(nv)]
-        emit_row_epilogue(b, spec, b.add(m0, r), vecs, ldc, coff, masks, outs, extras)
+        emit_row_epilogue(b, spec, b.add(m0, r), vecs, ldc, coff, masks, outs, extras, out16)
         return []
 
     with b.if_then(last):
@@ -222,13 +223,25 @@ def define_amx_round_function(module: ir.Module, name: str, dtype: str = "bf16")
     return fn
 
 
+def has_out16(spec: TileSpec, ins_name: str) -> bool:
+    """Whether the set also has variants writing their one output in bfloat16: a bf16 GEMM whose output a sequence
+    may keep in bf16 for the next bf16 GEMM's A (sequence_exec.c), rounded as that GEMM would round it."""
+    return ins_name == "tdpbf16ps" and len(spec.epilogue.outputs) == 1 and spec.tile.lanes == 16
+
+
 def define_amx_tile_functions(module: ir.Module, prefix: str, spec: TileSpec, ins_name: str,
                               emulate: bool) -> list[list[str]]:
-    """Every (groups, nv) variant, then the rounding function; returns their names as [groups - 1][nv - 1] and a
-    last row [round]."""
+    """Every (groups, nv) variant, then the rounding function, then (has_out16) the variants writing bfloat16;
+    returns their names as [groups - 1][nv - 1], a row [round], and [groups - 1][nv - 1] again (suffix "h")."""
     ins = next(i for i in MATRIX_INSTRUCTIONS if i.name == ins_name)
     define_amx_round_function(module, f"{prefix}_round", ins.source_dtypes[0])
-    return define_variants(module, prefix, spec, ins_name, emulate, define_amx_tile_function) + [[f"{prefix}_round"]]
+    names = define_variants(module, prefix, spec, ins_name, emulate, define_amx_tile_function) + [[f"{prefix}_round"]]
+    if has_out16(spec, ins_name):
+        names += [[f"{n}h" for n in row] for row in names[:MAX_GROUPS]]
+        for groups, row in enumerate(names[-MAX_GROUPS:], 1):
+            for nv, name in enumerate(row, 1):
+                define_amx_tile_function(module, name, spec, ins, groups, nv, emulate, out16=True)
+    return names
 
 
 def define_variants(module: ir.Module, prefix: str, spec: TileSpec, ins_name: str, emulate: bool,

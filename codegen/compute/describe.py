@@ -12,7 +12,7 @@ from ..instructions.tile_program import emulating
 from ..microkernel.depthwise import depthwise_mi_for
 from ..microkernel.registry import select
 from ..target import Target
-from .amx_tile import choose as amx_choose
+from .amx_tile import MAX_GROUPS as AMX_GROUPS, choose as amx_choose
 from .tile import TileSpec
 from .tile_sets import TileSetRequest
 
@@ -91,7 +91,9 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         ins, _ = amx_choose(target, tile.lanes, AMX_DTYPE[b_format])
         if ins is not None:
             amx = TileSetRequest("amx", spec, matrix=ins.name, emulated=emulating())
-            *desc.amx_tiles, (desc.amx_round,) = amx.names()
+            rows = amx.names()  # the tiles' rows, [round], then those writing bfloat16 (amx_tile.has_out16)
+            desc.amx_tiles, (desc.amx_round,), desc.amx_tiles16 = rows[:AMX_GROUPS], rows[AMX_GROUPS], \
+                rows[AMX_GROUPS + 1:]
             desc.matrix_instruction, desc.amx_emulated = ins.name, amx.emulated
             sets.append(amx)
     if req.kind == "blocked" and b_format == "bf16_dot" and not wino:  # a bf16 convolution: AMX tiles too

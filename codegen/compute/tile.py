@@ -29,7 +29,8 @@ from onnxopt.codegen.vmath.isa import set_features
 from onnxopt.fusion.region import EwProgram
 
 from ..glue.contract import CT_MAX_EXTRA, CT_MAX_OUT, CT_NV_MAX, CT_TILE
-from ..microkernel.outer_product import F32, I64, PTR, emit_outer_product, emit_packed_b_low_precision, lane_mask
+from ..microkernel.outer_product import (F32, I16, I64, PTR, emit_outer_product, emit_packed_b_low_precision, lane_mask,
+                                         to_16bit)
 from ..vmath.irutil import broadcast, masked_load, masked_store
 from ..microkernel.register_tile import RegisterTile
 
@@ -112,9 +113,10 @@ def define_tile_function(module: ir.Module, name: str, spec: TileSpec, mi: int, 
 
 
 def emit_row_epilogue(b: ir.IRBuilder, spec: TileSpec, row, acc_row: list, ldc, coff: list, masks: list, outs: list,
-                      extras: list) -> None:
+                      extras: list, out16: bool = False) -> None:
     """Output row `row`'s epilogue on its accumulator vectors `acc_row` (one per vector of the tile), and the
-    stores of every program output."""
+    stores of every program output: float32, or with `out16` rounded to bfloat16 (vcvtneps2bf16, as a bf16 GEMM
+    rounds its A: the AMX tiles' output kept in bf16 for the next GEMM, sequence_exec.c)."""
     lanes, prog = spec.tile.lanes, spec.epilogue
     row_off = b.mul(row, ldc)
     # Per-row values are loaded once for the row's vectors.
@@ -137,7 +139,10 @@ def emit_row_epilogue(b: ir.IRBuilder, spec: TileSpec, row, acc_row: list, ldc, 
                                            masks[j], 4)
         emit_body(b, prog, values, lanes)
         for k, v in enumerate(prog.outputs):
-            masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j], 4)
+            if out16:
+                masked_store(b, to_16bit(b, values[v.name]), b.gep(outs[k], [pos], source_etype=I16), masks[j], 2)
+            else:
+                masked_store(b, values[v.name], b.gep(outs[k], [pos], source_etype=F32), masks[j], 4)
 
 
 def _load_partial_sums(b: ir.IRBuilder, partial, phase, mi: int, nv: int, lanes: int) -> list[list[ir.Value]]:

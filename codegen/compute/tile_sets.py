@@ -27,7 +27,7 @@ from ..target import Target
 from ..vmath.isa import set_features
 from .amx_tile import MAX_GROUPS as AMX_MAX_GROUPS
 from .amx_conv_tile import define_amx_conv_functions
-from .amx_tile import define_amx_tile_functions
+from .amx_tile import define_amx_tile_functions, has_out16
 from .blocked_tile import define_blocked_tile_functions, define_depthwise_tile_functions
 from .tile import TileSpec, define_tile_functions
 from .winograd import define_winograd_functions
@@ -68,8 +68,9 @@ class TileSetRequest:
         if self.kind == "winograd":
             return [[f"{p}_win", f"{p}_wout"]]
         if self.kind == "amx":
-            return [[f"{p}_x{g}v{nv}" for nv in range(1, tile.ni + 1)] for g in range(1, AMX_MAX_GROUPS + 1)] + \
-                [[f"{p}_round"]]
+            tiles = [[f"{p}_x{g}v{nv}" for nv in range(1, tile.ni + 1)] for g in range(1, AMX_MAX_GROUPS + 1)]
+            out16 = [[f"{n}h" for n in row] for row in tiles] if has_out16(self.spec, self.matrix) else []
+            return tiles + [[f"{p}_round"]] + out16
         if self.kind == "amx_conv":
             return [[f"{p}_x{g}v{nv}" for nv in range(1, tile.ni + 1)] for g in range(1, AMX_MAX_GROUPS + 1)]
         tag = "b" if self.kind == "blocked" else "m"

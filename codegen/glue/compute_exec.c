@@ -25,6 +25,8 @@ enum { EX_POSITION = 0, EX_CHANNEL = 1, EX_COLUMN = 2, EX_SCALAR = 3 };
    larger value too and keeps the faster (driver/decision.py, _inline_choice). */
 #define CT_INLINE_FLOPS seq_inline_flops()
 
+static int seq_value_bf16(const void *v); /* sequence_exec.c: a tensor of a sequence's own kept in bfloat16 */
+
 typedef struct {
   const onnxopt_ct_desc *d;
   int64_t items, groups, M, K, P; /* P: columns per row of C (OH * OW, or N of a matmul) */
@@ -36,6 +38,9 @@ typedef struct {
   const uint16_t *a16; /* on AMX tiles: A's whole-16 rows rounded to bfloat16 once for the op (ct_round_a), [items]
                           [m16][K rounded up to 32]; NULL: each task rounds its own rows */
   int64_t m16;
+  int a_bf16; /* A is a sequence's bfloat16 tensor (seq_value_bf16): a16 is A itself, nothing to round */
+  int out16;  /* the one output is a sequence's bfloat16 tensor: the AMX tiles write it so (amx_tiles16) */
+  int failed; /* set by a task that could not write such an output (ct_run returns the error) */
   int rows_mode;
   int64_t OH, OW, Wph, cseg;
   const float *a, *b;
@@ -225,7 +230,7 @@ static void ct_run_amx(const ct_job *job, ct_tile *t, int64_t item, const float 
           t->m0 = r;
           t->a16 = rows16 + (r - r0) * kp + k0;
           t->acc = partial ? partial + ((r - r0) / block * (t1 - t0) + (tile - t0)) * block * NRF : NULL;
-          d->amx_tiles[(rows / 16 - 1) * d->ni + (nv - 1)]((const int64_t *)t);
+          (job->out16 ? d->amx_tiles16 : d->amx_tiles)[(rows / 16 - 1) * d->ni + (nv - 1)]((const int64_t *)t);
         }
       }
     }
@@ -233,6 +238,10 @@ static void ct_run_amx(const ct_job *job, ct_tile *t, int64_t item, const float 
     t->phase = 0;
     t->acc = NULL;
     t->a16 = NULL;
+    if (job->out16 && whole < r1 - r0) { /* the register tiles write float32: a bfloat16 output cannot take them */
+      ((ct_job *)job)->failed = 1;
+      break;
+    }
     for (int64_t tile = t0; whole < r1 - r0 && tile < t1; tile++) {
       int nv = ct_panel_columns(job, t, tile);
       t->b = (const float *)((const char *)job->b + tile * KB * NRF * 2);
@@ -268,6 +277,7 @@ static void ct_round_task(void *usr, size_t index) {
    (at BERT's sizes, rounding A took a fifth of the GEMM): round them once for the op, in parallel, into a buffer
    the tasks share. Without the buffer (memory short) the tasks round their own. */
 static OrtStatus *ct_round_a(ct_job *job, OrtKernelContext *ctx) {
+  if (job->a_bf16) return NULL; /* A is bfloat16 already (ct_matmul) */
   int64_t kp = (job->K + 31) & ~(int64_t)31;
   job->m16 = job->M / 16 * 16;
   if (!job->amx || job->ptasks < 2 || job->m16 == 0 || kp == 0) return NULL;
@@ -295,7 +305,8 @@ static void ct_run_task(const ct_job *job, int64_t task) {
   t.ldc = job->P;
   t.a_ms = job->a_ms;
   t.a_ks = job->a_ks;
-  for (int o = 0; o < d->sig.n_out; o++) t.out[o] = job->out[o] + out_off;
+  for (int o = 0; o < d->sig.n_out; o++) /* in elements: a bfloat16 output's are 2 bytes */
+    t.out[o] = job->out16 ? (float *)((uint16_t *)job->out[o] + out_off) : job->out[o] + out_off;
   for (int e = 0; e < d->n_extra; e++) {
     const float *base = job->extra[e] + (d->extra_nstride[e] ? n * job->extra_count[e] : 0);
     if (d->extra_kind[e] == EX_POSITION) base += g * job->M * job->P;
@@ -389,16 +400,23 @@ static void ct_plan(ct_job *job) {
 
 static OrtStatus *ct_run(ct_job *job, OrtKernelContext *ctx) {
   ct_plan(job);
+  if ((job->a_bf16 || job->out16) && !job->amx) /* the sequence keeps such tensors only where the tiles run */
+    return fail(ORT_RUNTIME_EXCEPTION, "onnxopt: a bfloat16 tensor inside a sequence met a kernel not on its AMX "
+                                       "tiles; set ONNXOPT_SEQUENCE_BF16=0 and report this model");
   int64_t tasks = job->items * job->ptasks * job->mtasks;
   double flops = 2.0 * (double)job->items * (double)job->M * (double)job->P * (double)job->K;
+  OrtStatus *st = NULL;
   if (tasks == 1 || flops < CT_INLINE_FLOPS) {
     job->ptasks = job->mtasks = 1;
     for (int64_t i = 0; i < job->items; i++) ct_run_task(job, i);
-    return NULL;
+  } else {
+    st = ct_round_a(job, ctx);
+    if (!st) st = API(KernelContext_ParallelFor)(ctx, ct_task, (size_t)tasks, 0, job);
   }
-  OrtStatus *st = ct_round_a(job, ctx);
-  if (st) return st;
-  return API(KernelContext_ParallelFor)(ctx, ct_task, (size_t)tasks, 0, job);
+  if (!st && job->failed)
+    st = fail(ORT_FAIL, "onnxopt: out of memory for a bfloat16 GEMM's rows inside a sequence; set "
+                        "ONNXOPT_SEQUENCE_BF16=0");
+  return st;
 }
 
 typedef struct {
@@ -553,6 +571,12 @@ static OrtStatus *ct_outputs(const onnxopt_ct_desc *d, ct_job *job, OrtKernelCon
     OrtValue *ov;
     CHECK(API(KernelContext_GetOutput)(ctx, (size_t)o, dims, rank, &ov));
     CHECK(API(GetTensorMutableData)(ov, (void **)&job->out[o]));
+    if (seq_value_bf16(ov)) { /* the sequence keeps it in bfloat16: only the AMX tiles' bf16 variants write it */
+      if (d->sig.n_out != 1 || !d->amx_tiles16)
+        return fail(ORT_RUNTIME_EXCEPTION, "onnxopt: a kernel without bfloat16 outputs was given one inside a "
+                                           "sequence; set ONNXOPT_SEQUENCE_BF16=0 and report this model");
+      job->out16 = 1;
+    }
   }
   return NULL;
 }

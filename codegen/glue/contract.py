@@ -446,6 +446,8 @@ CT_DESC = Struct("onnxopt_ct_desc", [
                                                   "them (matrix_engine.c)"),
     Field("amx_round", TILE_FN, comment="A's rows into the tiles' bfloat16 copy (ct_tile a16), once per row block "
                                         "and K block, not once per panel"),
+    Field("amx_tiles16", "const tile_fn *", comment="as amx_tiles, writing the one output in bfloat16 (NULL: none), "
+                                                    "for a sequence's bf16 tensor (sequence_exec.c)"),
 ], comment="a convolution or matmul with its fused epilogue (compute_exec.c)")
 
 # The compute tile's record (codegen/compute/tile.py and blocked_tile.py read it; compute_exec.c and the other

@@ -201,6 +201,18 @@ static OrtStatus *ct_matmul(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   job.a_ks = d->trans_a ? M : 1;
   job.koff = koff;
   job.ptiles = (N + d->ni * d->lanes - 1) / (d->ni * d->lanes);
+  if (seq_value_bf16(av)) { /* A in bfloat16 (a sequence's, sequence_exec.c): it is the tiles' A as it lies */
+    int contiguous = 1;
+    for (int64_t i = 0; i < batch; i++) contiguous &= job.a_off[i] == i * M * K;
+    if (!d->packed_b || d->trans_a || !d->amx_groups || M % 16 || K % 32 || !contiguous) {
+      st = fail(ORT_RUNTIME_EXCEPTION, "onnxopt: a bfloat16 tensor inside a sequence met a matmul that cannot read "
+                                       "it; set ONNXOPT_SEQUENCE_BF16=0 and report this model");
+      goto done;
+    }
+    job.a_bf16 = 1;
+    job.a16 = (const uint16_t *)job.a;
+    job.m16 = M;
+  }
   st = ct_run(&job, ctx);
 done:
   free(koff);

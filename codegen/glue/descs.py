@@ -62,6 +62,7 @@ class CtKernelDesc:
     # the glue where the CPU and the OS allow them (matrix_engine.c), else the register tiles
     amx_tiles: list[list[str]] = field(default_factory=list)
     amx_round: str = ""  # A's rows into the tiles' bfloat16 copy, once per row block and K block
+    amx_tiles16: list[list[str]] = field(default_factory=list)  # as amx_tiles, writing bfloat16 (sequence_exec.c)
     matrix_instruction: str = ""  # what the AMX tiles run on ("" for none)
     amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
 
@@ -123,6 +124,7 @@ class SeqKernelDesc:
     slot_output: list[int]
     slot_buffer: list[int]
     slot_view: list = field(default_factory=list)  # per slot: a SlotView or None (none when empty)
+    slot_bf16: list = field(default_factory=list)  # per slot: 1 where it may be kept in bfloat16 (none when empty)
 
 
 AF_MAX_SECOND = c_define("afusion.h", "AF_MAX_SECOND")

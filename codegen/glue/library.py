@@ -51,13 +51,16 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
     syms = [s for row in k.tiles for s in row]
     amx = [s for row in k.amx_tiles for s in row]
     amx_round = [k.amx_round] if amx and k.amx_round else []  # a convolution's AMX tiles have none
+    amx16 = [s for row in k.amx_tiles16 for s in row]
     wino = [k.wino_in, k.wino_out] if k.winograd else []
-    parts = [f"extern void {s}(const int64_t *);\n" for s in syms + amx + amx_round + wino]
+    parts = [f"extern void {s}(const int64_t *);\n" for s in syms + amx + amx_round + amx16 + wino]
     parts.append(_c_array("int", f"{c}_in_types", k.in_types))
     parts.append(_c_array("int", f"{c}_out_types", k.out_types))
     parts.append(_c_array("tile_fn", f"{c}_tiles", syms))
     if amx:
         parts.append(_c_array("tile_fn", f"{c}_amx_tiles", amx))
+    if amx16:
+        parts.append(_c_array("tile_fn", f"{c}_amx_tiles16", amx16))
     parts.append(_c_array("int", f"{c}_extra_kind", k.extra_kinds))
     parts.append(_c_array("int64_t", f"{c}_extra_nstride", k.extra_nstride))
     sig = {"name": cstr(k.op_type), "kind": _KIND[k.kind], "n_in": len(k.in_types), "n_out": len(k.out_types),
@@ -72,7 +75,7 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
         "transposed": k.transposed, "out_pad": list(k.output_padding), "wino_m": k.winograd,
         "wino_in": wino[0] if wino else None, "wino_out": wino[1] if wino else None,
         "amx_groups": len(k.amx_tiles), "amx_tiles": f"{c}_amx_tiles" if amx else None,
-        "amx_round": k.amx_round or None})
+        "amx_round": k.amx_round or None, "amx_tiles16": f"{c}_amx_tiles16" if amx16 else None})
     return "".join(parts), init
 
 
@@ -223,10 +226,13 @@ def _sequence_source(i: int, k: SeqKernelDesc, sig_of: dict[str, str]) -> str:
     parts.append(_c_array("int", f"q{i}_view_axis", [v.axis if v else 0 for v in views]))
     for name in ("offset", "units", "total"):
         parts.append(_c_array("int64_t", f"q{i}_view_{name}", [getattr(v, name) if v else 0 for v in views]))
+    bf16 = list(k.slot_bf16) + [0] * (len(k.slot_output) - len(k.slot_bf16))
+    parts.append(_c_array("int", f"q{i}_slot_bf16", bf16))
     parts.append(f'static const onnxopt_seq_desc q{i}_desc = {{{{"{k.op_type}", KIND_SEQUENCE, {len(k.in_types)}, '
                  f"{len(k.out_types)}, q{i}_in_types, q{i}_out_types}}, {len(k.steps)}, q{i}_steps, "
                  f"{len(k.slot_output)}, q{i}_slot_output, q{i}_slot_buffer, {n_buffers}, {i}, "
-                 f"q{i}_view_whole, q{i}_view_axis, q{i}_view_offset, q{i}_view_units, q{i}_view_total}};\n")
+                 f"q{i}_view_whole, q{i}_view_axis, q{i}_view_offset, q{i}_view_units, q{i}_view_total, "
+                 f"q{i}_slot_bf16}};\n")
     return "".join(parts)
 
 

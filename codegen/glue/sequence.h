@@ -24,6 +24,9 @@ typedef struct {
      many positions, of the whole's how many (emit/sequence.py, SlotView). */
   const int *view_whole, *view_axis;
   const int64_t *view_offset, *view_units, *view_total;
+  /* Per slot: 1 where a bf16 GEMM on AMX tiles writes it and only bf16 GEMMs on AMX tiles read it, as their A
+     (emit/sequence.py): kept in bfloat16 where the tiles run (seq_slot_value). */
+  const int *slot_bf16;
 } onnxopt_seq_desc;
 
 #endif

@@ -24,10 +24,13 @@ typedef struct {
   void *data;
   size_t rank;
   int64_t dims[MAX_RANK];
+  int bf16; /* kept in bfloat16 for the bf16 GEMMs that read it (seq_slot_value), not in its declared float */
 } seq_value;
 
 /* Parts a loop's indices are split into: one per thread of the section, up to this many (threads past it share). */
 #define SEQ_PARTS 8
+
+static atomic_ullong g_seq_bf16_tensors; /* onnxopt_sequence_bf16_tensors */
 
 /* One parallel loop of an op in the sequence. Never reused within a run: a helper still holding a finished loop can
    only find its parts empty. Its indices are split into `parts` contiguous parts, one per thread in the section
@@ -89,6 +92,7 @@ struct seq_run {
   int serial; /* ONNXOPT_SEQUENCE_SECTION=0: each loop goes to onnxruntime's pool (for A/B timings) */
   int views;  /* ONNXOPT_SEQUENCE_VIEWS=0: no Concat inputs written in place (for A/B timings) */
   int profile; /* ONNXOPT_SEQUENCE_PROFILE=FILE: the driver times each step (seq_profile_write) */
+  int bf16;    /* ONNXOPT_SEQUENCE_BF16=0: every tensor in its declared type (for A/B timings and tests) */
   _Atomic(seq_job *) cur;
   atomic_int entered, end;
   atomic_uint gen;     /* bumped at every loop published and at the end: what a sleeping helper waits on */
@@ -414,6 +418,8 @@ static OrtStatus *seq_compute(const onnxopt_seq_desc *d, OrtKernelContext *ctx) 
   r.serial = env && env[0] == '0';
   const char *views = getenv("ONNXOPT_SEQUENCE_VIEWS");
   r.views = !(views && views[0] == '0');
+  const char *bf16 = getenv("ONNXOPT_SEQUENCE_BF16");
+  r.bf16 = !(bf16 && bf16[0] == '0');
   const char *profile = getenv("ONNXOPT_SEQUENCE_PROFILE");
   if (profile && profile[0] && !a->step_s) a->step_s = (double *)calloc((size_t)d->n_steps, sizeof(double));
   r.profile = profile && profile[0] && a->step_s;
@@ -511,6 +517,7 @@ static OrtStatus *seq_view(seq_run *r, int slot, size_t elem, const int64_t *dim
   for (size_t k = (size_t)axis + 1; k < ndims; k++) inner *= (size_t)dims[k];
   seq_value *v = &r->a->vals[slot];
   v->data = base + (size_t)d->view_offset[slot] * inner;
+  v->bf16 = 0;
   v->rank = ndims;
   memcpy(v->dims, dims, ndims * sizeof(int64_t));
   r->a->slot_val[slot] = v;
@@ -547,6 +554,16 @@ static OrtStatus *seq_slot_value(seq_run *r, int slot, size_t elem, const int64_
     a->slot_val[slot] = *out;
     return NULL;
   }
+  /* A bf16 GEMM's output that only bf16 GEMMs read as A: kept in bfloat16 where the tiles run, so the writer
+     rounds it in its epilogue and the readers' tiles read it as it lies, as each reader would have rounded it
+     (vcvtneps2bf16) and bit for bit the same. It must be their tiles' A as it is: rows in whole tiles (16 a
+     matrix) and K in whole tile steps (32). */
+  int bf16 = r->bf16 && d->slot_bf16[slot] && ndims >= 2 && dims[ndims - 1] > 0 && dims[ndims - 1] % 32 == 0 &&
+             dims[ndims - 2] > 0 && dims[ndims - 2] % 16 == 0 && amx_ok(AMX_BF16);
+  if (bf16) {
+    elem = 2;
+    atomic_fetch_add_explicit(&g_seq_bf16_tensors, 1, memory_order_relaxed);
+  }
   size_t bytes = elem;
   for (size_t k = 0; k < ndims; k++) bytes *= (size_t)(dims[k] > 0 ? dims[k] : 0);
   bytes = (bytes + 63) / 64 * 64;
@@ -559,6 +576,7 @@ static OrtStatus *seq_slot_value(seq_run *r, int slot, size_t elem, const int64_
   }
   seq_value *v = &a->vals[slot];
   v->data = a->buf[b];
+  v->bf16 = bf16;
   v->rank = ndims;
   memcpy(v->dims, dims, ndims * sizeof(int64_t));
   a->slot_val[slot] = v;
@@ -574,6 +592,16 @@ static OrtStatus *seq_GetOutput(OrtKernelContext *ctx, size_t index, const int64
   if (index >= (size_t)r->step->n_out) return fail(ORT_INVALID_ARGUMENT, "onnxopt: sequence step output out of range");
   return seq_slot_value(r, r->step->out[index], seq_elem_bytes(r->step->op->out_types[index]), dims, ndims, out, 0);
 }
+
+/* Tensors the sequences of this process kept in bfloat16 (seq_slot_value), one per slot per run: what
+   onnxopt.runtime.bf16_tensors reads, so a test or a user sees that the path ran. */
+__attribute__((visibility("default"))) unsigned long long onnxopt_sequence_bf16_tensors(void) {
+  return atomic_load_explicit(&g_seq_bf16_tensors, memory_order_relaxed);
+}
+
+/* Whether `v` is a tensor of a sequence's own kept in bfloat16 (seq_slot_value): its readers and writer, bf16
+   GEMMs on AMX tiles, then read and write it so (compute_exec.c). */
+static int seq_value_bf16(const void *v) { return seq_is_value(v) && ((const seq_value *)v)->bf16; }
 
 static OrtStatus *seq_GetTensorMutableData(OrtValue *value, void **out) {
   if (!seq_is_value(value)) return ((GetTensorMutableData_t)g_ort[API_GetTensorMutableData])(value, out);

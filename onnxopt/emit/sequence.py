@@ -31,7 +31,7 @@ import onnx
 from onnx import helper
 
 from onnxopt.codegen.copy.desc import CopyKernelDesc
-from onnxopt.codegen.glue.descs import SeqKernelDesc
+from onnxopt.codegen.glue.descs import CtKernelDesc, SeqKernelDesc
 from onnxopt.graph.fold import outer_names_of
 
 MIN_STEPS = 2  # a run of one op gains nothing
@@ -149,6 +149,35 @@ def _concat_views(step_nodes: list, descs: dict, slot_of: dict, slot_output: lis
     return views
 
 
+def _bf16_gemm(d) -> bool:
+    """A matmul on bf16 AMX tiles reading A as it lies (packed weights, A not transposed)."""
+    return (isinstance(d, CtKernelDesc) and d.kind == "matmul" and bool(d.packed_b) and not d.trans_a
+            and d.matrix_instruction == "tdpbf16ps" and bool(d.amx_tiles))
+
+
+def _bf16_slots(steps: list, descs: dict, slot_output: list[int], slot_view: list) -> list[int]:
+    """Per slot, 1 where the glue may keep the tensor in bfloat16 (sequence_exec.c `seq_slot_value`): a tensor of
+    the sequence's own that a bf16 GEMM on AMX tiles writes as its one output (and has tiles writing bfloat16 for:
+    `amx_tiles16`) and that only such GEMMs read, as their A. Each reader rounds its A to bfloat16 before its tiles
+    anyway: the writer's epilogue now does it once, and the float32 copy (twice the bytes written and read, and the
+    readers' rounding passes) is never made. An FFN's first GEMM (with its GELU) feeding the second is the case."""
+    writer, readers = {}, {}
+    for op, refs, outs in steps:
+        for slot in outs:
+            writer[slot] = op
+        for k, ref in enumerate(refs):
+            if ref < 0:
+                readers.setdefault(-1 - ref, []).append((op, k))
+    flags = []
+    for slot, out in enumerate(slot_output):
+        w = descs.get(writer.get(slot))
+        ok = (out < 0 and (slot >= len(slot_view) or slot_view[slot] is None) and _bf16_gemm(w)
+              and bool(w.amx_tiles16) and len(w.out_types) == 1 and slot in readers
+              and all(k == 0 and _bf16_gemm(descs.get(op)) for op, k in readers[slot]))
+        flags.append(int(ok))
+    return flags
+
+
 def make_sequences(model: onnx.ModelProto, descs: dict, domain: str) -> tuple[onnx.ModelProto, list[SeqKernelDesc]]:
     """Replace each run of at least MIN_STEPS library ops (`descs`: op type -> its kernel description, with
     in_types and out_types) by one sequence node; returns the new model and the sequences' descriptions."""
@@ -236,11 +265,12 @@ def make_sequences(model: onnx.ModelProto, descs: dict, domain: str) -> tuple[on
         for k, b in zip(internal, shared):
             slot_buffer[k] = b
         slot_view = [views.get(k) for k in range(len(lives))]
-        key = repr((steps, slot_output, slot_buffer, in_types, out_types, slot_view)).encode()
+        slot_bf16 = _bf16_slots(steps, descs, slot_output, slot_view)
+        key = repr((steps, slot_output, slot_buffer, in_types, out_types, slot_view, slot_bf16)).encode()
         op_type = f"Sequence_{hashlib.sha256(key).hexdigest()[:16]}"
         if all(k.op_type != op_type for k in seq_descs):  # the same ops, wired the same way: one op type
             seq_descs.append(SeqKernelDesc(op_type, in_types, out_types, steps, slot_output, slot_buffer,
-                                           slot_view))
+                                           slot_view, slot_bf16))
         first = members[0].name or members[0].op_type
         node = helper.make_node(op_type, inputs, outputs, name=f"{first}__sequence{number}", domain=domain)
         replaced[run[0]] = node

@@ -91,7 +91,9 @@ def test_the_amx_tiles_compile_to_tile_instructions():
     spec = TileSpec(tile, identity_program(), (), packed_a=False, packed_b=tile.ni * tile.lanes, b_format="bf16_dot")
     module = new_module(target, "amx_bf16")
     names = amx_tile.define_amx_tile_functions(module, "t", spec, "tdpbf16ps", emulate=False)
-    assert [len(row) for row in names] == [tile.ni] * amx_tile.MAX_GROUPS + [1]  # then the rounding function
+    # the tiles' rows, the rounding function, then the tiles writing a bfloat16 output (a sequence's bf16 tensor)
+    assert [len(row) for row in names] == [tile.ni] * amx_tile.MAX_GROUPS + [1] + [tile.ni] * amx_tile.MAX_GROUPS
+    assert names[-1][-1] == names[1][-1] + "h"
     ir_text = str(module)
     assert '"llvm.x86.tdpbf16ps"(' in ir_text and "x86_amx" not in ir_text  # named registers
     asm = compile_assembly(ir_text, target)

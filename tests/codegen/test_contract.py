@@ -106,7 +106,7 @@ def test_an_initializer_names_every_member_and_refuses_missing_or_unknown_ones()
     text = CT_DESC.initializer(_ct_values(mi=4, groups=2))
     assert text.startswith('{.sig = {.name = "Conv_1", .kind = KIND_CONV, .n_in = 2, .n_out = 1, .in_types = ins, '
                            '.out_types = outs}, .mi = 4, ')
-    assert ".pads = {1, 2, 3, 4}" in text and ".groups = 2" in text and ".wino_out = NULL, .amx_groups = 0, .amx_tiles = NULL, .amx_round = NULL}" in text
+    assert ".pads = {1, 2, 3, 4}" in text and ".groups = 2" in text and ".wino_out = NULL, .amx_groups = 0, .amx_tiles = NULL, .amx_round = NULL, .amx_tiles16 = NULL}" in text
     missing = _ct_values()
     del missing["ic_g"]
     with pytest.raises(ContractError, match="misses ic_g"):
