@@ -239,7 +239,7 @@ static void ct_run_amx(const ct_job *job, ct_tile *t, int64_t item, const float 
     t->acc = NULL;
     t->a16 = NULL;
     if (job->out16 && whole < r1 - r0) { /* the register tiles write float32: a bfloat16 output cannot take them */
-      ((ct_job *)job)->failed = 1;
+      __atomic_store_n(&((ct_job *)job)->failed, 1, __ATOMIC_RELAXED);
       break;
     }
     for (int64_t tile = t0; whole < r1 - r0 && tile < t1; tile++) {
