@@ -23,9 +23,10 @@ assert lib, "the loader did not register the library"
 feeds = dict(np.load(x)) if x.endswith(".npz") else {s.get_inputs()[0].name: np.load(x)}
 np.save(out, s.run(None, feeds)[0])
 chk = rt.check_library(model)
+amx = amx_status(lib)
 print(json.dumps({"calls": {k: v for k, v in kernel_calls(lib).items() if v}, "precision": chk.precision,
-                  "detail": chk.precision_detail, "amx": amx_status(lib)["state"],
-                  "amx_units": amx_status(lib)["units"], "bf16_tensors": bf16_tensors(lib)}))
+                  "detail": chk.precision_detail, "amx": amx["state"], "amx_units": amx["units"],
+                  "bf16_tensors": bf16_tensors(lib)}))
 """
 
 
