@@ -13,8 +13,10 @@ def build_copy(region: Region, target: Target) -> tuple[tuple, CopyKernelDesc, s
     """Returns (no objects, glue description, no IR), the shape build_many expects."""
     c = region.copy
     int8 = c.dtype != "float32"
-    if c.lanes and c.lanes != (INT8_LANES if int8 else target.float32_lanes):
+    if c.lanes and c.lanes != (INT8_LANES if int8 else target.float32_lanes) and (int8 or c.lanes != 1):
         raise ValueError(f"a blocked copy of {c.lanes} lanes for a target of {target.float32_lanes}")
+    if c.lanes == 1 and (len(c.factors) != 1 or c.slice):
+        raise ValueError("a copy of one lane is a nearest Resize of one NCHW tensor")
     if int8 and (c.slice or any(tuple(f) != (1, 1) for f in c.factors)):
         raise ValueError("a copy of int8 tensors is a Concat (of plain tensors, or of qconv's blocked ones)")
     desc = CopyKernelDesc(op_type=region.op_type, in_types=[ONNX_ENUM[c.dtype]] * len(region.inputs),

@@ -32,7 +32,15 @@ static void cp_repeat_row(float *dst, const float *src, int64_t w, int64_t times
     if (dst != src) memcpy(dst, src, (size_t)(w * L) * sizeof(float)); /* equal: written in place (a view) */
     return;
   }
-  if (L == 16) {
+  if (L == 1 && times == 2) { /* an NCHW Resize (lanes 1) by 2, the usual factor: a loop the compiler vectorizes */
+    for (int64_t i = 0; i < w; i++) {
+      dst[2 * i] = src[i];
+      dst[2 * i + 1] = src[i];
+    }
+  } else if (L == 1) {
+    for (int64_t i = 0; i < w; i++)
+      for (int64_t r = 0; r < times; r++) *dst++ = src[i];
+  } else if (L == 16) {
     for (int64_t i = 0; i < w; i++, src += 16)
       for (int64_t r = 0; r < times; r++, dst += 16) memcpy(dst, src, 16 * sizeof(float));
   } else if (L == 8) {
@@ -53,10 +61,15 @@ static void cp_run_task(void *usr, size_t task) {
     int64_t oh = row % j->H, nb = row / j->H, b = nb % j->CB, n = nb / j->CB;
     int k = 0;
     while (k + 1 < j->n_in && b >= j->first[k + 1]) k++;
+    float *dst = (float *)j->out + row * row_floats;
+    if (oh % d->fh[k] && row > r0) { /* a repeated row: the one this task just wrote */
+      memcpy(dst, dst - row_floats, (size_t)row_floats * sizeof(float));
+      continue;
+    }
     int64_t h = j->H / d->fh[k], w = j->W / d->fw[k];
     const float *src =
         (const float *)j->in[k] + ((n * j->cb[k] + (b - j->first[k])) * h + oh / d->fh[k]) * w * j->L;
-    cp_repeat_row((float *)j->out + row * row_floats, src, w, d->fw[k], j->L);
+    cp_repeat_row(dst, src, w, d->fw[k], j->L);
   }
 }
 
@@ -213,12 +226,18 @@ static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) 
   j.es = d->elem;
   if (j.n_in < 1 || j.n_in > CP_MAX_IN) return fail(ORT_INVALID_ARGUMENT, "onnxopt: a copy op has 1 to 16 inputs");
   if (d->lanes == 0) return cp_plain(d, ctx, &j);
+  size_t out_rank = 5; /* lanes 1: NCHW tensors, read as [N, C, H, W, 1] */
   for (int k = 0; k < j.n_in; k++) {
     const OrtValue *v;
     int64_t dims[MAX_RANK];
     size_t rank;
     CHECK(ct_dims(ctx, (size_t)k, &v, dims, &rank));
-    if (rank != 5 || dims[4] != j.L)
+    int nchw = j.L == 1 && rank == 4;
+    if (nchw) {
+      dims[4] = 1;
+      out_rank = 4;
+    }
+    if ((rank != 5 && !nchw) || dims[4] != j.L)
       return fail(ORT_INVALID_ARGUMENT, "onnxopt: a blocked copy's input is not [N, C / L, H, W, L]");
     int64_t H = dims[2] * d->fh[k], W = dims[3] * d->fw[k];
     if (k == 0) {
@@ -235,7 +254,7 @@ static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) 
   }
   int64_t od[5] = {j.N, j.CB, j.H, j.W, j.L};
   OrtValue *ov;
-  CHECK(API(KernelContext_GetOutput)(ctx, 0, od, 5, &ov));
+  CHECK(API(KernelContext_GetOutput)(ctx, 0, od, out_rank, &ov));
   CHECK(API(GetTensorMutableData)(ov, (void **)&j.out));
   return cp_run(&j, ctx);
 }

@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from onnxopt.kinds import KINDS
 from onnxopt.fusion import blocked_passthrough
-from onnxopt.fusion.blocked_copy import fuse_copies, plain_concats, plain_slices
+from onnxopt.fusion.blocked_copy import fuse_copies, plain_concats, plain_resizes, plain_slices
 from onnxopt.fusion.blocked_elementwise import blocked_elementwise
 from onnxopt.fusion.afusion.plan import afusion_pairs, apply_pairs, greedy_pairs
 from onnxopt.fusion.compute import ComputeRule
@@ -106,6 +106,10 @@ class PlanStage:
             slices = plain_slices(rule.index, ew.shape_of, ew.dtype_of, const_of, claimed, ew.opset)
             claimed.update(rule.index.producer[r.outputs[0]] for r in slices)
             plan += slices
+            # And NCHW nearest Resizes by integer factors (PP-OCRv4's FPN).
+            resizes = plain_resizes(rule.index, ew.shape_of, ew.dtype_of, const_of, claimed, ew.opset)
+            claimed.update(rule.index.producer[r.outputs[0]] for r in resizes)
+            plan += resizes
         plan += self._kind_regions(work, claimed, [], first=False)
         if "elementwise" not in self.opts.skip_fusion:
             plan += ElementwiseRule(work).find_regions([], exclude=claimed)

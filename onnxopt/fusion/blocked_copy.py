@@ -20,12 +20,18 @@ sequence (emit/sequence.py), and each sequence opens a parallel section of its o
 plan had 48 sequences, each ended by the Concat of a dense layer (12 channels, not a whole number of vectors, so the
 tensors are not blocked there).
 
+And nearest Resizes of NCHW tensors by integer factors (`plain_resizes`, lanes 1: the blocked copy with one channel
+a vector). PP-OCRv4's detector upsamples its FPN's levels with six of them outside the blocked chains; onnxruntime
+ran them in 0.55 ms of a 5.9 ms bf16 run, each ending a sequence.
+
 And Slices with unit steps and constant arguments (`plain_slices`), for the same reason: the box of a tensor of the
 planned dims, copied as runs along its last axis. NASNet-A's factorized reductions leave a crop after a convolution
 (graph/subsample_conv.py), and those three Slices were the last onnxruntime nodes between its sequences.
 """
 
 from __future__ import annotations
+
+import onnx
 
 from onnxopt.codegen.glue.kinds import c_define
 
@@ -111,6 +117,48 @@ def plain_concats(index, shape_of, dtype_of, claimed: set[int], dtypes=("float32
         program = EwProgram(inputs=[Value(x, dtype) for x in node.input], consts={}, ops=[], outputs=[])
         region = Region("Copy", [node], list(node.input), [node.output[0]], program, list(y))
         region.params = CopyParams(lanes=0, factors=[(1, 1)] * len(node.input), body=[node], axis=axis, dtype=dtype)
+        out.append(region)
+    return out
+
+
+# The coordinate modes under which an integer factor s reads input pixel floor(o / s) for output pixel o, as the copy
+# kernel does: asymmetric (o / s) and TensorFlow's (o + 0.5) / s rounded down, and half pixel ((o + 0.5) / s - 0.5,
+# within 0.5 of floor(o / s) but never exactly half way) rounded to the nearest; PyTorch's half pixel differs only
+# at a length of 1 (pixel 0). tests/fusion/test_plain_resize.py checks the table against onnxruntime.
+NEAREST_FLOOR_MODES = {("asymmetric", "floor"), ("tf_half_pixel_for_nn", "floor"),
+                       ("half_pixel", "round_prefer_floor"), ("half_pixel", "round_prefer_ceil"),
+                       ("pytorch_half_pixel", "round_prefer_floor"), ("pytorch_half_pixel", "round_prefer_ceil")}
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def plain_resizes(index, shape_of, dtype_of, const_of, claimed: set[int], opset: int) -> list[Region]:
+    """Copy regions (lanes 1) for the float32 nearest Resizes of known 4-D shapes that repeat each pixel by integer
+    factors along H and W (constant scales or sizes), in a coordinate mode where that is what nearest picks."""
+    out = []
+    for i, node in enumerate(index.nodes):
+        if i in claimed or node.op_type != "Resize" or node.domain not in ("", "ai.onnx") or opset < 11:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if _text(attrs.get("mode", "nearest")) != "nearest" or "axes" in attrs:
+            continue
+        mode = (_text(attrs.get("coordinate_transformation_mode", "half_pixel")),
+                _text(attrs.get("nearest_mode", "round_prefer_floor")))
+        if mode not in NEAREST_FLOOR_MODES or not node.input[0] or not node.output[0]:
+            continue
+        x, y = shape_of(node.input[0]), shape_of(node.output[0])
+        if x is None or y is None or len(x) != 4 or len(y) != 4 or not all(isinstance(d, int) and d > 0
+                                                                            for d in list(x) + list(y)):
+            continue
+        if dtype_of(node.input[0]) != "float32" or x[:2] != y[:2] or y[2] % x[2] or y[3] % x[3]:
+            continue
+        if any(name and const_of(name) is None for name in node.input[1:]):
+            continue  # scales or sizes computed at run time: onnx's inferred shape could be a guess
+        program = EwProgram(inputs=[Value(node.input[0], "float32")], consts={}, ops=[], outputs=[])
+        region = Region("Copy", [node], [node.input[0]], [node.output[0]], program, list(y))
+        region.params = CopyParams(lanes=1, factors=[(y[2] // x[2], y[3] // x[3])], body=[node])
         out.append(region)
     return out
 

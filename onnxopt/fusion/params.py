@@ -217,7 +217,7 @@ class CopyParams(KindParams):
     """A Concat, nearest Resize or Slice run as a copy kernel (fusion/blocked_copy.py)."""
 
     family: ClassVar[str] = "copy"
-    lanes: int  # of the blocked tensors; 0: a plain Concat along `axis`
+    lanes: int  # of the blocked tensors; 0: a plain Concat along `axis`; 1: a Resize of NCHW (4-D) tensors
     factors: list[tuple[int, int]]  # per op input: rows and columns each pixel is repeated
     body: list = field(default_factory=list)  # the function fallback: the passthrough forms, in graph order
     fallback: list = field(default_factory=list)  # the passthrough regions this kernel replaces
@@ -240,7 +240,7 @@ class CopyParams(KindParams):
         return "|copy" + json.dumps(self.key())
 
     def tensor_lanes(self) -> int:
-        return self.lanes
+        return self.lanes if self.lanes > 1 else 0  # one lane: a Resize of plain NCHW tensors
 
     def fallback_body(self) -> list:
         return self.body

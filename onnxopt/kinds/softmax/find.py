@@ -1,8 +1,8 @@
-"""Which Softmax and LogSoftmax nodes become a row kernel, and why the others do not.
+"""Which Softmax and LogSoftmax nodes become a kernel, and why the others do not.
 
-A row is the input's dims from `axis` on, flattened: opset 13 and later reduce one axis, so only the last one is a
-row (the row kernel reads a row as contiguous memory); opsets 1 to 12 coerce the input to 2-D at `axis`, which is
-exactly rows of the trailing dims. The row's length may be known only at run time.
+Opsets 1 to 12 coerce the input to 2-D at `axis`: rows of the trailing dims, flattened. Opset 13 and later reduce
+one axis: the last one is a row (read as contiguous memory); any other is reduced down its columns, the dims after
+it (lower.py define_columns), with no transpose. The lengths may be known only at run time.
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ def refusal(node, rule: ElementwiseRule) -> str | None:
     axis = int(_attr(node, "axis", -1 if rule.opset >= 13 else 1))
     if not -rank <= axis < rank:
         return f"axis {axis} is outside a rank-{rank} input"
-    if rule.opset >= 13 and axis % rank != rank - 1:
-        return (f"it reduces axis {axis} of a rank-{rank} input; the row kernel reduces the innermost axis only "
-                "(a transpose around it would cost more than it saves)")
     return None
 
 
@@ -55,7 +52,7 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
         dims = rule.info[x].shape or [None] * rank
         shape = [d if isinstance(d, (int, str)) and not str(d).startswith("unk__") else None for d in dims]
         region = Region("softmax", [node], [x], [y], program, shape)
-        region.params = SoftmaxParams(OPS[node.op_type], axis, dt)
+        region.params = SoftmaxParams(OPS[node.op_type], axis, dt, columns=rule.opset >= 13 and axis != rank - 1)
         claimed.add(i)
         regions.append(region)
     return regions

@@ -1,10 +1,16 @@
-"""The row kernel in LLVM IR: rows(x, y, rows, n), each row of n floats in three passes, as onnxruntime's MLAS does.
+"""The kernel in LLVM IR, in one of two forms, each reduction in three passes as onnxruntime's MLAS does:
 
 softmax:      m = max(row); y = exp(x - m) and s = sum(y); y *= 1 / s
 log_softmax:  m = max(row); s = sum(exp(x - m));       y = (x - m) - log(s)
 
-Vectors of the target's float32 lanes; the row's tail runs the same code under a lane mask, so any n is one code
-path. Maxima as x86's maxps computes them (x when x > y), the choice onnxruntime's kernels make.
+rows(x, y, count, n, inner): `count` rows of n contiguous floats (the innermost axis, or opset 1-12's trailing
+dims); the vectors run along a row and are reduced across lanes at its end.
+columns(x, y, count, n, inner): `count` adjacent columns of an axis that is not the innermost (YOLOv8's DFL head
+reduces axis 1 of [1, 16, 4, 8400]): element k of column c is x[c + k * inner]. The vectors run across columns, so
+the three passes are lane-wise and need no transpose (onnxruntime transposes such an axis to the end and back).
+
+Vectors of the target's float32 lanes; a tail runs the same code under a lane mask, so any length is one code path.
+Maxima as x86's maxps computes them (x when x > y), the choice onnxruntime's kernels make.
 """
 
 from __future__ import annotations
@@ -31,9 +37,13 @@ def _vmax(b, x, y):
     return b.select(b.fcmp_ordered(">", x, y), x, y)
 
 
+def _function(module: ir.Module, name: str) -> ir.Function:
+    return ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64]), name=name)
+
+
 def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]), name=name)
-    x, y, rows, n = fn.args
+    fn = _function(module, name)
+    x, y, rows, n, _inner = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     vty = ir.VectorType(F32, lanes)
     step = ir.Constant(I64, lanes)
@@ -106,6 +116,56 @@ def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
     return name
 
 
+def define_columns(module: ir.Module, name: str, op: str, lanes: int) -> str:
+    fn = _function(module, name)
+    x, y, count, n, inner = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    vty = ir.VectorType(F32, lanes)
+    step = ir.Constant(I64, lanes)
+    full = b.mul(b.sdiv(count, step), step)
+    rem = b.sub(count, full)
+    iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    tail = b.icmp_signed("<", iota, broadcast(b, rem, lanes))
+    zero, one = ir.Constant(I64, 0), ir.Constant(I64, 1)
+
+    def block(c, masked):
+        """Columns c .. c + lanes: the three passes down the axis, element k at k * inner."""
+        def at(base, k):
+            return b.gep(base, [b.add(c, b.mul(k, inner))], source_etype=F32)
+
+        def load(base, k):
+            return masked_load(b, at(base, k), vty, tail, 4) if masked else b.load(at(base, k), typ=vty, align=4)
+
+        def store(v, base, k):
+            if masked:
+                masked_store(b, v, at(base, k), tail, 4)
+            else:
+                b.store(v, at(base, k), align=4)
+
+        (m,) = _loop(b, zero, n, one, lambda k, a: [_vmax(b, a[0], load(x, k))],
+                     [ir.Constant(vty, [float("-inf")] * lanes)])
+
+        def exp_sum(k, a):
+            e = vexp_nonpositive(b, b.fsub(load(x, k), m))  # x - max <= 0
+            if op == "softmax":
+                store(e, y, k)
+            return [b.fadd(a[0], e)]
+
+        (s,) = _loop(b, zero, n, one, exp_sum, [ir.Constant(vty, [0.0] * lanes)])
+        if op == "softmax":
+            inv = b.fdiv(ir.Constant(vty, [1.0] * lanes), s)
+            _loop(b, zero, n, one, lambda k, _a: store(b.fmul(load(y, k), inv), y, k) or [])
+        else:
+            ls = vlog(b, s)
+            _loop(b, zero, n, one, lambda k, _a: store(b.fsub(b.fsub(load(x, k), m), ls), y, k) or [])
+        return []
+
+    _loop(b, zero, full, step, lambda c, _a: block(c, False))
+    _when(b, b.icmp_signed("!=", rem, zero), lambda _a: block(full, True))
+    b.ret_void()
+    return name
+
+
 def build(region, target: Target) -> tuple[bytes, SoftmaxKernelDesc, str]:
     """Returns (object code, the glue's description, LLVM IR text)."""
     p = region.params
@@ -113,9 +173,10 @@ def build(region, target: Target) -> tuple[bytes, SoftmaxKernelDesc, str]:
     if elem.memory != F32:
         raise ValueError(f"the softmax row kernel is written for float32 rows, not {elem.name}")
     module = new_module(target, region.op_type)
-    sym = define_rows(module, f"{region.op_type}_rows", p.op, p.lanes or target.float32_lanes)
+    form, define = ("columns", define_columns) if p.columns else ("rows", define_rows)
+    sym = define(module, f"{region.op_type}_{form}", p.op, p.lanes or target.float32_lanes)
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     desc = SoftmaxKernelDesc(op_type=region.op_type, in_types=[elem.onnx], out_types=[elem.onnx], axis=p.axis,
-                             rows=sym)
+                             columns=p.columns, rows=sym)
     return obj, desc, ir_text

@@ -15,6 +15,8 @@ class SoftmaxParams(KindParams):
     axis: int  # rows are the dims from `axis` on, flattened (opset 13's last axis, or opset 1-12's coercion to 2-D)
     dtype: str = "float32"
     lanes: int = 0  # the schedule (schedule.py): float32 lanes of the row loop's vectors; 0, the target's
+    columns: bool = False  # opset 13+ reducing an axis that is not the last: the dims after it are columns
 
     def key(self) -> list:
-        return [self.op, self.axis, self.dtype] + ([self.lanes] if self.lanes else [])
+        return [self.op, self.axis, self.dtype] + ([self.lanes] if self.lanes else []) + (["columns"] if self.columns
+                                                                                           else [])
