@@ -33,6 +33,7 @@ class CopyKernelDesc:
     max_tasks: int = MAX_TASKS  # the schedule (the copy kind's space): the most tasks a call is split into
     inline_floats: int = INLINE_FLOATS  # the schedule: below this many floats written, one thread
     elem: int = 4  # bytes an element (ELEMENT_BYTES): a plain Concat's may be a quantized model's int8
+    split: list[int] | None = None  # a Split: each output's length along `axis` (in blocks when blocked)
 
 
 def copy_source(i: int, k: CopyKernelDesc) -> str:
@@ -44,6 +45,8 @@ def copy_source(i: int, k: CopyKernelDesc) -> str:
     fh = ", ".join(str(int(f[0])) for f in k.factors)
     fw = ", ".join(str(int(f[1])) for f in k.factors)
     dims, start, end = k.slice or ([], [], [])
+    if k.split and len(k.split) != len(k.out_types):
+        raise ValueError("a Split's copy has one length per output")
     if len(dims) > MAX_RANK:
         raise ValueError(f"a Slice of rank {len(dims)}: the glue takes at most {MAX_RANK}")
 
@@ -55,4 +58,4 @@ def copy_source(i: int, k: CopyKernelDesc) -> str:
             f'static const onnxopt_copy_desc y{i}_desc = {{{{"{k.op_type}", KIND_COPY, {len(k.in_types)}, '
             f"{len(k.out_types)}, y{i}_in_types, y{i}_out_types}}, {k.lanes}, {{{fh}}}, {{{fw}}}, {k.axis}, "
             f"{len(dims)}, {arr(dims)}, {arr(start)}, {arr(end)}, {int(k.max_tasks)}, {int(k.inline_floats)}, "
-            f"{int(k.elem)}}};\n")
+            f"{int(k.elem)}, {len(k.split or [])}, {arr(k.split or [])}}};\n")

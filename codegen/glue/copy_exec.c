@@ -216,8 +216,79 @@ static OrtStatus *cp_slice(const onnxopt_copy_desc *d, OrtKernelContext *ctx) {
   return API(KernelContext_ParallelFor)(ctx, cp_slice_task, (size_t)j.tasks, 0, &j);
 }
 
+/* A Split along d->axis (fusion/blocked_copy.py split_copies, plain_splits): output k is the input's part
+   [first_k, first_k + split_k) along the axis. With N the product of the dims before the axis and `inner` that of
+   those after it, the input is N items of (sum split_k) x inner elements, and each output's part of an item is one
+   contiguous run: the runs are cut into equal spans of the input over the threads (cp_run_span in reverse). */
+typedef struct {
+  const onnxopt_copy_desc *d;
+  const uint8_t *in;
+  uint8_t *out[CP_MAX_IN];
+  int64_t first[CP_MAX_IN + 1]; /* along the axis; first[count] = the axis' length */
+  int64_t N, inner, es, tasks;
+} cp_split_job;
+
+static void cp_split_task(void *usr, size_t task) {
+  const cp_split_job *j = (const cp_split_job *)usr;
+  int count = j->d->split_count;
+  int64_t item = j->first[count] * j->inner, total = j->N * item;
+  int64_t o0 = (int64_t)task * total / j->tasks, o1 = ((int64_t)task + 1) * total / j->tasks;
+  while (o0 < o1) {
+    int64_t n = o0 / item, a = (o0 % item) / j->inner;
+    int k = 0;
+    while (k + 1 < count && a >= j->first[k + 1]) k++;
+    int64_t part = (j->first[k + 1] - j->first[k]) * j->inner, at = o0 % item - j->first[k] * j->inner;
+    int64_t len = part - at < o1 - o0 ? part - at : o1 - o0;
+    uint8_t *dst = j->out[k] + (n * part + at) * j->es;
+    const uint8_t *src = j->in + o0 * j->es;
+    if (dst != src) memcpy(dst, src, (size_t)(len * j->es)); /* else a view of the input (in place) */
+    o0 += len;
+  }
+}
+
+static OrtStatus *cp_split(const onnxopt_copy_desc *d, OrtKernelContext *ctx) {
+  const OrtValue *v;
+  int64_t dims[MAX_RANK];
+  size_t rank;
+  CHECK(ct_dims(ctx, 0, &v, dims, &rank));
+  if ((size_t)d->axis >= rank) return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Split's input has no such axis");
+  cp_split_job j;
+  memset(&j, 0, sizeof(j));
+  j.d = d;
+  j.es = d->elem;
+  for (int k = 0; k < d->split_count; k++) j.first[k + 1] = j.first[k] + d->split[k];
+  if (j.first[d->split_count] != dims[d->axis])
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Split's input has another length along its axis than the one it "
+                                      "was built for; re-run onnxopt with --input-shape for it, or with "
+                                      "--skip-fusion copy");
+  j.N = 1;
+  j.inner = 1;
+  for (int a = 0; a < d->axis; a++) j.N *= dims[a];
+  for (size_t a = (size_t)d->axis + 1; a < rank; a++) j.inner *= dims[a];
+  CHECK(API(GetTensorMutableData)((OrtValue *)v, (void **)&j.in));
+  for (int k = 0; k < d->split_count; k++) {
+    int64_t od[MAX_RANK];
+    memcpy(od, dims, rank * sizeof(int64_t));
+    od[d->axis] = d->split[k];
+    OrtValue *ov;
+    CHECK(API(KernelContext_GetOutput)(ctx, (size_t)k, od, rank, &ov));
+    CHECK(API(GetTensorMutableData)(ov, (void **)&j.out[k]));
+  }
+  int64_t total = j.N * j.first[d->split_count] * j.inner;
+  if (total == 0) return NULL;
+  j.tasks = total * j.es / 4 / CP_TASK_MIN_FLOATS;
+  if (j.tasks > d->max_tasks) j.tasks = d->max_tasks;
+  if (total * j.es / 4 < d->inline_floats || j.tasks < 2) {
+    j.tasks = 1;
+    cp_split_task(&j, 0);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, cp_split_task, (size_t)j.tasks, 0, &j);
+}
+
 static OrtStatus *cp_compute(const onnxopt_copy_desc *d, OrtKernelContext *ctx) {
   if (d->slice_rank) return cp_slice(d, ctx);
+  if (d->split_count) return cp_split(d, ctx);
   cp_job j;
   memset(&j, 0, sizeof(j));
   j.d = d;

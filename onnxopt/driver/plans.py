@@ -12,7 +12,8 @@ from onnx import numpy_helper
 
 from onnxopt.kinds import KINDS
 from onnxopt.fusion import blocked_passthrough
-from onnxopt.fusion.blocked_copy import fuse_copies, plain_concats, plain_resizes, plain_slices
+from onnxopt.fusion.blocked_copy import (fuse_copies, plain_concats, plain_resizes, plain_slices, plain_splits,
+                                         split_copies)
 from onnxopt.fusion.blocked_elementwise import blocked_elementwise
 from onnxopt.fusion.afusion.plan import afusion_pairs, apply_pairs, greedy_pairs
 from onnxopt.fusion.compute import ComputeRule
@@ -90,6 +91,8 @@ class PlanStage:
             # Concats and nearest Resizes in the chains as our copy kernel (fusion/blocked_copy.py); the plan keeps
             # their passthrough regions too, which stand in for a copy kernel that is rejected.
             plan += fuse_copies(relayouts, rule.index, ew.shape_of, mk.lanes)
+            if self.opts.sequences:  # Splits of blocked channels: no faster alone, but they end sequences
+                plan += split_copies(relayouts, ew.shape_of, mk.lanes)
         if "elementwise" not in self.opts.skip_fusion:
             # Relus and Adds the chains run through as our elementwise kernels on the blocked tensors
             # (fusion/blocked_elementwise.py); their passthrough regions stay in the plan as the fallback.
@@ -106,6 +109,10 @@ class PlanStage:
             slices = plain_slices(rule.index, ew.shape_of, ew.dtype_of, const_of, claimed, ew.opset)
             claimed.update(rule.index.producer[r.outputs[0]] for r in slices)
             plan += slices
+            # And Splits (a C2f block's, when its tensors are not blocked).
+            splits = plain_splits(rule.index, ew.shape_of, ew.dtype_of, const_of, claimed, ew.opset)
+            claimed.update(rule.index.producer[r.outputs[0]] for r in splits)
+            plan += splits
             # And NCHW nearest Resizes by integer factors (PP-OCRv4's FPN).
             resizes = plain_resizes(rule.index, ew.shape_of, ew.dtype_of, const_of, claimed, ew.opset)
             claimed.update(rule.index.producer[r.outputs[0]] for r in resizes)

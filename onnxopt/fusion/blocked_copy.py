@@ -24,6 +24,10 @@ And nearest Resizes of NCHW tensors by integer factors (`plain_resizes`, lanes 1
 a vector). PP-OCRv4's detector upsamples its FPN's levels with six of them outside the blocked chains; onnxruntime
 ran them in 0.55 ms of a 5.9 ms bf16 run, each ending a sequence.
 
+And Splits (`split_copies` on blocked tensors, `plain_splits` on plain ones), for the same reason: YOLOv8's C2f
+blocks each split their first convolution's output in two, and the nine Splits were onnxruntime nodes between the
+model's ten sequences. Inside a sequence, a Split's output that a Concat of ours reads is written in place there.
+
 And Slices with unit steps and constant arguments (`plain_slices`), for the same reason: the box of a tensor of the
 planned dims, copied as runs along its last axis. NASNet-A's factorized reductions leave a crop after a convolution
 (graph/subsample_conv.py), and those three Slices were the last onnxruntime nodes between its sequences.
@@ -81,6 +85,69 @@ def fuse_copies(relayouts: list[Region], index, shape_of, lanes: int) -> list[Re
         if out in resizes and id(r) not in absorbed:
             copies.append(_region([r], [r.inputs[0]], [resizes[out]], out, shape_of, lanes))
     return copies
+
+
+def split_copies(relayouts: list[Region], shape_of, lanes: int) -> list[Region]:
+    """Copy regions for the Splits of channels among a blocked plan's passthrough regions (their sizes in blocks)."""
+    out = []
+    for r in relayouts:
+        node = r.nodes[0]
+        if not isinstance(r.params, RelayoutParams) or r.params.exit or node.op_type != "Split":
+            continue
+        if not 2 <= len(node.output) <= MAX_INPUTS or not all(node.output):
+            continue
+        x = shape_of(node.input[0])
+        sizes = [shape_of(y) for y in node.output]
+        if x is None or any(s is None or not isinstance(s[1], int) for s in sizes):
+            continue
+        out.append(_split_region(node, [-(-s[1] // lanes) for s in sizes], x, lanes, 1, r.relayout, [r]))
+    return out
+
+
+def _split_region(node, sizes: list[int], x_shape, lanes: int, axis: int, body: list, fallback: list) -> Region:
+    program = EwProgram(inputs=[Value(node.input[0], "float32")], consts={}, ops=[], outputs=[])
+    region = Region("Copy", [node], [node.input[0]], list(node.output), program, list(x_shape))
+    region.params = CopyParams(lanes=lanes, factors=[(1, 1)], body=list(body), fallback=list(fallback), axis=axis,
+                               split=list(sizes))
+    return region
+
+
+def plain_splits(index, shape_of, dtype_of, const_of, claimed: set[int], opset: int) -> list[Region]:
+    """Copy regions for the float32 Splits of known shapes, along any axis, whose outputs are all named and whose
+    sizes are constants (an input, the attribute, or equal parts)."""
+    out = []
+    for i, node in enumerate(index.nodes):
+        if i in claimed or node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
+            continue
+        if not 2 <= len(node.output) <= MAX_INPUTS or not all(node.output) or not node.input[0]:
+            continue
+        x = shape_of(node.input[0])
+        ys = [shape_of(y) for y in node.output]
+        if x is None or not x or not all(isinstance(d, int) for d in x) or any(y is None for y in ys):
+            continue
+        x = list(x)
+        if dtype_of(node.input[0]) != "float32":
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if not -len(x) <= axis < len(x):
+            continue
+        axis %= len(x)
+        if len(node.input) > 1 and node.input[1]:
+            given = const_of(node.input[1])
+            if given is None:
+                continue
+            sizes = [int(v) for v in given.reshape(-1)]
+        else:
+            sizes = next((list(a.ints) for a in node.attribute if a.name == "split"), None)
+        if sizes is None:  # equal parts (opset 18's num_outputs: the last may be smaller)
+            part = -(-x[axis] // len(node.output))
+            sizes = [min(part, x[axis] - k * part) for k in range(len(node.output))]
+        if len(sizes) != len(node.output) or sum(sizes) != x[axis] or any(v <= 0 for v in sizes):
+            continue
+        if any(list(y) != x[:axis] + [v] + x[axis + 1:] for y, v in zip(ys, sizes)):
+            continue  # onnx's inferred shapes disagree with ours: leave it to onnxruntime
+        out.append(_split_region(node, sizes, x, 0, axis, [node], []))
+    return out
 
 
 def _region(parts: list[Region], inputs: list[str], factors, out: str, shape_of, lanes: int) -> Region:

@@ -214,7 +214,7 @@ class PoolParams(KindParams):
 
 @dataclass
 class CopyParams(KindParams):
-    """A Concat, nearest Resize or Slice run as a copy kernel (fusion/blocked_copy.py)."""
+    """A Concat, nearest Resize, Slice or Split run as a copy kernel (fusion/blocked_copy.py)."""
 
     family: ClassVar[str] = "copy"
     lanes: int  # of the blocked tensors; 0: a plain Concat along `axis`; 1: a Resize of NCHW (4-D) tensors
@@ -229,10 +229,14 @@ class CopyParams(KindParams):
     max_tasks: int = 0
     inline_floats: int = 0
     dtype: str = "float32"  # a plain Concat's element type: float32, or a quantized model's uint8 / int8
+    # a Split (split_copies, plain_splits): each output's length along `axis` (blocks of `lanes` channels when
+    # blocked), in output order
+    split: list[int] | None = None
 
     def key(self) -> list:
         return [self.lanes, [list(f) for f in self.factors]] + ([] if self.lanes else [self.axis]) + \
             ([[list(v) for v in self.slice]] if self.slice else []) + \
+            ([["split", *self.split]] if self.split else []) + \
             ([self.max_tasks, self.inline_floats] if self.max_tasks or self.inline_floats else []) + \
             ([self.dtype] if self.dtype != "float32" else [])  # float32's op types as before the field
 
