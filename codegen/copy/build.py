@@ -24,6 +24,6 @@ def build_copy(region: Region, target: Target) -> tuple[tuple, CopyKernelDesc, s
         raise ValueError("a copy of int8 tensors is a Concat (of plain tensors, or of qconv's blocked ones)")
     desc = CopyKernelDesc(op_type=region.op_type, in_types=[ONNX_ENUM[c.dtype]] * len(region.inputs),
                           out_types=[ONNX_ENUM[c.dtype]] * len(region.outputs), elem=ELEMENT_BYTES[c.dtype],
-                          lanes=c.lanes, factors=list(c.factors), axis=c.axis, slice=c.slice, split=c.split, max_tasks=c.max_tasks or MAX_TASKS,
-                          inline_floats=c.inline_floats or INLINE_FLOATS)
+                          lanes=c.lanes, factors=list(c.factors), axis=c.axis, slice=c.slice, split=c.split,
+                          max_tasks=c.max_tasks or MAX_TASKS, inline_floats=c.inline_floats or INLINE_FLOATS)
     return (), desc, ""

@@ -133,10 +133,16 @@ def test_measured_machine_basics(machine):
 
 
 def test_measured_int8_peak(machine):
+    """Measured on the best dot-product instruction the CPU has, from a kernel with no spills. How it compares with
+    the float32 peak is timing, for `onnxopt machine` and the benchmarks: under load on a shared CPU it came out
+    below it once."""
     if "avx2" not in machine.isa:
         pytest.skip("no AVX2 (nor VNNI) on this CPU: no int8 dot-product instruction")
-    # 32 multiply-adds for AVX2's three instructions, 64 for one vpdpbusd: above the fp32 peak either way
-    assert machine.peak_flops["int8"] > machine.peak_flops["float32"]
+    assert machine.peak_flops["int8"] > 0 and machine.details["peak_flops_1core"]["int8"] > 0
+    kernel = machine.details["kernels"]["int8"]
+    # the machine code holds the instruction named (VNNI's one vpdpbusd, or AVX2's vpmaddubsw sequence)
+    assert kernel["asm"]["opcode"] == ("vpdpbusd" if kernel["instruction"].endswith("vnni") else "vpmaddubsw"), kernel
+    assert kernel["asm"]["count"] > 0 and kernel["asm"]["spills"] == 0, kernel
 
 
 def test_measured_levels_are_ordered(machine):
