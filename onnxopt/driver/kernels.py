@@ -448,7 +448,8 @@ class KernelStage:
                     # is for the report (and AFUSION's measured savings): a shorter timing does. A copy kernel has
                     # its passthrough nodes to fall back on (fusion/blocked_copy.py); without sequences it is judged
                     # alone. With them it keeps its neighbours in one sequence, though alone it is hardly faster
-                    # than onnxruntime's Concat: only the whole model shows that.
+                    # than onnxruntime's Concat: only the whole model shows that. So is a lone elementwise op
+                    # between two kernels (a bridge: fusion/elementwise.py sequence_bridges).
                     # So is a quantized model's unit run whole (an int8 convolution, a QDQ Add) with sequences: its
                     # time at these sizes is mostly a node's overhead, which a sequence of its neighbours saves
                     # (PP-OCR cls QDQ: 0.838 -> 0.765 ms with the units slower alone kept), and the drop trials
@@ -457,6 +458,7 @@ class KernelStage:
                     # 0.985x of the build that judged them alone).
                     chained = ((blocked_inputs(r) or blocked_outputs(r)) and r.copy is None) or \
                         (r.copy is not None and self.opts.sequences) or \
+                        (getattr(r.params, "bridge", False) and self.opts.sequences) or \
                         (self.opts.sequences and self.quantizes_statically and runs_quantized_units(r))
                     # Blocks of 4 ms, not 10: a chain's kernel is timed three blocks a side, and NASNet-A's 200
                     # checks took 14 s with 10 ms blocks.

@@ -120,6 +120,8 @@ class PlanStage:
         plan += self._kind_regions(work, claimed, [], first=False)
         if "elementwise" not in self.opts.skip_fusion:
             plan += ElementwiseRule(work).find_regions([], exclude=claimed)
+            if self.opts.sequences:  # and the lone ops between two of the plan's kernels (fusion/elementwise.py)
+                plan += ElementwiseRule(work, min_ops=1).sequence_bridges(plan)
         return plan
 
     def _int8_concats(self, work, claimed: set[int]) -> list[Region]:

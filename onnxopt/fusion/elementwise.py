@@ -18,6 +18,8 @@ A region needs at least two ops: a single op is already one pass over memory in 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -219,6 +221,29 @@ class ElementwiseRule:
                 continue
             regions.append(region)
         return regions
+
+    def sequence_bridges(self, plan: list[Region]) -> list[Region]:
+        """Regions for the elementwise ops left between two of the plan's regions because they are too few for a
+        region of their own (MIN_OPS): a squeeze-excite block's Mul of a convolution's output by its channel
+        scales, read by the next convolution (PP-OCRv4's). Alone such a kernel is no faster than onnxruntime's
+        op, but that op would end the sequence node around them (emit/sequence.py): the regions are marked
+        `bridge`, judged in the whole model. Each reads a tensor one of the plan's regions writes, and its outputs
+        are read only by them. Needs a rule of min_ops=1."""
+        taken = {id(n) for r in plan for n in r.nodes} | {id(n) for r in plan for n in (r.relayout or [])}
+        written = {o for r in plan for o in r.outputs}
+        idx = self.index
+        lone = {i for i, n in enumerate(idx.nodes) if id(n) not in taken}
+        out = []
+        for region in self.find_regions(exclude=set(range(len(idx.nodes))) - lone):
+            if len(region.nodes) >= MIN_OPS or not written & set(region.inputs):
+                continue
+            readers = [idx.consumers.get(y, []) for y in region.outputs]
+            if any(y in idx.graph_outputs or not r or not all(id(idx.nodes[c]) in taken for c in r)
+                   for y, r in zip(region.outputs, readers)):
+                continue
+            region.params = replace(region.params, bridge=True)
+            out.append(region)
+        return out
 
     def _without_quantizer_edges(self, members: set[int]) -> set[int]:
         """The group less the quantization steps at its edges: a DequantizeLinear whose result only leaves it, a

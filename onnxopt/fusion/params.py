@@ -63,6 +63,9 @@ class ElementwiseParams(KindParams):
     # over the pool; 0: the target's lanes, the kind's threshold.
     lanes: int = 0
     parallel_min: int = 0
+    # A lone op between two of our kernels (fusion/elementwise.py sequence_bridges): kept so that its onnxruntime
+    # node does not end a sequence, so judged in the whole model, not alone. Not part of the op type.
+    bridge: bool = False
 
     def op_type_text(self, target_name: str) -> str:
         # the program's signature is the whole kernel, with its schedule where it is not the default
