@@ -49,6 +49,7 @@ from onnxopt.graph.quantized_weights import fold_quantized_weights
 from onnxopt.graph.publish import check_destination, probe_writable
 from onnxopt.graph.load import check_no_overwrite, check_output_path, load_model, parse_input_shapes
 from onnxopt.graph.subsample_conv import fold_subsampling_into_convs
+from onnxopt.graph.transpose_chains import merge_transpose_chains
 from onnxopt.graph.unary_through_concat import push_unary_through_concats
 from onnxopt.fusion import winograd
 from onnxopt.verify import Tolerance, check_given_inputs, load_check_inputs, make_inputs
@@ -514,7 +515,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         # fused convolution's outputs under the glue's limit (graph/cse.py).
         self.report["merged_nodes"] = eliminate_common_subexpressions(work)
         # Exact rewrites that leave less for onnxruntime to run and more for the kernels to fuse
-        # (graph/subsample_conv.py, graph/unary_through_concat.py, graph/classifier_conv.py); the Relus they copy
+        # (graph/subsample_conv.py, graph/unary_through_concat.py, graph/classifier_conv.py,
+        # graph/transpose_chains.py); the Relus they copy
         # merge with existing ones.
         inferred = _infer(work)
         static = _static_shapes(inferred)
@@ -535,7 +537,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         else:
             rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
                         "unary_through_concats": push_unary_through_concats(work),
-                        "classifiers_as_convs": classifiers_as_convs(work, static)}
+                        "classifiers_as_convs": classifiers_as_convs(work, static),
+                        "transpose_chains_merged": merge_transpose_chains(work, static)}
         self.report["rewrites"] = rewrites
         self.quantized = quantized_nodes(work.graph)
         self.quantized_graph = work.graph
