@@ -29,6 +29,7 @@ from onnxopt.annotate.shapes import tensor_info
 from . import batchnorm
 from .elementwise_ops import QUANTIZERS, SUPPORTED
 from .graph_index import GraphIndex
+from .params import ElementwiseParams
 from .region import EwOp, EwProgram, Region, Value
 
 MAX_INPUTS = 16  # the glue's mask is 32 bits; this also bounds the variants compiled per region
@@ -228,21 +229,29 @@ class ElementwiseRule:
         scales, read by the next convolution (PP-OCRv4's). Alone such a kernel is no faster than onnxruntime's
         op, but that op would end the sequence node around them (emit/sequence.py): the regions are marked
         `bridge`, judged in the whole model. Each reads a tensor one of the plan's regions writes, and its outputs
-        are read only by them. Needs a rule of min_ops=1."""
+        are read only by them. The plan's own elementwise regions on plain tensors that sit the same way are
+        marked too (in place): one rejected alone at 0.97x would end the sequence as well. Needs a rule of
+        min_ops=1."""
         taken = {id(n) for r in plan for n in r.nodes} | {id(n) for r in plan for n in (r.relayout or [])}
         written = {o for r in plan for o in r.outputs}
         idx = self.index
+
+        def between(region) -> bool:
+            if not written & set(region.inputs):
+                return False
+            readers = [idx.consumers.get(y, []) for y in region.outputs]
+            return not any(y in idx.graph_outputs or not r or not all(id(idx.nodes[c]) in taken for c in r)
+                           for y, r in zip(region.outputs, readers))
+
+        for r in plan:
+            if isinstance(r.params, ElementwiseParams) and not r.params.blocked_lanes and between(r):
+                r.params = replace(r.params, bridge=True)
         lone = {i for i, n in enumerate(idx.nodes) if id(n) not in taken}
         out = []
         for region in self.find_regions(exclude=set(range(len(idx.nodes))) - lone):
-            if len(region.nodes) >= MIN_OPS or not written & set(region.inputs):
-                continue
-            readers = [idx.consumers.get(y, []) for y in region.outputs]
-            if any(y in idx.graph_outputs or not r or not all(id(idx.nodes[c]) in taken for c in r)
-                   for y, r in zip(region.outputs, readers)):
-                continue
-            region.params = replace(region.params, bridge=True)
-            out.append(region)
+            if len(region.nodes) < MIN_OPS and between(region):
+                region.params = replace(region.params, bridge=True)
+                out.append(region)
         return out
 
     def _without_quantizer_edges(self, members: set[int]) -> set[int]:

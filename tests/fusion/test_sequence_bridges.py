@@ -52,6 +52,24 @@ def test_the_lone_mul_between_two_kernels_is_a_bridge():
     assert [r.node_names for r in bridges] == [["excite"]] and bridges[0].params.bridge
 
 
+def test_a_longer_elementwise_region_between_two_kernels_is_marked_a_bridge():
+    """The Mul and an Add after it (det's squeeze-excite output and its residual): a region of the rule's own, which
+    the bridges mark in place, so that it too is judged in the whole model."""
+    model = se_model()
+    g = model.graph
+    mul = next(n for n in g.node if n.name == "excite")
+    mul.output[0] = "excited0"
+    k = list(g.node).index(mul)
+    g.node.insert(k + 1, helper.make_node("Add", ["excited0", "ar"], ["excited"], name="residual"))
+    model = onnx.shape_inference.infer_shapes(model)
+    plan = ComputeRule(model, 6).find_regions(set(), [])
+    taken = {i for i, n in enumerate(model.graph.node) if any(n.name in r.node_names for r in plan)}
+    chain = ElementwiseRule(model).find_regions(exclude=taken)
+    assert [r.node_names for r in chain] == [["excite", "residual"]] and not chain[0].params.bridge
+    assert ElementwiseRule(model, min_ops=1).sequence_bridges(plan + chain) == []  # nothing new
+    assert chain[0].params.bridge
+
+
 def test_no_bridge_where_an_end_is_not_a_kernel():
     """The Mul's reader left to onnxruntime (the plan without conv1), or its output a graph output: no bridge."""
     model = onnx.shape_inference.infer_shapes(se_model())
