@@ -52,3 +52,17 @@ def kernel_ran(written, op_type: str, calls: dict) -> int:
     inside a sequence node (whose function calls its kernels' ops in order): `calls` is run_written's "calls"."""
     members = {f.name: {n.op_type for n in f.node} for f in written.functions}
     return calls.get(op_type, 0) + sum(v for k, v in calls.items() if op_type in members.get(k, ()))
+
+
+def assert_written_model_runs(src, written_path, feeds, op_type: str, folder, rtol=1e-4, atol=1e-4) -> None:
+    """The written model gives the original's first output in a fresh process through the loader, its kernel
+    `op_type` ran there (on its node or inside a sequence), and its function bodies alone give the answer too."""
+    import onnx
+    import onnxruntime as ort
+
+    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got, said = run_written(written_path, feeds, folder)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+    assert kernel_ran(onnx.load(str(written_path)), op_type, said["calls"]), said["calls"]
+    fallback = ort.InferenceSession(str(written_path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(fallback, want, rtol=rtol, atol=atol)

@@ -37,20 +37,22 @@ def _vmax(b, x, y):
     return b.select(b.fcmp_ordered(">", x, y), x, y)
 
 
-def _function(module: ir.Module, name: str) -> ir.Function:
-    return ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64]), name=name)
+def _begin(module: ir.Module, name: str, lanes: int, vectorized: int):
+    """The function f(x, y, count, n, inner), its builder, and the split of argument `vectorized` into whole vectors
+    and a masked tail: (args, builder, vector type, step, whole part, remainder, tail mask)."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I64]), name=name)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    length = fn.args[vectorized]
+    step = ir.Constant(I64, lanes)
+    full = b.mul(b.sdiv(length, step), step)
+    rem = b.sub(length, full)
+    iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    tail = b.icmp_signed("<", iota, broadcast(b, rem, lanes))
+    return fn.args, b, ir.VectorType(F32, lanes), step, full, rem, tail
 
 
 def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
-    fn = _function(module, name)
-    x, y, rows, n, _inner = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    vty = ir.VectorType(F32, lanes)
-    step = ir.Constant(I64, lanes)
-    full = b.mul(b.sdiv(n, step), step)
-    rem = b.sub(n, full)
-    iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
-    tail = b.icmp_signed("<", iota, broadcast(b, rem, lanes))
+    (x, y, rows, n, _inner), b, vty, step, full, rem, tail = _begin(module, name, lanes, 3)  # along each row
     minus_inf = ir.Constant(vty, [float("-inf")] * lanes)
     zeros = ir.Constant(vty, [0.0] * lanes)
 
@@ -117,15 +119,7 @@ def define_rows(module: ir.Module, name: str, op: str, lanes: int) -> str:
 
 
 def define_columns(module: ir.Module, name: str, op: str, lanes: int) -> str:
-    fn = _function(module, name)
-    x, y, count, n, inner = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    vty = ir.VectorType(F32, lanes)
-    step = ir.Constant(I64, lanes)
-    full = b.mul(b.sdiv(count, step), step)
-    rem = b.sub(count, full)
-    iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
-    tail = b.icmp_signed("<", iota, broadcast(b, rem, lanes))
+    (x, y, count, n, inner), b, vty, step, full, rem, tail = _begin(module, name, lanes, 2)  # across the columns
     zero, one = ir.Constant(I64, 0), ir.Constant(I64, 1)
 
     def block(c, masked):
