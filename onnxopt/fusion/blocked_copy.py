@@ -219,6 +219,7 @@ def plain_resizes(index, shape_of, dtype_of, const_of, claimed: set[int], opset:
         if x is None or y is None or len(x) != 4 or len(y) != 4 or not all(isinstance(d, int) and d > 0
                                                                             for d in list(x) + list(y)):
             continue
+        x, y = list(x), list(y)
         if dtype_of(node.input[0]) != "float32" or x[:2] != y[:2] or y[2] % x[2] or y[3] % x[3]:
             continue
         if any(name and const_of(name) is None for name in node.input[1:]):
