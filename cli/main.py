@@ -110,8 +110,9 @@ def _optimize_parser() -> argparse.ArgumentParser:
                    "F(4x4, 3x3) differs from the direct sum by about 4e-6 of the output's scale")
     # Validated by optimize() (driver/precision.py), so a bad value is its one-line usage error.
     p.add_argument("--precision", default="fp32", metavar="fp32|bf16|fp16|auto",
-                   help="the fused MatMul/Gemm kernels' constant weights in bf16 or fp16 (float32 sums; bf16 on "
-                   "vdpbf16ps where the target has avx512_bf16, else widened in registers), checked against the "
+                   help="the fused GEMMs' and convolutions' constant weights in bf16 or fp16 (float32 sums; bf16 on "
+                   "AMX tiles or vdpbf16ps where the target has them, else widened in registers; fp16 on AMX-FP16 "
+                   "tiles, else stored in fp16 and widened when a session loads the model), checked against the "
                    "float32 original at 2%% relative plus 1%% of the output's scale; auto: bf16 per GEMM while the "
                    "model stays within --accuracy-budget. Default fp32: nothing lowered")
     p.add_argument("--accuracy-budget", default=None, metavar="X",

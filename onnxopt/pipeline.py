@@ -57,8 +57,9 @@ from onnxopt.driver.policy import (PLANS, FUSION_KINDS, passthroughs_kept, _cons
                                    _channel_vector_kernel, _packed_panel)
 from onnxopt.driver.decision import DecisionStage
 from onnxopt.kinds.attention import amx as attention_amx
-from onnxopt.driver.precision import (DEFAULT_ACCURACY_BUDGET, bf16_k_step, choose_auto, conv_refusal, kernel_path,
-                                      lower_regions, parse_budget, parse_precision)
+from onnxopt.driver.precision import (B_DTYPE, DEFAULT_ACCURACY_BUDGET, FP16_BUDGET, bf16_k_step, choose_auto,
+                                      conv_refusal, fp16_k_step, kernel_path, lower_regions, parse_budget,
+                                      parse_precision)
 from onnxopt.driver.result import Result
 from onnxopt.driver.kernels import KernelStage
 from onnxopt.driver.outputs import OutputStage
@@ -457,23 +458,31 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
         opset = _opset(work)
         candidates = regions
         refused: list[dict] = []
-        if opts.precision == "auto":
-            entry["accuracy_budget"] = opts.accuracy_budget
+        if opts.precision in ("auto", "fp16"):
+            # auto: bf16 within the user's budget; fp16: within its fixed tolerance's share of each output's scale
+            # (a model that amplifies float16's rounding, as PP-OCRv4 rec's 6625-class softmax does, keeps its
+            # costliest regions float32 instead of failing the whole-model check)
+            f16 = opts.precision == "fp16"
+            budget = FP16_BUDGET if f16 else opts.accuracy_budget
+            entry["accuracy_budget"] = budget
             entry["budget_metric"] = "max over outputs of max |lowered - float32| / max |float32|"
             # only regions the lowering takes, each GEMM once (the plans share their regions' nodes)
             lowerable = {}
             convs = conv_refusal(opts.precision, opts.target) is None
-            attention = attention_amx.choose(opts.target)[0] is not None
+            attention = attention_amx.choose(opts.target, "f16" if f16 else "bf16")[0] is not None
             for r in regions:
                 if (r.compute is None and attention and r.params.family == "attention") or (
                         r.compute is not None and ((r.compute.op == "matmul" and r.compute.attrs.packed_b)
-                                                   or (convs and blocked_conv_refusal(r) is None))):
+                                                   or (convs and (r.compute.op == "conv" if f16
+                                                                  else blocked_conv_refusal(r) is None)))):
                     lowerable.setdefault(r.nodes[0].output[0], []).append(r)
             feeds = make_inputs(work, self._bindings(), opts.seed, opts.check_inputs)
-            round_a = opts.target.has("avx512bf16") or bf16_k_step(opts.target) > 2  # vdpbf16ps and AMX read bf16 A
+            # the kernels that round A: vdpbf16ps and AMX (bf16); AMX-FP16 (fp16; float16 storage does not)
+            round_a = fp16_k_step(opts.target) > 1 if f16 else \
+                opts.target.has("avx512bf16") or bf16_k_step(opts.target) > 2
             chosen, refused, entry["auto"] = choose_auto(
-                work, [rs[0] for rs in lowerable.values()], opts.accuracy_budget, round_a,
-                lambda m, outputs: self._session(m).run(outputs, feeds))
+                work, [rs[0] for rs in lowerable.values()], budget, round_a,
+                lambda m, outputs: self._session(m).run(outputs, feeds), B_DTYPE[opts.precision])
             chosen_heads = {r.nodes[0].output[0] for r in chosen}
             candidates = [r for r in regions if r.nodes[0].output[0] in chosen_heads
                           or r.nodes[0].output[0] not in lowerable]

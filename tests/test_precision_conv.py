@@ -266,13 +266,13 @@ def test_auto_before_opset_13_simulates_and_lowers(tmp_path):
 def test_the_simulations_rounding_is_bfloat16s(opset):
     """The simulated rounding of activations, as onnxruntime runs it, is vcvtneps2bf16's: round to nearest even,
     bit for bit, ties included, on values from 2^-29 to 2^29."""
-    from onnxopt.driver.precision import _round_to_bfloat16
+    from onnxopt.driver.precision import _round_to
 
     rng = np.random.default_rng(opset)
     x = (rng.standard_normal(200_000) * np.exp(rng.uniform(-20, 20, 200_000))).astype(np.float32)
     ties = (bfloat16_values(x[:2000]).view(np.uint32) + 0x8000).view(np.float32)  # halfway between two bf16
     x = np.concatenate([x, ties, -ties])
-    g = helper.make_graph(_round_to_bfloat16("x", "y", opset), "g",
+    g = helper.make_graph(_round_to("x", "y", opset), "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [x.size])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x.size])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])

@@ -36,11 +36,8 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     if c.attrs.packed_ni not in (None, tile.ni) or c.attrs.packed_mi not in (None, tile.mi):
         raise ValueError(f"the weights are packed for another register tile than {tile}")
     b_format = b_format_for(c.attrs.b_dtype, target, tile.lanes) if packed_b else "f32"
-    if c.op == "conv" and c.attrs.b_dtype is not None:  # a blocked convolution in bfloat16 (conv_bf16_refusal)
-        if c.attrs.b_dtype != "bfloat16" or not (target.has("avx512bf16") and tile.lanes == 16):
-            raise ValueError(f"a convolution with {c.attrs.b_dtype} weights runs only on vdpbf16ps (avx512_bf16, "
-                             "16 lanes)")
-        b_format = "bf16_dot"
+    if c.op == "conv" and c.attrs.b_dtype is not None:  # a blocked convolution in a 16-bit type (lower_blocked_conv)
+        b_format = conv_b_format(c, target, tile.lanes)
     spec = TileSpec(tile, region.program, tuple(c.extra_kinds), packed_a=c.op != "matmul", packed_b=packed_b,
                     b_format=b_format)
     # A convolution whose output stays in the blocked layout has its own tile (vectors of output channels).
@@ -66,7 +63,7 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
         op_type=name, kind=c.op,
         # a packed B in a lower precision is op input 1 in its stored element type (the glue reads its size from
         # it): bfloat16, or its bits as uint16 before opset 13 (fusion/compute.py bfloat16_weights)
-        in_types=[enum if i != 1 or b_format == "f32" else _stored_type(region, c)
+        in_types=[enum if i != 1 or c.attrs.b_dtype is None else _stored_type(region, c)
                   for i in range(len(region.inputs))],
         out_types=[enum] * len(region.outputs),
         mi=mi, ni=ni, lanes=tile.lanes, tiles=tiles,
@@ -96,8 +93,11 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
                 rows[AMX_GROUPS + 1:]
             desc.matrix_instruction, desc.amx_emulated = ins.name, amx.emulated
             sets.append(amx)
-    if req.kind == "blocked" and b_format == "bf16_dot" and not wino:  # a bf16 convolution: AMX tiles too
-        ins, _ = amx_choose(target, tile.lanes)
+    # a bf16 convolution, or one with float16 pairs: AMX tiles too (the blocked set runs where they cannot)
+    if req.kind == "blocked" and (b_format == "bf16_dot" or c.attrs.b_pairs) and not wino:
+        ins, why = amx_choose(target, tile.lanes, "f16" if c.attrs.b_dtype == "float16" else "bf16")
+        if ins is None and c.attrs.b_pairs:
+            raise ValueError(f"a convolution's float16 weights are in pairs for AMX-FP16 tiles: {why}")
         if ins is not None:
             amx = TileSetRequest("amx_conv", spec, matrix=ins.name, emulated=emulating())
             desc.amx_tiles = amx.names()
@@ -129,6 +129,18 @@ def b_format_for(b_dtype: str | None, target: Target, lanes: int) -> str:
             raise ValueError("float16 weights need F16C (vcvtph2ps), which the target lacks")
         return "f16_pairs" if amx_choose(target, lanes, "f16")[0] is not None else "f16"
     raise ValueError(f"no packed-B kernel for weights stored as {b_dtype}")
+
+
+def conv_b_format(c, target: Target, lanes: int) -> str:
+    """The blocked convolution's tile format for its 16-bit weights: bfloat16 pairs on vdpbf16ps ("bf16_dot"), or
+    the float32 tiles for float16 pairs (AMX-FP16's), which the glue unpacks into float32 where the tiles cannot
+    run."""
+    if c.attrs.b_dtype == "float16" and c.attrs.b_pairs and lanes == 16:
+        return "f32"
+    if c.attrs.b_dtype == "bfloat16" and target.has("avx512bf16") and lanes == 16:
+        return "bf16_dot"
+    raise ValueError(f"a convolution with {c.attrs.b_dtype} weights runs only on vdpbf16ps (bfloat16: avx512_bf16, 16 "
+                     "lanes) or AMX-FP16 tiles (float16 pairs)")
 
 
 def identity_program(elem: str = "float32") -> EwProgram:

@@ -482,16 +482,20 @@ __attribute__((target("avx512f"))) static int64_t cb_from_nchw16(float *vec, con
 }
 #endif
 
-/* The input, zero-padded, as bfloat16 in blocks of 32 channels (a pixel's 32 channels are one 64-byte AMX tile row):
-   what a bfloat16 convolution's AMX tiles read (cb_run_amx_task), one task per padded row of one block, rounded
-   as cb_copy16_row rounds. From a blocked input (16 lanes) a block is two of its vectors; from NCHW, 32 planes
-   transposed 16 pixels at a time (a float at a time, this copy was 9% of PP-OCRv4 det's run). */
+/* The input, zero-padded, as bfloat16 (float16 for AMX-FP16 tiles) in blocks of 32 channels (a pixel's 32 channels
+   are one 64-byte AMX tile row): what a 16-bit convolution's AMX tiles read (cb_run_amx_task), one task per padded
+   row of one block, rounded as cb_copy16_row rounds. From a blocked input (16 lanes) a block is two of its
+   vectors; from NCHW, 32 planes transposed 16 pixels at a time (a float at a time, this copy was 9% of PP-OCRv4
+   det's run). */
 typedef struct {
   const float *x;
   uint16_t *buf;
   int64_t C, H, W, Hp, Wp, pt, pl, Q; /* Q: blocks of 32 an item */
   int blocked;                        /* the input is blocked (16 lanes), else NCHW */
+  int f16;                            /* float16 (AMX-FP16 tiles), else bfloat16 */
 } cb_copy32_job;
+
+static inline uint16_t cb_half(float x, int f16) { return f16 ? glue_f16(x) : glue_bf16(x); }
 
 #ifdef CB_HAVE_TRANSPOSE16
 /* 16 floats rounded to bfloat16 as glue_bf16 rounds. */
@@ -504,12 +508,17 @@ __attribute__((target("avx512f"))) static inline __m256i cb_bf16_vec(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet)));
 }
 
+/* 16 floats as float16 (f16) or bfloat16, rounded as glue_f16 and glue_bf16 round. */
+__attribute__((target("avx512f"))) static inline __m256i cb_half_vec(__m512 x, int f16) {
+  return f16 ? _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) : cb_bf16_vec(x);
+}
+
 /* The W pixels of a row of vectors `a` and `b` (16 floats a pixel; b NULL: zeros) into 32-channel pixels. */
-__attribute__((target("avx512f"))) static void cb_bf16_pixels32(uint16_t *dst, const float *a, const float *b,
-                                                                int64_t W) {
+__attribute__((target("avx512f"))) static void cb_half_pixels32(uint16_t *dst, const float *a, const float *b,
+                                                                int64_t W, int f16) {
   for (int64_t w = 0; w < W; w++) {
-    _mm256_storeu_si256((__m256i *)(dst + w * 32), cb_bf16_vec(_mm512_loadu_ps(a + w * 16)));
-    _mm256_storeu_si256((__m256i *)(dst + w * 32 + 16), b ? cb_bf16_vec(_mm512_loadu_ps(b + w * 16))
+    _mm256_storeu_si256((__m256i *)(dst + w * 32), cb_half_vec(_mm512_loadu_ps(a + w * 16), f16));
+    _mm256_storeu_si256((__m256i *)(dst + w * 32 + 16), b ? cb_half_vec(_mm512_loadu_ps(b + w * 16), f16)
                                                           : _mm256_setzero_si256());
   }
 }
@@ -518,7 +527,7 @@ __attribute__((target("avx512f"))) static void cb_bf16_pixels32(uint16_t *dst, c
    16 at a time, the last few by masked loads (a float at a time, the 4 pixels past 16 of a 20-wide row took as long
    as the 16). */
 __attribute__((target("avx512f"))) static void cb_nchw_pixels32(uint16_t *dst, const float *src, int64_t HW,
-                                                                int64_t lanes, int64_t W) {
+                                                                int64_t lanes, int64_t W, int f16) {
   for (int64_t w = 0; w < W; w += 16) {
     int64_t n = W - w < 16 ? W - w : 16;
     __mmask16 m = (__mmask16)((1u << n) - 1u);
@@ -530,7 +539,7 @@ __attribute__((target("avx512f"))) static void cb_nchw_pixels32(uint16_t *dst, c
       }
       cb_transpose16(r);
       for (int64_t k = 0; k < n; k++)
-        _mm256_storeu_si256((__m256i *)(dst + (w + k) * 32 + half * 16), cb_bf16_vec(r[k]));
+        _mm256_storeu_si256((__m256i *)(dst + (w + k) * 32 + half * 16), cb_half_vec(r[k], f16));
     }
   }
 }
@@ -554,22 +563,23 @@ static void cb_copy32_row(void *usr, size_t index) {
     const float *plane = p->x + (item * vectors + 2 * q) * HW * 16 + h * p->W * 16;
     const float *next = 2 * q + 1 < vectors ? plane + HW * 16 : NULL;
 #ifdef CB_HAVE_TRANSPOSE16
-    cb_bf16_pixels32(to, plane, next, p->W); /* 16-lane blocked tensors exist only on AVX-512 targets */
+    cb_half_pixels32(to, plane, next, p->W, p->f16); /* 16-lane blocked tensors exist only on AVX-512 targets */
 #else
     for (int64_t w = 0; w < p->W; w++)
       for (int64_t l = 0; l < 32; l++)
-        to[w * 32 + l] = l < 16 ? glue_bf16(plane[w * 16 + l]) : next ? glue_bf16(next[w * 16 + l - 16]) : 0;
+        to[w * 32 + l] = l < 16 ? cb_half(plane[w * 16 + l], p->f16) : next ? cb_half(next[w * 16 + l - 16], p->f16)
+                                                                            : 0;
 #endif
     return;
   }
   int64_t c0 = q * 32, lanes = p->C - c0 < 32 ? p->C - c0 : 32;
   const float *src = p->x + (item * p->C + c0) * HW + h * p->W;
 #ifdef CB_HAVE_TRANSPOSE16
-  cb_nchw_pixels32(to, src, HW, lanes, p->W);
+  cb_nchw_pixels32(to, src, HW, lanes, p->W, p->f16);
 #else
   for (int64_t w = 0; w < p->W; w++) {
     int64_t l = 0;
-    for (; l < lanes; l++) to[w * 32 + l] = glue_bf16(src[l * HW + w]);
+    for (; l < lanes; l++) to[w * 32 + l] = cb_half(src[l * HW + w], p->f16);
     for (; l < 32; l++) to[w * 32 + l] = 0;
   }
 #endif

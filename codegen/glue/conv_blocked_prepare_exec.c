@@ -122,6 +122,7 @@ typedef struct {
   float *buf, *scratch;
   float *user_out[CT_MAX_OUT];
   int64_t *aoff;
+  float *unpacked; /* float16 pairs unpacked for the float32 tiles (cb_unpack_f16_pairs) */
 } cb_ready;
 
 static void cb_ready_task(const cb_ready *r, int64_t task) {
@@ -140,10 +141,41 @@ static OrtStatus *cb_finish(cb_ready *r, OrtKernelContext *ctx, OrtStatus *st) {
     st = cb_reorder(ctx, r->user_out[o], r->job.out[o], r->job.N, d->oc, d->lanes, r->job.OH * r->job.OW, 1);
   glue_release(r->buf);
   free(r->aoff);
+  free(r->unpacked);
   glue_release(r->scratch);
   r->buf = r->scratch = NULL;
   r->aoff = NULL;
+  r->unpacked = NULL;
   return st;
+}
+
+/* The dims of 16-bit convolution weights, which are 3-D ([groups of vectors][pair rows][NI * L]). */
+static OrtStatus *cb_weight_dims(const OrtValue *wv, int64_t wd[3]) {
+  OrtTensorTypeAndShapeInfo *info;
+  size_t wr = 0;
+  CHECK(API(GetTensorTypeAndShape)(wv, &info));
+  OrtStatus *st = API(GetDimensionsCount)(info, &wr);
+  if (!st && wr != 3) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: 16-bit convolution weights must be 3-D");
+  if (!st) st = API(GetDimensions)(info, wd, 3);
+  API(ReleaseTensorTypeAndShapeInfo)(info);
+  return st;
+}
+
+/* float16 weights in pairs for AMX-FP16 tiles, [G][pairs * taps][width][2] (pairs padded to blocks of 16), as the
+   float32 tiles' weights [G][C * taps][width]: where the tiles cannot run (a CPU without AMX-FP16, or a kernel
+   that does not grant the tile state), once a call. */
+static float *cb_unpack_f16_pairs(const uint16_t *w, int64_t G, int64_t pairs, int64_t C, int64_t taps,
+                                  int64_t width) {
+  float *out = (float *)malloc((size_t)(G * C * taps * width) * sizeof(float));
+  if (!out) return NULL;
+  for (int64_t g = 0; g < G; g++)
+    for (int64_t ic = 0; ic < C; ic++)
+      for (int64_t t = 0; t < taps; t++) {
+        const uint16_t *from = w + (((g * pairs + ic / 2) * taps + t) * width) * 2 + ic % 2;
+        float *to = out + ((g * C + ic) * taps + t) * width;
+        for (int64_t col = 0; col < width; col++) to[col] = glue_f16_value(from[col * 2]);
+      }
+  return out;
 }
 
 /* The rest of cb_prepare for a depthwise convolution (cb_run_depthwise_task). */
@@ -173,7 +205,7 @@ static OrtStatus *cb_prepare_depthwise(cb_ready *r, const onnxopt_ct_desc *d, co
 #define CB_AMX_ROW 128 /* virtual pixels a row of a stride-1 convolution's walk: 4 calls of 32 */
 static OrtStatus *cb_prepare_amx(cb_ready *r, const onnxopt_ct_desc *d, OrtKernelContext *ctx, const float *x,
                                  int64_t blocks, int64_t H, int64_t W, int64_t Hp, int64_t Wp, int64_t pt,
-                                 int64_t pl) {
+                                 int64_t pl, int f16) {
   cb_job *job = &r->job;
   int64_t N = job->N, NI = d->ni, taps = d->kh * d->kw, C = d->ic_g;
   job->amx = 1;
@@ -184,7 +216,7 @@ static OrtStatus *cb_prepare_amx(cb_ready *r, const onnxopt_ct_desc *d, OrtKerne
   uint16_t *copy = (uint16_t *)glue_floats((size_t)(total + 1) / 2);
   if (!copy) return fail(ORT_FAIL, "onnxopt: out of memory for the bfloat16 input");
   r->buf = (float *)copy;
-  cb_copy32_job cj = {x, copy, C, H, W, Hp, Wp, pt, pl, blocks, d->in_blocked};
+  cb_copy32_job cj = {x, copy, C, H, W, Hp, Wp, pt, pl, blocks, d->in_blocked, f16};
   int64_t rows = N * blocks * Hp;
   if (N * job->amx_item < (1 << 16)) {
     for (int64_t i = 0; i < rows; i++) cb_copy32_row(&cj, (size_t)i);
@@ -262,6 +294,10 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
   int bf16 = d->sig.in_types[1] == 16 || d->sig.in_types[1] == 4; /* bfloat16, or its bits as uint16 (opset < 13) */
   if (bf16 && (d->transposed || L != 16 || d->groups != 1))
     return fail(ORT_INVALID_ARGUMENT, "onnxopt: bfloat16 convolution weights need a one-group, 16-lane kernel");
+  /* float16 weights: pairs for AMX-FP16 tiles (`--precision fp16`), which the library carries (d->amx_groups) */
+  int f16 = d->sig.in_types[1] == 10;
+  if (f16 && (d->transposed || d->groups != 1 || L != 16 || d->amx_groups <= 0))
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: float16 convolution weights need a one-group kernel with AMX tiles");
   int blocked_in = d->in_blocked || bf16;
   int64_t planes = blocked_in ? (C_in + L - 1) / L : C_in; /* per batch item */
   int64_t ps = blocked_in ? L : 1;
@@ -297,19 +333,13 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
   }
   if (!st && depthwise) st = cb_prepare_depthwise(r, d, x, H, W, pt, pl);
   if (st || depthwise) goto done;
+  int64_t wd[3];
+  if (bf16 || f16) {
+    st = cb_weight_dims(wv, wd);
+    if (st) goto done;
+  }
   if (bf16) {
     job->K = job->K_all = (C + 1) / 2 * th * tw;
-    int64_t wd[MAX_RANK];
-    size_t wr = 0;
-    OrtTensorTypeAndShapeInfo *info;
-    st = API(GetTensorTypeAndShape)(wv, &info);
-    if (!st) {
-      st = API(GetDimensionsCount)(info, &wr);
-      if (!st && wr != 3) st = fail(ORT_INVALID_ARGUMENT, "onnxopt: bfloat16 convolution weights must be 3-D");
-      if (!st) st = API(GetDimensions)(info, wd, wr);
-      API(ReleaseTensorTypeAndShapeInfo)(info);
-    }
-    if (st) goto done;
     /* pairs of input channels a tap, as stored: ceil(C / 2), or padded to whole blocks of 32 channels (16 pairs)
        where the target has AMX-BF16 */
     int64_t pairs = wd[1] / 2 / (th * tw);
@@ -319,9 +349,29 @@ static OrtStatus *cb_prepare(const onnxopt_ct_desc *d, OrtKernelContext *ctx, co
     }
     job->w_group = pairs * th * tw * d->ni * L;
     if (d->amx_groups > 0 && pairs % 16 == 0 && amx_ok(AMX_BF16)) {
-      st = cb_prepare_amx(r, d, ctx, x, pairs / 16, H, W, Hp, Wp, pt, pl);
+      st = cb_prepare_amx(r, d, ctx, x, pairs / 16, H, W, Hp, Wp, pt, pl, 0);
       goto done;
     }
+  }
+  if (f16) {
+    /* pairs of input channels a tap, padded to blocks of 32 channels */
+    int64_t taps = th * tw, pairs = wd[1] / 2 / taps;
+    if (wd[0] < job->groups_of_vectors || wd[2] != d->ni * L || pairs % 16 || pairs * 2 < C ||
+        pairs * 2 * taps != wd[1]) {
+      st = fail(ORT_INVALID_ARGUMENT, "onnxopt: the float16 convolution weights have the wrong shape");
+      goto done;
+    }
+    if (amx_ok(AMX_FP16)) {
+      job->w_group = pairs * taps * d->ni * L; /* pairs, 4 bytes each */
+      st = cb_prepare_amx(r, d, ctx, x, pairs / 16, H, W, Hp, Wp, pt, pl, 1);
+      goto done;
+    }
+    r->unpacked = cb_unpack_f16_pairs((const uint16_t *)(const void *)job->w, wd[0], pairs, C, taps, wd[2]);
+    if (!r->unpacked) {
+      st = fail(ORT_FAIL, "onnxopt: out of memory for the float32 weights");
+      goto done;
+    }
+    job->w = r->unpacked;
   }
   job->win.on = !bf16 && !d->transposed && padded &&
                 cb_window_pays(d, &job->win, N, planes, ps, H, W, OH, OW, Hp, Wp, pt, pl, job->groups_of_vectors);

@@ -152,8 +152,8 @@ class KernelStage:
         # Winograd choices first: they gain 1.5-3x where they win, a register tile a few percent. Then largest first,
         # so that a tuning budget spent leaves the default tile on the cheapest regions.
         wino = self.opts.winograd == "auto"
-        # Regions lowered to bf16/fp16 (driver/precision.py) keep their default tile: the searches repack float32
-        # weights.
+        # Regions whose kernels read bf16/fp16 weights (driver/precision.py) keep their default tile: the searches
+        # repack float32 weights. float32 kernels whose weights are only stored as float16 take part.
         order = sorted((r for r in regions if r.compute is not None and r.compute.op not in ("afusion", "siblings")
                         and r.compute.attrs.b_dtype is None),
                        key=lambda r: (not (wino and winograd.applies(r) is None),

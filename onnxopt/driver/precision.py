@@ -5,14 +5,25 @@ What is lowered:
 - the compute kind's MatMul and Gemm regions whose B is a constant matrix packed for the kernel (fusion/compute.py
   `lower_packed_b`). Their weights are converted offline (bfloat16: round to nearest even; float16: only when every
   weight is within 65504) and the sums stay float32, as do the epilogues (bias, activations, residual adds).
+  float16 on a target without AMX-FP16 is storage only (fusion/compute.py `store_weights_f16`: the float32 kernel
+  on weights rounded to float16, written once as float16 with a Cast outside the op that onnxruntime folds into
+  float32 at session load): widening them inside the kernel's loop cost FMA throughput, and MiniLM's GEMMs so
+  widened ran 0.87-0.99x of onnxruntime's.
   bfloat16 runs on AMX tiles (tdpbf16ps, codegen/compute/amx_tile.py) where the target has AMX-BF16 and the CPU and
   the OS allow them at run time (K then stored padded to whole tile steps of 32: bf16_k_step), and on vdpbf16ps
   where the target has avx512_bf16 (the rows AMX does not take, and targets without it), with A rounded to bfloat16
   in the kernel; elsewhere
   the bfloat16 weights are widened in registers and multiplied with float32 FMAs (half the weight bytes, the float32
   FMA rate). float16 runs on AMX tiles (tdpfp16ps) where the target has AMX-FP16 (Granite Rapids: weights in pairs,
-  K padded to 32, A rounded to float16 as bfloat16's is), and on that widening (vcvtph2ps) for the rest.
-- bf16 only: one-group convolutions on the blocked kernel (fusion/layout.py `lower_blocked_conv`): weights in
+  K padded to 32, A rounded to float16 as bfloat16's is), and on that widening (vcvtph2ps) for the rows the tiles
+  do not take.
+- convolutions. fp16: on AMX tiles (tdpfp16ps) where the target has AMX-FP16, as bf16's below (float16 pairs,
+  the input copied as float16); every other convolution (any kernel, depthwise and grouped ones too) keeps its
+  float32 kernel and stores its weights as float16 (fusion/compute.py `store_weights_f16`: rounded at build
+  time, written once as float16 with a Cast outside the op that onnxruntime folds into float32 at session load),
+  so the file's weights halve at the float32 speed (widening float16 inside the kernels' loops cost FMA
+  throughput: YOLOv8n 0.78x of float32 on a Sapphire Rapids). bf16: one-group convolutions on the blocked kernel
+  (fusion/layout.py `lower_blocked_conv`): weights in
   pairs of adjacent input channels, the input read from a bfloat16 copy the glue makes per call (zero-padded; an
   NCHW input of 16 channels or more is gathered by that copy). On AMX tiles where the target has AMX-BF16
   (codegen/compute/amx_conv_tile.py: the copy in blocks of 32 channels, the weights' channels padded to 32), else on
@@ -25,9 +36,9 @@ What is lowered:
   float32; the float32 kernel runs where the tiles cannot (vdpbf16ps at half the FMA rate would gain nothing there).
 Before opset 13 (Cast has no bfloat16) the weights are stored as their bits in UINT16 and the function bodies decode
 them exactly (fusion/compute.py `bfloat16_weights`). Everything else stays float32: depthwise and grouped
-convolutions, the NCHW kernel's, AFUSION and sibling groups, Winograd, elementwise, softmax and LayerNorm
-regions, and any region the lowering refuses (the report says which and why). onnxopt lowers nothing unless asked:
-fp32 is the default and builds exactly what it built before the option.
+convolutions under bf16, the NCHW kernel's (bf16 without AMX-BF16), AFUSION and sibling groups, Winograd,
+elementwise, softmax and LayerNorm regions, and any region the lowering refuses (the report says which and why).
+onnxopt lowers nothing unless asked: fp32 is the default and builds exactly what it built before the option.
 
 The check: a lowered kernel, and the whole model with one, is compared with the float32 original at the bfloat16
 tolerance (LOW_PRECISION_TOLERANCE: 2% of the value plus 1% of the output's largest magnitude) instead of float32's,
@@ -40,7 +51,7 @@ budget's metric is the precision cost's `max_rel_error`: over every float output
 divided by the output's largest |float32| (a scaled error: an element-wise relative error is unbounded where an
 output crosses zero). Before building, the regions' bfloat16 arithmetic is simulated in onnxruntime on the check
 inputs (B rounded to bfloat16, and A too where the kernel runs vdpbf16ps or AMX, as a convolution always does: a
-Cast to bfloat16 and back, or before opset 13, which has no bfloat16, Veltkamp's split; _round_to_bfloat16): all of them
+Cast to bfloat16 and back, or before opset 13, which has no bfloat16, Veltkamp's split; _round_to): all of them
 at once first; past the budget, regions are taken from the least to the most costly (each GEMM's or convolution's
 own bf16 error on its real operands), as many as keep the
 simulated model within the budget; the others stay float32 and the report says why. The written model's own cost
@@ -59,14 +70,19 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxopt.errors import UsageError
-from onnxopt.fusion.compute import bfloat16_values, lower_packed_b
-from onnxopt.fusion.layout import channel_vectors_apply, lower_blocked_conv, with_channel_vectors
+from onnxopt.fusion.compute import FLOAT16_MAX, bfloat16_values, lower_packed_b, store_weights_f16
+from onnxopt.fusion.layout import (blocked_conv_refusal, channel_vectors_apply, lower_blocked_conv,
+                                   with_channel_vectors)
 from onnxopt.kinds.attention import amx as attention_amx
 from onnxopt.verify import LOW_PRECISION_TOLERANCE, Tolerance
 
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 DEFAULT_ACCURACY_BUDGET = 0.01
 B_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "auto": "bfloat16"}
+PRECISION_OF = {"bfloat16": "bf16", "float16": "fp16"}
+# fp16's regions are chosen as auto's are, within the share of each output's largest magnitude that the whole-model
+# check's fixed low-precision tolerance allows (LOW_PRECISION_TOLERANCE's atol: 1%)
+FP16_BUDGET = 0.01
 
 
 
@@ -113,9 +129,12 @@ def kernel_path(precision: str, target) -> str:
                 "float32 FMA rate)")
     if precision == "fp16":
         if fp16_k_step(target) > 1:
-            return ("fp16 GEMMs on AMX tiles (tdpfp16ps) where the CPU and the OS allow them, else fp16 storage "
-                    "widened by vcvtph2ps and float32 FMAs; float32 sums")
-        return "fp16 storage, widened by vcvtph2ps, float32 FMAs (half the weight bytes, the float32 FMA rate)"
+            return ("fp16 GEMMs and blocked convolutions on AMX tiles (tdpfp16ps) where the CPU and the OS allow them, "
+                    "else the GEMMs widen their fp16 pairs by vcvtph2ps and the convolutions unpack theirs to float32; "
+                    "other convolutions: fp16 storage widened at load; float32 sums")
+        return (f"fp16 storage: target {target.name} has no float16 instruction, so the GEMMs and convolutions keep "
+                "their float32 kernels and their weights are written in fp16, widened to float32 when a session "
+                "loads the model (half the file's weights at the float32 speed)")
     return "fp32"
 
 
@@ -140,7 +159,9 @@ def k_step(precision: str, target) -> int:
 
 
 def conv_refusal(precision: str, target) -> str | None:
-    """Why the target's convolutions stay float32 at `precision`, or None when its blocked ones can take bf16."""
+    """Why the target's convolutions stay float32 at `precision`, or None when its blocked ones can take it."""
+    if precision == "fp16":  # float16 storage needs nothing of the target (onnxruntime widens it at load)
+        return None
     if precision not in ("bf16", "auto"):
         return f"conv: float32 ({precision} covers the GEMMs only)"
     if not target.has("avx512bf16"):
@@ -185,7 +206,8 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
 
     lowered, kept = [], []
     conv_why = conv_refusal(precision, target)
-    amx = bf16_k_step(target) > 2
+    f16 = B_DTYPE[precision] == "float16"
+    amx = (fp16_k_step(target) if f16 else bf16_k_step(target)) > 2  # the convolution tiles' instruction
     for r in regions:
         if r.compute is None:
             if r.params.family == "attention":  # its two products on AMX tiles, where the target has them
@@ -194,11 +216,21 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
                  if why else lowered.append(r))
             continue
         if r.compute.op == "conv":  # on AMX tiles where the target has them: channels padded to blocks of 32
-            why = conv_why or (amx_conv_refusal(r) if amx else None)
-            if why is None and amx and channel_vectors_apply(r, target.float32_lanes) and not r.compute.attrs.winograd:
+            tiles_why = amx_conv_refusal(r) if amx else "no tiles"
+            if conv_why is None and tiles_why is None and channel_vectors_apply(r, target.float32_lanes) \
+                    and not r.compute.attrs.winograd:
                 # an NCHW kernel's convolution: the blocked kernel (NCHW in and out) reaches the tiles
                 with_channel_vectors(r, target.float32_lanes, select(target).tile.ni, opset)
-            why = why or lower_blocked_conv(r, opset, bf16_k_step(target))
+            if conv_why is not None:
+                why = conv_why
+            elif f16:  # float16 pairs for the tiles, else float16 storage for the float32 kernel
+                pairs = tiles_why is None and blocked_conv_refusal(r, opset) is None
+                why = lower_blocked_conv(r, opset, fp16_k_step(target), "float16") if pairs \
+                    else store_weights_f16(r)
+            else:
+                why = (tiles_why if amx else None) or lower_blocked_conv(r, opset, bf16_k_step(target))
+        elif f16 and fp16_k_step(target) == 1 and r.compute.op == "matmul" and r.compute.attrs.packed_b:
+            why = store_weights_f16(r)  # no float16 instruction: the float32 kernel, float16 in the file
         else:
             why = lower_packed_b(r, B_DTYPE[precision], opset, k_step(precision, target))
         if why is None:
@@ -209,9 +241,10 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
 
 
 def lowered_dtype(region) -> str | None:
-    """The 16-bit type a lowered region computes in ("bfloat16", "float16"), None for float32."""
+    """The 16-bit type a lowered region computes in or stores its weights in ("bfloat16", "float16"), None for
+    float32."""
     if region.compute is not None:
-        return region.compute.attrs.b_dtype
+        return region.compute.attrs.b_dtype or region.compute.attrs.stored_dtype
     products = getattr(region.params, "products", "float32")
     return None if products == "float32" else products
 
@@ -252,9 +285,16 @@ def worst_error(cost: list[dict]) -> float:
 
 # ---- auto: which regions take bf16 within the budget ----
 
-def _simulated(model: onnx.ModelProto, regions, round_a: bool) -> onnx.ModelProto:
-    """`model` with each region's GEMM computing in bfloat16 as its kernel would: B rounded to bfloat16 (a new
-    initializer), and A too when `round_a` (_round_to_bfloat16); sums stay float32."""
+def _values(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values rounded to `dtype` ("bfloat16" or "float16") and widened back."""
+    x = np.asarray(x, np.float32)
+    return bfloat16_values(x) if dtype == "bfloat16" else x.astype(np.float16).astype(np.float32)
+
+
+def _simulated(model: onnx.ModelProto, regions, round_a: bool, dtype: str = "bfloat16") -> onnx.ModelProto:
+    """`model` with each region's GEMM computing in `dtype` as its kernel would: B rounded to it (a new
+    initializer), and A too when `round_a` (_round_to); sums stay float32. A bfloat16 convolution always reads a
+    rounded input; a float16-stored one's float32 kernel never does."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 13)
@@ -266,15 +306,15 @@ def _simulated(model: onnx.ModelProto, regions, round_a: bool) -> onnx.ModelProt
     for n in m.graph.node:
         if n.output and n.output[0] in products:
             for i in range(2):
-                new_nodes += _round_to_bfloat16(n.input[i], f"{n.output[0]}__bf16_{i}", opset)
+                new_nodes += _round_to(n.input[i], f"{n.output[0]}__bf16_{i}", opset, dtype)
                 n.input[i] = f"{n.output[0]}__bf16_{i}"
         elif n.output and n.output[0] in heads and n.op_type in LOWERED_OPS and n.input[1] in inits:
             b = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
             bname = f"{n.output[0]}__bf16_b"
-            m.graph.initializer.append(numpy_helper.from_array(bfloat16_values(b), bname))
+            m.graph.initializer.append(numpy_helper.from_array(_values(b, dtype), bname))
             a = n.input[0]
-            if round_a or n.op_type == "Conv":  # a bf16 convolution always reads a bfloat16 input copy
-                new_nodes += _round_to_bfloat16(a, f"{bname}_a", opset)
+            if round_a or (n.op_type == "Conv" and dtype == "bfloat16"):
+                new_nodes += _round_to(a, f"{bname}_a", opset, dtype)
                 a = f"{bname}_a"
             n.input[0], n.input[1] = a, bname
         new_nodes.append(n)
@@ -293,11 +333,15 @@ def _is_attention(region) -> bool:
 VELTKAMP_BF16 = float(2 ** 16 + 1)  # float32's 24-bit significand split at 16 bits: the high 8 are bfloat16's
 
 
-def _round_to_bfloat16(x: str, out: str, opset: int) -> list:
+def _round_to(x: str, out: str, opset: int, dtype: str = "bfloat16") -> list:
     """Nodes giving `out` = float32 `x` rounded to bfloat16 (round to nearest even). From opset 13 a Cast to
     bfloat16 and back. Before (Paddle's opset-11 exports), Cast has no bfloat16, and Veltkamp's split does it in
     float32 arithmetic: c = x * (2^16 + 1), out = c - (c - x) is x rounded to 8 significant bits, ties to even
-    (equal to the Cast on 2 M values spanning 2^-29 to 2^29 and 1,000 exact ties; it overflows past 5e33)."""
+    (equal to the Cast on 2 M values spanning 2^-29 to 2^29 and 1,000 exact ties; it overflows past 5e33).
+    float16: a Cast to float16 and back at any opset."""
+    if dtype == "float16":
+        return [helper.make_node("Cast", [x], [f"{out}16"], to=onnx.TensorProto.FLOAT16),
+                helper.make_node("Cast", [f"{out}16"], [out], to=onnx.TensorProto.FLOAT)]
     if opset >= 13:
         return [helper.make_node("Cast", [x], [f"{out}16"], to=onnx.TensorProto.BFLOAT16),
                 helper.make_node("Cast", [f"{out}16"], [out], to=onnx.TensorProto.FLOAT)]
@@ -326,9 +370,9 @@ def _gemm_of(model: onnx.ModelProto, region):
     return n, b * np.float32(attrs.get("alpha", 1.0))
 
 
-def _conv_own_error(model: onnx.ModelProto, node, a: np.ndarray) -> float:
-    """A convolution's own bf16 error on its real input `a`: the node alone in onnxruntime, float32 against its
-    input and weights rounded to bfloat16 (float32 sums), as max |diff| / max |float32|."""
+def _conv_own_error(model: onnx.ModelProto, node, a: np.ndarray, dtype: str = "bfloat16") -> float:
+    """A convolution's own error in `dtype` on its real input `a`: the node alone in onnxruntime, float32 against
+    its weights rounded to it, and its input too under bfloat16 (float32 sums), as max |diff| / max |float32|."""
     import onnxruntime as ort
 
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -347,18 +391,20 @@ def _conv_own_error(model: onnx.ModelProto, node, a: np.ndarray) -> float:
     exact = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {node.input[0]: a})[0].astype(np.float64)
     del m.graph.initializer[:]
-    m.graph.initializer.extend(numpy_helper.from_array(bfloat16_values(np.asarray(inits[x], np.float32))
+    m.graph.initializer.extend(numpy_helper.from_array(_values(inits[x], dtype)
                                                        if i == 1 else np.asarray(inits[x], np.float32), x)
                                for i, x in enumerate(node.input) if i > 0 and x)
     low = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {node.input[0]: bfloat16_values(a)})[0].astype(np.float64)
+        None, {node.input[0]: _values(a, dtype) if dtype == "bfloat16" else a})[0].astype(np.float64)
     scale = float(np.max(np.abs(exact))) if exact.size else 0.0
     return float(np.max(np.abs(exact - low))) / scale if scale > 0 else 0.0
 
 
-def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list, list[dict], dict]:
-    """The regions to take bf16 in `auto`: (chosen, refused with why, the simulation's record). `run(model, names)`
-    gives those outputs of a model on the check inputs.
+def choose_auto(model, regions, budget: float, round_a: bool, run, dtype: str = "bfloat16") \
+        -> tuple[list, list[dict], dict]:
+    """The regions to take `dtype` (bf16 in `auto`; fp16 too, whose fixed tolerance is its budget): (chosen,
+    refused with why, the simulation's record). `run(model, names)` gives those outputs of a model on the check
+    inputs.
 
     All regions at once first (one session). Past the budget, each GEMM's own bf16 error is measured on its real
     operands (its A from one float32 run of the model, in numpy), and the longest run of the least costly ones whose
@@ -369,10 +415,16 @@ def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list
     refused = [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
                 "reason": "its B is not an initializer, which the accuracy simulation needs"}
                for r in regions if gemms[id(r)] is None]
+    if dtype == "float16":  # past float16's range: the lowering keeps them float32 (and says so), never simulated
+        big = {id(r) for r in regions if gemms[id(r)] and gemms[id(r)][1] is not None
+               and float(np.max(np.abs(gemms[id(r)][1]), initial=0.0)) > FLOAT16_MAX}
+        refused += [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
+                     "reason": "float32 (a weight is past float16's 65504)"} for r in regions if id(r) in big]
+        regions = [r for r in regions if id(r) not in big]
     regions = [r for r in regions if gemms[id(r)] is not None]
 
     def cost(taken) -> float:
-        return worst_error(precision_cost(names, want, run(_simulated(model, taken, round_a), names)))
+        return worst_error(precision_cost(names, want, run(_simulated(model, taken, round_a, dtype), names)))
 
     a_names = list(dict.fromkeys(gemms[id(r)][0].input[0] if gemms[id(r)][0] else r.outputs[0] for r in regions))
     probe = onnx.ModelProto()
@@ -390,19 +442,19 @@ def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list
         node, b = gemms[id(r)]
         if node is None:  # an attention chain: its output with only its own products in bf16, in onnxruntime
             exact = np.asarray(a_values[r.outputs[0]], np.float64)
-            low = np.asarray(run(_simulated(probe, [r], round_a), [r.outputs[0]])[0], np.float64)
+            low = np.asarray(run(_simulated(probe, [r], round_a, dtype), [r.outputs[0]])[0], np.float64)
             scale = float(np.max(np.abs(exact))) if exact.size else 0.0
             own.append((float(np.max(np.abs(exact - low))) / scale if scale > 0 else 0.0, r))
             continue
         a = np.asarray(a_values[node.input[0]], np.float32)
         if node.op_type == "Conv":
-            own.append((_conv_own_error(model, node, a), r))
+            own.append((_conv_own_error(model, node, a, dtype), r))
             continue
         if node.op_type == "Gemm" and any(x.name == "transA" and x.i for x in node.attribute):
             a = a.T
         a = a.reshape(-1, b.shape[0])
         exact = a.astype(np.float64) @ b.astype(np.float64)
-        low = (bfloat16_values(a) if round_a else a).astype(np.float64) @ bfloat16_values(b).astype(np.float64)
+        low = (_values(a, dtype) if round_a else a).astype(np.float64) @ _values(b, dtype).astype(np.float64)
         scale = float(np.max(np.abs(exact))) if exact.size else 0.0
         own.append((float(np.max(np.abs(exact - low))) / scale if scale > 0 else 0.0, r))
     own.sort(key=lambda e: e[0])
@@ -416,7 +468,7 @@ def choose_auto(model, regions, budget: float, round_a: bool, run) -> tuple[list
         else:
             hi = mid - 1
     refused += [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
-                 "reason": f"bf16 here (its own error {e:.3g}, more than the {lo} taken) would take the model "
-                           f"past the accuracy budget {budget:g}"} for e, r in own[lo:]]
+                 "reason": f"{PRECISION_OF[dtype]} here (its own error {e:.3g}, more than the {lo} taken) would "
+                           f"take the model past the accuracy budget {budget:g}"} for e, r in own[lo:]]
     return [r for _, r in own[:lo]], refused, {"simulated_max_rel_error": best_err,
                                                "regions_simulated": len(own), "sessions": sessions}

@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxopt import __version__
 from onnxopt.graph.order import stable_order
@@ -124,6 +125,15 @@ def stable_toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
 
 
 
+def _stored_as_float16(g: onnx.GraphProto, t: onnx.TensorProto) -> onnx.NodeProto:
+    """Weights a float32 kernel reads, already rounded to float16 values (driver/precision.py, `--precision fp16`),
+    as a float16 initializer (exact) and the Cast that gives the kernel `t`: onnxruntime folds it into a float32
+    constant when a session loads the model, so the file holds them once, in half the bytes."""
+    half = f"{t.name}__float16"
+    g.initializer.add().CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), half))
+    return helper.make_node("Cast", [half], [t.name], name=f"{t.name}__widen", to=onnx.TensorProto.FLOAT)
+
+
 def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_file: str | None, sha256: str | None,
                       target: dict, cpu_flags: list[str], constants: onnx.ModelProto | None = None,
                       precision: dict | None = None) -> onnx.ModelProto:
@@ -165,11 +175,21 @@ def build_fused_model(model: onnx.ModelProto, regions: list[Region], library_fil
     del g.value_info[:]
     g.value_info.extend(keep)
     have = {t.name for t in g.initializer}
+    casts = []
     for r in regions:
+        stored16 = r.compute is not None and r.compute.attrs.stored_dtype == "float16"
         for t in r.carried_initializers:
-            if t.name not in have:
-                have.add(t.name)
+            if t.name in have:
+                continue
+            have.add(t.name)
+            if stored16 and t.name == r.inputs[1]:
+                casts.append(_stored_as_float16(g, t))
+            else:
                 g.initializer.add().CopyFrom(t)  # append serializes, which fails past 2 GB
+    if casts:  # they read initializers only: first in the graph
+        nodes = casts + list(g.node)
+        del g.node[:]
+        g.node.extend(nodes)
     funcs, keys = {}, {}
     for r in regions:
         if r.relayout is None:

@@ -665,6 +665,37 @@ def bfloat16_weights(name: str, bits: np.ndarray, dims, opset: int, out: str):
 FLOAT16_MAX = 65504.0
 
 
+def store_weights_f16(region: Region) -> str | None:
+    """Keep a convolution's or packed-B matmul's float32 kernel but store its weights (op input 1) as float16
+    (`--precision fp16` where the target's kernels have no float16 instruction), in place: they are rounded to
+    float16 values now, so the checks and timings of the build see what the written file holds, and emit/model.py
+    writes them once as float16 with a Cast outside the op, which onnxruntime's constant folding turns back into
+    float32 when a session loads the model. The file's weights halve and the kernel runs at the float32 rate:
+    widening float16 inside the kernels' loops cost FMA throughput (on a Sapphire Rapids: YOLOv8n 0.78x of float32,
+    MiniLM's GEMMs 0.87-0.99x of onnxruntime's, so none was kept). Returns why the weights stay float32 (a weight
+    past float16's 65504 among them), or None when stored so."""
+    c = region.compute
+    if c is None or not (c.op == "conv" or (c.op == "matmul" and c.attrs.packed_b)):
+        return "float32 (fp16 storage takes convolutions and matmuls with packed constant weights)"
+    if c.attrs.b_dtype is not None or c.attrs.stored_dtype is not None:
+        return None if "float16" in (c.attrs.b_dtype, c.attrs.stored_dtype) else \
+            f"its weights are already stored as {c.attrs.b_dtype}"
+    name = region.inputs[1] if len(region.inputs) > 1 else None
+    init = next((t for t in c.initializers if t.name == name), None)
+    if init is None or init.data_type != onnx.TensorProto.FLOAT:
+        return "no float32 weights of its own in the region"
+    w = numpy_helper.to_array(init)
+    if not np.all(np.isfinite(w)):
+        return "the weights have values that are not finite"
+    big = float(np.max(np.abs(w))) if w.size else 0.0
+    if big > FLOAT16_MAX:
+        return f"{c.op}: float32 (a weight of magnitude {big:.4g} is past float16's 65504)"
+    rounded = w.astype(np.float16).astype(np.float32)
+    c.initializers = [numpy_helper.from_array(rounded, name) if t.name == name else t for t in c.initializers]
+    c.attrs.stored_dtype = "float16"
+    return None
+
+
 def lower_packed_b(region: Region, b_dtype: str, opset: int, k_step: int = 2) -> str | None:
     """Store a matmul region's packed constant B as `b_dtype` ("bfloat16" or "float16") for the low-precision
     packed-B tiles (codegen/microkernel/outer_product.py), in place; the function fallback casts it back to float32

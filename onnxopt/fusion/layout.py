@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .compute import POSITION, bfloat16_bits, bfloat16_weights
+from .compute import FLOAT16_MAX, POSITION, bfloat16_bits, bfloat16_weights
 from .params import ComputeParams, CopyParams, ElementwiseParams, KindParams, PoolParams, RelayoutParams
 from .region import Region
 
@@ -391,7 +391,7 @@ def blocked_conv_refusal(region: Region, opset: int = 13) -> str | None:
     return None
 
 
-def lower_blocked_conv(region: Region, opset: int, ic_step: int = 2) -> str | None:
+def lower_blocked_conv(region: Region, opset: int, ic_step: int = 2, b_dtype: str = "bfloat16") -> str | None:
     """Store a blocked convolution's packed weights as bfloat16 for its vdpbf16ps tiles (codegen/compute/
     blocked_tile.py, `--precision bf16`), in place: pairs of adjacent input channels of one tap side by side,
     [groups][ceil(IC / 2) * KH * KW][NI * L][2] under the shape [groups][2 * ceil(IC / 2) * KH * KW][NI * L] (an odd
@@ -400,7 +400,9 @@ def lower_blocked_conv(region: Region, opset: int, ic_step: int = 2) -> str | No
     input may be blocked or NCHW (with at least BF16_NCHW_MIN_CHANNELS channels): the glue's bfloat16 copy is blocked
     either way. The function fallback casts them back to float32 and undoes the pairing, so the weights are stored once. Returns why the
     region keeps float32 weights, or None when lowered. The glue makes the bfloat16 copy of the input the tiles read
-    (conv_blocked_prepare_exec.c)."""
+    (conv_blocked_prepare_exec.c). `b_dtype` "float16" stores the same pairs as float16 for AMX-FP16 tiles
+    (`ic_step` 32; `b_pairs` set); where the tiles cannot run, the glue unpacks them into float32 for the float32
+    kernel."""
     why = blocked_conv_refusal(region, opset)
     if why is not None or region.compute.attrs.b_dtype is not None:
         return why
@@ -411,6 +413,9 @@ def lower_blocked_conv(region: Region, opset: int, ic_step: int = 2) -> str | No
     packed = numpy_helper.to_array(init)
     if not np.all(np.isfinite(packed)):
         return "the weights have values that are not finite"
+    big = float(np.max(np.abs(packed))) if packed.size else 0.0
+    if b_dtype == "float16" and big > FLOAT16_MAX:
+        return f"conv: float32 (a weight of magnitude {big:.4g} is past float16's 65504)"
     g, k, width = packed.shape
     taps = a.kernel[0] * a.kernel[1]
     ic = k // taps
@@ -422,7 +427,12 @@ def lower_blocked_conv(region: Region, opset: int, ic_step: int = 2) -> str | No
         w = np.concatenate([w, np.zeros((g, ic2 - ic, taps, width), w.dtype)], axis=1)
     pairs = np.ascontiguousarray(w.reshape(g, ic2 // 2, 2, taps, width).transpose(0, 1, 3, 4, 2))
     u = f"{name}__bf16"
-    tensor, body = bfloat16_weights(name, bfloat16_bits(pairs), (g, ic2 * taps, width), opset, f"{u}_f")
+    if b_dtype == "float16":
+        tensor = numpy_helper.from_array(pairs.astype(np.float16).reshape(g, ic2 * taps, width), name)
+        body = [helper.make_node("Cast", [name], [f"{u}_f"], to=onnx.TensorProto.FLOAT)]
+        a.b_pairs = 1
+    else:
+        tensor, body = bfloat16_weights(name, bfloat16_bits(pairs), (g, ic2 * taps, width), opset, f"{u}_f")
     body += [_i64(f"{u}_s5", [g, ic2 // 2, taps, width, 2]),
              helper.make_node("Reshape", [f"{u}_f", f"{u}_s5"], [f"{u}_r5"]),
              helper.make_node("Transpose", [f"{u}_r5"], [f"{u}_t"], perm=[0, 1, 4, 2, 3]),
@@ -444,5 +454,5 @@ def lower_blocked_conv(region: Region, opset: int, ic_step: int = 2) -> str | No
         new_body.append(m)
     c.body = body + new_body
     c.initializers = [tensor if t.name == name else t for t in c.initializers]
-    a.b_dtype = "bfloat16"
+    a.b_dtype = b_dtype
     return None

@@ -125,6 +125,13 @@ class ComputeAttrs:
     # the element type the packed B is stored in when lower than the op's (onnxopt/driver/precision.py: "bfloat16",
     # "float16"); None: the op's own
     b_dtype: str | None = None
+    # 1 when a convolution's float16 weights are stored in pairs of adjacent input channels, padded to 32, for
+    # AMX-FP16 tiles (fusion/layout.py lower_blocked_conv); bfloat16 ones always are
+    b_pairs: int = _Absent(0)
+    # The type a float32 kernel's weights are stored in within the written file, when narrower ("float16": rounded
+    # to float16 values and written once as float16 with a Cast outside the op, which onnxruntime folds back into
+    # float32 at session load; fusion/compute.py store_weights_f16, emit/model.py)
+    stored_dtype: str | None = None
     # An AFUSION region's (fusion/afusion/): output rows per band; 1 for a chain of three; the index among the
     # second's epilogue inputs of the first's output (MISO; -1: not MISO); the pool's parameters (conv -> pool,
     # conv_pool.pool_params)

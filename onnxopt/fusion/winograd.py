@@ -50,6 +50,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .compute import FLOAT16_MAX
 from .region import Region
 
 # Interpolation points per transform length n (n - 1 finite points; the last point is infinity).
@@ -199,6 +200,8 @@ def applies(region: Region) -> str | None:
         return "not on the blocked (channel-vector) kernel"
     if c.tile is not None:
         return "a searched register tile"
+    if a.b_dtype is not None:
+        return f"its weights are {a.b_dtype} pairs (--precision)"
     return None
 
 
@@ -261,7 +264,11 @@ def to_winograd(region: Region, m: int, lanes: int, ni: int) -> Region:
               helper.make_node("MatMul", [f"{u}_gw", f"{u}_pt"], [f"{u}_half"]),
               helper.make_node("MatMul", [f"{u}_p", f"{u}_half"], [conv.input[1]])]
     new_body = kept + unpack + body[at:]
-    attrs = replace(c.attrs, winograd=m, packed_shape=packed.shape)
+    stored = c.attrs.stored_dtype
+    if stored == "float16":  # --precision fp16: the transformed weights stored as float16 too, rounded now
+        stored = None if np.max(np.abs(packed), initial=0.0) > FLOAT16_MAX else stored
+        packed = packed.astype(np.float16).astype(np.float32) if stored else packed
+    attrs = replace(c.attrs, winograd=m, packed_shape=packed.shape, stored_dtype=stored)
     inits = [t for t in c.initializers if t.name != old] + [numpy_helper.from_array(packed, name)]
     new = replace(region, inputs=[region.inputs[0], name] + list(region.inputs[2:]), outputs=list(region.outputs),
                   measured={}, rejected=None,

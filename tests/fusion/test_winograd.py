@@ -120,6 +120,11 @@ def test_reasons():
     assert "strided" in winograd.applies(region(strides=[2, 2]))
     assert "grouped" in winograd.applies(region(groups=2))
     assert "blocked" in winograd.applies(region(out_blocked=0))
+    # --precision: weights in bf16 (or fp16 for AMX-FP16) pairs stay on their kernel; float32 kernels with float16
+    # storage keep the Winograd kernel (test_precision_conv_fp16)
+    assert "pairs" in winograd.applies(region(b_dtype="bfloat16"))
+    assert "pairs" in winograd.applies(region(b_dtype="float16", b_pairs=1))
+    assert winograd.applies(region(stored_dtype="float16")) is None
     # an AFUSION kernel cannot hold a Winograd convolution as a part
     assert "Winograd" in conv_part_reason(region(winograd=4), "first")
 
