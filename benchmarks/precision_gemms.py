@@ -4,7 +4,8 @@
         [--variants bf16@native,...] [--openvino]
 
 Each model is written by `onnxopt.optimize(..., precision=P, measure=False)` (fp32, bf16 on this CPU, bf16 for
-x86-64-v4, which has no avx512_bf16 and so runs the emulated path, and fp16), loaded through `onnxopt.runtime` as a
+x86-64-v4, which has no avx512_bf16 and so runs the emulated path, and fp16: float16 storage for the float32 kernel
+where the CPU has no AMX-FP16), loaded through `onnxopt.runtime` as a
 user loads it (its library must be registered and its kernel must run), and all sessions are timed taking turns:
 per round each session's best of 5 runs, the median over rounds. Prints one JSON line a shape: times (us), GFLOP/s,
 the error against onnxruntime fp32 (max |diff| / max |reference|), and the machine model's peaks (float32 and, where

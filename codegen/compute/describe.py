@@ -119,15 +119,16 @@ AMX_DTYPE = {"bf16_dot": "bf16", "f16_pairs": "f16"}
 def b_format_for(b_dtype: str | None, target: Target, lanes: int) -> str:
     """The packed-B tile's format (microkernel/outer_product.py, B_FORMATS) for weights stored as `b_dtype`:
     bfloat16 on vdpbf16ps where the target has avx512_bf16 (16 lanes), else widened to float32 in registers;
-    float16 in pairs where the target has AMX-FP16 tiles (16 lanes), else as it is, both widened in registers."""
+    float16 in pairs where the target has AMX-FP16 tiles (16 lanes), widened in registers for the rows they do not
+    take."""
     if b_dtype in (None, "float32"):
         return "f32"
     if b_dtype == "bfloat16":
         return "bf16_dot" if target.has("avx512bf16") and lanes == 16 else "bf16"
-    if b_dtype == "float16":
-        if not target.has("f16c"):
-            raise ValueError("float16 weights need F16C (vcvtph2ps), which the target lacks")
-        return "f16_pairs" if amx_choose(target, lanes, "f16")[0] is not None else "f16"
+    if b_dtype == "float16":  # elsewhere float16 is only stored, for the float32 tile (store_weights_f16)
+        if amx_choose(target, lanes, "f16")[0] is None:
+            raise ValueError(f"float16 weights in a kernel need AMX-FP16 tiles, which target {target.name} lacks")
+        return "f16_pairs"
     raise ValueError(f"no packed-B kernel for weights stored as {b_dtype}")
 
 

@@ -152,10 +152,10 @@ def emit_k_loop(b: ir.IRBuilder, lanes: int, mi: int, nv: int, k_count, step, in
 #               vdpbf16ps (avx512_bf16): two multiply-adds per lane per instruction.
 #   "bf16":     the same pairs widened to float32 in registers (a shift and a mask) and float32 FMAs with A as it
 #               is: half the weight bytes, the float32 FMA rate (targets without avx512_bf16).
-#   "f16":      float16, [K][panel], widened by vcvtph2ps (F16C) and float32 FMAs: half the weight bytes.
 #   "f16_pairs": float16 in pairs along K as "bf16" is (the layout AMX-FP16's tdpfp16ps reads, K padded to its
-#               steps), widened the same way for the rows the tiles do not take.
-B_FORMATS = ("f32", "bf16_dot", "bf16", "f16", "f16_pairs")
+#               steps), widened the same way for the rows the tiles do not take. (float16 weights elsewhere are
+#               only stored as float16, for the float32 tile: fusion/compute.py `store_weights_f16`.)
+B_FORMATS = ("f32", "bf16_dot", "bf16", "f16_pairs")
 I16 = ir.IntType(16)
 F16 = ir.HalfType()
 
@@ -172,19 +172,6 @@ def emit_packed_b_low_precision(b: ir.IRBuilder, tile: RegisterTile, mi: int, nv
     a_ms = as_i64(a_ms)
     k_count = as_i64(k_count)
     a_rows = [b.gep(a_ptr, [b.mul(ir.Constant(I64, i), a_ms)], source_etype=F32) for i in range(mi)]
-
-    if b_format == "f16":
-        hty = ir.VectorType(F16, lanes)
-
-        def step(k, acc):
-            b_row = b.gep(b_ptr, [b.mul(k, ir.Constant(I64, b_panel))], source_etype=F16)
-            bvec = [b.fpext(b.load(b.gep(b_row, [voff[j]], source_etype=F16), typ=hty, align=2), vty)
-                    for j in range(nv)]
-            avals = [broadcast(b, b.load(b.gep(a_rows[i], [k], source_etype=F32), typ=F32), lanes)
-                     for i in range(mi)]
-            return [[fma(b, avals[i], bvec[j], acc[i][j]) for j in range(nv)] for i in range(mi)]
-
-        return emit_k_loop(b, lanes, mi, nv, k_count, step, init)
 
     def b_pairs(kk):
         """The nv vectors of pair kk: lane c holds columns c's (B[2kk, c], B[2kk + 1, c]) as one i32."""

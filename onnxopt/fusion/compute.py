@@ -703,9 +703,8 @@ def lower_packed_b(region: Region, b_dtype: str, opset: int, k_step: int = 2) ->
 
     bfloat16 is stored in pairs along K, [ceil(N / P)][K2/2][P][2] under the shape [ceil(N / P)][K2][P], K2 = K
     rounded up to a multiple of `k_step` with zero rows (vdpbf16ps multiplies a pair per lane; AMX tiles take 32 K
-    a step: driver/precision.py; the glue reads K2 from the shape); float16 only when every weight is within
-    float16's range, as the float32 form is, [ceil(N / P)][K][P], or in pairs as bfloat16 is where `k_step` is an
-    AMX-FP16 step (k_step > 2)."""
+    a step: driver/precision.py; the glue reads K2 from the shape); float16 only for AMX-FP16 tiles (`k_step` an
+    AMX step), in pairs as bfloat16 is, and only when every weight is within float16's range."""
     c = region.compute
     if c is None or c.op in ("conv", "conv_transpose", "afusion", "siblings"):
         return "conv: float32, bf16 not lowered yet"
@@ -724,36 +723,32 @@ def lower_packed_b(region: Region, b_dtype: str, opset: int, k_step: int = 2) ->
         return "B has values that are not finite"
     if b_dtype not in ("bfloat16", "float16"):
         raise ValueError(f"no low-precision B as {b_dtype}")
-    u = f"{wname}__cast"
-    body = [helper.make_node("Cast", [wname], [f"{u}_f"], to=onnx.TensorProto.FLOAT)]
-    paired = b_dtype == "bfloat16" or k_step > 2
+    if b_dtype == "float16" and k_step <= 2:  # outside AMX-FP16 tiles float16 is only stored (store_weights_f16)
+        return "float16 weights are read only by AMX-FP16 tiles"
     if b_dtype == "float16":
         big = float(np.max(np.abs(packed))) if packed.size else 0.0
         if big > FLOAT16_MAX:
             return f"a weight of magnitude {big:.4g} is past float16's 65504"
-    if paired:
-        k2 = -(-k // k_step) * k_step
-        if b_dtype == "bfloat16":
-            tensor, body = bfloat16_weights(wname, bfloat16_pairs(packed, k_step), (pn, k2, p), opset, f"{u}_f")
-        else:
-            tensor = numpy_helper.from_array(in_pairs(packed, k_step).astype(np.float16).reshape(pn, k2, p), wname)
-
-        def const(name, arr):
-            return helper.make_node("Constant", [], [name],
-                                    value=numpy_helper.from_array(np.asarray(arr, np.int64), name))
-        body += [const(f"{u}_s4", [pn, k2 // 2, p, 2]),
-                 helper.make_node("Reshape", [f"{u}_f", f"{u}_s4"], [f"{u}_r4"]),
-                 helper.make_node("Transpose", [f"{u}_r4"], [f"{u}_t"], perm=[0, 1, 3, 2]),
-                 const(f"{u}_s3", [pn, k2, p]),
-                 helper.make_node("Reshape", [f"{u}_t", f"{u}_s3"], [f"{u}_w"])]
-        unpacked = f"{u}_w"
-        if k2 != k:  # the padding's zero rows
-            body += [const(f"{u}_starts", [0]), const(f"{u}_ends", [k]), const(f"{u}_axes", [1]),
-                     helper.make_node("Slice", [unpacked, f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_k"])]
-            unpacked = f"{u}_k"
+    u = f"{wname}__cast"
+    k2 = -(-k // k_step) * k_step
+    if b_dtype == "bfloat16":
+        tensor, body = bfloat16_weights(wname, bfloat16_pairs(packed, k_step), (pn, k2, p), opset, f"{u}_f")
     else:
-        tensor = numpy_helper.from_array(packed.astype(np.float16), wname)
-        unpacked = f"{u}_f"
+        tensor = numpy_helper.from_array(in_pairs(packed, k_step).astype(np.float16).reshape(pn, k2, p), wname)
+        body = [helper.make_node("Cast", [wname], [f"{u}_f"], to=onnx.TensorProto.FLOAT)]
+
+    def const(name, arr):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr, np.int64), name))
+    body += [const(f"{u}_s4", [pn, k2 // 2, p, 2]),
+             helper.make_node("Reshape", [f"{u}_f", f"{u}_s4"], [f"{u}_r4"]),
+             helper.make_node("Transpose", [f"{u}_r4"], [f"{u}_t"], perm=[0, 1, 3, 2]),
+             const(f"{u}_s3", [pn, k2, p]),
+             helper.make_node("Reshape", [f"{u}_t", f"{u}_s3"], [f"{u}_w"])]
+    unpacked = f"{u}_w"
+    if k2 != k:  # the padding's zero rows
+        body += [const(f"{u}_starts", [0]), const(f"{u}_ends", [k]), const(f"{u}_axes", [1]),
+                 helper.make_node("Slice", [unpacked, f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_k"])]
+        unpacked = f"{u}_k"
     for node in c.body:
         for i, x in enumerate(node.input):
             if x == wname:

@@ -1,6 +1,7 @@
-"""The packed-B tiles with bfloat16 and float16 weights (codegen/microkernel/outer_product.py, B_FORMATS), run on
-their own: against numpy doing the same rounding, with float32 sums; vdpbf16ps in the code exactly where the target
-has avx512_bf16; the K blocks the glue gives them (phase bits, partial sums) as for float32."""
+"""The packed-B tiles with bfloat16 weights (codegen/microkernel/outer_product.py, B_FORMATS; float16 ones:
+tests/codegen/test_amx_fp16.py), run on their own: against numpy doing the same rounding, with float32 sums;
+vdpbf16ps in the code exactly where the target has avx512_bf16; the K blocks the glue gives them (phase bits,
+partial sums) as for float32."""
 
 from __future__ import annotations
 
@@ -20,8 +21,7 @@ from onnxopt.codegen.target import missing_cpu_flags, parse_target
 from onnxopt.fusion.compute import bfloat16_pairs, bfloat16_values
 
 # (target, weight type) -> the format its tiles take
-CASES = [("native", "bfloat16"), ("x86-64-v4", "bfloat16"), ("x86-64-v3", "bfloat16"), ("x86-64-v4", "float16"),
-         ("x86-64-v3", "float16")]
+CASES = [("native", "bfloat16"), ("x86-64-v4", "bfloat16"), ("x86-64-v3", "bfloat16")]
 
 
 def _spec(level: str, b_dtype: str):
@@ -65,17 +65,12 @@ def _jit(level: str, b_dtype: str):
 def _packed_weights(b: np.ndarray, b_dtype: str, panel: int) -> np.ndarray:
     """One panel [K][panel] of B as the region stores it (fusion/compute.py lower_packed_b)."""
     packed = b.reshape(1, *b.shape)
-    if b_dtype == "bfloat16":
-        return bfloat16_pairs(packed)[0]
-    return packed.astype(np.float16)[0]
+    return bfloat16_pairs(packed)[0]
 
 
 def _want(a, b, spec) -> np.ndarray:
     """What the format computes, in float64: B rounded to its type, A to bfloat16 on vdpbf16ps."""
-    if spec.b_format == "f16":
-        b = b.astype(np.float16).astype(np.float32)
-    else:
-        b = bfloat16_values(b)
+    b = bfloat16_values(b)
     if spec.b_format == "bf16_dot":
         a = bfloat16_values(a)
     return a.astype(np.float64) @ b.astype(np.float64)
@@ -120,8 +115,7 @@ def test_low_precision_tile_matches_its_rounding(level, b_dtype, k):
     assert np.max(np.abs(got - a[:, :k] @ b)) > 1e-4
 
 
-@pytest.mark.parametrize("level,b_dtype", [("native", "bfloat16"), ("x86-64-v3", "bfloat16"),
-                                           ("x86-64-v4", "float16")])
+@pytest.mark.parametrize("level,b_dtype", [("native", "bfloat16"), ("x86-64-v3", "bfloat16")])
 def test_partial_rows_and_vectors(level, b_dtype):
     spec, engine, names = _jit(level, b_dtype)
     rng = np.random.default_rng(5)
@@ -178,8 +172,16 @@ def test_vdpbf16ps_only_where_the_target_has_avx512_bf16():
         asm = _function_asm(level, "bfloat16", full.format(t.mi, t.ni))
         assert "vdpbf16ps" not in asm and "vcvtneps2bf16" not in asm
         assert "vfmadd" in asm and "vpslld" in asm  # widened by a shift, float32 FMAs
-    asm = _function_asm("x86-64-v3", "float16", "tile_m1v1")
-    assert "vcvtph2ps" in asm and "vfmadd" in asm
+
+
+def test_float16_weights_reach_a_kernel_only_on_amx_fp16_tiles():
+    """Elsewhere they are only stored as float16, for the float32 tile (fusion/compute.py store_weights_f16):
+    widening them in the K loop cost FMA throughput."""
+    for level in ("x86-64-v3", "x86-64-v4"):
+        with pytest.raises(ValueError, match="AMX-FP16"):
+            b_format_for("float16", parse_target(level), 16)
+    amx_fp16 = parse_target("cpu=x86-64-v4,+avx512bf16,+amx-tile,+amx-bf16,+amx-fp16")
+    assert b_format_for("float16", amx_fp16, 16) == "f16_pairs"
 
 
 def test_lowered_sets_are_other_sets():
