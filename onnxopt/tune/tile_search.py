@@ -233,7 +233,6 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
     it wins by `margin` twice: in that run and in a second one of the two alone (a win of a few percent can be
     noise), or, when the second contradicts the first, in the median of those two and a third (confirm_win).
     `flush_bytes` > 0: every timed run starts with the caches flushed (timing.time_interleaved). Raises CannotRun."""
-    from onnxopt.driver.precision import is_lowered
     from onnxopt.measure import kernel_error_bound, region_models as _region_models
     from onnxopt.verify import LOW_PRECISION_TOLERANCE
 
@@ -290,7 +289,8 @@ def time_candidates(region, variants, model, info, feeds, target, threads, basel
                     continue
                 # weights stored in float16 (driver/precision.py): against float32 at their tolerance, as the
                 # pipeline's kernel check
-                tol = LOW_PRECISION_TOLERANCE if is_lowered(v) else kernel_tolerance(want, kernel_error_bound(v))
+                low = v.compute is not None and (v.compute.attrs.b_dtype or v.compute.attrs.stored_dtype)
+                tol = LOW_PRECISION_TOLERANCE if low else kernel_tolerance(want, kernel_error_bound(v))
                 bad = [d for d in compare(region.outputs, want, got, tol) if not d.ok]
                 if bad:
                     cand["error"] = f"wrong results on {bad[0].name} (max abs {bad[0].max_abs:.3g})"
