@@ -35,9 +35,9 @@ What is lowered:
   softmax's weights rounded to bfloat16 (float16) for the two products on AMX tiles, the softmax and the sums
   float32; the float32 kernel runs where the tiles cannot (vdpbf16ps at half the FMA rate would gain nothing there).
 Before opset 13 (Cast has no bfloat16) the weights are stored as their bits in UINT16 and the function bodies decode
-them exactly (fusion/compute.py `bfloat16_weights`). Everything else stays float32: depthwise and grouped
-convolutions under bf16, the NCHW kernel's (bf16 without AMX-BF16), AFUSION and sibling groups, Winograd,
-elementwise, softmax and LayerNorm regions, and any region the lowering refuses (the report says which and why).
+them exactly (fusion/compute.py `bfloat16_weights`). Everything else stays float32: under bf16 depthwise, grouped
+and Winograd convolutions and the NCHW kernel's (without AMX-BF16); AFUSION and sibling groups, elementwise,
+softmax and LayerNorm regions, and any region the lowering refuses (the report says which and why).
 onnxopt lowers nothing unless asked: fp32 is the default and builds exactly what it built before the option.
 
 The check: a lowered kernel, and the whole model with one, is compared with the float32 original at the bfloat16
