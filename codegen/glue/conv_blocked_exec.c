@@ -492,10 +492,8 @@ typedef struct {
   uint16_t *buf;
   int64_t C, H, W, Hp, Wp, pt, pl, Q; /* Q: blocks of 32 an item */
   int blocked;                        /* the input is blocked (16 lanes), else NCHW */
-  int f16;                            /* float16 (AMX-FP16 tiles), else bfloat16 */
+  int f16;                            /* float16 (AMX-FP16 tiles, x86 only), else bfloat16 */
 } cb_copy32_job;
-
-static inline uint16_t cb_half(float x, int f16) { return f16 ? glue_f16(x) : glue_bf16(x); }
 
 #ifdef CB_HAVE_TRANSPOSE16
 /* 16 floats rounded to bfloat16 as glue_bf16 rounds. */
@@ -508,7 +506,7 @@ __attribute__((target("avx512f"))) static inline __m256i cb_bf16_vec(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet)));
 }
 
-/* 16 floats as float16 (f16) or bfloat16, rounded as glue_f16 and glue_bf16 round. */
+/* 16 floats as float16 (f16: vcvtps2ph, round to nearest even) or bfloat16 (as glue_bf16 rounds). */
 __attribute__((target("avx512f"))) static inline __m256i cb_half_vec(__m512 x, int f16) {
   return f16 ? _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) : cb_bf16_vec(x);
 }
@@ -564,11 +562,10 @@ static void cb_copy32_row(void *usr, size_t index) {
     const float *next = 2 * q + 1 < vectors ? plane + HW * 16 : NULL;
 #ifdef CB_HAVE_TRANSPOSE16
     cb_half_pixels32(to, plane, next, p->W, p->f16); /* 16-lane blocked tensors exist only on AVX-512 targets */
-#else
+#else /* no AMX here: bfloat16 only */
     for (int64_t w = 0; w < p->W; w++)
       for (int64_t l = 0; l < 32; l++)
-        to[w * 32 + l] = l < 16 ? cb_half(plane[w * 16 + l], p->f16) : next ? cb_half(next[w * 16 + l - 16], p->f16)
-                                                                            : 0;
+        to[w * 32 + l] = l < 16 ? glue_bf16(plane[w * 16 + l]) : next ? glue_bf16(next[w * 16 + l - 16]) : 0;
 #endif
     return;
   }
@@ -579,7 +576,7 @@ static void cb_copy32_row(void *usr, size_t index) {
 #else
   for (int64_t w = 0; w < p->W; w++) {
     int64_t l = 0;
-    for (; l < lanes; l++) to[w * 32 + l] = cb_half(src[l * HW + w], p->f16);
+    for (; l < lanes; l++) to[w * 32 + l] = glue_bf16(src[l * HW + w]);
     for (; l < 32; l++) to[w * 32 + l] = 0;
   }
 #endif

@@ -60,26 +60,6 @@ static inline uint16_t glue_bf16(float f) {
   return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* float32 to float16, round to nearest even (as vcvtps2ph rounds to nearest): past 65504 (from 65520) infinity,
-   below 2^-14 a subnormal, NaN a quiet NaN. */
-static inline uint16_t glue_f16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof(u));
-  uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu, h, rem, half;
-  if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-  if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);
-  if (a < 0x33000000u) return (uint16_t)sign; /* up to 2^-25, a tie with zero: zero */
-  if (a < 0x38800000u) {                      /* a subnormal: m * 2^(e - 150) in steps of 2^-24 */
-    uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
-    h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-  } else {
-    uint32_t r = a - 0x38000000u; /* the exponent rebiased from 127 to 15 */
-    h = r >> 13, rem = r & 0x1FFFu, half = 0x1000u;
-  }
-  if (rem > half || (rem == half && (h & 1u))) h++; /* a carry into the exponent is the next binade, as it must */
-  return (uint16_t)(sign | h);
-}
-
 /* A float16's value (exact in float32: subnormals, infinities and NaNs included). */
 static inline float glue_f16_value(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu, u;

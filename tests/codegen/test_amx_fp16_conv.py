@@ -17,7 +17,7 @@ import onnx
 import pytest
 from amx_rules import tile_rule
 from fresh_process import run_written
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 from test_amx_conv import CASES, im2col, two_convs, weights_in_k_order
 
 import onnxopt
@@ -70,12 +70,19 @@ def test_the_whole_path_on_emulated_amx_fp16_tiles_in_a_fresh_process(tmp_path, 
 
 
 @needs_bf16
+@pytest.mark.parametrize("tiny", [False, True], ids=["normal", "subnormal"])
 @pytest.mark.parametrize("ic, layer, h, w", CASES[:3])
-def test_where_the_tiles_cannot_run_the_pairs_are_unpacked_for_the_float32_kernel(tmp_path, ic, layer, h, w):
+def test_where_the_tiles_cannot_run_the_pairs_are_unpacked_for_the_float32_kernel(tmp_path, ic, layer, h, w, tiny):
     """Built for the real tiles: on a CPU without AMX-FP16 the loader says so and the float32 kernel runs on the
     unpacked weights, the input as it is (not rounded to float16: the answers are float32 sums of x times the
-    float16 weights); where the CPU has AMX-FP16, the tiles run within float32 accumulation's bound."""
+    float16 weights); where the CPU has AMX-FP16, the tiles run within float32 accumulation's bound. `tiny`: weights
+    of about 1e-6, float16 subnormals, which the unpacking must widen exactly (not flush)."""
     model, sel, params = two_convs(ic, layer, h, w, seed=5)
+    if tiny:
+        params = (params[0] * np.float32(1e-5),) + tuple(params[1:])
+        w_init = next(t for t in model.graph.initializer if t.name == "w")
+        w_init.CopyFrom(numpy_helper.from_array(params[0], "w"))
+        assert np.mean(np.abs(f16(params[0])) < 2.0 ** -14) > 0.9  # mostly subnormal in float16
     _, out = _build(tmp_path, model)
     x = np.random.default_rng(2).standard_normal((1, 32, h, w)).astype(np.float32)
     got, loader = run_written(out, x, tmp_path)
@@ -83,8 +90,8 @@ def test_where_the_tiles_cannot_run_the_pairs_are_unpacked_for_the_float32_kerne
     cols, wk, oh, ow = _operands(x, sel, params)
     if HAS_AMX_FP16 and loader["amx"] == "granted":
         cols = f16(cols)
-    else:
-        assert "AMX-FP16" in loader["amx"] or loader["amx"] != "granted", loader
+    else:  # the float32 fallback ran
+        assert loader["amx_units"].get("AMX-FP16") != "runs", loader
     a64, w64 = cols.astype(np.float64), wk.astype(np.float64)
     sums64 = a64 @ w64 + params[1][None, :].astype(np.float64)
     bound = (cols.shape[1] + 2) * 2.0 ** -24 * (np.abs(a64) @ np.abs(w64)) + 2.0 ** -24 * np.abs(sums64)
