@@ -27,13 +27,14 @@ from onnxopt.errors import OnnxoptError, UsageError
 from onnxopt.driver.policy import FUSION_KINDS
 from onnxopt.pipeline import WINOGRAD_MODES
 
-SUBCOMMANDS = ("inspect", "machine", "bench", "optimize", "batch")
+SUBCOMMANDS = ("inspect", "machine", "bench", "optimize", "batch", "tune")
 # The other commands, for the top-level help (a test checks that it names every one of SUBCOMMANDS).
 OTHER_COMMANDS = {
     "inspect": ("MODEL", "the annotated graph: FLOPs, bytes, intensity, predicted time per node"),
     "machine": ("", "the machine model (measured peaks and bandwidths), or a preset's"),
     "bench": ("A B", "time two models through onnxruntime, interleaved, and compare their outputs"),
     "batch": ("SRC... -o OUT_DIR", "optimize many models, each in its own process, resumable, with an HTML report"),
+    "tune": ("MODEL", "search each matmul's schedule (CGA + XGBoost on measurements) into the cost cache's records"),
 }
 TARGET_HELP = ("CPU to compile for: native (default), x86-64-v3, x86-64-v4, aarch64, aarch64-dotprod (Armv8.2-A's "
                "int8 dot products), or cpu=NAME,+feature,... (an x86-64 or aarch64 CPU: cpu=neoverse-n1,+dotprod); "
@@ -188,6 +189,70 @@ def cmd_inspect(argv) -> int:
         print(json.dumps(g.to_dict(), indent=1, default=str))
     else:
         g.render_table(make_console(), limit=a.top or None)
+    return 0
+
+
+def cmd_tune(argv) -> int:
+    from onnxopt.codegen.target import parse_target
+    from onnxopt.cost_cache import open_cost_cache
+    from onnxopt.graph.load import parse_input_shapes
+    from onnxopt.tune.heron.tune_model import tune_model
+
+    p = argparse.ArgumentParser(prog="onnxopt tune", description="Heron's constrained search (CGA with an XGBoost "
+                                "cost model) for the schedule of every distinct matmul with a constant B in the model, "
+                                "each candidate built, checked and timed; the measurements go to the cost cache's "
+                                "tuning records, which later optimizations of any model with the same matmuls reuse "
+                                "without measuring.")
+    p.add_argument("input", help="the model (.onnx)")
+    p.add_argument("--trials", type=int, default=500, help="measured candidates per matmul (default 500)")
+    p.add_argument("--threads", type=int, help="threads the kernels run on (default: every usable core, as "
+                   "onnxruntime's default; optimize with the same --threads to use the records)")
+    p.add_argument("--input-shape", action="append", metavar="NAME:D0,D1,...",
+                   help="fix an input's symbolic dims (repeatable), as the optimization will")
+    p.add_argument("--target", default="native", help="the CPU to compile for (only the host's kernels can be timed)")
+    p.add_argument("--cost-cache", metavar="PATH", help="the SQLite file the records go to (default: the cost "
+                   "cache optimize reads)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--verbose", action="store_true")
+    a = p.parse_args(argv)
+    if a.trials < 1:
+        raise UsageError(f"--trials {a.trials}: give 1 or more")
+    if a.threads is not None and a.threads < 1:
+        raise UsageError(f"--threads {a.threads}: give 1 or more")
+    target = parse_target(None if a.target == "native" else a.target)
+    from onnxopt.hardware.cpu import cpu_flags
+
+    missing = [f for f in target.required_cpu_flags if f not in cpu_flags()]
+    if target.foreign or missing:
+        raise UsageError(f"--target {a.target}: tuning times kernels, and this CPU cannot run them "
+                         f"({'another architecture' if target.foreign else 'no ' + ', '.join(missing)}); tune on "
+                         "the machine that will serve, or give --target native")
+    cache = open_cost_cache(a.cost_cache)
+    if cache is None or not cache.enabled:
+        raise UsageError(f"the cost cache cannot be opened ({cache.warning if cache else 'off'}): give "
+                         "--cost-cache PATH in a writable folder")
+
+    def show(r):
+        if a.json:
+            return
+        items, M, K, N = r.shape
+        if r.skipped:
+            print(f"matmul {M}x{K}x{N}: skipped ({r.skipped})")
+            return
+        gf = 2.0 * M * K * N / 1e9
+        print(f"matmul {M}x{K}x{N}: default {gf / r.default_s:.1f} GFLOP/s, tuned {gf / r.best_s:.1f} GFLOP/s "
+              f"({r.default_s / r.best_s:.2f}x) after {r.trials} trials in {r.seconds:.0f} s", flush=True)
+
+    results = tune_model(a.input, target, a.threads, a.trials, cache, parse_input_shapes(a.input_shape),
+                         a.seed, on_problem=show)
+    if a.json:
+        print(json.dumps({"cost_cache": cache.path, "problems": [r.to_dict() for r in results]}, indent=1))
+    elif not results:
+        print("no matmul with a constant B to tune in this model")
+    else:
+        print(f"records written to {cache.path}")
+    cache.close()
     return 0
 
 
@@ -391,7 +456,7 @@ def main(argv=None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         cmd, rest = argv[0], argv[1:]
     handler = {"optimize": cmd_optimize, "inspect": cmd_inspect, "machine": cmd_machine, "bench": cmd_bench,
-               "batch": cmd_batch}[cmd]
+               "batch": cmd_batch, "tune": cmd_tune}[cmd]
     handlers = _interrupt_on_signals()
     verbose = "--verbose" in argv
     if not verbose:

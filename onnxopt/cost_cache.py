@@ -82,6 +82,22 @@ CREATE TABLE IF NOT EXISTS kernel_cost (
     op_type TEXT NOT NULL,         -- the region's op type that was timed, for inspection
     measured_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tuning_record (
+    key TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,            -- the kernel's schedule space (onnxopt/tune/heron: "packed_matmul")
+    shape TEXT NOT NULL,           -- JSON: the problem's sizes (a matmul's [items, M, K, N])
+    target TEXT NOT NULL,          -- the code generation target (name, CPU, features)
+    dtype TEXT NOT NULL,
+    threads INTEGER NOT NULL,
+    cpus INTEGER NOT NULL,
+    ort_version TEXT NOT NULL,
+    onnxopt_version TEXT NOT NULL,
+    cpu TEXT NOT NULL,
+    point TEXT NOT NULL,           -- JSON: the point measured, as the kernel takes it
+    seconds REAL,                  -- per call; NULL: it failed its check or did not build
+    source TEXT NOT NULL,          -- "default" (the optimizer's few measurements) or "tune" (onnxopt tune)
+    measured_at REAL NOT NULL
+);
 """
 
 
@@ -323,6 +339,38 @@ class CostCache:
                     (key, cols["op_type"], cols["shapes"], cols["threads"], cols["cpus"], cols["ort_version"],
                      cols["onnxopt_version"], cols["cpu"], json.dumps(list(tile)), json.dumps(candidates),
                      time.time()))
+
+    # ---- tuning records (onnxopt/tune/heron) ----
+    def put_records(self, kind: str, shape, target: str, dtype: str, threads, records, source: str) -> None:
+        """Measured points of one problem: `records` is [(point as JSON-able, seconds or None)]."""
+        for point, seconds in records:
+            key, cols = self._key("record", kind, [list(shape)], threads,
+                                  extra=[target, dtype, json.dumps(point, sort_keys=True)])
+            self._query("INSERT OR REPLACE INTO tuning_record (key, kind, shape, target, dtype, threads, cpus, "
+                        "ort_version, onnxopt_version, cpu, point, seconds, source, measured_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (key, kind, json.dumps([int(d) for d in shape]), target, dtype, cols["threads"],
+                         cols["cpus"], cols["ort_version"], cols["onnxopt_version"], cols["cpu"],
+                         json.dumps(point, sort_keys=True), None if seconds is None else float(seconds), source,
+                         time.time()))
+
+    def get_records(self, kind: str, shape, target: str, dtype: str, threads) -> list[tuple[object, float | None]]:
+        """Every stored measurement of this problem on this machine and these versions: [(point, seconds)]."""
+        if self._conn is None:
+            return []
+        _, cols = self._key("record", kind, [list(shape)], threads)
+        rows = self._query("SELECT point, seconds FROM tuning_record WHERE kind = ? AND shape = ? AND target = ? "
+                           "AND dtype = ? AND threads = ? AND cpus = ? AND ort_version = ? AND onnxopt_version = ? "
+                           "AND cpu = ? ORDER BY key",
+                           (kind, json.dumps([int(d) for d in shape]), target, dtype, cols["threads"],
+                            cols["cpus"], cols["ort_version"], cols["onnxopt_version"], cols["cpu"])) or []
+        out = []
+        for point, seconds in rows:
+            try:
+                out.append((json.loads(point), seconds))
+            except (TypeError, ValueError):
+                continue
+        return out
 
     # ---- kernel costs for the fusion search ----
     def get_kernels(self, signatures, threads, target: str) -> dict[str, float]:

@@ -23,8 +23,11 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     kernel = select(target)
     tile = kernel.tile
     packed_b = int(c.attrs.packed_b)
-    if packed_b:  # a constant B packed in panels for the target's mask-free tile (fusion/compute.py)
-        tile = kernel.packed_b_tile
+    if packed_b:  # a constant B packed in panels for the target's mask-free tile (fusion/compute.py), or the
+        # searched one's (apply_tile repacks them)
+        tile = c.tile if getattr(c, "tile", None) is not None else kernel.packed_b_tile
+        if tile.lanes != kernel.lanes:
+            raise ValueError(f"register tile {tile} is for {tile.lanes} lanes, the target has {kernel.lanes}")
         if packed_b != tile.ni * tile.lanes:
             raise ValueError(f"B is packed in panels of {packed_b} columns, the target's tile has "
                              f"{tile.ni * tile.lanes}")
@@ -72,6 +75,7 @@ def describe_compute(region: Region, name: str, target: Target) -> tuple[CtKerne
     )
     if packed_b:
         desc.packed_b, desc.oc = packed_b, int(a.n)
+        desc.schedule = tuple(int(v) for v in a.schedule) if a.schedule else (0, 0, 0, 0)
     if c.op in ("conv", "conv_transpose"):
         desc.oc, desc.groups, desc.ic_g = a.oc, a.groups, a.ic_g
         desc.kernel, desc.strides, desc.dilations = a.kernel, a.strides, a.dilations

@@ -50,7 +50,23 @@ typedef struct {
   float *out[CT_MAX_OUT];
   const float *extra[CT_MAX_EXTRA];
   int64_t extra_count[CT_MAX_EXTRA]; /* elements per batch item (POSITION/CHANNEL) */
+  /* a packed-B matmul's schedule (the descriptor's `sched`, or the C entry point's): K a block, panels an L2 group,
+     panel tasks, row tasks; 0: the formulas below */
+  int64_t sched[4];
+  struct ct_pool *pool; /* the C entry point's threads (entry_exec.c); NULL: onnxruntime's pool through the context */
 } ct_job;
+
+static OrtStatus *ct_pool_run(struct ct_pool *pool, void (*fn)(void *, size_t), size_t total, void *usr);
+
+/* The job's tasks on onnxruntime's thread pool, or on the C entry point's own threads. */
+static OrtStatus *ct_parallel(const ct_job *job, OrtKernelContext *ctx, void (*fn)(void *, size_t), size_t total) {
+  if (job->pool) return ct_pool_run(job->pool, fn, total, (void *)job);
+  if (!ctx) { /* the C entry point on one thread */
+    for (size_t i = 0; i < total; i++) fn((void *)job, i);
+    return NULL;
+  }
+  return API(KernelContext_ParallelFor)(ctx, fn, total, 0, (void *)job);
+}
 
 /* Bytes per element of a packed B: its op input's element type (1 float, 16 bfloat16, 4 bfloat16's bits as uint16
    before opset 13, 10 float16). The 16-bit forms (onnxopt/driver/precision.py) are laid out with the same element
@@ -62,8 +78,14 @@ static int64_t ct_packed_b_size(const onnxopt_ct_desc *d) {
 
 /* K per block of a packed-B matmul: one panel's block of B, KC x (ni * lanes) elements, fits L1 (16 KiB); the
    partial sums wait in a per-task buffer between blocks. */
-static int64_t ct_packed_kc(const onnxopt_ct_desc *d, int64_t K) {
-  int64_t esize = ct_packed_b_size(d), kc = 16384 / (d->packed_b * esize);
+static int64_t ct_packed_kc(const ct_job *job, int64_t K) {
+  const onnxopt_ct_desc *d = job->d;
+  int64_t esize = ct_packed_b_size(d);
+  if (job->sched[0] > 0) { /* the searched K block; a 16-bit B's in whole pairs */
+    int64_t kc = esize == 2 ? (job->sched[0] + 1) & ~(int64_t)1 : job->sched[0];
+    return kc < K ? kc : K;
+  }
+  int64_t kc = 16384 / (d->packed_b * esize);
   if (esize == 2) kc &= ~(int64_t)31; /* whole bfloat16 pairs, and whole AMX steps of 32 */
   if (kc < 128) kc = 128;
   return K <= kc + kc / 2 ? K : kc;
@@ -72,8 +94,10 @@ static int64_t ct_packed_kc(const onnxopt_ct_desc *d, int64_t K) {
 /* Panels per group: the group's blocks of B (about 128 KiB) stay in L2 while a row block of A (mi rows x KC) stays
    in L1 and meets every panel of the group, so A streams from memory once per group rather than once per panel
    (GotoBLAS's order; at 512 tokens A is larger than L2). */
-static int64_t ct_packed_group(const onnxopt_ct_desc *d, int64_t K) {
-  int64_t kc = ct_packed_kc(d, K);
+static int64_t ct_packed_group(const ct_job *job, int64_t K) {
+  const onnxopt_ct_desc *d = job->d;
+  if (job->sched[1] > 0) return job->sched[1];
+  int64_t kc = ct_packed_kc(job, K);
   int64_t block = (kc > 0 ? kc : 1) * d->packed_b * ct_packed_b_size(d);
   int64_t g = 131072 / block;
   return g < 1 ? 1 : g;
@@ -126,7 +150,7 @@ static int ct_panel_columns(const ct_job *job, ct_tile *t, int64_t tile) {
 static void ct_run_packed(const ct_job *job, ct_tile *t, const float *a_item, int64_t t0, int64_t t1, int64_t b0,
                           int64_t b1) {
   const onnxopt_ct_desc *d = job->d;
-  int64_t K = job->K, NRF = d->packed_b, kc = ct_packed_kc(d, K), group = ct_packed_group(d, K);
+  int64_t K = job->K, NRF = d->packed_b, kc = ct_packed_kc(job, K), group = ct_packed_group(job, K);
   int64_t esize = ct_packed_b_size(d), KB = job->K_rows ? job->K_rows : K; /* rows stored per panel */
   int64_t nkb = K > 0 ? (K + kc - 1) / kc : 1; /* K = 0: one empty block, so the epilogue still runs on zeros */
   int64_t block = job->block;
@@ -285,7 +309,7 @@ static OrtStatus *ct_round_a(ct_job *job, OrtKernelContext *ctx) {
   if (!a16) return NULL;
   job->a16 = a16;
   size_t tasks = (size_t)(job->items * (job->m16 / CT_ROUND_ROWS));
-  return API(KernelContext_ParallelFor)(ctx, ct_round_task, tasks, 0, job);
+  return ct_parallel(job, ctx, ct_round_task, tasks);
 }
 
 static void ct_run_task(const ct_job *job, int64_t task) {
@@ -358,6 +382,12 @@ static void ct_task(void *usr, size_t index) { ct_run_task((const ct_job *)usr, 
    block of its rows and a group of panel blocks stay in L2 meanwhile), so A is read ptasks times and B mtasks
    times: many panel tasks when B is large (the FFN's second GEMM at few tokens), more row tasks when A is. */
 static void ct_plan_packed(ct_job *job, int64_t want) {
+  if (job->sched[2] > 0 || job->sched[3] > 0) { /* the searched split: panel tasks x row tasks per item */
+    int64_t pt = job->sched[2] > 0 ? job->sched[2] : 1, mt = job->sched[3] > 0 ? job->sched[3] : 1;
+    job->ptasks = pt < job->ptiles ? pt : job->ptiles;
+    job->mtasks = mt < job->mblocks ? mt : job->mblocks;
+    return;
+  }
   double a_bytes = (double)job->M * (double)job->K, b_bytes = (double)job->P * (double)job->K, best = -1.0;
   if (want > CT_PACKED_TASKS) want = CT_PACKED_TASKS;
   want = (want + job->items - 1) / job->items;
@@ -411,7 +441,7 @@ static OrtStatus *ct_run(ct_job *job, OrtKernelContext *ctx) {
     for (int64_t i = 0; i < job->items; i++) ct_run_task(job, i);
   } else {
     st = ct_round_a(job, ctx);
-    if (!st) st = API(KernelContext_ParallelFor)(ctx, ct_task, (size_t)tasks, 0, job);
+    if (!st) st = ct_parallel(job, ctx, ct_task, (size_t)tasks);
   }
   if (!st && job->failed)
     st = fail(ORT_FAIL, "onnxopt: out of memory for a bfloat16 GEMM's rows inside a sequence; set "

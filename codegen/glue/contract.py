@@ -448,6 +448,9 @@ CT_DESC = Struct("onnxopt_ct_desc", [
                                         "and K block, not once per panel"),
     Field("amx_tiles16", "const tile_fn *", comment="as amx_tiles, writing the one output in bfloat16 (NULL: none), "
                                                     "for a sequence's bf16 tensor (sequence_exec.c)"),
+    Field("sched", "int64_t", 4, "a packed-B matmul's schedule as the search chose it (onnxopt/tune/heron): K a "
+                                 "block, panels an L2 group, panel tasks, row tasks; 0: the glue's own formula",
+          default=[0, 0, 0, 0]),
 ], comment="a convolution or matmul with its fused epilogue (compute_exec.c)")
 
 # The compute tile's record (codegen/compute/tile.py and blocked_tile.py read it; compute_exec.c and the other

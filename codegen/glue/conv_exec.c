@@ -159,6 +159,7 @@ static OrtStatus *ct_matmul(const onnxopt_ct_desc *d, OrtKernelContext *ctx) {
   ct_job job;
   memset(&job, 0, sizeof(job));
   job.d = d;
+  memcpy(job.sched, d->sched, sizeof(job.sched));
   CHECK(ct_outputs(d, &job, ctx, od, R));
   job.items = batch;
   job.groups = 1;

@@ -65,6 +65,9 @@ class CtKernelDesc:
     amx_tiles16: list[list[str]] = field(default_factory=list)  # as amx_tiles, writing bfloat16 (sequence_exec.c)
     matrix_instruction: str = ""  # what the AMX tiles run on ("" for none)
     amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
+    # a packed-B matmul's searched schedule (onnxopt/tune/heron): K a block, panels an L2 group, panel tasks, row
+    # tasks; 0 leaves one to the glue's formula (compute_exec.c)
+    schedule: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @property
     def uses_amx(self) -> bool:

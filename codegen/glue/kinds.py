@@ -56,7 +56,7 @@ def _builtin() -> list[GlueKind]:
         GlueKind("elementwise", ("KIND_ELEMENTWISE",), d, "elementwise.h", ("elementwise_exec.c",), "ew_compute"),
         GlueKind("compute", ("KIND_CONV", "KIND_MATMUL"), d, "compute.h",
                  ("compute_exec.c", "conv_blocked_exec.c", "conv_blocked_prepare_exec.c", "conv_transpose_exec.c",
-                  "conv_exec.c", "winograd_exec.c"), "ct_compute"),
+                  "conv_exec.c", "winograd_exec.c", "entry_exec.c"), "ct_compute"),
         GlueKind("afusion", ("KIND_AFUSION",), d, "afusion.h", ("afusion_exec.c", "afusion_chain_exec.c"),
                  "af_compute"),
         GlueKind("siblings", ("KIND_SIBLINGS",), d, "siblings.h", ("siblings_exec.c",), "sb_compute"),

@@ -75,7 +75,8 @@ def _compute_source(c: str, k: CtKernelDesc) -> tuple[str, str]:
         "transposed": k.transposed, "out_pad": list(k.output_padding), "wino_m": k.winograd,
         "wino_in": wino[0] if wino else None, "wino_out": wino[1] if wino else None,
         "amx_groups": len(k.amx_tiles), "amx_tiles": f"{c}_amx_tiles" if amx else None,
-        "amx_round": k.amx_round or None, "amx_tiles16": f"{c}_amx_tiles16" if amx16 else None})
+        "amx_round": k.amx_round or None, "amx_tiles16": f"{c}_amx_tiles16" if amx16 else None,
+        "sched": list(k.schedule)})
     return "".join(parts), init
 
 

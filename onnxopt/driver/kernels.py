@@ -132,8 +132,8 @@ class KernelStage:
         if is_depthwise(c) and (c.attrs.out_blocked or c.attrs.channel_vectors):
             # Its own tile: pixels of one channel vector (codegen/microkernel/depthwise.py), as build_compute picks.
             return [depthwise_mi_for(mk, c.attrs.kernel[1]), 1, 1]
-        if c.attrs.packed_b:  # a constant B in panels: the mask-free tile (codegen/compute/describe.py)
-            t = mk.packed_b_tile
+        if c.attrs.packed_b:  # a constant B in panels: the mask-free tile, or the schedule search's
+            t = c.tile if c.tile is not None else mk.packed_b_tile
             return [t.mi, t.ni, t.mii]
         t = c.tile if c.tile is not None else mk.tile
         return [t.mi, t.ni, t.mii]
@@ -181,6 +181,9 @@ class KernelStage:
                 rest = max(self.opts.tune_budget - (t_tiles - t), self.opts.tune_budget / 3)
             spent = time.perf_counter() - t_tiles
             over = f"the tuning budget ({self.opts.tune_budget:g} s) is spent" if spent > rest * tile_share else None
+            if r.compute.attrs.packed_b:  # its own space: the register tile and the schedule (tune/heron)
+                self._choose_schedule(work, r, info, feeds_key, done, split, over)
+                continue
             res = self._once(r, feeds_key, done, split, "tile_search", lambda r=r, over=over: search_tile(
                 r, work, self.opts.target, self.opts.threads, self._cost_cache(), info=info, bindings=self._bindings(),
                 seed=self.opts.seed, cache_only=over))
@@ -217,6 +220,12 @@ class KernelStage:
             self.report["winograd"] = {"searched": sum(1 for w in wins if not w.get("skipped")), "chosen": chosen,
                                        "weights": "cold" if self._weights_flush(work) else "warm",
                                        "direct": sum(1 for w in wins if not w.get("chosen"))}
+        schedules = [v["schedule_search"] for v in self.tile_info.values() if "schedule_search" in v]
+        self.report["schedule_search"] = {
+            "searched": sum(1 for x in schedules if not x.get("skipped")),
+            "changed": sum(1 for x in schedules if not x.get("skipped") and x["chosen"] != x["default"]),
+            "from_records": sum(1 for x in schedules if x.get("records") == "hit"),
+            "skipped": sum(1 for x in schedules if x.get("skipped"))}
         searches = [v["tile_search"] for v in self.tile_info.values() if "tile_search" in v]
         self.report["tile_search"] = {"searched": sum(1 for x in searches if not x.get("skipped")),
                                       "changed": sum(1 for x in searches if not x.get("skipped")
@@ -263,6 +272,41 @@ class KernelStage:
                 "changed": sum(1 for x in searched
                                if not x.get("skipped") and x["chosen"] != {"mr": 4, "tasks": 16}),
                 "skipped": sum(1 for x in searched if x.get("skipped"))}
+
+    def _choose_schedule(self, work, r: Region, info, feeds_key, done: dict, split: dict, over: str | None):
+        """The register tile and schedule (K block, L2 group, task split) of a float32 matmul with its B packed in
+        panels, by the schedule search's default mode (onnxopt/tune/heron/choose.py): the analytic model ranks
+        samples of the constrained space, a few measurements decide, the cost cache's tuning records answer for
+        a problem measured before. The winner is applied to the region (panels repacked, new op type)."""
+        from onnxopt.annotate.shapes import concrete
+        from onnxopt.tune.heron.choose import apply_choice, choose_schedule
+
+        mk = self.backend.layout(self.opts.target)
+        a = info.get(runtime_inputs(r, work)[0])
+        dims = concrete(a.shape, self._bindings()) if a is not None else None
+        if not dims or len(dims) < 2 or r.compute.attrs.trans_a:
+            self.tile_info[id(r)] = {"tile": self._tile_of(r),
+                                     "schedule_search": {"skipped": "A's shape is not known as a matrix"}}
+            return
+        items = int(np.prod(dims[:-2])) if len(dims) > 2 else 1
+        shape = (items, dims[-2], dims[-1], int(r.compute.attrs.n))
+        res = self._once(r, ("schedule",) + feeds_key, done, split, "schedule_search",
+                         lambda: choose_schedule(r, self.opts.target, shape, self.opts.threads, self._cost_cache(),
+                                                 seed=self.opts.seed, cache_only=over))
+        if res is None:
+            return
+        if res.changed:
+            try:
+                apply_choice(r, res.point, mk.lanes)
+            except Exception as e:  # noqa: BLE001
+                self.tile_info[id(r)] = {"tile": self._tile_of(r),
+                                         "schedule_search": dict(res.to_report(), skipped=f"cannot apply: {e}")}
+                return
+        self.tile_info[id(r)] = {"tile": self._tile_of(r), "schedule_search": res.to_report()}
+        if not res.skipped:
+            self.say(f"tile {self._tile_of(r)} and schedule {list((res.point or res.default)['schedule'])} for "
+                     f"{r.describe()}" + (f" ({res.to_report().get('gain', 1.0):.2f}x the default)"
+                                          if res.changed else ""))
 
     def _once(self, r: Region, key, done: dict, split: dict, report_key: str, search):
         """`search()` once per key (regions with the same op type and shapes share the result): its build and

@@ -589,9 +589,53 @@ def apply_tile(region: Region, tile) -> Region:
         if len(hits) != 1:
             raise ValueError(f"the fallback has no unpack shape {s1}")
         new.body[hits[0]] = helper.make_node("Constant", [], [s1], value=shape)
+    elif c.attrs.packed_b and tile.ni * tile.lanes != c.attrs.packed_b:
+        _repack_panels(region, new, tile.ni * tile.lanes)
     region.params = new
     region.compute_op_type(region.op_type_key)
     return region
+
+
+def _repack_panels(region: Region, new, panel: int) -> None:
+    """A packed-B matmul's float32 panels [ceil(N / P)][K][P] repacked for panels of `panel` columns (another
+    register tile's NI), with the function fallback's unpack shape to match (ComputeRule._packed_b)."""
+    c = region.compute
+    if c.attrs.b_dtype is not None or c.attrs.stored_dtype is not None:
+        raise ValueError("only float32 panels are repacked for another register tile")
+    wname = region.inputs[1]
+    old = next((t for t in c.initializers if t.name == wname), None)
+    if old is None or not wname.endswith("__packed_b"):
+        raise ValueError(f"no packed B {wname} in the region")
+    packed = numpy_helper.to_array(old)
+    pn0, k, p0 = packed.shape
+    n = int(c.attrs.n)
+    b = packed.transpose(1, 0, 2).reshape(k, pn0 * p0)[:, :n]
+    pn = -(-n // panel)
+    padded = np.zeros((k, pn * panel), np.float32)
+    padded[:, :n] = b
+    repacked = np.ascontiguousarray(padded.reshape(k, pn, panel).transpose(1, 0, 2))
+    new.initializers = [numpy_helper.from_array(repacked, wname) if t.name == wname else t for t in c.initializers]
+    new.attrs.packed_b = panel
+    s_name = wname[:-len("__packed_b")] + "__unpack_s"
+    hits = [i for i, nd in enumerate(c.body) if nd.op_type == "Constant" and list(nd.output) == [s_name]]
+    if len(hits) != 1:
+        raise ValueError(f"the fallback has no unpack shape {s_name}")
+    shape = numpy_helper.from_array(np.asarray([k, pn * panel], np.int64), s_name)
+    new.body[hits[0]] = helper.make_node("Constant", [], [s_name], value=shape)
+    u = s_name[:-len("_s")]
+    if pn * panel != n and not any(nd.op_type == "Slice" for nd in new.body):  # the padding is new: cut it off
+        def const(name, arr):
+            return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(arr, np.int64),
+                                                                                          name))
+        at = next(i for i, nd in enumerate(new.body) if list(nd.output) == [f"{u}_r"]) + 1
+        new.body[at:at] = [const(f"{u}_starts", [0]), const(f"{u}_ends", [n]), const(f"{u}_axes", [1]),
+                           helper.make_node("Slice", [f"{u}_r", f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_b"])]
+        for i, nd in enumerate(new.body):
+            if nd.op_type in ("MatMul", "Gemm") and f"{u}_r" in nd.input:
+                nd2 = onnx.NodeProto()
+                nd2.CopyFrom(nd)
+                nd2.input[list(nd.input).index(f"{u}_r")] = f"{u}_b"
+                new.body[i] = nd2
 
 
 def retile(region: Region, tile) -> Region:

@@ -140,6 +140,9 @@ class ComputeAttrs:
     miso_extra: int = _Absent(-1)
     pool: dict | None = None
     siblings: int | None = None  # a sibling region's (fusion/siblings.py): how many convolutions
+    # A packed-B matmul's schedule as the search chose it (onnxopt/tune/heron): K a block, panels an L2 group, panel
+    # tasks, row tasks (0: the glue's formula for that one); None: the glue's formulas
+    schedule: tuple[int, int, int, int] | None = None
 
     def items(self) -> list[tuple[str, object]]:
         """(name, value) of the fields that are set, in field order: the keys and values of the dict they replaced

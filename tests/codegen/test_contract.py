@@ -97,7 +97,7 @@ def _ct_values(**over):
     sig = {"name": cstr("Conv_1"), "kind": "KIND_CONV", "n_in": 2, "n_out": 1, "in_types": "ins", "out_types": "outs"}
     values = {f.name: 0 for f in CT_DESC.fields}
     values.update(sig=sig, tiles="tiles", extra_kind=None, extra_nstride=None, pads=[1, 2, 3, 4], out_pad=[0, 1],
-                  wino_in=None, wino_out=None, amx_tiles=None, amx_round=None)
+                  wino_in=None, wino_out=None, amx_tiles=None, amx_round=None, sched=[0, 0, 0, 0])
     values.update(over)
     return values
 
@@ -106,7 +106,9 @@ def test_an_initializer_names_every_member_and_refuses_missing_or_unknown_ones()
     text = CT_DESC.initializer(_ct_values(mi=4, groups=2))
     assert text.startswith('{.sig = {.name = "Conv_1", .kind = KIND_CONV, .n_in = 2, .n_out = 1, .in_types = ins, '
                            '.out_types = outs}, .mi = 4, ')
-    assert ".pads = {1, 2, 3, 4}" in text and ".groups = 2" in text and ".wino_out = NULL, .amx_groups = 0, .amx_tiles = NULL, .amx_round = NULL, .amx_tiles16 = NULL}" in text
+    assert ".pads = {1, 2, 3, 4}" in text and ".groups = 2" in text
+    assert text.endswith(".wino_out = NULL, .amx_groups = 0, .amx_tiles = NULL, .amx_round = NULL, "
+                         ".amx_tiles16 = NULL, .sched = {0, 0, 0, 0}}")
     missing = _ct_values()
     del missing["ic_g"]
     with pytest.raises(ContractError, match="misses ic_g"):

@@ -1,0 +1,116 @@
+"""The schedule search in the product: the optimizer's default mode (analytic ranking, a few measurements, tuning
+records reused without measuring), the chosen register tile and schedule written into fused.onnx and run there by
+the public loader in a fresh process, and `onnxopt tune` filling the records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from fresh_process import run_written
+
+import onnxopt
+from onnxopt.codegen.microkernel.registry import select
+from onnxopt.codegen.target import parse_target
+from onnxopt.cost_cache import CostCache
+from onnxopt.tune.heron import packed_matmul as pm
+from onnxopt.tune.heron.choose import KIND, choose_schedule
+
+TARGET = parse_target(None)
+
+
+def test_default_mode_measures_a_few_and_records_them(tmp_path):
+    model = pm.matmul_model(96, 256, 192)
+    region = pm.matmul_region(model, TARGET)
+    cache = CostCache(tmp_path / "costs.sqlite")
+    first = choose_schedule(region, TARGET, (1, 96, 256, 192), 2, cache, min_time=0.005)
+    assert first.records == "miss" and not first.skipped
+    assert len(first.candidates) == 4 and all(c["seconds"] for c in first.candidates)
+    assert first.candidates[0]["point"] == first.default  # the default is always timed
+    assert all(c["predicted_s"] > 0 for c in first.candidates[1:])
+    again = choose_schedule(region, TARGET, (1, 96, 256, 192), 2, cache)
+    assert again.records == "hit" and again.build_s == 0.0 and again.measure_s == 0.0
+    assert again.point == first.point
+    # another thread count is another problem
+    assert choose_schedule(region, TARGET, (1, 96, 256, 192), 1, cache, cache_only="budget").records == "miss"
+    small = choose_schedule(region, TARGET, (1, 4, 16, 16), 2, cache)
+    assert small.skipped and "MFLOP" in small.skipped
+
+
+def _mlp(tmp_path, M=64, K=256, N=320):
+    rng = np.random.default_rng(0)
+    from onnx import helper, numpy_helper
+
+    w = (rng.standard_normal((K, N)) / 16).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"]),
+                           helper.make_node("Relu", ["y"], ["z"])], "mlp",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [M, K])],
+                          [helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [M, N])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    path = tmp_path / "mlp.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path, rng.standard_normal((M, K)).astype(np.float32)
+
+
+def test_a_recorded_schedule_is_written_and_runs_in_a_fresh_process(tmp_path):
+    """Records that make another point the best (as `onnxopt tune` would leave them): the optimizer takes it
+    without measuring, the written model's kernel is built at that point, and the public loader runs it in a new
+    process with the same answers as onnxruntime."""
+    path, x = _mlp(tmp_path)
+    cache_path = tmp_path / "costs.sqlite"
+    cache = CostCache(cache_path)
+    d = select(TARGET).packed_b_tile
+    lanes = select(TARGET).lanes
+    other = {"tile": [3, 1, 1], "schedule": [64, 2, 2, 2]}
+    target_key = f"{TARGET.name}|{TARGET.cpu}|{TARGET.llvm_features}"
+    threads = len(os.sched_getaffinity(0))
+    cache.put_records(KIND, (1, 64, 256, 320), target_key, "float32", threads,
+                      [({"tile": [d.mi, d.ni, d.mii], "schedule": [0, 0, 0, 0]}, 1e-3), (other, 5e-4)], "tune")
+    cache.close()
+    out = tmp_path / "fused.onnx"
+    # the compute plan, kept whatever the timing says: this small MLP need not beat onnxruntime on every CPU
+    res = onnxopt.optimize(str(path), str(out), cost_cache=str(cache_path), plan="compute", min_speedup=0.0)
+    assert res.report["schedule_search"]["from_records"] == 1 and res.report["schedule_search"]["changed"] == 1
+    import onnxruntime as ort
+
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got, said = run_written(out, x, tmp_path)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert said["calls"], "the kernels did not run"
+    # the written kernel is the recorded point's: its packed B in panels of that tile's vectors
+    m = onnx.load(str(out))
+    packed = [t for t in m.graph.initializer if t.name.endswith("__packed_b")]
+    assert packed and packed[0].dims[-1] == other["tile"][1] * lanes
+
+
+def test_onnxopt_tune_fills_the_records(tmp_path):
+    path, _ = _mlp(tmp_path, M=32, K=256, N=160)  # 2.6 MFLOP: above choose.MIN_FLOPS
+    cache_path = tmp_path / "costs.sqlite"
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, "-m", "onnxopt", "tune", str(path), "--trials", "12", "--threads", "1",
+                        "--cost-cache", str(cache_path), "--json"], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    (p,) = doc["problems"]
+    assert p["shape"] == [1, 32, 256, 160] and p["trials"] == 12 and p["best_s"] <= p["default_s"]
+    cache = CostCache(cache_path)
+    target_key = f"{TARGET.name}|{TARGET.cpu}|{TARGET.llvm_features}"
+    recs = cache.get_records(KIND, (1, 32, 256, 160), target_key, "float32", 1)
+    assert len(recs) >= 12 and any(s for _, s in recs)
+
+
+@pytest.mark.parametrize("args,says", [(["missing.onnx"], "no such file"), (["{model}", "--trials", "0"], "--trials"),
+                                       (["{model}", "--target", "aarch64"], "--target")])
+def test_onnxopt_tune_refuses_bad_input(tmp_path, args, says):
+    path, _ = _mlp(tmp_path, M=8, K=16, N=16)
+    argv = [a.format(model=path) for a in args]
+    r = subprocess.run([sys.executable, "-m", "onnxopt", "tune", *argv, "--cost-cache", str(tmp_path / "c.sqlite")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
