@@ -23,10 +23,18 @@ import time
 from onnxopt.codegen.microkernel.register_tile import candidate_tiles
 from onnxopt.codegen.microkernel.registry import select
 from onnxopt.codegen.target import host_target
-from onnxopt.tune.heron import packed_matmul as pm, rules, search
+from onnxopt.tune.heron import cost_model, packed_matmul as pm, rules, search
+from onnxopt.tune.heron.choose import choose_schedule
 
 # (M, K, N): MiniLM's FFN and attention projections at 128 tokens
 SHAPES = [(128, 384, 1536), (128, 1536, 384), (128, 384, 384)]
+
+
+def _spearman(x, y) -> float:
+    rx = {i: r for r, i in enumerate(sorted(range(len(x)), key=x.__getitem__))}
+    ry = {i: r for r, i in enumerate(sorted(range(len(y)), key=y.__getitem__))}
+    n = len(x)
+    return 1.0 - 6.0 * sum((rx[i] - ry[i]) ** 2 for i in range(n)) / (n * (n * n - 1)) if n > 1 else 0.0
 
 
 def main() -> None:
@@ -48,12 +56,14 @@ def main() -> None:
         csp = rules.derive(pm.schedule(M, K, N, cap), cap, pm.ROLES)
         bench = pm.MatmulBench(M, K, N, target, threads=a.threads, min_time=a.min_time)
         memo: dict = {}
+        solutions: dict = {}  # a kernel point's first solution: the analytic model's input
 
-        def measure(sol, bench=bench, memo=memo):
+        def measure(sol, bench=bench, memo=memo, solutions=solutions):
             kp = pm.kernel_point(sol)
             key = (kp["tile"], kp["schedule"])
             if key not in memo:
                 memo[key] = bench.measure(kp).seconds
+                solutions[key] = dict(sol)
             return memo[key]
 
         lanes = select(target).lanes
@@ -94,11 +104,33 @@ def main() -> None:
                   f"at {reach} trials; at {a.trials}: " +
                   ", ".join(f"{n} {gf / s:.1f}" for n, s in res["best_at_trials"].items()), flush=True)
         row["measured_points"] = len(memo)
+        # the default mode's analytic model: its fit (log seconds) over every point measured here, and what the
+        # optimizer's default mode picks for this shape, timed in this bench beside the others
+        fit = [(math.log(pm.predicted_seconds(solutions[k], M, K, N, cap, a.threads)), math.log(s))
+               for k, s in memo.items() if s]
+        row["analytic_r2_log"] = cost_model.r2([p for p, _ in fit], [m for _, m in fit])
+        # up to one constant factor (the model's machine constants are not calibrated; it only ranks)
+        shift = statistics.fmean(m - p for p, m in fit) if fit else 0.0
+        row["analytic_r2_log_scaled"] = cost_model.r2([p + shift for p, _ in fit], [m for _, m in fit])
+        row["analytic_spearman"] = _spearman([p for p, _ in fit], [m for _, m in fit])
+        region = pm.matmul_region(pm.matmul_model(M, K, N), target)
+        chosen = choose_schedule(region, target, (1, M, K, N), a.threads, None, min_time=a.min_time)
+        point = chosen.point or chosen.default
+        row["default_mode"] = {"point": point, "seconds": bench.measure(
+            {"tile": tuple(point["tile"]), "schedule": tuple(point["schedule"])}).seconds,
+            "build_s": chosen.build_s, "measure_s": chosen.measure_s}
         row["build_s"] = bench.build_s
         bench.close()
         best = min(min(s["best_at_trials"]["cga"] for s in row["seeds"]), math.inf)
         row["cga_over_default"] = default / best
         row["cga_over_small_tuner"] = min(small) / best
+        row["default_mode_over_default"] = default / row["default_mode"]["seconds"]
+        row["cga_over_default_mode"] = row["default_mode"]["seconds"] / best
+        print(f"{M}x{K}x{N}: analytic model R^2 (log) {row['analytic_r2_log']:.2f}, scaled "
+              f"{row['analytic_r2_log_scaled']:.2f}, Spearman "
+              f"{row['analytic_spearman']:.2f} over {len(fit)} points; default mode "
+              f"{row['default_mode_over_default']:.2f}x the default, CGA {row['cga_over_default_mode']:.2f}x the "
+              "default mode", flush=True)
         out["shapes"].append(row)
     reach = [s["cga_trials_to_2pct"] or math.inf for r in out["shapes"] for s in r["seeds"]]
     out["median_cga_trials_to_2pct"] = statistics.median(reach)

@@ -220,8 +220,8 @@ class KernelStage:
             self.report["winograd"] = {"searched": sum(1 for w in wins if not w.get("skipped")), "chosen": chosen,
                                        "weights": "cold" if self._weights_flush(work) else "warm",
                                        "direct": sum(1 for w in wins if not w.get("chosen"))}
-        schedules = [v["schedule_search"] for v in self.tile_info.values() if "schedule_search" in v]
-        self.report["schedule_search"] = {
+        schedules = [v["matmul_schedule"] for v in self.tile_info.values() if "matmul_schedule" in v]
+        self.report["matmul_schedule"] = {
             "searched": sum(1 for x in schedules if not x.get("skipped")),
             "changed": sum(1 for x in schedules if not x.get("skipped") and x["chosen"] != x["default"]),
             "from_records": sum(1 for x in schedules if x.get("records") == "hit"),
@@ -286,11 +286,11 @@ class KernelStage:
         dims = concrete(a.shape, self._bindings()) if a is not None else None
         if not dims or len(dims) < 2 or r.compute.attrs.trans_a:
             self.tile_info[id(r)] = {"tile": self._tile_of(r),
-                                     "schedule_search": {"skipped": "A's shape is not known as a matrix"}}
+                                     "matmul_schedule": {"skipped": "A's shape is not known as a matrix"}}
             return
         items = int(np.prod(dims[:-2])) if len(dims) > 2 else 1
         shape = (items, dims[-2], dims[-1], int(r.compute.attrs.n))
-        res = self._once(r, ("schedule",) + feeds_key, done, split, "schedule_search",
+        res = self._once(r, ("schedule",) + feeds_key, done, split, "matmul_schedule",
                          lambda: choose_schedule(r, self.opts.target, shape, self.opts.threads, self._cost_cache(),
                                                  seed=self.opts.seed, cache_only=over))
         if res is None:
@@ -300,9 +300,9 @@ class KernelStage:
                 apply_choice(r, res.point, mk.lanes)
             except Exception as e:  # noqa: BLE001
                 self.tile_info[id(r)] = {"tile": self._tile_of(r),
-                                         "schedule_search": dict(res.to_report(), skipped=f"cannot apply: {e}")}
+                                         "matmul_schedule": dict(res.to_report(), skipped=f"cannot apply: {e}")}
                 return
-        self.tile_info[id(r)] = {"tile": self._tile_of(r), "schedule_search": res.to_report()}
+        self.tile_info[id(r)] = {"tile": self._tile_of(r), "matmul_schedule": res.to_report()}
         if not res.skipped:
             self.say(f"tile {self._tile_of(r)} and schedule {list((res.point or res.default)['schedule'])} for "
                      f"{r.describe()}" + (f" ({res.to_report().get('gain', 1.0):.2f}x the default)"
