@@ -115,6 +115,15 @@ def choose_schedule(region, target, shape: tuple[int, int, int, int], threads: i
             m = bench.measure({"tile": tuple(p["tile"]), "schedule": tuple(p["schedule"])})
             out.candidates.append({"point": p, "predicted_s": predicted, "seconds": m.seconds,
                                    **({"error": m.error} if m.error else {})})
+        timed = [c for c in out.candidates[1:] if c["seconds"]]
+        if timed and out.candidates[0]["seconds"]:
+            # a winner and the default timed again, longer, before the winner counts (one lucky timing is not a win)
+            win = min(timed, key=lambda c: c["seconds"])
+            if out.candidates[0]["seconds"] / win["seconds"] >= margin:
+                pair = [out.candidates[0], win]
+                for c, m in zip(pair, bench.confirm([{"tile": tuple(c["point"]["tile"]),
+                                                      "schedule": tuple(c["point"]["schedule"])} for c in pair])):
+                    c["first_s"], c["seconds"] = c["seconds"], m.seconds
     finally:
         out.build_s = bench.build_s
         bench.close()
