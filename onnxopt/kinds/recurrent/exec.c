@@ -1,0 +1,207 @@
+/* The recurrent kind's executor: an LSTM in two phases over ORT's pool.
+
+   1. The input projection of all T steps at once (proj), split into tasks of (direction, run of blocks).
+   2. The steps. Each direction is a chain of T dependent steps, and its steps are independent of the other
+      direction's, so with two directions each task runs one direction's whole sequence: no synchronization
+      between steps. A single direction whose R does not fit one core's L2 (RECURRENT_SPLIT_BYTES) is split by
+      blocks instead, one parallel section a step (the next step needs all of h). Otherwise one thread runs it.
+
+   The onnxruntime API gives a kernel no thread count, so the split does not depend on one: two directions use two
+   threads in phase 2 however many the session has.
+
+   h and c live in the call's buffer, rows of the hidden units padded to whole blocks (hp floats), the padding zero
+   (its packed weights and bias are zero, so its units stay zero). Y, Y_h and Y_c are copied out of it. */
+#define RECURRENT_SPLIT_BYTES ((int64_t)1 << 20)
+#define RECURRENT_MAX_TASKS 64
+#define RECURRENT_INLINE_FLOPS 2e5 /* below: phase 1 on the calling thread */
+
+typedef struct {
+  const onnxopt_recurrent_desc *d;
+  const float *x, *wp, *rp, *bp;
+  float *gx, *h, *c;         /* gx [T * B][D][NB][64]; h [D][2][B][hp]; c [D][B][hp] */
+  float *y;                  /* Y [T][D][B][H] or NULL */
+  int64_t steps, batch, nb, hp, groups, per_group;
+  int64_t t;                 /* phase 2 split by blocks: the step being run */
+} recurrent_job;
+
+static int64_t rec_gx_stride(const recurrent_job *j) { return (int64_t)j->d->directions * j->nb * 64; }
+static float *rec_h(const recurrent_job *j, int dir, int which) {
+  return j->h + ((int64_t)dir * 2 + which) * j->batch * j->hp;
+}
+static float *rec_c(const recurrent_job *j, int dir) { return j->c + (int64_t)dir * j->batch * j->hp; }
+static int rec_backward(const recurrent_job *j, int dir) { return dir == 1 || j->d->reverse; }
+
+static void recurrent_proj_task(void *usr, size_t index) {
+  const recurrent_job *j = (const recurrent_job *)usr;
+  int dir = (int)(index / (size_t)j->groups);
+  int64_t b0 = (int64_t)(index % (size_t)j->groups) * j->per_group, b1 = b0 + j->per_group;
+  if (b1 > j->nb) b1 = j->nb;
+  if (b0 >= b1) return;
+  const onnxopt_recurrent_desc *d = j->d;
+  d->proj(j->x, j->wp + (int64_t)dir * j->nb * d->input_size * 64, j->bp + (int64_t)dir * j->nb * 64,
+          j->gx + (int64_t)dir * j->nb * 64, j->steps * j->batch, d->input_size, rec_gx_stride(j), b0, b1);
+}
+
+/* Step s of direction dir for blocks b0 .. b1: h[s % 2] -> h[(s + 1) % 2]. A serpentine schedule runs odd steps'
+   blocks from the last: R streams through L2 (a bidirectional LSTM of 512 units reads 4 MB a direction a step),
+   and the blocks a step read last are what L2 still holds when the next step starts. */
+static void rec_step(const recurrent_job *j, int dir, int64_t s, int64_t b0, int64_t b1) {
+  const onnxopt_recurrent_desc *d = j->d;
+  int64_t t = rec_backward(j, dir) ? j->steps - 1 - s : s;
+  int64_t stride = rec_gx_stride(j);
+  const float *rp = j->rp + (int64_t)dir * j->nb * d->hidden * 64;
+  const float *gx = j->gx + t * j->batch * stride + (int64_t)dir * j->nb * 64;
+  const float *h_prev = rec_h(j, dir, (int)(s % 2));
+  float *h_next = rec_h(j, dir, (int)((s + 1) % 2)), *c = rec_c(j, dir);
+  if (!d->serpentine || s % 2 == 0) {
+    d->step(rp, gx, stride, h_prev, h_next, c, j->batch, j->hp, d->hidden, b0, b1);
+    return;
+  }
+  for (int64_t b = b1 - 1; b >= b0; b--)
+    d->step(rp, gx, stride, h_prev, h_next, c, j->batch, j->hp, d->hidden, b, b + 1);
+}
+
+/* Y[t][dir] from the h step s wrote. */
+static void rec_emit(const recurrent_job *j, int dir, int64_t s) {
+  if (!j->y) return;
+  const onnxopt_recurrent_desc *d = j->d;
+  int64_t t = rec_backward(j, dir) ? j->steps - 1 - s : s;
+  const float *h = rec_h(j, dir, (int)((s + 1) % 2));
+  for (int64_t r = 0; r < j->batch; r++)
+    memcpy(j->y + ((t * d->directions + dir) * j->batch + r) * d->hidden, h + r * j->hp,
+           (size_t)d->hidden * sizeof(float));
+}
+
+static void recurrent_direction_task(void *usr, size_t index) {
+  const recurrent_job *j = (const recurrent_job *)usr;
+  for (int64_t s = 0; s < j->steps; s++) {
+    rec_step(j, (int)index, s, 0, j->nb);
+    rec_emit(j, (int)index, s);
+  }
+}
+
+static void recurrent_blocks_task(void *usr, size_t index) {
+  const recurrent_job *j = (const recurrent_job *)usr;
+  int dir = (int)(index / (size_t)j->groups);
+  int64_t b0 = (int64_t)(index % (size_t)j->groups) * j->per_group, b1 = b0 + j->per_group;
+  if (b1 > j->nb) b1 = j->nb;
+  if (b0 < b1) rec_step(j, dir, j->t, b0, b1);
+}
+
+/* Copies a [D][B][H] input into rows of hp floats (zeros where it is absent). */
+static void rec_load_state(const recurrent_job *j, const float *src, float *(*at)(const recurrent_job *, int)) {
+  const onnxopt_recurrent_desc *d = j->d;
+  for (int dir = 0; dir < d->directions; dir++) {
+    float *dst = at(j, dir);
+    memset(dst, 0, (size_t)(j->batch * j->hp) * sizeof(float));
+    if (src)
+      for (int64_t r = 0; r < j->batch; r++)
+        memcpy(dst + r * j->hp, src + ((int64_t)dir * j->batch + r) * d->hidden, (size_t)d->hidden * sizeof(float));
+  }
+}
+static float *rec_h_first(const recurrent_job *j, int dir) { return rec_h(j, dir, 0); }
+
+/* Writes a [D][B][H] output from rows of hp floats. */
+static void rec_store_state(const recurrent_job *j, float *dst, float *(*at)(const recurrent_job *, int)) {
+  const onnxopt_recurrent_desc *d = j->d;
+  for (int dir = 0; dir < d->directions; dir++)
+    for (int64_t r = 0; r < j->batch; r++)
+      memcpy(dst + ((int64_t)dir * j->batch + r) * d->hidden, at(j, dir) + r * j->hp,
+             (size_t)d->hidden * sizeof(float));
+}
+static float *rec_h_last(const recurrent_job *j, int dir) { return rec_h(j, dir, (int)(j->steps % 2)); }
+
+static OrtStatus *recurrent_execute(const onnxopt_recurrent_desc *d, OrtKernelContext *ctx) {
+  int64_t dims[MAX_RANK];
+  size_t rank;
+  const void *data;
+  recurrent_job j;
+  memset(&j, 0, sizeof(j));
+  j.d = d;
+  CHECK(glue_input(ctx, 0, dims, &rank, &data));
+  if (rank != 3 || dims[2] != d->input_size)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: an LSTM input X that is not [T, B, input_size]");
+  j.x = (const float *)data;
+  j.steps = dims[0];
+  j.batch = dims[1];
+  const float *state_in[2] = {NULL, NULL};
+  const float **tables[3] = {&j.wp, &j.rp, &j.bp};
+  for (int i = 0; i < 3; i++) {
+    CHECK(glue_input(ctx, 1 + i, dims, &rank, &data));
+    *tables[i] = (const float *)data;
+  }
+  int next = 4;
+  for (int k = 0; k < 2; k++) {
+    if (!(k == 0 ? d->has_h0 : d->has_c0)) continue;
+    CHECK(glue_input(ctx, next++, dims, &rank, &data));
+    if (rank != 3 || dims[0] != d->directions || dims[1] != j.batch || dims[2] != d->hidden)
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: an LSTM initial state that is not [directions, B, hidden]");
+    state_in[k] = (const float *)data;
+  }
+  j.nb = (d->hidden + RECURRENT_BLOCK - 1) / RECURRENT_BLOCK;
+  j.hp = j.nb * RECURRENT_BLOCK;
+
+  OrtValue *out;
+  float *outs[3] = {NULL, NULL, NULL};
+  int slot = 0;
+  if (d->out_y) {
+    int64_t ydims[4] = {j.steps, d->directions, j.batch, d->hidden};
+    CHECK(API(KernelContext_GetOutput)(ctx, slot++, ydims, 4, &out));
+    CHECK(API(GetTensorMutableData)(out, (void **)&outs[0]));
+  }
+  for (int k = 1; k < 3; k++) {
+    if (!(k == 1 ? d->out_yh : d->out_yc)) continue;
+    int64_t sdims[3] = {d->directions, j.batch, d->hidden};
+    CHECK(API(KernelContext_GetOutput)(ctx, slot++, sdims, 3, &out));
+    CHECK(API(GetTensorMutableData)(out, (void **)&outs[k]));
+  }
+  j.y = outs[0];
+  if (j.batch == 0) return NULL;
+
+  int64_t gx_floats = j.steps * j.batch * rec_gx_stride(&j);
+  int64_t state_floats = (int64_t)d->directions * j.batch * j.hp;
+  float *buf = glue_floats((size_t)(gx_floats + 3 * state_floats));
+  if (!buf) return fail(ORT_FAIL, "onnxopt: out of memory for an LSTM's buffers");
+  j.gx = buf;
+  j.h = buf + gx_floats;
+  j.c = j.h + 2 * state_floats;
+  rec_load_state(&j, state_in[0], rec_h_first);
+  rec_load_state(&j, state_in[1], rec_c);
+
+  OrtStatus *st = NULL;
+  if (j.steps > 0) {
+    /* phase 1: (direction, run of blocks) tasks */
+    j.groups = RECURRENT_MAX_TASKS / d->directions;
+    if (j.groups > j.nb) j.groups = j.nb;
+    j.per_group = (j.nb + j.groups - 1) / j.groups;
+    j.groups = (j.nb + j.per_group - 1) / j.per_group;
+    double flops = 8.0 * (double)(j.steps * j.batch) * d->input_size * d->hidden * d->directions;
+    size_t tasks = (size_t)(d->directions * j.groups);
+    if (flops < RECURRENT_INLINE_FLOPS || tasks == 1) {
+      for (size_t i = 0; i < tasks; i++) recurrent_proj_task(&j, i);
+    } else {
+      st = API(KernelContext_ParallelFor)(ctx, recurrent_proj_task, tasks, 0, &j);
+    }
+    /* phase 2 */
+    int64_t r_bytes = j.nb * (int64_t)d->hidden * 64 * (int64_t)sizeof(float);
+    if (!st && d->directions == 1 && r_bytes > RECURRENT_SPLIT_BYTES && j.nb > 1) {
+      j.groups = r_bytes / (RECURRENT_SPLIT_BYTES / 2);
+      if (j.groups > j.nb) j.groups = j.nb;
+      if (j.groups > 8) j.groups = 8;
+      j.per_group = (j.nb + j.groups - 1) / j.groups;
+      j.groups = (j.nb + j.per_group - 1) / j.per_group;
+      for (j.t = 0; j.t < j.steps && !st; j.t++) {
+        st = API(KernelContext_ParallelFor)(ctx, recurrent_blocks_task, (size_t)j.groups, 0, &j);
+        rec_emit(&j, 0, j.t);
+      }
+    } else if (!st && d->directions == 2) {
+      st = API(KernelContext_ParallelFor)(ctx, recurrent_direction_task, 2, 0, &j);
+    } else if (!st) {
+      recurrent_direction_task(&j, 0);
+    }
+  }
+  if (!st && outs[1]) rec_store_state(&j, outs[1], rec_h_last);
+  if (!st && outs[2]) rec_store_state(&j, outs[2], rec_c);
+  glue_release(buf);
+  return st;
+}

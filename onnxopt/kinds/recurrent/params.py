@@ -1,0 +1,38 @@
+"""The recurrent kind's parameters: the cell, its sizes and which optional inputs and outputs it has."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from onnxopt.fusion.params import KindParams
+
+BLOCK = 16  # hidden units a packed block holds (one AVX-512 vector, two AVX2 ones): the packing's unit on every target
+
+
+@dataclass(frozen=True)
+class RecurrentParams(KindParams):
+    family: ClassVar[str] = "recurrent"
+    cell: str  # "lstm"
+    directions: int  # 1 (forward or reverse) or 2 (bidirectional)
+    reverse: bool  # a single direction run from the last step to the first
+    hidden: int  # hidden_size
+    input_size: int  # the last dim of X
+    has_h0: bool  # initial_h is an input (else zeros)
+    has_c0: bool  # initial_c is an input (else zeros)
+    outputs: tuple[bool, bool, bool]  # which of Y, Y_h, Y_c the op writes
+    # The schedule: the steps run the blocks in alternating order (exec.c), so the blocks of R one step read last,
+    # still in L2, are the next step's first; False: always in ascending order.
+    serpentine: bool = True
+    body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.hidden // BLOCK)
+
+    def key(self) -> list:
+        return [self.cell, self.directions, self.reverse, self.hidden, self.input_size, self.has_h0, self.has_c0,
+                list(self.outputs)] + ([] if self.serpentine else ["ascending"])
+
+    def fallback_body(self) -> list:
+        return list(self.body)

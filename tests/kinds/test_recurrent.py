@@ -1,0 +1,166 @@
+"""The recurrent kind (onnxopt/kinds/recurrent): which LSTMs it takes, its packing, and its kernel against
+onnxruntime's LSTM, with and without its library, at every direction, optional input and output, and on drawn
+shapes; a written model run as a user runs it, in a fresh process, with its kernel's calls counted."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from fresh_process import run_written
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kind_harness import fuse_kind
+from onnx_builders import lstm_model
+
+import onnxopt
+from onnxopt.codegen.target import parse_target
+from onnxopt.kinds import KINDS
+from onnxopt.kinds.recurrent import KIND
+from onnxopt.kinds.recurrent.find import packed_bias, packed_weights
+from onnxopt.kinds.recurrent.lower import tile_rows
+from onnxopt.timing import make_session
+
+
+def _feeds(model, steps, batch, seed=1):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for i in model.graph.input:
+        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        shape = [steps, batch, dims[2]] if i.name == "x" else [dims[0], batch, dims[2]]
+        feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def _check(model, fused, lib, feeds, tol=2e-5):
+    want = make_session(model, 1, optimization="none").run(None, feeds)
+    got = make_session(fused, 2, library=lib).run(None, feeds)
+    alone = make_session(fused, 1).run(None, feeds)  # the function fallback, without our library
+    assert len(got) == len(want)
+    for w, g, a in zip(want, got, alone):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+        np.testing.assert_allclose(a, w, rtol=tol, atol=tol)  # the unpacked weights and summed bias
+
+
+def test_the_kind_is_registered():
+    assert KIND in KINDS and KIND.name == "recurrent"
+
+
+def test_the_packing_keeps_each_units_gates_together():
+    """Block b's gate g of unit u at [d, b, k, g, u]; the padding units zero; the bias is Wb + Rb."""
+    rng = np.random.default_rng(0)
+    hidden, k = 20, 7
+    w = rng.standard_normal((2, 4 * hidden, k)).astype(np.float32)
+    p = packed_weights(w, hidden)
+    assert p.shape == (2, 2, k, 4, 16)
+    for d, g, unit, i in [(0, 0, 0, 0), (1, 3, 19, 6), (0, 2, 16, 3), (1, 1, 5, 2)]:
+        assert p[d, unit // 16, i, g, unit % 16] == w[d, g * hidden + unit, i]
+    assert not p[:, 1, :, :, 4:].any()
+    b = rng.standard_normal((2, 8 * hidden)).astype(np.float32)
+    pb = packed_bias(b, hidden)
+    assert pb.shape == (2, 2, 4, 16)
+    assert pb[1, 1, 2, 3] == np.float32(b[1, 2 * hidden + 19] + b[1, 4 * hidden + 2 * hidden + 19])
+    assert not pb[:, 1, :, 4:].any()
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("hidden,input_size", [(16, 8), (20, 33), (64, 64), (5, 1)])
+def test_matches_onnxruntime(tmp_path, direction, hidden, input_size):
+    model = lstm_model(7, 3, input_size, hidden, direction)
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
+    assert [n.op_type for n in region.nodes] == ["LSTM"] and region.outputs == ["y", "yh", "yc"]
+    _check(model, fused, lib, _feeds(model, 7, 3))
+
+
+@pytest.mark.parametrize("states,bias,outputs", [
+    (False, True, (True, False, False)), (True, False, (False, True, True)),
+    (False, False, (False, False, True)), (True, True, (True, False, True))])
+def test_optional_inputs_and_outputs(tmp_path, states, bias, outputs):
+    model = lstm_model(5, 2, 12, 24, "bidirectional", states=states, bias=bias, outputs=outputs)
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
+    assert region.params.has_h0 == states and region.params.outputs == outputs
+    _check(model, fused, lib, _feeds(model, 5, 2))
+
+
+def test_symbolic_steps_and_batch(tmp_path):
+    model = lstm_model(0, 0, 16, 32, "bidirectional", symbolic=True)
+    fused, lib, _, _ = fuse_kind(KIND, model, tmp_path)
+    for steps, batch in [(1, 1), (9, 1), (4, 6), (40, 2)]:
+        _check(model, fused, lib, _feeds(model, steps, batch, seed=steps * 10 + batch))
+
+
+@pytest.mark.parametrize("serpentine", [True, False])
+def test_a_large_single_direction_splits_its_steps_by_blocks(tmp_path, serpentine):
+    """R above RECURRENT_SPLIT_BYTES (exec.c): each step is one parallel section over runs of blocks, in either
+    block order."""
+    model = lstm_model(6, 2, 32, 272, "forward")  # R packed: 17 blocks x 272 x 64 floats = 1.18 MB
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path,
+                                      params=lambda p: dataclasses.replace(p, serpentine=serpentine))
+    assert region.params.serpentine == serpentine
+    _check(model, fused, lib, _feeds(model, 6, 2), tol=5e-5)
+
+
+@pytest.mark.parametrize("serpentine", [True, False])
+def test_both_block_orders_match(tmp_path, serpentine):
+    model = lstm_model(5, 3, 24, 150, "bidirectional")  # serpentine by default (R 352 KiB a direction)
+    assert KIND.find(model, set(), [])[0].params.serpentine
+    fused, lib, _, _ = fuse_kind(KIND, model, tmp_path, params=lambda p: dataclasses.replace(p, serpentine=serpentine))
+    _check(model, fused, lib, _feeds(model, 5, 3), tol=5e-5)
+
+
+@pytest.mark.parametrize("target", ["cpu=x86-64-v3", "cpu=x86-64-v4"])
+def test_both_vector_widths_build(tmp_path, target):
+    """The tiles follow the target's registers; a target this CPU cannot run is built and checked through its
+    function bodies elsewhere, here its code is only compiled."""
+    t = parse_target(target)
+    rows = tile_rows(t)
+    assert rows == ((6, 4, 2) if "v4" in target else (1, 1, 1))
+    model = lstm_model(3, 1, 8, 16, "forward")
+    _, _, _, ir_text = fuse_kind(KIND, model, tmp_path, target=t)
+    assert "_step" in ir_text and "_proj" in ir_text
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.integers(1, 9), batch=st.integers(1, 7), input_size=st.integers(1, 40), hidden=st.integers(1, 40),
+       direction=st.sampled_from(["forward", "reverse", "bidirectional"]), states=st.booleans())
+def test_drawn_shapes(tmp_path, steps, batch, input_size, hidden, direction, states):
+    model = lstm_model(steps, batch, input_size, hidden, direction, states=states, seed=hidden)
+    fused, lib, _, _ = fuse_kind(KIND, model, tmp_path)
+    _check(model, fused, lib, _feeds(model, steps, batch, seed=steps + batch))
+
+
+@pytest.mark.parametrize("attrs,reason", [
+    ({"activations": ["Relu", "Tanh", "Tanh"]}, "activations"),
+    ({"clip": 3.0}, "clip"),
+    ({"input_forget": 1}, "input_forget"),
+    ({"layout": 1}, "layout"),
+])
+def test_refused_forms_say_why(attrs, reason):
+    model = lstm_model(3, 1, 4, 8, "forward", attrs=attrs, opset=17)
+    rejected = []
+    assert KIND.find(model, set(), rejected) == []
+    assert len(rejected) == 1 and reason in rejected[0]["reason"], rejected
+
+
+def test_the_default_activations_spelled_out_are_taken():
+    model = lstm_model(3, 1, 4, 8, "bidirectional", attrs={"activations": ["Sigmoid", "Tanh", "Tanh"] * 2})
+    assert len(KIND.find(model, set(), [])) == 1
+
+
+def test_a_written_model_runs_its_kernel_in_a_fresh_process(tmp_path):
+    """optimize() writes fused.onnx and its library; the public loader runs it in a new process, the kernel's
+    calls are counted there, and the answer is onnxruntime's."""
+    model = lstm_model(12, 1, 48, 64, "bidirectional", states=False, outputs=(True, False, False))
+    src = tmp_path / "lstm.onnx"
+    onnx.save(model, str(src))
+    out = tmp_path / "fused.onnx"
+    result = onnxopt.optimize(str(src), str(out), threads=2, plan="compute", min_speedup=0.0)
+    assert [r["op_type"].split("_")[0] for r in result.report["regions"]] == ["recurrent"], result.report["regions"]
+    x = np.random.default_rng(3).standard_normal((12, 1, 48)).astype(np.float32)
+    got, loaded = run_written(out, x, tmp_path)
+    assert any(k.startswith("recurrent_") for k in loaded["calls"]), loaded
+    want = make_session(model, 1, optimization="none").run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
