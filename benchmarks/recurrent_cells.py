@@ -1,4 +1,4 @@
-"""The recurrent kind's LSTM kernel (onnxopt/kinds/recurrent) against onnxruntime's LSTM, on the corpus's shapes.
+"""The recurrent kind's kernels (onnxopt/kinds/recurrent) against onnxruntime's LSTM and GRU, on the corpus's shapes.
 
     python benchmarks/recurrent_cells.py [--threads 2] [--min-time 2]
 
@@ -22,23 +22,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from onnxopt.kinds.recurrent import KIND  # noqa: E402
 from onnxopt.timing import make_session, time_interleaved  # noqa: E402
 
-# (name, T, B, I, H, direction): the corpus's LSTMs at batch 1, and at batch 8
+# (op, name, T, B, I, H, direction): the corpus's LSTMs and GRUs at batch 1, and at batch 8
 SHAPES = [
-    ("ddddocr_ocr (CRNN, 64x256 image)", 32, 1, 512, 512, "bidirectional"),
-    ("silero_vad_lstm (16 windows)", 16, 1, 128, 128, "forward"),
-    ("lstm_asr layer 1 (100 frames)", 100, 1, 256, 256, "bidirectional"),
-    ("lstm_asr layers 2-3", 100, 1, 512, 256, "bidirectional"),
-    ("ddddocr_ocr at batch 8", 32, 8, 512, 512, "bidirectional"),
-    ("lstm_asr layers 2-3 at batch 8", 100, 8, 512, 256, "bidirectional"),
+    ("LSTM", "ddddocr_ocr (CRNN, 64x256 image)", 32, 1, 512, 512, "bidirectional"),
+    ("LSTM", "silero_vad_lstm (16 windows)", 16, 1, 128, 128, "forward"),
+    ("LSTM", "lstm_asr layer 1 (100 frames)", 100, 1, 256, 256, "bidirectional"),
+    ("LSTM", "lstm_asr layers 2-3", 100, 1, 512, 256, "bidirectional"),
+    ("GRU", "gru_kws layer 1 (98 frames)", 49, 1, 64, 128, "forward"),
+    ("GRU", "gru_kws layer 2", 49, 1, 128, 128, "forward"),
+    ("LSTM", "ddddocr_ocr at batch 8", 32, 8, 512, 512, "bidirectional"),
+    ("LSTM", "lstm_asr layers 2-3 at batch 8", 100, 8, 512, 256, "bidirectional"),
+    ("GRU", "gru_kws layer 2 at batch 8", 49, 8, 128, 128, "forward"),
 ]
 
 
-def _models(steps, batch, input_size, hidden, direction, folder, tag):
+def _models(op, steps, batch, input_size, hidden, direction, folder, tag):
     from kind_harness import fuse_kind
-    from onnx_builders import lstm_model
+    from onnx_builders import rnn_model
 
-    model = lstm_model(steps, batch, input_size, hidden, direction, states=False, outputs=(True, True, True))
-    fused, lib, _, _ = fuse_kind(KIND, model, folder, name=f"lstm_{tag}.so")
+    model = rnn_model(steps, batch, input_size, hidden, direction, op=op, states=False, outputs=(True, True, True))
+    fused, lib, _, _ = fuse_kind(KIND, model, folder, name=f"rnn_{tag}.so")
     return model, fused, lib
 
 
@@ -47,20 +50,22 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-time", type=float, default=2.0)
     a = ap.parse_args(argv)
-    print("| LSTM | T x B x I x H, direction | onnxruntime us | onnxopt us | speedup | onnxopt GFLOP/s | R read GB/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| cell | layer | T x B x I x H, direction | onnxruntime us | onnxopt us | speedup | onnxopt GFLOP/s | "
+          "R read GB/s |")
+    print("|---|---|---|---|---|---|---|---|")
     ratios = []
     with tempfile.TemporaryDirectory() as folder:
-        for i, (name, steps, batch, input_size, hidden, direction) in enumerate(SHAPES):
-            model, fused, lib = _models(steps, batch, input_size, hidden, direction, folder, i)
+        for i, (op, name, steps, batch, input_size, hidden, direction) in enumerate(SHAPES):
+            model, fused, lib = _models(op, steps, batch, input_size, hidden, direction, folder, i)
             x = np.random.default_rng(0).standard_normal((steps, batch, input_size)).astype(np.float32)
             sessions = [make_session(model, a.threads), make_session(fused, a.threads, library=lib)]
             t = [r["median"] for r in time_interleaved(sessions, {"x": x}, min_time=a.min_time, max_blocks=100000)]
             d = 2 if direction == "bidirectional" else 1
-            flops = 2.0 * steps * batch * d * 4 * hidden * (input_size + hidden)
-            r_bytes = steps * d * 4 * hidden * hidden * 4
+            gates = 4 if op == "LSTM" else 3
+            flops = 2.0 * steps * batch * d * gates * hidden * (input_size + hidden)
+            r_bytes = steps * d * gates * hidden * hidden * 4
             ratios.append(t[0] / t[1])
-            print(f"| {name} | {steps} x {batch} x {input_size} x {hidden}, {direction} | {t[0] * 1e6:.0f} | "
+            print(f"| {op} | {name} | {steps} x {batch} x {input_size} x {hidden}, {direction} | {t[0] * 1e6:.0f} | "
                   f"{t[1] * 1e6:.0f} | {t[0] / t[1]:.2f}x | {flops / t[1] / 1e9:.1f} | {r_bytes / t[1] / 1e9:.1f} |",
                   flush=True)
     print(f"geomean speedup {np.exp(np.mean(np.log(ratios))):.2f}x")

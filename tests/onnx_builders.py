@@ -66,33 +66,39 @@ def vad_model():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def lstm_model(steps, batch, input_size, hidden, direction="bidirectional", *, states=True,
-               outputs=(True, True, True), bias=True, seed=0, attrs=None, symbolic=False, opset=17):
-    """An LSTM node with random constant W, R (and B), X [steps, batch, input_size] (T and N when symbolic),
-    initial_h and initial_c as inputs when `states`, the outputs Y, Y_h, Y_c that `outputs` asks for; shapes
-    inferred."""
+def rnn_model(steps, batch, input_size, hidden, direction="bidirectional", *, op="LSTM", states=True,
+              outputs=(True, True, True), bias=True, seed=0, attrs=None, symbolic=False, opset=17):
+    """An LSTM (or a GRU, linear_before_reset 1 unless `attrs` says otherwise) node with random constant W, R (and
+    B), X [steps, batch, input_size] (T and N when symbolic), initial_h (and an LSTM's initial_c) as inputs when
+    `states`, the outputs Y, Y_h (and Y_c) that `outputs` asks for; shapes inferred."""
     rng = np.random.default_rng(seed)
     d = 2 if direction == "bidirectional" else 1
-    inits = [numpy_helper.from_array((rng.standard_normal((d, 4 * hidden, input_size)) / np.sqrt(input_size))
+    gates, state_names = (4, ("h0", "c0")) if op == "LSTM" else (3, ("h0",))
+    inits = [numpy_helper.from_array((rng.standard_normal((d, gates * hidden, input_size)) / np.sqrt(input_size))
                                      .astype(np.float32), "W"),
-             numpy_helper.from_array((rng.standard_normal((d, 4 * hidden, hidden)) / np.sqrt(hidden))
+             numpy_helper.from_array((rng.standard_normal((d, gates * hidden, hidden)) / np.sqrt(hidden))
                                      .astype(np.float32), "R")]
     ins = ["x", "W", "R"]
     if bias:
-        inits.append(numpy_helper.from_array((rng.standard_normal((d, 8 * hidden)) * 0.5).astype(np.float32), "B"))
+        inits.append(numpy_helper.from_array((rng.standard_normal((d, 2 * gates * hidden)) * 0.5)
+                                             .astype(np.float32), "B"))
         ins.append("B")
     else:
         ins.append("")
     t, b = ("T", "N") if symbolic else (steps, batch)
     graph_ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [t, b, input_size])]
     if states:
-        ins += ["", "h0", "c0"]
-        graph_ins += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [d, b, hidden]) for n in ("h0", "c0")]
+        ins += [""] + list(state_names)
+        graph_ins += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [d, b, hidden]) for n in state_names]
     while not ins[-1]:
         ins.pop()
-    names = [n if want else "" for n, want in zip(("y", "yh", "yc"), outputs)]
-    node = helper.make_node("LSTM", ins, names, name="lstm", hidden_size=hidden, direction=direction,
-                            **(attrs or {}))
+    names = [n if want else "" for n, want in zip(("y", "yh", "yc")[:len(state_names) + 1], outputs)]
+    while names and not names[-1]:
+        names.pop()
+    attrs = dict(attrs or {})
+    if op == "GRU":
+        attrs.setdefault("linear_before_reset", 1)
+    node = helper.make_node(op, ins, names, name=op.lower(), hidden_size=hidden, direction=direction, **attrs)
     graph_outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names if n]
     g = helper.make_graph([node], "g", graph_ins, graph_outs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])

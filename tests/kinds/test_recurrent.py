@@ -1,6 +1,6 @@
-"""The recurrent kind (onnxopt/kinds/recurrent): which LSTMs it takes, its packing, and its kernel against
-onnxruntime's LSTM, with and without its library, at every direction, optional input and output, and on drawn
-shapes; a written model run as a user runs it, in a fresh process, with its kernel's calls counted."""
+"""The recurrent kind (onnxopt/kinds/recurrent): which LSTMs and GRUs it takes, its packing, and its kernels against
+onnxruntime's LSTM and GRU, with and without the library, at every direction, optional input and output, and on
+drawn shapes; written models run as a user runs them, in a fresh process, with their kernels' calls counted."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fresh_process import run_written
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kind_harness import fuse_kind
-from onnx_builders import lstm_model
+from onnx_builders import rnn_model
 
 import onnxopt
 from onnxopt.codegen.target import parse_target
@@ -66,12 +66,28 @@ def test_the_packing_keeps_each_units_gates_together():
     assert not pb[:, 1, :, 4:].any()
 
 
+def test_a_grus_bias_keeps_rbh_apart():
+    """A GRU's slots: Wbz + Rbz, Wbr + Rbr, Wbh, Rbh (the reset gate scales Rbh, so it is not summed)."""
+    rng = np.random.default_rng(1)
+    hidden = 18
+    w = rng.standard_normal((1, 3 * hidden, 5)).astype(np.float32)
+    assert packed_weights(w, hidden, 3)[0, 1, 4, 2, 1] == w[0, 2 * hidden + 17, 4]
+    b = rng.standard_normal((1, 6 * hidden)).astype(np.float32)
+    pb = packed_bias(b, hidden, "gru")
+    wb, rb = b[0, :3 * hidden].reshape(3, hidden), b[0, 3 * hidden:].reshape(3, hidden)
+    np.testing.assert_array_equal(pb[0, 0, 1], wb[1, :16] + rb[1, :16])
+    np.testing.assert_array_equal(pb[0, 0, 2], wb[2, :16])
+    np.testing.assert_array_equal(pb[0, 1, 3, :2], rb[2, 16:])
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("hidden,input_size", [(16, 8), (20, 33), (64, 64), (5, 1)])
-def test_matches_onnxruntime(tmp_path, direction, hidden, input_size):
-    model = lstm_model(7, 3, input_size, hidden, direction)
+def test_matches_onnxruntime(tmp_path, op, direction, hidden, input_size):
+    model = rnn_model(7, 3, input_size, hidden, direction, op=op)
     fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
-    assert [n.op_type for n in region.nodes] == ["LSTM"] and region.outputs == ["y", "yh", "yc"]
+    assert [n.op_type for n in region.nodes] == [op]
+    assert region.outputs == (["y", "yh", "yc"] if op == "LSTM" else ["y", "yh"])
     _check(model, fused, lib, _feeds(model, 7, 3))
 
 
@@ -79,14 +95,23 @@ def test_matches_onnxruntime(tmp_path, direction, hidden, input_size):
     (False, True, (True, False, False)), (True, False, (False, True, True)),
     (False, False, (False, False, True)), (True, True, (True, False, True))])
 def test_optional_inputs_and_outputs(tmp_path, states, bias, outputs):
-    model = lstm_model(5, 2, 12, 24, "bidirectional", states=states, bias=bias, outputs=outputs)
+    model = rnn_model(5, 2, 12, 24, "bidirectional", states=states, bias=bias, outputs=outputs)
     fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
     assert region.params.has_h0 == states and region.params.outputs == outputs
     _check(model, fused, lib, _feeds(model, 5, 2))
 
 
+@pytest.mark.parametrize("states,bias,outputs", [(False, True, (True, False)), (True, False, (False, True)),
+                                                 (True, True, (True, True))])
+def test_a_grus_optional_inputs_and_outputs(tmp_path, states, bias, outputs):
+    model = rnn_model(5, 2, 12, 24, "reverse", op="GRU", states=states, bias=bias, outputs=outputs)
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path)
+    assert region.params.has_h0 == states and region.params.outputs == outputs + (False,)
+    _check(model, fused, lib, _feeds(model, 5, 2))
+
+
 def test_symbolic_steps_and_batch(tmp_path):
-    model = lstm_model(0, 0, 16, 32, "bidirectional", symbolic=True)
+    model = rnn_model(0, 0, 16, 32, "bidirectional", symbolic=True)
     fused, lib, _, _ = fuse_kind(KIND, model, tmp_path)
     for steps, batch in [(1, 1), (9, 1), (4, 6), (40, 2)]:
         _check(model, fused, lib, _feeds(model, steps, batch, seed=steps * 10 + batch))
@@ -96,7 +121,7 @@ def test_symbolic_steps_and_batch(tmp_path):
 def test_a_large_single_direction_splits_its_steps_by_blocks(tmp_path, serpentine):
     """R above RECURRENT_SPLIT_BYTES (exec.c): each step is one parallel section over runs of blocks, in either
     block order."""
-    model = lstm_model(6, 2, 32, 272, "forward")  # R packed: 17 blocks x 272 x 64 floats = 1.18 MB
+    model = rnn_model(6, 2, 32, 272, "forward")  # R packed: 17 blocks x 272 x 64 floats = 1.18 MB
     fused, lib, region, _ = fuse_kind(KIND, model, tmp_path,
                                       params=lambda p: dataclasses.replace(p, serpentine=serpentine))
     assert region.params.serpentine == serpentine
@@ -105,7 +130,7 @@ def test_a_large_single_direction_splits_its_steps_by_blocks(tmp_path, serpentin
 
 @pytest.mark.parametrize("serpentine", [True, False])
 def test_both_block_orders_match(tmp_path, serpentine):
-    model = lstm_model(5, 3, 24, 150, "bidirectional")  # serpentine by default (R 352 KiB a direction)
+    model = rnn_model(5, 3, 24, 150, "bidirectional")  # serpentine by default (R 352 KiB a direction)
     assert KIND.find(model, set(), [])[0].params.serpentine
     fused, lib, _, _ = fuse_kind(KIND, model, tmp_path, params=lambda p: dataclasses.replace(p, serpentine=serpentine))
     _check(model, fused, lib, _feeds(model, 5, 3), tol=5e-5)
@@ -118,16 +143,17 @@ def test_both_vector_widths_build(tmp_path, target):
     t = parse_target(target)
     rows = tile_rows(t)
     assert rows == ((6, 4, 2) if "v4" in target else (1, 1, 1))
-    model = lstm_model(3, 1, 8, 16, "forward")
+    model = rnn_model(3, 1, 8, 16, "forward")
     _, _, _, ir_text = fuse_kind(KIND, model, tmp_path, target=t)
     assert "_step" in ir_text and "_proj" in ir_text
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.integers(1, 9), batch=st.integers(1, 7), input_size=st.integers(1, 40), hidden=st.integers(1, 40),
-       direction=st.sampled_from(["forward", "reverse", "bidirectional"]), states=st.booleans())
-def test_drawn_shapes(tmp_path, steps, batch, input_size, hidden, direction, states):
-    model = lstm_model(steps, batch, input_size, hidden, direction, states=states, seed=hidden)
+       direction=st.sampled_from(["forward", "reverse", "bidirectional"]), states=st.booleans(),
+       op=st.sampled_from(["LSTM", "GRU"]))
+def test_drawn_shapes(tmp_path, steps, batch, input_size, hidden, direction, states, op):
+    model = rnn_model(steps, batch, input_size, hidden, direction, op=op, states=states, seed=hidden)
     fused, lib, _, _ = fuse_kind(KIND, model, tmp_path)
     _check(model, fused, lib, _feeds(model, steps, batch, seed=steps + batch))
 
@@ -139,21 +165,29 @@ def test_drawn_shapes(tmp_path, steps, batch, input_size, hidden, direction, sta
     ({"layout": 1}, "layout"),
 ])
 def test_refused_forms_say_why(attrs, reason):
-    model = lstm_model(3, 1, 4, 8, "forward", attrs=attrs, opset=17)
+    model = rnn_model(3, 1, 4, 8, "forward", attrs=attrs, opset=17)
     rejected = []
     assert KIND.find(model, set(), rejected) == []
     assert len(rejected) == 1 and reason in rejected[0]["reason"], rejected
 
 
+def test_a_gru_with_the_reset_gate_before_the_product_is_refused():
+    model = rnn_model(3, 1, 4, 8, "forward", op="GRU", attrs={"linear_before_reset": 0})
+    rejected = []
+    assert KIND.find(model, set(), rejected) == []
+    assert len(rejected) == 1 and rejected[0]["reason"].startswith("GRU: it has linear_before_reset 0"), rejected
+
+
 def test_the_default_activations_spelled_out_are_taken():
-    model = lstm_model(3, 1, 4, 8, "bidirectional", attrs={"activations": ["Sigmoid", "Tanh", "Tanh"] * 2})
+    model = rnn_model(3, 1, 4, 8, "bidirectional", attrs={"activations": ["Sigmoid", "Tanh", "Tanh"] * 2})
     assert len(KIND.find(model, set(), [])) == 1
 
 
-def test_a_written_model_runs_its_kernel_in_a_fresh_process(tmp_path):
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_a_written_model_runs_its_kernel_in_a_fresh_process(tmp_path, op):
     """optimize() writes fused.onnx and its library; the public loader runs it in a new process, the kernel's
     calls are counted there, and the answer is onnxruntime's."""
-    model = lstm_model(12, 1, 48, 64, "bidirectional", states=False, outputs=(True, False, False))
+    model = rnn_model(12, 1, 48, 64, "bidirectional", op=op, states=False, outputs=(True, False, False))
     src = tmp_path / "lstm.onnx"
     onnx.save(model, str(src))
     out = tmp_path / "fused.onnx"

@@ -1,5 +1,5 @@
-"""Recurrent cells as one kernel each: an LSTM's input projection for all steps at once, then its steps with the
-recurrent product and the gates fused, the weights packed once (find.py, lower.py, exec.c)."""
+"""Recurrent cells as one kernel each: an LSTM's or a GRU's input projection for all steps at once, then its steps
+with the recurrent product and the gates fused, the weights packed once (find.py, lower.py, exec.c)."""
 
 from ..base import Kind
 from .find import find_regions

@@ -21,7 +21,7 @@ class RecurrentKernelDesc:
         """Declarations and the descriptor `<prefix>_desc` (onnxopt_recurrent_desc, glue.h)."""
         p = self.params
         decls, sig = c_signature(prefix, self.op_type, "KIND_RECURRENT", self.in_types, self.out_types)
-        fields = [p.directions, int(p.reverse), p.hidden, p.input_size, int(p.has_h0), int(p.has_c0)]
+        fields = [p.gates, p.directions, int(p.reverse), p.hidden, p.input_size, int(p.has_h0), int(p.has_c0)]
         fields += [int(o) for o in p.outputs] + [int(p.serpentine)]
         return (f"extern void {self.proj}(const float *, const float *, const float *, float *, int64_t, int64_t, "
                 f"int64_t, int64_t, int64_t);\n"

@@ -1,4 +1,4 @@
-/* The recurrent kind's executor: an LSTM in two phases over ORT's pool.
+/* The recurrent kind's executor: an LSTM or a GRU in two phases over ORT's pool.
 
    1. The input projection of all T steps at once (proj), split into tasks of (direction, run of blocks).
    2. The steps. Each direction is a chain of T dependent steps, and its steps are independent of the other
@@ -18,13 +18,13 @@
 typedef struct {
   const onnxopt_recurrent_desc *d;
   const float *x, *wp, *rp, *bp;
-  float *gx, *h, *c;         /* gx [T * B][D][NB][64]; h [D][2][B][hp]; c [D][B][hp] */
+  float *gx, *h, *c;         /* gx [T * B][D][NB][4 slots][16]; h [D][2][B][hp]; c [D][B][hp] (an LSTM's) */
   float *y;                  /* Y [T][D][B][H] or NULL */
   int64_t steps, batch, nb, hp, groups, per_group;
   int64_t t;                 /* phase 2 split by blocks: the step being run */
 } recurrent_job;
 
-static int64_t rec_gx_stride(const recurrent_job *j) { return (int64_t)j->d->directions * j->nb * 64; }
+static int64_t rec_gx_stride(const recurrent_job *j) { return (int64_t)j->d->directions * j->nb * RECURRENT_SLOTS; }
 static float *rec_h(const recurrent_job *j, int dir, int which) {
   return j->h + ((int64_t)dir * 2 + which) * j->batch * j->hp;
 }
@@ -38,8 +38,9 @@ static void recurrent_proj_task(void *usr, size_t index) {
   if (b1 > j->nb) b1 = j->nb;
   if (b0 >= b1) return;
   const onnxopt_recurrent_desc *d = j->d;
-  d->proj(j->x, j->wp + (int64_t)dir * j->nb * d->input_size * 64, j->bp + (int64_t)dir * j->nb * 64,
-          j->gx + (int64_t)dir * j->nb * 64, j->steps * j->batch, d->input_size, rec_gx_stride(j), b0, b1);
+  d->proj(j->x, j->wp + (int64_t)dir * j->nb * d->input_size * d->gates * RECURRENT_BLOCK,
+          j->bp + (int64_t)dir * j->nb * RECURRENT_SLOTS, j->gx + (int64_t)dir * j->nb * RECURRENT_SLOTS,
+          j->steps * j->batch, d->input_size, rec_gx_stride(j), b0, b1);
 }
 
 /* Step s of direction dir for blocks b0 .. b1: h[s % 2] -> h[(s + 1) % 2]. A serpentine schedule runs odd steps'
@@ -49,8 +50,8 @@ static void rec_step(const recurrent_job *j, int dir, int64_t s, int64_t b0, int
   const onnxopt_recurrent_desc *d = j->d;
   int64_t t = rec_backward(j, dir) ? j->steps - 1 - s : s;
   int64_t stride = rec_gx_stride(j);
-  const float *rp = j->rp + (int64_t)dir * j->nb * d->hidden * 64;
-  const float *gx = j->gx + t * j->batch * stride + (int64_t)dir * j->nb * 64;
+  const float *rp = j->rp + (int64_t)dir * j->nb * d->hidden * d->gates * RECURRENT_BLOCK;
+  const float *gx = j->gx + t * j->batch * stride + (int64_t)dir * j->nb * RECURRENT_SLOTS;
   const float *h_prev = rec_h(j, dir, (int)(s % 2));
   float *h_next = rec_h(j, dir, (int)((s + 1) % 2)), *c = rec_c(j, dir);
   if (!d->serpentine || s % 2 == 0) {
@@ -120,7 +121,7 @@ static OrtStatus *recurrent_execute(const onnxopt_recurrent_desc *d, OrtKernelCo
   j.d = d;
   CHECK(glue_input(ctx, 0, dims, &rank, &data));
   if (rank != 3 || dims[2] != d->input_size)
-    return fail(ORT_INVALID_ARGUMENT, "onnxopt: an LSTM input X that is not [T, B, input_size]");
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: a recurrent input X that is not [T, B, input_size]");
   j.x = (const float *)data;
   j.steps = dims[0];
   j.batch = dims[1];
@@ -135,7 +136,7 @@ static OrtStatus *recurrent_execute(const onnxopt_recurrent_desc *d, OrtKernelCo
     if (!(k == 0 ? d->has_h0 : d->has_c0)) continue;
     CHECK(glue_input(ctx, next++, dims, &rank, &data));
     if (rank != 3 || dims[0] != d->directions || dims[1] != j.batch || dims[2] != d->hidden)
-      return fail(ORT_INVALID_ARGUMENT, "onnxopt: an LSTM initial state that is not [directions, B, hidden]");
+      return fail(ORT_INVALID_ARGUMENT, "onnxopt: a recurrent initial state that is not [directions, B, hidden]");
     state_in[k] = (const float *)data;
   }
   j.nb = (d->hidden + RECURRENT_BLOCK - 1) / RECURRENT_BLOCK;
@@ -161,7 +162,7 @@ static OrtStatus *recurrent_execute(const onnxopt_recurrent_desc *d, OrtKernelCo
   int64_t gx_floats = j.steps * j.batch * rec_gx_stride(&j);
   int64_t state_floats = (int64_t)d->directions * j.batch * j.hp;
   float *buf = glue_floats((size_t)(gx_floats + 3 * state_floats));
-  if (!buf) return fail(ORT_FAIL, "onnxopt: out of memory for an LSTM's buffers");
+  if (!buf) return fail(ORT_FAIL, "onnxopt: out of memory for a recurrent kernel's buffers");
   j.gx = buf;
   j.h = buf + gx_floats;
   j.c = j.h + 2 * state_floats;
@@ -175,7 +176,7 @@ static OrtStatus *recurrent_execute(const onnxopt_recurrent_desc *d, OrtKernelCo
     if (j.groups > j.nb) j.groups = j.nb;
     j.per_group = (j.nb + j.groups - 1) / j.groups;
     j.groups = (j.nb + j.per_group - 1) / j.per_group;
-    double flops = 8.0 * (double)(j.steps * j.batch) * d->input_size * d->hidden * d->directions;
+    double flops = 2.0 * d->gates * (double)(j.steps * j.batch) * d->input_size * d->hidden * d->directions;
     size_t tasks = (size_t)(d->directions * j.groups);
     if (flops < RECURRENT_INLINE_FLOPS || tasks == 1) {
       for (size_t i = 0; i < tasks; i++) recurrent_proj_task(&j, i);
@@ -183,7 +184,7 @@ static OrtStatus *recurrent_execute(const onnxopt_recurrent_desc *d, OrtKernelCo
       st = API(KernelContext_ParallelFor)(ctx, recurrent_proj_task, tasks, 0, &j);
     }
     /* phase 2 */
-    int64_t r_bytes = j.nb * (int64_t)d->hidden * 64 * (int64_t)sizeof(float);
+    int64_t r_bytes = j.nb * (int64_t)d->hidden * d->gates * RECURRENT_BLOCK * (int64_t)sizeof(float);
     if (!st && d->directions == 1 && r_bytes > RECURRENT_SPLIT_BYTES && j.nb > 1) {
       j.groups = r_bytes / (RECURRENT_SPLIT_BYTES / 2);
       if (j.groups > j.nb) j.groups = j.nb;

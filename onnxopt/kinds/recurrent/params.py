@@ -13,18 +13,22 @@ BLOCK = 16  # hidden units a packed block holds (one AVX-512 vector, two AVX2 on
 @dataclass(frozen=True)
 class RecurrentParams(KindParams):
     family: ClassVar[str] = "recurrent"
-    cell: str  # "lstm"
+    cell: str  # "lstm" or "gru" (find.py CELLS)
     directions: int  # 1 (forward or reverse) or 2 (bidirectional)
     reverse: bool  # a single direction run from the last step to the first
     hidden: int  # hidden_size
     input_size: int  # the last dim of X
     has_h0: bool  # initial_h is an input (else zeros)
-    has_c0: bool  # initial_c is an input (else zeros)
-    outputs: tuple[bool, bool, bool]  # which of Y, Y_h, Y_c the op writes
+    has_c0: bool  # an LSTM's initial_c is an input (else zeros)
+    outputs: tuple[bool, bool, bool]  # which of Y, Y_h, Y_c (an LSTM's) the op writes
     # The schedule: the steps run the blocks in alternating order (exec.c), so the blocks of R one step read last,
     # still in L2, are the next step's first; False: always in ascending order.
     serpentine: bool = True
     body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
+
+    @property
+    def gates(self) -> int:
+        return 4 if self.cell == "lstm" else 3
 
     @property
     def blocks(self) -> int:
