@@ -12,6 +12,11 @@ The forms found in real exports (torch's TorchScript exporter and its dynamo exp
     probs  = Where(IsNaN(probs), 0, probs)              torch's guard for rows that are masked everywhere
     out    = MatMul(probs, V)
 
+Chimera's GEMM chains without a softmax are found too: MatMul(A, B) [-> Relu] -> MatMul(., D) (`middle` "none" or
+"relu"), batched (rank 3 or more) with B and D computed at run time (a chain of constant weights is the compute kind's
+packed GEMMs), the first product read by nothing else: the same kernel with the Relu, or nothing, in place of its
+softmax, the first product's rows kept in the block's scratch instead of written out.
+
 `find_attention` returns one `AttentionChain` per match: the tensors the fused kernel reads (Q, K or K^T, V, the
 mask), the scale as one number, and the nodes the chain replaces. A Softmax that is not the heart of such a chain
 is refused with the reason (the probabilities are read elsewhere, the scale is not a constant, ...).
@@ -43,6 +48,7 @@ class AttentionChain:
     mask_kind: str = "none"  # "none", "add", "select" (keep where true, else `fill`) or "fill" (`fill` where true)
     fill: float = 0.0
     nan_guard: bool = False  # rows whose every logit is -inf give zeros instead of NaN
+    middle: str = "softmax"  # between the products: "softmax", or a plain GEMM chain's "none" or "relu"
     notes: list[str] = field(default_factory=list)
 
 
@@ -50,6 +56,7 @@ class AttentionChain:
 class _Graph:
     index: GraphIndex
     consts: dict[str, np.ndarray]
+    weights: frozenset = frozenset()  # the initializers' names
 
     def producer(self, name: str) -> onnx.NodeProto | None:
         i = self.index.producer.get(name)
@@ -196,13 +203,42 @@ def _match(g: _Graph, softmax: onnx.NodeProto, opset: int, ranks: dict | None) -
     return AttentionChain(chain, q, k, k_t, v, scale, out, mask, kind, fill, guard)
 
 
+def _match_plain(g: _Graph, second: onnx.NodeProto, ranks: dict | None) -> AttentionChain:
+    """MatMul(MatMul(A, B) [-> Relu], D): the chain ending at `second`, or _Reject."""
+    product, middle, chain = second.input[0], "none", [second]
+    relu = g.producer(product)
+    if _is(relu, "Relu") and g.only_reader(product, second):
+        product, middle = relu.input[0], "relu"
+        chain.append(relu)
+    first = g.producer(product)
+    if not (_is(first, "MatMul") or _is(first, "FusedMatMul", (MS_DOMAIN,))):
+        raise _Reject("not a chain")
+    rank = (ranks or {}).get(product)
+    if rank is None or rank < 3:
+        raise _Reject("a chain of rank 2 or unknown rank (the compute kind's GEMMs)")
+    q, k, k_t, scale = _scores(g, product, chain)
+    runtime = [not _constant(g, x) for x in (k, second.input[1])]
+    if not all(runtime):
+        raise _Reject("a chain with constant weights (the compute kind's packed GEMMs)")
+    order = {id(n): i for i, n in enumerate(g.index.nodes)}
+    chain.sort(key=lambda n: order[id(n)])
+    return AttentionChain(chain, q, k, k_t, second.input[1], scale, second.output[0], middle=middle)
+
+
+def _constant(g: _Graph, name: str) -> bool:
+    if name in g.weights:
+        return True
+    node = g.producer(name)
+    return node is not None and node.op_type == "Constant"
+
+
 def find_attention(model: onnx.ModelProto, ranks: dict[str, int] | None = None,
                    rejected: list | None = None, index: GraphIndex | None = None) -> list[AttentionChain]:
     """The attention chains of `model`'s main graph. `ranks`: tensor ranks where known (for a Softmax whose axis is
     given as a number). Each Softmax that is not part of a chain adds {"nodes", "reason"} to `rejected`. `index`:
     the graph's index when the caller has one."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    g = _Graph(index or GraphIndex(model.graph), _constants(model))
+    g = _Graph(index or GraphIndex(model.graph), _constants(model), frozenset(t.name for t in model.graph.initializer))
     chains, taken = [], set()
     for node in model.graph.node:
         if not _is(node, "Softmax"):
@@ -212,6 +248,17 @@ def find_attention(model: onnx.ModelProto, ranks: dict[str, int] | None = None,
         except _Reject as e:
             if rejected is not None:
                 rejected.append({"nodes": [node.name or node.output[0]], "reason": str(e)})
+            continue
+        if any(id(n) in taken for n in c.nodes):
+            continue
+        taken |= {id(n) for n in c.nodes}
+        chains.append(c)
+    for node in model.graph.node:  # the plain chains, among what the softmax chains left
+        if not _is(node, "MatMul") or id(node) in taken:
+            continue
+        try:
+            c = _match_plain(g, node, ranks)
+        except _Reject:
             continue
         if any(id(n) in taken for n in c.nodes):
             continue

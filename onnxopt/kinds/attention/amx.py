@@ -261,5 +261,7 @@ def lower(region, target, dtype: str = "bf16") -> str | None:
         return f"attention: float32 ({why})"
     if region.params.dtype != "float32":
         return f"attention: {region.params.dtype} (its {dtype} kernel reads float32 tensors)"
+    if region.params.middle != "softmax":
+        return "attention: float32 (the tile program is written for the softmax chain)"
     region.params = dataclasses.replace(region.params, products=PRODUCTS[dtype])
     return None

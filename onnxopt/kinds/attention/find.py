@@ -109,10 +109,11 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
         inputs = [q, k, v] + ([chain.mask] if chain.mask is not None else [])
         dt = rule.dtype_of(chain.q)  # the graph's element type (refusal() takes float32 only)
         params = AttentionParams(chain.scale, chain.k_transposed, chain.mask_kind, chain.fill, chain.nan_guard,
-                                 perms, dt)
+                                 perms, dt, middle=chain.middle)
         # The program only names the computation (the op type hashes it); lower.py writes the kernel.
         program = EwProgram(inputs=[Value(x, rule.dtype_of(x)) for x in inputs], consts={},
-                            ops=[EwOp("Attention", tuple(inputs), output, dt)],
+                            ops=[EwOp("Attention" if chain.middle == "softmax" else f"MatMulChain_{chain.middle}",
+                                      tuple(inputs), output, dt)],
                             outputs=[Value(output, dt)])
         dims = rule.info[output].shape if output in rule.info else None
         shape = [d if isinstance(d, (int, str)) and not str(d).startswith("unk__") else None for d in (dims or [])]

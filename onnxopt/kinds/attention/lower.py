@@ -39,8 +39,17 @@ I32 = ir.IntType(32)
 I8 = ir.IntType(8)
 PTR = ir.PointerType()
 # Query rows x vectors of the micro-kernel: MR * NR accumulators, NR loads and one broadcast in 16 AVX2 registers
-# (the packed-B GEMM's 6 x 16 tile); 4 x 2 read K^T unpacked and was load-bound.
+# (the packed-B GEMM's 6 x 16 tile); 4 x 2 read K^T unpacked and was load-bound. With 32 registers (AVX-512) the
+# schedule may take NR_WIDE vectors a row (24 accumulators). Measured on Zen 5, 2 threads, against NR in one run:
+# plain GEMM chains 1.05-1.11x where L and dv are multiples of the 64-column panel (G1, G4, G10), 0.84-0.86x where
+# dv = 80 pads to 128 (G6, G9); softmax chains 0.92-1.04x. So NR stays the default and NR_WIDE is a knob.
 MR, NR = 6, 2
+NR_WIDE = 4
+
+
+def vectors_per_row(p: AttentionParams, lanes: int) -> int:
+    """The micro-kernel's vectors a row: the schedule's, else NR."""
+    return p.vectors or NR
 # The default schedule: a call is split into at least this many tasks where the (batch, head) pairs are fewer, by
 # giving a task fewer query rows (threads to feed); the schedule space's knob (schedule.py).
 MIN_TASKS = 8
@@ -69,6 +78,7 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
     fn, b = kernel_function(module, name)
     q, q_rs, kp, kp_ps, vp, vp_ps, mask, mask_rs, out, out_rs, rows, L, d, dv, s, s_rs = fn.args
     vty = ir.VectorType(F32, lanes)
+    NR = vectors_per_row(p, lanes)  # noqa: N806 (the module's NR, per target)
     width = NR * lanes
     zero = ir.Constant(vty, [0.0] * lanes)
     minus_inf = ir.Constant(vty, [float("-inf")] * lanes)
@@ -138,11 +148,14 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
                             b.load(at(mrow[i], col, I8), typ=kty, align=1)
                         true = b.icmp_unsigned("!=", flag, ir.Constant(kty, [0] * lanes))
                         x = b.select(true, x, fill) if p.mask_kind == "select" else b.select(true, fill, x)
-                    if m is not None:
+                    if m is not None and p.middle == "softmax":
                         x = b.select(m, x, minus_inf)
+                    if p.middle == "relu":
+                        x = b.select(b.fcmp_ordered("<", x, zero), zero, x)  # NaN stays NaN, as Relu keeps it
                     vstore(x, at(srow[i], col))
                     running = _vmax(b, running, x)
-                b.store(running, maxes[i])
+                if p.middle == "softmax":
+                    b.store(running, maxes[i])
 
         full = b.mul(b.sdiv(L, c(width)), c(width))
         _loop(b, c(0), full, c(width), lambda l0, _a: scores(l0, None) or [])
@@ -150,11 +163,11 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
 
         # softmax without the division: exp(s - max) in place and each row's sum; SOFTMAX_ROWS rows and a column
         # block's vectors in one loop, so the sum chains run side by side without spilling the exp's temporaries
-        # (all MR rows at once spilled on AVX2)
+        # (all MR rows at once spilled on AVX2). A plain chain keeps the products as they are.
         padded = b.mul(b.sdiv(b.add(L, c(width - 1)), c(width)), c(width))
         none = ir.Constant(F32, 0.0 if p.nan_guard else float("nan"))
         inv = [None] * mr
-        for g in range(0, mr, SOFTMAX_ROWS):
+        for g in range(0, mr if p.middle == "softmax" else 0, SOFTMAX_ROWS):
             chains = [(i, j) for i in range(g, min(g + SOFTMAX_ROWS, mr)) for j in range(NR)]
             mxv, masked_all = {}, {}
             for i in range(g, min(g + SOFTMAX_ROWS, mr)):
@@ -186,8 +199,8 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
             acc = micro(mr, lambda i, t: at(srow[i], t), at(vp, b.mul(b.sdiv(c0, c(width)), vp_ps)), L)
             for i in range(mr):
                 for j in range(NR):
-                    vstore(b.fmul(acc[i * NR + j], inv[i]), at(orow[i], b.add(c0, c(j * lanes))),
-                           masks[j] if masks else None)
+                    o = acc[i * NR + j] if inv[i] is None else b.fmul(acc[i * NR + j], inv[i])
+                    vstore(o, at(orow[i], b.add(c0, c(j * lanes))), masks[j] if masks else None)
 
         vfull = b.mul(b.sdiv(dv, c(width)), c(width))
         _loop(b, c(0), vfull, c(width), lambda c0, _a: values(c0, None) or [])
@@ -221,7 +234,8 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
     in_types = [e, e, e] + ([e if p.mask_kind == "add" else dtype("bool").onnx] if p.mask_kind != "none" else [])
     desc = AttentionKernelDesc(op_type=region.op_type, in_types=in_types, out_types=[e],
                                k_transposed=p.k_transposed, mask_kind=p.mask_kind,
-                               block=NR * target.float32_lanes, rows_block=MR, min_tasks=p.min_tasks or MIN_TASKS,
+                               block=vectors_per_row(p, target.float32_lanes) * target.float32_lanes,
+                               rows_block=MR, min_tasks=p.min_tasks or MIN_TASKS,
                                fn=sym,
                                rank=max((len(x) for x in p.perms), default=0), perms=p.perms,
                                amx_fn=amx_sym, matrix_instruction=matrix.name if matrix else "",

@@ -26,10 +26,15 @@ class AttentionParams(KindParams):
     # "bfloat16" ("float16"): the two products take bf16 (fp16) operands on AMX tiles (amx.py; `--precision
     # bf16`/`auto` (`fp16`)), the float32 kernel kept for where the tiles cannot run; "float32": float32 throughout
     products: str = "float32"
+    # between the products: "softmax", or a plain GEMM chain's "none" or "relu" (fusion/attention.py)
+    middle: str = "softmax"
+    vectors: int = 0  # the schedule: the micro-kernel's vectors a row (lower.py); 0, the target's default
 
     def key(self) -> list:
         key = [repr(self.scale), self.k_transposed, self.mask_kind, repr(self.fill), self.nan_guard]
         key = key + [list(p) for p in self.perms] if any(self.perms) else key
         key = key if self.dtype == "float32" else key + [self.dtype]  # float32's op types as before the field
         key = key + ({"bfloat16": ["bf16"], "float16": ["f16"]}.get(self.products, []))
-        return key + ([f"tasks{self.min_tasks}"] if self.min_tasks else [])
+        key = key + ([f"tasks{self.min_tasks}"] if self.min_tasks else [])
+        key = key + ([f"nr{self.vectors}"] if self.vectors else [])
+        return key + ([self.middle] if self.middle != "softmax" else [])

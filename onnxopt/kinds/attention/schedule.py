@@ -1,13 +1,16 @@
 """The attention kernel's schedule space: the fewest tasks a call is split into (exec.c splits a (batch, head)'s
-query rows into more tasks until there are this many), the kind's default first. Its block order (b, m, l, k, n)
-and its column block are fixed (the search issue's to open)."""
+query rows into more tasks until there are this many) and, on 16-lane targets, the micro-kernel's vectors a row;
+the kind's default first. Its block order (b, m, l, k, n) is fixed (the search issue's to open)."""
 
 from ..schedule import Knob, ScheduleSpace, params_apply
-from .lower import MIN_TASKS
+from .lower import MIN_TASKS, NR, NR_WIDE
 
 
 def space(region, target):
     tasks = Knob("min_tasks", tuple(dict.fromkeys((MIN_TASKS, 1, 2, 4, 16, 32))),
                  "the fewest tasks a call is split into: fewer query rows a task rather than fewer tasks")
-    return ScheduleSpace("attention", (tasks,), params_apply({"min_tasks": MIN_TASKS}),
-                         note="its block order and column block are fixed")
+    knobs, defaults = [tasks], {"min_tasks": MIN_TASKS}
+    if target.float32_lanes >= 16:
+        knobs.append(Knob("vectors", (NR, NR_WIDE), "the micro-kernel's vectors a row (its column block)"))
+        defaults["vectors"] = NR
+    return ScheduleSpace("attention", tuple(knobs), params_apply(defaults), note="its block order is fixed")
