@@ -1,11 +1,12 @@
 """The recurrent kind's kernels (onnxopt/kinds/recurrent) against onnxruntime's LSTM and GRU, on the corpus's shapes.
 
-    python benchmarks/recurrent_cells.py [--threads 2] [--min-time 2]
+    python benchmarks/recurrent_cells.py [--threads 2] [--min-time 2] [--bf16]
 
 Per shape: a one-node model run by onnxruntime and the same model with the node as our kernel (built for this host,
 its library registered), timed interleaved in one process. Prints the medians, the ratio, the GFLOP/s and the rate
 at which the steps read R (the recurrent weights are read once a step: what bounds a batch-1 LSTM whose R does not
-fit in L2).
+fit in L2). `--bf16` also times the kernel with its W and R stored as bfloat16 (`--precision bf16`,
+kinds/recurrent/precision.py) in the same interleaved run, and gives its error against onnxruntime's float32.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 from onnxopt.kinds.recurrent import KIND  # noqa: E402
+from onnxopt.kinds.recurrent.precision import lower as lower_weights  # noqa: E402
 from onnxopt.timing import make_session, time_interleaved  # noqa: E402
 
 # (op, name, T, B, I, H, direction): the corpus's LSTMs and GRUs at batch 1, and at batch 8
@@ -36,20 +38,27 @@ SHAPES = [
 ]
 
 
-def _models(op, steps, batch, input_size, hidden, direction, folder, tag):
+def _models(op, steps, batch, input_size, hidden, direction, folder, tag, bf16=False):
     from kind_harness import fuse_kind
     from onnx_builders import rnn_model
 
     model = rnn_model(steps, batch, input_size, hidden, direction, op=op, states=False, outputs=(True, True, True))
     fused, lib, _, _ = fuse_kind(KIND, model, folder, name=f"rnn_{tag}.so")
-    return model, fused, lib
+    if not bf16:
+        return model, fused, lib
+    low, low_lib, _, _ = fuse_kind(KIND, model, folder, name=f"rnn_{tag}_bf16.so",
+                                   convert=lambda r: lower_weights(r, "bfloat16", 17))
+    return model, fused, lib, low, low_lib
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-time", type=float, default=2.0)
+    ap.add_argument("--bf16", action="store_true")
     a = ap.parse_args(argv)
+    if a.bf16:
+        return _bf16(a)
     print("| cell | layer | T x B x I x H, direction | onnxruntime us | onnxopt us | speedup | onnxopt GFLOP/s | "
           "R read GB/s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -69,6 +78,24 @@ def main(argv=None) -> None:
                   f"{t[1] * 1e6:.0f} | {t[0] / t[1]:.2f}x | {flops / t[1] / 1e9:.1f} | {r_bytes / t[1] / 1e9:.1f} |",
                   flush=True)
     print(f"geomean speedup {np.exp(np.mean(np.log(ratios))):.2f}x")
+
+
+def _bf16(a) -> None:
+    print("| cell | layer | onnxruntime us | float32 kernel us | bfloat16 weights us | bf16 / fp32 kernel | "
+          "bf16 vs onnxruntime | max error / max output |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        for i, (op, name, steps, batch, input_size, hidden, direction) in enumerate(SHAPES):
+            model, fused, lib, low, low_lib = _models(op, steps, batch, input_size, hidden, direction, folder, i,
+                                                      bf16=True)
+            x = np.random.default_rng(0).standard_normal((steps, batch, input_size)).astype(np.float32)
+            sessions = [make_session(model, a.threads), make_session(fused, a.threads, library=lib),
+                        make_session(low, a.threads, library=low_lib)]
+            want, got = sessions[0].run(None, {"x": x})[0], sessions[2].run(None, {"x": x})[0]
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            t = [r["median"] for r in time_interleaved(sessions, {"x": x}, min_time=a.min_time, max_blocks=100000)]
+            print(f"| {op} | {name} | {t[0] * 1e6:.0f} | {t[1] * 1e6:.0f} | {t[2] * 1e6:.0f} | {t[1] / t[2]:.2f}x | "
+                  f"{t[0] / t[2]:.2f}x | {err:.2g} |", flush=True)
 
 
 if __name__ == "__main__":

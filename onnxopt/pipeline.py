@@ -472,6 +472,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             attention = attention_amx.choose(opts.target, "f16" if f16 else "bf16")[0] is not None
             for r in regions:
                 if (r.compute is None and attention and r.params.family == "attention") or (
+                        r.compute is None and not f16 and r.params.family == "recurrent") or (
                         r.compute is not None and ((r.compute.op == "matmul" and r.compute.attrs.packed_b)
                                                    or (convs and (r.compute.op == "conv" if f16
                                                                   else blocked_conv_refusal(r) is None)))):

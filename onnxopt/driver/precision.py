@@ -31,6 +31,9 @@ What is lowered:
   compute-bound convolution. On an AMX target (whose cores run vdpbf16ps at half the FMA rate), an NCHW kernel's
   convolution is given the blocked kernel (NCHW in and out) to reach the tiles, and the convolutions the tiles do not
   speed up keep float32 (`amx_conv_refusal`).
+- recurrent cells (LSTM, GRU) under bf16, on every target: their packed W and R stored as bfloat16 and widened
+  exactly in the kernel (kinds/recurrent/precision.py): a batch-1 step streams R once a step, so half the bytes is
+  what speeds it up; h, c, the gates and the sums stay float32. fp16 keeps them float32.
 - attention chains, on an AMX-BF16 target only (fp16: AMX-FP16; onnxopt/kinds/attention/amx.py): Q, K^T, V and the
   softmax's weights rounded to bfloat16 (float16) for the two products on AMX tiles, the softmax and the sums
   float32; the float32 kernel runs where the tiles cannot (vdpbf16ps at half the FMA rate would gain nothing there).
@@ -74,6 +77,7 @@ from onnxopt.fusion.compute import FLOAT16_MAX, bfloat16_values, lower_packed_b,
 from onnxopt.fusion.layout import (blocked_conv_refusal, channel_vectors_apply, lower_blocked_conv,
                                    with_channel_vectors)
 from onnxopt.kinds.attention import amx as attention_amx
+from onnxopt.kinds.recurrent import precision as recurrent_precision
 from onnxopt.verify import LOW_PRECISION_TOLERANCE, Tolerance
 
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -210,8 +214,12 @@ def lower_regions(regions, precision: str, opset: int, target) -> tuple[list, li
     amx = (fp16_k_step(target) if f16 else bf16_k_step(target)) > 2  # the convolution tiles' instruction
     for r in regions:
         if r.compute is None:
+            why = "-"
             if r.params.family == "attention":  # its two products on AMX tiles, where the target has them
                 why = attention_amx.lower(r, target, "bf16" if B_DTYPE[precision] == "bfloat16" else "f16")
+            elif r.params.family == "recurrent":  # its packed W and R stored as bfloat16, on every target
+                why = recurrent_precision.lower(r, B_DTYPE[precision], opset)
+            if why != "-":
                 (kept.append({"nodes": r.node_names, "ops": r.describe(), "precision": "fp32", "reason": why})
                  if why else lowered.append(r))
             continue
@@ -245,8 +253,9 @@ def lowered_dtype(region) -> str | None:
     float32."""
     if region.compute is not None:
         return region.compute.attrs.b_dtype or region.compute.attrs.stored_dtype
-    products = getattr(region.params, "products", "float32")
-    return None if products == "float32" else products
+    # an attention chain's products, a recurrent cell's weights
+    low = getattr(region.params, "products", None) or getattr(region.params, "weights", "float32")
+    return None if low == "float32" else low
 
 
 def is_lowered(region) -> bool:
@@ -299,7 +308,9 @@ def _simulated(model: onnx.ModelProto, regions, round_a: bool, dtype: str = "bfl
     m.CopyFrom(model)
     opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 13)
     inits = {t.name: t for t in m.graph.initializer}
-    heads = {r.nodes[0].output[0]: r for r in regions if not _is_attention(r)}
+    heads = {r.nodes[0].output[0]: r for r in regions if not _is_attention(r) and not _is_recurrent(r)}
+    # a recurrent cell's W and R are stored as bfloat16: both rounded (h, c and the sums stay float32)
+    cells = {r.nodes[0].output[0] or r.nodes[0].name for r in regions if _is_recurrent(r)}
     # an attention chain's two products read bf16 operands (Q and K, then the weights and V): both rounded
     products = {n.output[0] for r in regions if _is_attention(r) for n in r.nodes if n.op_type == "MatMul"}
     new_nodes = []
@@ -308,6 +319,12 @@ def _simulated(model: onnx.ModelProto, regions, round_a: bool, dtype: str = "bfl
             for i in range(2):
                 new_nodes += _round_to(n.input[i], f"{n.output[0]}__bf16_{i}", opset, dtype)
                 n.input[i] = f"{n.output[0]}__bf16_{i}"
+        elif n.output and (n.output[0] or n.name) in cells:
+            for i in (1, 2):
+                w = numpy_helper.to_array(inits[n.input[i]]).astype(np.float32)
+                wname = f"{n.output[0] or n.name}__bf16_{i}"
+                m.graph.initializer.append(numpy_helper.from_array(_values(w, dtype), wname))
+                n.input[i] = wname
         elif n.output and n.output[0] in heads and n.op_type in LOWERED_OPS and n.input[1] in inits:
             b = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
             bname = f"{n.output[0]}__bf16_b"
@@ -328,6 +345,10 @@ LOWERED_OPS = ("MatMul", "Gemm", "Conv")
 
 def _is_attention(region) -> bool:
     return region.compute is None and region.params.family == "attention"
+
+
+def _is_recurrent(region) -> bool:
+    return region.compute is None and region.params.family == "recurrent"
 
 
 VELTKAMP_BF16 = float(2 ** 16 + 1)  # float32's 24-bit significand split at 16 bits: the high 8 are bfloat16's
@@ -411,7 +432,8 @@ def choose_auto(model, regions, budget: float, round_a: bool, run, dtype: str = 
     simulated model stays within the budget is found by bisection (the error grows with the regions taken, near
     enough monotonically): about log2(regions) sessions, not one per region."""
     names = [o.name for o in model.graph.output]
-    gemms = {id(r): (None, None) if _is_attention(r) else _gemm_of(model, r) for r in regions}
+    # an attention chain's or a recurrent cell's own error comes from simulating it whole (below)
+    gemms = {id(r): (None, None) if _is_attention(r) or _is_recurrent(r) else _gemm_of(model, r) for r in regions}
     refused = [{"nodes": r.node_names, "ops": r.describe(), "precision": "fp32",
                 "reason": "its B is not an initializer, which the accuracy simulation needs"}
                for r in regions if gemms[id(r)] is None]
@@ -440,7 +462,7 @@ def choose_auto(model, regions, budget: float, round_a: bool, run, dtype: str = 
     own = []
     for r in regions:
         node, b = gemms[id(r)]
-        if node is None:  # an attention chain: its output with only its own products in bf16, in onnxruntime
+        if node is None:  # an attention chain or a recurrent cell: its output with only its own rounding
             exact = np.asarray(a_values[r.outputs[0]], np.float64)
             low = np.asarray(run(_simulated(probe, [r], round_a, dtype), [r.outputs[0]])[0], np.float64)
             scale = float(np.max(np.abs(exact))) if exact.size else 0.0

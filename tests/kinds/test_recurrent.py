@@ -13,6 +13,7 @@ from fresh_process import run_written
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kind_harness import fuse_kind
+from onnx import TensorProto
 from onnx_builders import rnn_model
 
 import onnxopt
@@ -198,3 +199,49 @@ def test_a_written_model_runs_its_kernel_in_a_fresh_process(tmp_path, op):
     assert any(k.startswith("recurrent_") for k in loaded["calls"]), loaded
     want = make_session(model, 1, optimization="none").run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("op,opset", [("LSTM", 17), ("GRU", 17), ("LSTM", 11), ("GRU", 11)])
+def test_bfloat16_weights(tmp_path, op, opset):
+    """W and R stored as bfloat16 (BFLOAT16 from opset 13, UINT16 bits before): the kernel widens them exactly, so
+    it matches the function fallback (which decodes the same weights) to float32 rounding, and onnxruntime's float32
+    LSTM or GRU to bfloat16's."""
+    from onnxopt.kinds.recurrent.precision import lower
+
+    model = rnn_model(9, 2, 40, 36, "bidirectional", op=op, opset=opset)
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path, convert=lambda r: lower(r, "bfloat16", opset))
+    assert region.params.weights == "bfloat16"
+    types = {t.name: t.data_type for t in fused.graph.initializer}
+    want_type = TensorProto.BFLOAT16 if opset >= 13 else TensorProto.UINT16
+    assert [types[region.inputs[1]], types[region.inputs[2]]] == [want_type] * 2
+    feeds = _feeds(model, 9, 2)
+    want = make_session(model, 1, optimization="none").run(None, feeds)
+    got = make_session(fused, 2, library=lib).run(None, feeds)
+    alone = make_session(fused, 1).run(None, feeds)
+    for w, g, a in zip(want, got, alone):
+        np.testing.assert_allclose(g, a, rtol=1e-5, atol=1e-5)
+        assert 0 < np.abs(g - w).max() < 0.02 * np.abs(w).max()
+
+
+def test_precision_bf16_writes_bfloat16_weights_that_run(tmp_path):
+    """`--precision bf16` lowers the recurrent kernel; the written model runs its kernel through the public loader
+    in a fresh process, within bfloat16's tolerance of the float32 original."""
+    model = rnn_model(16, 1, 64, 96, "bidirectional", states=False, outputs=(True, False, False))
+    src, out = tmp_path / "lstm.onnx", tmp_path / "lstm_bf16.onnx"
+    onnx.save(model, str(src))
+    result = onnxopt.optimize(str(src), str(out), precision="bf16", threads=2, plan="compute", min_speedup=0.0)
+    assert [r.get("weights_dtype") for r in result.report["regions"]] == ["bfloat16"], result.report["regions"]
+    x = np.random.default_rng(4).standard_normal((16, 1, 64)).astype(np.float32)
+    got, loaded = run_written(out, x, tmp_path)
+    assert any(k.startswith("recurrent_") for k in loaded["calls"]), loaded
+    want = make_session(model, 1, optimization="none").run(None, {"x": x})[0]
+    assert np.abs(got - want).max() < 0.02 * np.abs(want).max()
+
+
+def test_precision_auto_simulates_the_recurrent_kernel():
+    """`auto` rounds the cell's W and R in its simulation and takes bf16 within the budget."""
+    model = rnn_model(8, 1, 32, 48, "forward", states=False)
+    result = onnxopt.optimize(model, precision="auto", accuracy_budget=0.05, threads=1, plan="compute",
+                              min_speedup=0.0)
+    assert [r.get("weights_dtype") for r in result.report["regions"]] == ["bfloat16"], result.report
+    assert result.report["precision"]["auto"]["regions_simulated"] == 1

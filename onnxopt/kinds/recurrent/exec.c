@@ -17,7 +17,8 @@
 
 typedef struct {
   const onnxopt_recurrent_desc *d;
-  const float *x, *wp, *rp, *bp;
+  const float *x, *bp;
+  const char *wp, *rp;       /* the packed weights: weight_bytes each */
   float *gx, *h, *c;         /* gx [T * B][D][NB][4 slots][16]; h [D][2][B][hp]; c [D][B][hp] (an LSTM's) */
   float *y;                  /* Y [T][D][B][H] or NULL */
   int64_t steps, batch, nb, hp, groups, per_group;
@@ -38,7 +39,7 @@ static void recurrent_proj_task(void *usr, size_t index) {
   if (b1 > j->nb) b1 = j->nb;
   if (b0 >= b1) return;
   const onnxopt_recurrent_desc *d = j->d;
-  d->proj(j->x, j->wp + (int64_t)dir * j->nb * d->input_size * d->gates * RECURRENT_BLOCK,
+  d->proj(j->x, j->wp + (int64_t)dir * j->nb * d->input_size * d->gates * RECURRENT_BLOCK * d->weight_bytes,
           j->bp + (int64_t)dir * j->nb * RECURRENT_SLOTS, j->gx + (int64_t)dir * j->nb * RECURRENT_SLOTS,
           j->steps * j->batch, d->input_size, rec_gx_stride(j), b0, b1);
 }
@@ -50,7 +51,7 @@ static void rec_step(const recurrent_job *j, int dir, int64_t s, int64_t b0, int
   const onnxopt_recurrent_desc *d = j->d;
   int64_t t = rec_backward(j, dir) ? j->steps - 1 - s : s;
   int64_t stride = rec_gx_stride(j);
-  const float *rp = j->rp + (int64_t)dir * j->nb * d->hidden * d->gates * RECURRENT_BLOCK;
+  const char *rp = j->rp + (int64_t)dir * j->nb * d->hidden * d->gates * RECURRENT_BLOCK * d->weight_bytes;
   const float *gx = j->gx + t * j->batch * stride + (int64_t)dir * j->nb * RECURRENT_SLOTS;
   const float *h_prev = rec_h(j, dir, (int)(s % 2));
   float *h_next = rec_h(j, dir, (int)((s + 1) % 2)), *c = rec_c(j, dir);
@@ -126,10 +127,10 @@ static OrtStatus *recurrent_execute(const onnxopt_recurrent_desc *d, OrtKernelCo
   j.steps = dims[0];
   j.batch = dims[1];
   const float *state_in[2] = {NULL, NULL};
-  const float **tables[3] = {&j.wp, &j.rp, &j.bp};
+  const void **tables[3] = {(const void **)&j.wp, (const void **)&j.rp, (const void **)&j.bp};
   for (int i = 0; i < 3; i++) {
     CHECK(glue_input(ctx, 1 + i, dims, &rank, &data));
-    *tables[i] = (const float *)data;
+    *tables[i] = data;
   }
   int next = 4;
   for (int k = 0; k < 2; k++) {
@@ -184,7 +185,7 @@ static OrtStatus *recurrent_execute(const onnxopt_recurrent_desc *d, OrtKernelCo
       st = API(KernelContext_ParallelFor)(ctx, recurrent_proj_task, tasks, 0, &j);
     }
     /* phase 2 */
-    int64_t r_bytes = j.nb * (int64_t)d->hidden * d->gates * RECURRENT_BLOCK * (int64_t)sizeof(float);
+    int64_t r_bytes = j.nb * (int64_t)d->hidden * d->gates * RECURRENT_BLOCK * d->weight_bytes;
     if (!st && d->directions == 1 && r_bytes > RECURRENT_SPLIT_BYTES && j.nb > 1) {
       j.groups = r_bytes / (RECURRENT_SPLIT_BYTES / 2);
       if (j.groups > j.nb) j.groups = j.nb;

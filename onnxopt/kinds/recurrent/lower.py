@@ -61,6 +61,21 @@ def _load(b, base, index):
     return b.load(_at(b, base, index), typ=VEC, align=4)
 
 
+def _weight_loader(weights: str):
+    """load(b, base, index): one block's vector of packed weights as float32, from float32 or from bfloat16 (its bits
+    are a float32's upper half: zero-extended and shifted, exactly)."""
+    if weights == "float32":
+        return _load
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+
+    def load(b, base, index):
+        bits = b.load(b.gep(base, [index], source_etype=i16), typ=ir.VectorType(i16, BLOCK), align=2)
+        wide = b.shl(b.zext(bits, ir.VectorType(i32, BLOCK)), ir.Constant(ir.VectorType(i32, BLOCK), [16] * BLOCK))
+        return b.bitcast(wide, VEC)
+
+    return load
+
+
 def _row_chunks(b, rows, mr, body):
     """body(r0, m) for chunks of mr rows, then for the remaining rows one at a time."""
     full = b.mul(b.sdiv(rows, _i(mr)), _i(mr))
@@ -69,21 +84,23 @@ def _row_chunks(b, rows, mr, body):
         for_range(b, full, rows, _i(1), lambda r0, _a: body(r0, 1) or [])
 
 
-def define_proj(module: ir.Module, name: str, mr: int, gates: int) -> str:
+def define_proj(module: ir.Module, name: str, mr: int, gates: int, weights: str = "float32") -> str:
+    wload = _weight_loader(weights)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, PTR] + [I64] * 5), name=name)
     x, wp, bp, gx, rows, in_size, gx_stride, b0, b1 = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    block_floats = b.mul(in_size, _i(gates * BLOCK))  # one block's weights
+    block_floats = b.mul(in_size, _i(gates * BLOCK))  # one block's weights, in elements
 
     def block(blk, _a):
-        w_blk = _at(b, wp, b.mul(blk, block_floats))
+        w0 = b.mul(blk, block_floats)  # block blk's first weight, in elements
         bias = [_load(b, bp, b.add(b.mul(blk, _i(SLOTS * BLOCK)), _i(g * BLOCK))) for g in range(SLOTS)]
 
         def tile(r0, m):
             x_rows = [_at(b, x, b.mul(b.add(r0, _i(j)), in_size)) for j in range(m)]
 
             def k_step(i, acc):
-                w = [_load(b, w_blk, b.add(b.mul(i, _i(gates * BLOCK)), _i(g * BLOCK))) for g in range(gates)]
+                row = b.add(w0, b.mul(i, _i(gates * BLOCK)))
+                w = [wload(b, wp, b.add(row, _i(g * BLOCK))) for g in range(gates)]
                 out = []
                 for j in range(m):
                     xs = broadcast(b, b.load(_at(b, x_rows[j], i), typ=F32, align=4), BLOCK)
@@ -104,8 +121,9 @@ def define_proj(module: ir.Module, name: str, mr: int, gates: int) -> str:
     return name
 
 
-def define_step(module: ir.Module, name: str, mr: int, ksplit: int, cell: str) -> str:
+def define_step(module: ir.Module, name: str, mr: int, ksplit: int, cell: str, weights: str = "float32") -> str:
     gates = 4 if cell == "lstm" else 3
+    wload = _weight_loader(weights)
     # the slots of gx each accumulator starts from: an LSTM's four gates; a GRU's z, r and Rbh (its h gate's input
     # part, slot 2, joins after the reset gate scales the recurrent part)
     starts = [0, 1, 2, 3] if cell == "lstm" else [0, 1, 3]
@@ -115,7 +133,7 @@ def define_step(module: ir.Module, name: str, mr: int, ksplit: int, cell: str) -
     block_floats = b.mul(hidden, _i(gates * BLOCK))
 
     def block(blk, _a):
-        r_blk = _at(b, rp, b.mul(blk, block_floats))
+        r0_blk = b.mul(blk, block_floats)  # block blk's first weight, in elements
         unit = b.mul(blk, _i(BLOCK))
 
         def tile(r0, m):
@@ -129,7 +147,7 @@ def define_step(module: ir.Module, name: str, mr: int, ksplit: int, cell: str) -
 
             def k_step(k, acc, s=0):
                 row = b.mul(k, _i(gates * BLOCK))
-                w = [_load(b, r_blk, b.add(row, _i(g * BLOCK))) for g in range(gates)]
+                w = [wload(b, rp, b.add(r0_blk, b.add(row, _i(g * BLOCK)))) for g in range(gates)]
                 out = list(acc)
                 for j in range(m):
                     hs = broadcast(b, b.load(_at(b, h_rows[j], k), typ=F32, align=4), BLOCK)
@@ -174,12 +192,14 @@ def build(region, target: Target) -> tuple[bytes, RecurrentKernelDesc, str]:
     module = new_module(target, region.op_type)
     set_features(module, target.features)
     proj_rows, step_rows, ksplit = tile_rows(target, p.gates)
-    proj = define_proj(module, f"{region.op_type}_proj", proj_rows, p.gates)
-    step = define_step(module, f"{region.op_type}_step", step_rows, ksplit, p.cell)
+    proj = define_proj(module, f"{region.op_type}_proj", proj_rows, p.gates, p.weights)
+    step = define_step(module, f"{region.op_type}_step", step_rows, ksplit, p.cell, p.weights)
     ir_text = str(module)
     obj = compile_object(ir_text, target, vectorize=False)
     n_in = 4 + int(p.has_h0) + int(p.has_c0)
-    desc = RecurrentKernelDesc(op_type=region.op_type, in_types=[TensorProto.FLOAT] * n_in,
+    in_types = [TensorProto.FLOAT] * n_in
+    in_types[1] = in_types[2] = p.weight_type  # FLOAT, or the bfloat16 weights' BFLOAT16 (UINT16 before opset 13)
+    desc = RecurrentKernelDesc(op_type=region.op_type, in_types=in_types,
                                out_types=[TensorProto.FLOAT] * sum(p.outputs), params=p, proj=proj, step=step)
     return obj, desc, ir_text
 

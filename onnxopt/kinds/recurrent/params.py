@@ -24,6 +24,10 @@ class RecurrentParams(KindParams):
     # The schedule: the steps run the blocks in alternating order (exec.c), so the blocks of R one step read last,
     # still in L2, are the next step's first; False: always in ascending order.
     serpentine: bool = True
+    # "bfloat16": the packed W and R stored as bfloat16 (precision.py), widened in the kernel; the op's inputs 1 and 2
+    # are then of `weight_type` (BFLOAT16, or UINT16 before opset 13: the same bits)
+    weights: str = "float32"
+    weight_type: int = 1
     body: tuple = field(default=(), compare=False, hash=False)  # the function fallback's nodes (find.py)
 
     @property
@@ -36,7 +40,8 @@ class RecurrentParams(KindParams):
 
     def key(self) -> list:
         return [self.cell, self.directions, self.reverse, self.hidden, self.input_size, self.has_h0, self.has_c0,
-                list(self.outputs)] + ([] if self.serpentine else ["ascending"])
+                list(self.outputs)] + ([] if self.serpentine else ["ascending"]) + \
+            ([self.weights, self.weight_type] if self.weights != "float32" else [])
 
     def fallback_body(self) -> list:
         return list(self.body)
