@@ -245,3 +245,14 @@ def test_precision_auto_simulates_the_recurrent_kernel():
                               min_speedup=0.0)
     assert [r.get("weights_dtype") for r in result.report["regions"]] == ["bfloat16"], result.report
     assert result.report["precision"]["auto"]["regions_simulated"] == 1
+
+
+def test_a_cell_whose_bf16_error_compounds_keeps_its_float32_kernel():
+    """Over 64 steps of 256 units, bfloat16 weights put the cell past the bf16 kernel tolerance (bf16_error), so
+    `--precision bf16` keeps its float32 kernel and says why, rather than leaving it to onnxruntime."""
+    model = rnn_model(64, 1, 64, 256, "forward", states=False, outputs=(True, False, False))
+    result = onnxopt.optimize(model, precision="bf16", threads=1, plan="compute", min_speedup=0.0, measure=False)
+    kept = result.report["precision"]["float32_regions"]
+    assert len(kept) == 1 and "past the bf16 kernel tolerance" in kept[0]["reason"], kept
+    assert [(x["op_type"].split("_")[0], x.get("weights_dtype")) for x in result.report["regions"]] == \
+        [("recurrent", None)]
