@@ -64,11 +64,11 @@ def report(region, feeds: dict, desc) -> dict:
     tiles_run = bool(desc.amx_fn) and L >= desc.amx_min_keys
     rows = task_rows(M, heads, desc.min_tasks, amx.ROWS if tiles_run else MR)
     buffer = amx_scratch_floats(L, d, dv) if tiles_run else scratch_floats(L, d, dv, desc.block)
-    chain = gemm_chain(M, dv, d, L, batch=heads, middle="softmax")
+    chain = gemm_chain(M, dv, d, L, batch=heads, middle=None if p.middle == "none" else p.middle)
     tiles = {"b": 1, "m": rows, "l": L, "k": d, "n": dv}
     order = ("b", "m", "l", "k", "n")
     moved = movement(chain, order, tiles)
-    strategy, why = softmax_strategy(chain, tiles)
+    strategy, why = softmax_strategy(chain, tiles) if p.middle == "softmax" else (None, None)
     return {"data_movement": {
         "extents": {"heads": heads, "M": M, "L": L, "d": d, "dv": dv}, "order": "".join(order), "tiles": tiles,
         "illegal": illegal(chain, order, tiles), "buffer_floats": buffer,

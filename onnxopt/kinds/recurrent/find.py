@@ -178,7 +178,7 @@ def _region(node, rule: ElementwiseRule) -> Region:
     has_b = len(node.input) > 3 and bool(node.input[3])
     b = numpy_helper.to_array(rule.inits[node.input[3]]).astype(np.float32) if has_b else \
         np.zeros((directions, 2 * gates * hidden), np.float32)
-    uid = node.output[0] or node.name or cell.name
+    uid = next(o for o in node.output if o)  # one is used (refusal): a name no other node's tables share
     names = {"w": f"{uid}__packed_w", "r": f"{uid}__packed_r", "b": f"{uid}__packed_b"}
     tables = {"w": packed_weights(w, hidden, gates), "r": packed_weights(r, hidden, gates),
               "b": packed_bias(b, hidden, cell.name)}
