@@ -1,6 +1,7 @@
 /* The attention kind's executor: the leading dims (batch, heads) broadcast between Q, K, V and the mask; one task
    per (leading index, block of query rows), over ORT's pool. A task packs its head's K^T and V in panels (attn_pack)
-   and calls the kernel on its rows, which keeps the scores of one micro-kernel block of rows at a time: its working
+   (or, where a head is split into several row tasks, every head is packed once first) and calls the kernel on its
+   rows, which keeps the scores of one micro-kernel block of rows at a time: its working
    set is K^T and V, L * (d + dv) floats, and MR score rows (the row-kept order, T_L = L, of the data-movement model,
    onnxopt/annotate/data_movement.py; kinds/attention/plan.py reports it). */
 
@@ -20,6 +21,8 @@ typedef struct {
   int amx;               /* the 16-bit kernel on AMX tiles runs (desc amx_fn, and the CPU and the OS allow it) */
   int64_t lp, dp, lk, dvp; /* its padded extents (amx.py): L to 64, d to 32, L to 32, dv to 64 */
   int failed;
+  float *shared;         /* a head split into several row tasks: every head's panels, packed once (attn_pack_task) */
+  size_t k_floats, v_floats; /* a head's packed K^T and V */
 } attn_job;
 
 /* K^T in panels of W keys ([d][W] each, keys past L zeros) and V in panels of W columns ([L][W] each, columns past
@@ -157,47 +160,68 @@ static void attn_pack16(const attn_job *j, const float *k, const float *v, uint3
    o [16][dvp]. */
 static size_t attn_amx_scratch(const attn_job *j) { return (size_t)(16 * j->lp + 8 * j->dp + 8 * j->lp + 16 * j->dvp); }
 
-static void attn_task(void *usr, size_t index) {
-  attn_job *j = (attn_job *)usr;
-  const onnxopt_attention_desc *d = j->d;
-  int64_t li = (int64_t)index / j->blocks, r0 = ((int64_t)index % j->blocks) * j->rows;
-  int64_t rows = j->M - r0 < j->rows ? j->M - r0 : j->rows;
-  int64_t off[5] = {0, 0, 0, 0, 0}, rest = li;
+/* The offsets of leading index li in q, k, v, the mask and the output. */
+static void attn_offsets(const attn_job *j, int64_t li, int64_t off[5]) {
+  int64_t rest = li;
+  for (int t = 0; t < 5; t++) off[t] = 0;
   for (int i = j->lead_n - 1; i >= 0; i--) {
     int64_t x = rest % j->lead[i];
     rest /= j->lead[i];
     for (int t = 0; t < 5; t++) off[t] += x * j->st[t][i];
   }
+}
+
+/* Head li's K^T and V, packed as the kernel reads them, at kp and vp. */
+static void attn_pack_head(const attn_job *j, int64_t li, float *kp, float *vp) {
+  int64_t off[5];
+  attn_offsets(j, li, off);
+  if (j->amx)
+    attn_pack16(j, j->k + off[1], j->v + off[2], (uint32_t *)kp, (uint32_t *)vp);
+  else
+    attn_pack(j, j->k + off[1], j->v + off[2], kp, vp, j->d->block);
+}
+
+/* With a head split into several row tasks, its panels are packed once, here, not once a task: a head of one batch
+   (Chimera's G10-G12, 1 x 512..1024 rows) ran 8 tasks that each packed all of K^T and V. */
+static void attn_pack_task(void *usr, size_t index) {
+  attn_job *j = (attn_job *)usr;
+  float *kp = j->shared + index * (j->k_floats + j->v_floats);
+  attn_pack_head(j, (int64_t)index, kp, kp + j->k_floats);
+}
+
+static void attn_task(void *usr, size_t index) {
+  attn_job *j = (attn_job *)usr;
+  const onnxopt_attention_desc *d = j->d;
+  int64_t li = (int64_t)index / j->blocks, r0 = ((int64_t)index % j->blocks) * j->rows;
+  int64_t rows = j->M - r0 < j->rows ? j->M - r0 : j->rows;
+  int64_t off[5];
+  attn_offsets(j, li, off);
   int64_t L = j->L, W = d->block;
   int64_t kp_ps = j->d_ * W, vp_ps = L * W;
-  size_t k_floats = (size_t)((L + W - 1) / W) * (size_t)kp_ps, v_floats = (size_t)((j->dv + W - 1) / W) * (size_t)vp_ps;
   size_t s_floats = (size_t)d->rows_block * j->s_rs; /* the scores of one block of rows at a time */
   if (j->amx) { /* the pairs (one float's room each) and the 16-bit kernel's scratch */
     kp_ps = j->lp;
     vp_ps = j->dvp;
-    k_floats = (size_t)(j->dp / 2 * j->lp);
-    v_floats = (size_t)(j->lk / 2 * j->dvp);
     s_floats = attn_amx_scratch(j);
   }
+  size_t panels = j->shared ? 0 : j->k_floats + j->v_floats; /* this task's own packing */
   int expand_mask = d->mask_kind && j->mask_ls == 0 && L > 1;
-  size_t scratch = s_floats + k_floats + v_floats + (expand_mask ? (size_t)(j->mask_rs ? rows : 1) * L : 0);
+  size_t scratch = s_floats + panels + (expand_mask ? (size_t)(j->mask_rs ? rows : 1) * L : 0);
   float *s = glue_floats(scratch ? scratch : 1);
   if (!s) {
     j->failed = 1;
     return;
   }
-  float *kp = s + s_floats, *vp = kp + k_floats;
-  if (j->amx)
-    attn_pack16(j, j->k + off[1], j->v + off[2], (uint32_t *)kp, (uint32_t *)vp);
-  else
-    attn_pack(j, j->k + off[1], j->v + off[2], kp, vp, W);
+  float *kp = j->shared ? j->shared + (size_t)li * (j->k_floats + j->v_floats) : s + s_floats;
+  float *vp = kp + j->k_floats;
+  if (!j->shared) attn_pack_head(j, li, kp, vp);
   const char *mask = NULL;
   int64_t mask_rs = 0;
   if (d->mask_kind) {
     mask = j->mask + (off[3] + r0 * j->mask_rs) * j->mask_size;
     mask_rs = j->mask_rs;
     if (expand_mask) { /* a mask broadcast along the keys: its rows written out (floats or bytes) */
-      char *e = (char *)(vp + v_floats);
+      char *e = (char *)(s + s_floats + panels);
       int64_t n_rows = j->mask_rs ? rows : 1;
       for (int64_t r = 0; r < n_rows; r++)
         for (int64_t l = 0; l < L; l++)
@@ -333,12 +357,29 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   if (rows > j.M) rows = j.M;
   j.rows = rows;
   j.blocks = (j.M + rows - 1) / rows;
-  size_t tasks = (size_t)(lead_total * j.blocks);
-  if (tasks == 1) {
-    attn_task(&j, 0);
-  } else {
-    OrtStatus *st = API(KernelContext_ParallelFor)(ctx, attn_task, tasks, 0, &j);
-    if (st) return st;
+  int64_t W = d->block;
+  j.k_floats = j.amx ? (size_t)(j.dp / 2 * j.lp) : (size_t)((j.L + W - 1) / W * j.d_ * W);
+  j.v_floats = j.amx ? (size_t)(j.lk / 2 * j.dvp) : (size_t)((j.dv + W - 1) / W * j.L * W);
+  if (j.blocks > 1) { /* every head's panels once, then the row tasks read them */
+    j.shared = glue_floats((size_t)lead_total * (j.k_floats + j.v_floats) + 1);
+    if (!j.shared) return fail(ORT_FAIL, "onnxopt: attention: out of memory for the packed keys and values");
+    if (lead_total == 1) {
+      attn_pack_task(&j, 0);
+    } else {
+      OrtStatus *st = API(KernelContext_ParallelFor)(ctx, attn_pack_task, (size_t)lead_total, 0, &j);
+      if (st) {
+        glue_release(j.shared);
+        return st;
+      }
+    }
   }
+  size_t tasks = (size_t)(lead_total * j.blocks);
+  OrtStatus *st = NULL;
+  if (tasks == 1)
+    attn_task(&j, 0);
+  else
+    st = API(KernelContext_ParallelFor)(ctx, attn_task, tasks, 0, &j);
+  glue_release(j.shared);
+  if (st) return st;
   return j.failed ? fail(ORT_FAIL, "onnxopt: attention: out of memory for a task's scratch") : NULL;
 }
