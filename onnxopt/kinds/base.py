@@ -17,6 +17,24 @@ def c_signature(prefix: str, op_type: str, kind_id: str, in_types: list[int], ou
                    f"{prefix}_out_types}}")
 
 
+def single_node_regions(nodes, ops, claimed: set[int], rejected: list[dict] | None, refusal, region) -> list:
+    """The regions of a kind whose region is one node: each unclaimed node of `ops` (default domain) that
+    `refusal(node)` does not refuse becomes `region(node)` and is claimed; a refused one adds its sentence to
+    `rejected` (when not None)."""
+    regions = []
+    for i, node in enumerate(nodes):
+        if i in claimed or node.op_type not in ops or node.domain not in ("", "ai.onnx"):
+            continue
+        why = refusal(node)
+        if why is not None:
+            if rejected is not None:
+                rejected.append({"nodes": [node.name or node.output[0]], "reason": f"{node.op_type}: {why}"})
+            continue
+        regions.append(region(node))
+        claimed.add(i)
+    return regions
+
+
 @dataclass(frozen=True)
 class Kind:
     """A fusion kind of its own folder (see onnxopt/kinds/__init__.py).

@@ -24,11 +24,11 @@ from onnx import helper, numpy_helper
 from onnxopt.fusion.elementwise import ElementwiseRule, _attr
 from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 
-from .params import BLOCK, RecurrentParams
+from ..base import single_node_regions
+from .params import BLOCK, SLOTS, RecurrentParams
 
 _ONNX = ("", "ai.onnx")
 DIRECTIONS = {b"forward": (1, False), b"reverse": (1, True), b"bidirectional": (2, False)}
-SLOTS = 4  # bias slots a block, and gate slots of the projection's output, for every cell
 
 
 @dataclass(frozen=True)
@@ -220,15 +220,5 @@ def _region(node, rule: ElementwiseRule) -> Region:
 
 def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
     rule = ElementwiseRule(model)
-    regions = []
-    for i, node in enumerate(rule.index.nodes):
-        if i in claimed or node.op_type not in CELLS or node.domain not in _ONNX:
-            continue
-        why = refusal(node, rule)
-        if why is not None:
-            if rejected is not None:
-                rejected.append({"nodes": [node.name or node.output[0]], "reason": f"{node.op_type}: {why}"})
-            continue
-        regions.append(_region(node, rule))
-        claimed.add(i)
-    return regions
+    return single_node_regions(rule.index.nodes, CELLS, claimed, rejected, lambda n: refusal(n, rule),
+                               lambda n: _region(n, rule))

@@ -29,13 +29,12 @@ from onnxopt.codegen.vmath.sigmoid import vsigmoid
 from onnxopt.codegen.vmath.tanh import vtanh
 
 from .desc import RecurrentKernelDesc
-from .params import BLOCK
+from .params import BLOCK, SLOTS
 
 F32 = ir.FloatType()
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
 VEC = ir.VectorType(F32, BLOCK)
-SLOTS = 4  # gate slots of gx and bias slots a block (find.py SLOTS), for every cell
 
 
 def tile_rows(target: Target, gates: int = 4) -> tuple[int, int, int]:

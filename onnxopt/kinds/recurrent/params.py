@@ -8,6 +8,7 @@ from typing import ClassVar
 from onnxopt.fusion.params import KindParams
 
 BLOCK = 16  # hidden units a packed block holds (one AVX-512 vector, two AVX2 ones): the packing's unit on every target
+SLOTS = 4  # bias slots a block, and gate slots of the projection's output (gx), for every cell
 
 
 @dataclass(frozen=True)

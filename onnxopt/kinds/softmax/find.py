@@ -12,6 +12,7 @@ import onnx
 from onnxopt.fusion.elementwise import ElementwiseRule, _attr
 from onnxopt.fusion.region import EwOp, EwProgram, Region, Value
 
+from ..base import single_node_regions
 from .params import SoftmaxParams
 
 OPS = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
@@ -33,15 +34,8 @@ def refusal(node, rule: ElementwiseRule) -> str | None:
 
 def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict] | None = None) -> list[Region]:
     rule = ElementwiseRule(model)
-    regions = []
-    for i, node in enumerate(rule.index.nodes):
-        if i in claimed or node.op_type not in OPS or node.domain not in ("", "ai.onnx"):
-            continue
-        why = refusal(node, rule)
-        if why is not None:
-            if rejected is not None:
-                rejected.append({"nodes": [node.name or node.output[0]], "reason": f"{node.op_type}: {why}"})
-            continue
+
+    def region(node) -> Region:
         x, y = node.input[0], node.output[0]
         rank = rule.info[x].rank
         axis = int(_attr(node, "axis", -1 if rule.opset >= 13 else 1)) % rank
@@ -51,8 +45,8 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
                             outputs=[Value(y, dt)])
         dims = rule.info[x].shape or [None] * rank
         shape = [d if isinstance(d, (int, str)) and not str(d).startswith("unk__") else None for d in dims]
-        region = Region("softmax", [node], [x], [y], program, shape)
-        region.params = SoftmaxParams(OPS[node.op_type], axis, dt, columns=rule.opset >= 13 and axis != rank - 1)
-        claimed.add(i)
-        regions.append(region)
-    return regions
+        r = Region("softmax", [node], [x], [y], program, shape)
+        r.params = SoftmaxParams(OPS[node.op_type], axis, dt, columns=rule.opset >= 13 and axis != rank - 1)
+        return r
+
+    return single_node_regions(rule.index.nodes, OPS, claimed, rejected, lambda n: refusal(n, rule), region)
