@@ -213,6 +213,8 @@ def cmd_tune(argv) -> int:
     p.add_argument("--cost-cache", metavar="PATH", help="the SQLite file the records go to (default: the cost "
                    "cache optimize reads)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--retune", action="store_true", help="search again the matmuls the cost cache has tuning records "
+                   "of already (by default they are reused: another model, or a batch, tuned them)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--verbose", action="store_true")
     a = p.parse_args(argv)
@@ -240,12 +242,16 @@ def cmd_tune(argv) -> int:
         if r.skipped:
             print(f"matmul {M}x{K}x{N}: skipped ({r.skipped})")
             return
+        if r.reused:
+            print(f"matmul {M}x{K}x{N}: tuned before, its records reused (best {2.0 * M * K * N / 1e9 / r.best_s:.1f} "
+                  "GFLOP/s; --retune searches again)")
+            return
         gf = 2.0 * M * K * N / 1e9
         print(f"matmul {M}x{K}x{N}: default {gf / r.default_s:.1f} GFLOP/s, tuned {gf / r.best_s:.1f} GFLOP/s "
               f"({r.default_s / r.best_s:.2f}x) after {r.trials} trials in {r.seconds:.0f} s", flush=True)
 
     results = tune_model(a.input, target, a.threads, a.trials, cache, parse_input_shapes(a.input_shape),
-                         a.seed, on_problem=show)
+                         a.seed, on_problem=show, retune=a.retune)
     if a.json:
         print(json.dumps({"cost_cache": cache.path, "problems": [r.to_dict() for r in results]}, indent=1))
     elif not results:
@@ -382,6 +388,10 @@ def cmd_batch(argv) -> int:
                    help="seconds of timing per side in `onnxopt bench` (default 2)")
     p.add_argument("--ray", metavar="auto|ADDRESS", help="run the models as tasks of a Ray cluster (needs "
                    "onnxopt[ray]; OUT_DIR must be on a file system every node shares)")
+    p.add_argument("--tune", type=int, metavar="TRIALS", help="before optimizing each model, run `onnxopt tune` on "
+                   "it (TRIALS measured candidates a matmul) into the cost cache its optimization reads; a matmul "
+                   "another model of the batch tuned already is reused, not searched again (with --ray, give a "
+                   "--cost-cache on a file system every node shares)")
     add_pass_through(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary table")
     p.add_argument("--verbose", action="store_true", help="a traceback with an error of the batch itself")
@@ -389,6 +399,7 @@ def cmd_batch(argv) -> int:
     try:
         result = run_batch(a.sources, a.output, jobs=a.jobs, timeout=a.timeout, memory_limit_gb=a.memory_limit,
                            retry_failed=a.retry_failed, bench=not a.no_bench, bench_time=a.bench_time, ray=a.ray,
+                           tune=a.tune,
                            quiet=a.quiet, console=make_console(stderr=True, quiet=a.quiet), **pick(vars(a)))
     except KeyboardInterrupt:
         print(f"onnxopt: interrupted; the models finished so far are recorded in {a.output}/batch-state.json "

@@ -354,16 +354,19 @@ class CostCache:
                          json.dumps(point, sort_keys=True), None if seconds is None else float(seconds), source,
                          time.time()))
 
-    def get_records(self, kind: str, shape, target: str, dtype: str, threads) -> list[tuple[object, float | None]]:
-        """Every stored measurement of this problem on this machine and these versions: [(point, seconds)]."""
+    def get_records(self, kind: str, shape, target: str, dtype: str, threads,
+                    source: str | None = None) -> list[tuple[object, float | None]]:
+        """Every stored measurement of this problem on this machine and these versions (only those of `source`,
+        "tune" or "default", where given): [(point, seconds)]."""
         if self._conn is None:
             return []
         _, cols = self._key("record", kind, [list(shape)], threads)
         rows = self._query("SELECT point, seconds FROM tuning_record WHERE kind = ? AND shape = ? AND target = ? "
                            "AND dtype = ? AND threads = ? AND cpus = ? AND ort_version = ? AND onnxopt_version = ? "
-                           "AND cpu = ? ORDER BY key",
+                           "AND cpu = ? AND source LIKE ? ORDER BY key",
                            (kind, json.dumps([int(d) for d in shape]), target, dtype, cols["threads"],
-                            cols["cpus"], cols["ort_version"], cols["onnxopt_version"], cols["cpu"])) or []
+                            cols["cpus"], cols["ort_version"], cols["onnxopt_version"], cols["cpu"],
+                            source or "%")) or []
         out = []
         for point, seconds in rows:
             try:

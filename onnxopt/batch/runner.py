@@ -32,9 +32,11 @@ class BatchResult:
 def run_batch(sources: list[str], out_dir: str, *, jobs: int = 1, timeout: float = 1800.0,
               memory_limit_gb: float | None = None, retry_failed: bool = False, bench: bool = True,
               bench_time: float = 2.0, ray: str | None = None, quiet: bool = False, console=None,
-              **optimize_options) -> BatchResult:
+              tune: int | None = None, **optimize_options) -> BatchResult:
     """Optimize every model of `sources` (.onnx files, folders, list files) into `out_dir`. `optimize_options`
-    are those of onnxopt.batch.options.PASS_THROUGH (threads=1, tune_budget=0, no_cost_cache=True, ...)."""
+    are those of onnxopt.batch.options.PASS_THROUGH (threads=1, tune_budget=0, no_cost_cache=True, ...). `tune`:
+    run `onnxopt tune` on each model first with this many trials a matmul, into the cost cache its optimization
+    reads (the matmuls an earlier model tuned are reused)."""
     from rich.console import Console
 
     console = console or Console(stderr=True, quiet=quiet)
@@ -42,6 +44,11 @@ def run_batch(sources: list[str], out_dir: str, *, jobs: int = 1, timeout: float
     timeout = positive_float(timeout, "--timeout")
     memory_limit_gb = None if memory_limit_gb is None else positive_float(memory_limit_gb, "--memory-limit")
     bench_time = positive_float(bench_time, "--bench-time")
+    if tune is not None:
+        tune = positive_int(tune, "--tune")
+        if optimize_options.get("no_cost_cache"):
+            raise UsageError("--tune writes its records to the cost cache the optimizations read: drop "
+                             "--no-cost-cache (or give --cost-cache PATH)")
     global_shapes = list(optimize_options.pop("input_shape", None) or [])
     base_args = optimize_argv(optimize_options)
     out_dir = os.path.abspath(os.path.expanduser(out_dir))
@@ -59,7 +66,7 @@ def run_batch(sources: list[str], out_dir: str, *, jobs: int = 1, timeout: float
         lock = _lock(out_dir)
         try:
             return _run(planned, out_dir, jobs, timeout, memory_limit_gb, retry_failed, bench, bench_time, ray,
-                        ray_module, console, base_args, global_shapes, optimize_options.get("threads"))
+                        ray_module, console, base_args, global_shapes, optimize_options.get("threads"), tune)
         finally:
             lock.close()
     finally:
@@ -172,8 +179,23 @@ def _model_args(base_args: list[str], global_shapes: list[str], source: Source) 
         + [w for spec in source.check_input for w in ("--check-input", spec)]
 
 
+# The optimize options `onnxopt tune` takes too (the same matmuls, threads, target and records), with their values.
+TUNE_SHARES = ("--threads", "--target", "--cost-cache", "--input-shape")
+
+
+def _tune_args(args: list[str], trials: int | None) -> list[str]:
+    """`onnxopt tune`'s arguments after the model for a model optimized with `args`; [] without --tune."""
+    if trials is None:
+        return []
+    out = ["--trials", str(trials), "--json"]
+    for i, w in enumerate(args[:-1]):
+        if w in TUNE_SHARES:
+            out += [w, args[i + 1]]
+    return out
+
+
 def _run(planned, out_dir, jobs, timeout, memory_limit_gb, retry_failed, bench, bench_time, ray, ray_module,
-         console, base_args, global_shapes, threads) -> BatchResult:
+         console, base_args, global_shapes, threads, tune) -> BatchResult:
     from .report import machine_info, summary_table, totals
     from .report_html import render_html
 
@@ -187,7 +209,8 @@ def _run(planned, out_dir, jobs, timeout, memory_limit_gb, retry_failed, bench, 
         env["ONNXOPT_BUILD_WORKERS"] = str(max(1, (os.cpu_count() or 1) // jobs))
     for i, s in enumerate(planned):
         args = _model_args(base_args, global_shapes, s)
-        sha, key = file_sha256(s.path), options_key(args)
+        tune_args = _tune_args(args, tune)
+        sha, key = file_sha256(s.path), options_key(args + (["--tune"] + tune_args if tune_args else []))
         name = s.rel + ".onnx"
         prev = state.previous(s.path, sha, key)
         if state.is_finished(prev):
@@ -198,7 +221,8 @@ def _run(planned, out_dir, jobs, timeout, memory_limit_gb, retry_failed, bench, 
         else:
             todo.append((i, ModelJob(s.path, s.output(out_dir), s.output(out_dir, ""), args,
                                      s.timeout or timeout, s.memory_limit_gb or memory_limit_gb,
-                                     bench, bench_time, threads, env, remove_previous=s.path in state.models),
+                                     bench, bench_time, threads, env, remove_previous=s.path in state.models,
+                                     tune_args=tune_args),
                           sha, key))
 
     def finished(i: int, sha: str, key: str, record: dict) -> None:

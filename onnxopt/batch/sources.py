@@ -24,7 +24,7 @@ STATE_FILE = "batch-state.json"
 REPORT_FILE = "report.json"
 HTML_FILE = "report.html"
 # What the batch writes for one model: <stem>.onnx and these suffixes after OUT_DIR/<relative folder>/<stem>.
-OUTPUT_SUFFIXES = (".onnx", ".onnx.so", ".onnx.data", ".report.json", ".bench.json", ".log")
+OUTPUT_SUFFIXES = (".onnx", ".onnx.so", ".onnx.data", ".report.json", ".bench.json", ".tune.json", ".log")
 
 
 @dataclass

@@ -84,6 +84,7 @@ class ModelJob:
     threads: int | None = None
     env: dict = field(default_factory=dict)   # added to the child's environment
     remove_previous: bool = False  # the state file says an earlier run wrote this model's files: delete them first
+    tune_args: list[str] = field(default_factory=list)  # `onnxopt tune MODEL ...`'s, run first; [] for none
 
 
 @dataclass
@@ -228,10 +229,13 @@ def run_model_job(job: ModelJob) -> dict:
         _remove_stale(job)
     log = job.stem_path + ".log"
     report_path = job.stem_path + ".report.json"
+    tuned = run_tune(job, log) if job.tune_args else None
     argv = [job.source, "-o", job.output, "--report", report_path, "-q", *job.optimize_args]
     child = run_child(argv, job.timeout, job.memory_limit_gb, log, job.env)
     record = {"source": job.source, "output": None, "report": None, "log": log, "exit_code": child.returncode,
               "wall_s": round(child.wall_s, 3), "reason": ""}
+    if tuned is not None:
+        record["tune"] = tuned
     if child.returncode != 0:
         status, reason = classify(child, job.timeout, job.memory_limit_gb)
         # onnxopt's messages start with the model's path, which the record names already
@@ -253,6 +257,26 @@ def run_model_job(job: ModelJob) -> dict:
             record["bench"] = run_bench(job)
         record["status"], record["reason"] = optimized_status(record.get("bench"), "--no-measure" in job.optimize_args)
     return record
+
+
+def run_tune(job: ModelJob, log: str) -> dict:
+    """`onnxopt tune MODEL` under the model's limits, before its optimization: what it tuned, or why it did not (a
+    failed tuning leaves the optimization to its default schedules; the model is not failed for it)."""
+    out_path = job.stem_path + ".tune.json"
+    child = run_child(["tune", job.source, *job.tune_args], job.timeout, job.memory_limit_gb, log, job.env,
+                      stdout_path=out_path)
+    if child.returncode != 0:
+        status, reason = classify(child, job.timeout, job.memory_limit_gb)
+        return {"status": status, "reason": reason.removeprefix(job.source + ": "), "wall_s": round(child.wall_s, 3)}
+    try:
+        problems = json.loads(child.stdout)["problems"]
+    except (ValueError, KeyError, TypeError):
+        return {"status": "crashed", "reason": "onnxopt tune wrote no JSON", "wall_s": round(child.wall_s, 3)}
+    return {"status": "tuned", "wall_s": round(child.wall_s, 3), "file": out_path,
+            "searched": sum(1 for p in problems if p.get("trials")),
+            "reused": sum(1 for p in problems if p.get("reused")),
+            "skipped": sum(1 for p in problems if p.get("skipped")),
+            "gains": [round(p["gain"], 3) for p in problems if p.get("gain")]}
 
 
 def optimized_status(bench: dict | None, no_measure: bool) -> tuple[str, str]:

@@ -372,6 +372,12 @@ def _write_cache(path: Path, m: Machine) -> None:
         raise
 
 
+def cached_machine() -> Machine | None:
+    """This machine's model where one was measured and cached already (quick or full), else None: for choices
+    that may read it but must not start a measurement."""
+    return _read_cache(cache_path())
+
+
 def load_machine(refresh: bool = False, quick: bool = False) -> Machine:
     """This machine's model: from the cache when present, else measured once and cached.
 

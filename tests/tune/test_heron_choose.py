@@ -104,6 +104,14 @@ def test_onnxopt_tune_fills_the_records(tmp_path):
     target_key = f"{TARGET.name}|{TARGET.cpu}|{TARGET.llvm_features}"
     recs = cache.get_records(KIND, (1, 32, 256, 160), target_key, "float32", 1)
     assert len(recs) >= 12 and any(s for _, s in recs)
+    # run again, the records are reused (nothing measured); --retune searches again
+    for extra, reused in (([], True), (["--retune"], False)):
+        r = subprocess.run([sys.executable, "-m", "onnxopt", "tune", str(path), "--trials", "4", "--threads", "1",
+                            "--cost-cache", str(cache_path), "--json", *extra], capture_output=True, text=True,
+                           env=env, timeout=600)
+        (again,) = json.loads(r.stdout)["problems"]
+        assert again.get("reused", False) is reused and again["trials"] == (0 if reused else 4), again
+        assert again["best_s"] <= p["best_s"] * (1.0 if reused else 10.0)
 
 
 @pytest.mark.parametrize("args,says", [(["missing.onnx"], "no such file"), (["{model}", "--trials", "0"], "--trials"),

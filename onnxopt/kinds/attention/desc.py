@@ -42,6 +42,8 @@ class AttentionKernelDesc:
     amx_emulated: bool = False  # the tiles were built as plain code (tile_program.emulating: tests)
     amx_f16: bool = False  # its tiles take float16 (tdpfp16ps, AMX-FP16), else bfloat16
     amx_min_keys: int = 0  # the fewest keys it runs for (amx.py MIN_KEYS); fewer run the float32 kernel
+    middle_softmax: bool = True  # a softmax between the products (else a plain chain's none or Relu)
+    key_floats: int = 0  # the float32 kernel's K^T, V and scores a block of keys may take (plan.py); 0: whole rows
 
     @property
     def uses_amx(self) -> bool:
@@ -59,4 +61,4 @@ class AttentionKernelDesc:
         return (f"{externs}{decls}static const onnxopt_attention_desc {prefix}_desc = {{{sig}, "
                 f"{int(self.k_transposed)}, {MASK_KINDS[self.mask_kind]}, {self.block}, {self.rows_block}, "
                 f"{self.min_tasks}, {self.fn}, {int(any(self.perms))}, {{{perms}}}, {self.amx_fn or 'NULL'}, "
-                f"{int(self.amx_f16)}, {self.amx_min_keys}}};\n")
+                f"{int(self.amx_f16)}, {self.amx_min_keys}, {int(self.middle_softmax)}, {self.key_floats}}};\n")

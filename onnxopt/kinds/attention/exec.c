@@ -15,6 +15,7 @@ typedef struct {
   int64_t mask_size, mask_rs, mask_ls;  /* element bytes; row and column strides of the mask (elements) */
   float *out;
   int64_t M, L, d_, dv, rows, blocks, s_rs;
+  int64_t key_block;     /* keys a kernel call (attn_key_blocks); L or more: whole rows, one call */
   int64_t q_rs, o_rs;    /* row strides */
   int64_t k_ls, k_ts;    /* strides of K between keys and between head-dim elements, in any layout */
   int64_t v_ls, v_cs;    /* strides of V between keys and between its columns */
@@ -189,6 +190,59 @@ static void attn_pack_task(void *usr, size_t index) {
   attn_pack_head(j, (int64_t)index, kp, kp + j->k_floats);
 }
 
+/* The keys in blocks of key_block (the data-movement model's T_L, plan.py key_block): one kernel call a block, so
+   a block's K^T and V panels stay in the core's cache for all of the task's rows instead of streaming from the
+   next level for each micro-kernel block of rows. A block's output goes to scratch and is merged into `out`: a
+   plain chain's partial products add up; a softmax's block outputs are each normalized by their own row max and
+   sum (kept after the scores by the kernel), so they merge as the online softmax does, the earlier ones rescaled
+   by exp(old max - new max). A block whose row is masked everywhere (max -inf) adds nothing; a row masked
+   everywhere in every block gives what the whole-row kernel gives: zeros with nan_guard, else NaN. */
+static void attn_key_blocks(const attn_job *j, const float *q, const float *kp, int64_t kp_ps, const float *vp,
+                            int64_t vp_ps, const char *mask, int64_t mask_rs, float *out, int64_t rows, float *s,
+                            int64_t s_rs) {
+  const onnxopt_attention_desc *d = j->d;
+  int64_t L = j->L, dv = j->dv, W = d->block, TL = j->key_block;
+  int softmax = d->middle_softmax;
+  float *stats = s + d->rows_block * s_rs, *part = stats + 2 * rows;
+  float *run = part + rows * dv; /* the running max and sum a row: after the block's output */
+  for (int64_t l0 = 0; l0 < L; l0 += TL) {
+    int64_t n = L - l0 < TL ? L - l0 : TL;
+    const char *m = mask ? mask + l0 * j->mask_size : NULL; /* a column a key (L > 1: broadcast ones expanded) */
+    float *dst = l0 == 0 ? out : part;
+    int64_t dst_rs = l0 == 0 ? j->o_rs : dv;
+    d->fn(q, j->q_rs, kp + l0 / W * kp_ps, kp_ps, vp + l0 * W, vp_ps, m, mask_rs, dst, dst_rs, rows, n, j->d_, dv,
+          s, s_rs);
+    for (int64_t r = 0; r < rows; r++) {
+      float *o = out + r * j->o_rs, *p = part + r * dv;
+      if (!softmax) {
+        if (l0) for (int64_t c = 0; c < dv; c++) o[c] += p[c];
+        continue;
+      }
+      float bmax = stats[2 * r], bsum = stats[2 * r + 1];
+      if (l0 == 0) {
+        run[2 * r] = bmax;
+        run[2 * r + 1] = bsum;
+        continue;
+      }
+      if (bmax == -INFINITY) continue; /* this block's keys are all masked for the row */
+      float rmax = run[2 * r], rsum = run[2 * r + 1];
+      if (rmax == -INFINITY) { /* every earlier block was masked: this block's output is the row's so far */
+        memcpy(o, p, (size_t)dv * sizeof(float));
+        run[2 * r] = bmax;
+        run[2 * r + 1] = bsum;
+        continue;
+      }
+      float mx = rmax > bmax ? rmax : bmax;
+      float a = rsum * expf(rmax - mx), b = bsum * expf(bmax - mx), inv = 1.0f / (a + b);
+      a *= inv;
+      b *= inv;
+      for (int64_t c = 0; c < dv; c++) o[c] = a * o[c] + b * p[c];
+      run[2 * r] = mx;
+      run[2 * r + 1] = (rsum * expf(rmax - mx)) + (bsum * expf(bmax - mx));
+    }
+  }
+}
+
 static void attn_task(void *usr, size_t index) {
   attn_job *j = (attn_job *)usr;
   const onnxopt_attention_desc *d = j->d;
@@ -198,7 +252,10 @@ static void attn_task(void *usr, size_t index) {
   attn_offsets(j, li, off);
   int64_t L = j->L, W = d->block;
   int64_t kp_ps = j->d_ * W, vp_ps = L * W;
-  size_t s_floats = (size_t)d->rows_block * j->s_rs; /* the scores of one block of rows at a time */
+  int64_t s_rs = j->key_block < L ? j->key_block : j->s_rs; /* a score row: the keys of one call */
+  /* the scores of one block of rows at a time, then each row's max and sum (lower.py); with key blocks, a
+     block's output rows */
+  size_t s_floats = (size_t)(d->rows_block * s_rs + 2 * rows) + (j->key_block < L ? (size_t)(rows * (j->dv + 2)) : 0);
   if (j->amx) { /* the pairs (one float's room each) and the 16-bit kernel's scratch */
     kp_ps = j->lp;
     vp_ps = j->dvp;
@@ -230,10 +287,16 @@ static void attn_task(void *usr, size_t index) {
       mask_rs = j->mask_rs ? L : 0;
     }
   }
-  int tiles = j->amx ? amx_tiles_configure() : 0; /* the bf16 kernel's tiles are named registers (amx.py) */
-  (j->amx ? d->amx_fn : d->fn)(j->q + off[0] + r0 * j->q_rs, j->q_rs, kp, kp_ps, vp, vp_ps, mask, mask_rs,
-                               j->out + off[4] + r0 * j->o_rs, j->o_rs, rows, L, j->d_, j->dv, s, j->s_rs);
-  amx_tiles_release(tiles);
+  const float *q = j->q + off[0] + r0 * j->q_rs;
+  float *out = j->out + off[4] + r0 * j->o_rs;
+  if (j->key_block < L) {
+    attn_key_blocks(j, q, kp, kp_ps, vp, vp_ps, mask, mask_rs, out, rows, s, s_rs);
+  } else {
+    int tiles = j->amx ? amx_tiles_configure() : 0; /* the bf16 kernel's tiles are named registers (amx.py) */
+    (j->amx ? d->amx_fn : d->fn)(q, j->q_rs, kp, kp_ps, vp, vp_ps, mask, mask_rs, out, j->o_rs, rows, L, j->d_,
+                                 j->dv, s, s_rs);
+    amx_tiles_release(tiles);
+  }
   glue_release(s);
 }
 
@@ -357,6 +420,22 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   if (rows > j.M) rows = j.M;
   j.rows = rows;
   j.blocks = (j.M + rows - 1) / rows;
+  /* keys a call: all of them unless a task's K^T and V panels and score rows, (d + dv + rows_block) floats a key,
+     are more than key_floats (the share of a core's cache the data-movement model gives them, plan.py) and a task
+     has more than one micro-kernel block of rows to reuse them: then the most whole panels that fit, balanced
+     over the blocks (plan.py key_block, the same rule, which the model's DV picks) */
+  j.key_block = j.L;
+  if (!j.amx && d->key_floats > 0 && j.rows > d->rows_block) {
+    int64_t W = d->block, per_key = j.d_ + j.dv + d->rows_block;
+    if (j.L * per_key > d->key_floats) {
+      int64_t tl = d->key_floats / per_key / W * W; /* 0: not even one panel fits, blocks would not help */
+      if (tl > 0) {
+        int64_t nb = (j.L + tl - 1) / tl;
+        tl = ((j.L + nb - 1) / nb + W - 1) / W * W;
+        if (tl < j.L) j.key_block = tl;
+      }
+    }
+  }
   int64_t W = d->block;
   j.k_floats = j.amx ? (size_t)(j.dp / 2 * j.lp) : (size_t)((j.L + W - 1) / W * j.d_ * W);
   j.v_floats = j.amx ? (size_t)(j.lk / 2 * j.dvp) : (size_t)((j.dv + W - 1) / W * j.L * W);

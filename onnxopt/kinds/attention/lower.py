@@ -6,7 +6,8 @@
     kp    K^T in panels of W = NR * lanes keys: panel p at kp + p * kp_ps holds [d][W] (keys past L are zeros)
     vp    V in panels of W value columns: panel p at vp + p * vp_ps holds [L][W] (columns past dv are zeros)
     mask  rows x L (row stride mask_rs; 0: one row for all)
-    out   rows x dv (row stride out_rs)         s    scratch, MR x s_rs floats, s_rs >= L rounded up to W
+    out   rows x dv (row stride out_rs)         s    scratch, MR x s_rs floats, s_rs >= L rounded up to W, then
+                                                     (softmax) each row's score max and exp sum: 2 x rows floats
 
 The glue (exec.c) packs K^T and V into the panels once per task, so both GEMMs read their B operand as one
 contiguous run a panel, with full vector loads and no masks, the way the packed-B GEMMs do (fusion/compute.py).
@@ -30,6 +31,7 @@ from onnxopt.codegen.vmath.irutil import broadcast, fma, masked_load, masked_sto
 from onnxopt.dtypes import dtype
 
 from . import amx
+from .capacity import key_floats
 from .desc import AttentionKernelDesc, kernel_function
 from .params import AttentionParams
 
@@ -170,8 +172,9 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
         for g in range(0, mr if p.middle == "softmax" else 0, SOFTMAX_ROWS):
             chains = [(i, j) for i in range(g, min(g + SOFTMAX_ROWS, mr)) for j in range(NR)]
             mxv, masked_all = {}, {}
+            raw_max = {}
             for i in range(g, min(g + SOFTMAX_ROWS, mr)):
-                mx = _reduce(b, b.load(maxes[i], typ=vty), _vmax)
+                mx = raw_max[i] = _reduce(b, b.load(maxes[i], typ=vty), _vmax)
                 masked_all[i] = b.fcmp_ordered("==", mx, ir.Constant(F32, float("-inf")))
                 # a row masked everywhere: exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN in its products
                 mxv[i] = broadcast(b, b.select(masked_all[i], ir.Constant(F32, 0.0), mx), lanes)
@@ -192,6 +195,11 @@ def define_attention(module: ir.Module, name: str, p: AttentionParams, lanes: in
                 for j in range(1, NR):
                     row = b.fadd(row, vs[k + j])
                 total = _reduce(b, row, lambda bb, x, y: bb.fadd(x, y))
+                # the row's max and sum, after the scores' scratch: a call on one block of keys (exec.c's key
+                # blocks) is merged with the others' by them
+                stat = at(s, b.add(b.mul(c(MR), s_rs), b.mul(b.add(r0, c(i)), c(2))))
+                b.store(raw_max[i], stat, align=4)
+                b.store(total, at(stat, c(1)), align=4)
                 inv[i] = broadcast(b, b.select(masked_all[i], none, b.fdiv(ir.Constant(F32, 1.0), total)), lanes)
 
         # out = p V, scaled by 1 / sum
@@ -240,5 +248,7 @@ def build(region, target: Target) -> tuple[bytes, AttentionKernelDesc, str]:
                                rank=max((len(x) for x in p.perms), default=0), perms=p.perms,
                                amx_fn=amx_sym, matrix_instruction=matrix.name if matrix else "",
                                amx_f16=p.products == "float16", amx_min_keys=amx.MIN_KEYS if amx_sym else 0,
-                               amx_emulated=bool(amx_sym) and emulating())
+                               amx_emulated=bool(amx_sym) and emulating(),
+                               middle_softmax=p.middle == "softmax",
+                               key_floats=0 if p.key_floats < 0 else p.key_floats or key_floats(MR))
     return obj, desc, ir_text

@@ -29,6 +29,9 @@ class AttentionParams(KindParams):
     # between the products: "softmax", or a plain GEMM chain's "none" or "relu" (fusion/attention.py)
     middle: str = "softmax"
     vectors: int = 0  # the schedule: the micro-kernel's vectors a row (lower.py); 0, the target's default
+    # the schedule: the floats a block of keys may take (exec.c's key blocks); 0, the data-movement model's share of
+    # this machine's L2 (plan.py key_floats); -1, whole score rows always
+    key_floats: int = 0
 
     def key(self) -> list:
         key = [repr(self.scale), self.k_transposed, self.mask_kind, repr(self.fill), self.nan_guard]
@@ -37,4 +40,5 @@ class AttentionParams(KindParams):
         key = key + ({"bfloat16": ["bf16"], "float16": ["f16"]}.get(self.products, []))
         key = key + ([f"tasks{self.min_tasks}"] if self.min_tasks else [])
         key = key + ([f"nr{self.vectors}"] if self.vectors else [])
+        key = key + ([f"kf{self.key_floats}"] if self.key_floats else [])
         return key + ([self.middle] if self.middle != "softmax" else [])

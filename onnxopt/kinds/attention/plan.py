@@ -3,9 +3,13 @@ was checked on, for the report beside its measured time: the kernel's tiles, its
 and the buffer it needs, and why the softmax may keep whole rows.
 
 The tiles are the executor's (exec.c, attention_execute): a task takes a (batch, head)'s query rows, split into
-whole micro-kernel blocks only as far as every thread needs a task; the l, k and n tiles are whole (T_L = L: the
-score rows are kept, one micro-kernel block of them at a time). The buffer is a task's scratch: K^T and V packed in
-panels and the block's score rows (the bf16 kernel's: K^T and V as bf16 pairs, and its blocks of 16 rows, amx.py).
+whole micro-kernel blocks only as far as every thread needs a task; the k and n tiles are whole. The l tile is the
+model's: whole rows (T_L = L, the scores of one micro-kernel block of rows at a time) where a task's K^T and V
+panels and score rows fit the share of a core's L2 the model gives them (`key_floats`), or where the machine's L3
+feeds whole rows as fast as they compute (capacity.py: the capacity is then 0); else blocks of keys merged as the
+online softmax does (`key_block`, the closed form of the least DV, `model_key_block`). The buffer is
+a task's scratch: K^T and V packed in panels and the block's score rows (the bf16 kernel's: K^T and V as bf16
+pairs, and its blocks of 16 rows, amx.py; it keeps whole rows).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 from onnxopt.annotate.data_movement import gemm_chain, illegal, movement, softmax_strategy
 
 from . import amx
+from .capacity import KEY_SHARE, core_cache_bytes, key_floats, l3_balance  # noqa: F401 (the model's capacity)
 from .lower import MIN_TASKS, MR
 
 
@@ -27,6 +32,36 @@ def task_rows(M: int, heads: int, min_tasks: int = MIN_TASKS, mr: int = MR) -> i
     if rows >= mr or mr == amx.ROWS:  # a tile block computes 16 rows however few are kept
         rows = -(-rows // mr) * mr
     return max(1, min(rows, M))
+
+
+def key_block(L: int, d: int, dv: int, rows: int, capacity: int, block: int, mr: int = MR) -> int:
+    """exec.c's keys a kernel call: L where the task's K^T and V panels and its score rows, (d + dv + mr) floats
+    a key, fit `capacity` floats, the task has one micro-kernel block of rows or not even one panel of `block`
+    keys fits; else the most whole panels that fit, balanced over the blocks."""
+    per_key = d + dv + mr
+    tl = capacity // per_key // block * block
+    if rows <= mr or L * per_key <= capacity or tl == 0:  # fits, nothing to reuse, or not even a panel fits
+        return L
+    nb = -(-L // tl)
+    tl = -(-(-(-L // nb)) // block) * block
+    return min(tl, L)
+
+
+def key_block_moved(M: int, L: int, d: int, dv: int, rows: int, tl: int, capacity: int, mr: int = MR) -> int:
+    """Chimera's DV (Table III's form) between a core's L2 and the next level for one head, the kernel's order
+    (b, m, l, k, n) with an m tile of `rows` and an l tile of `tl`: where the key block's panels and scores do not
+    fit `capacity`, they are read again for every micro-kernel block of rows (an m tile of `mr`)."""
+    fits = tl * (d + dv + mr) <= capacity
+    chain = gemm_chain(M, dv, d, L, batch=1, middle="softmax")
+    tiles = {"b": 1, "m": rows if fits else min(mr, rows), "l": tl, "k": d, "n": dv}
+    return movement(chain, ("b", "m", "l", "k", "n"), tiles, table_form=True).dv
+
+
+def model_key_block(M: int, L: int, d: int, dv: int, rows: int, capacity: int, block: int, mr: int = MR) -> int:
+    """The l tile of least DV (key_block_moved) among whole rows and whole-panel blocks, ties to the longer: the
+    model's choice, which `key_block` computes in closed form (a test holds them equal)."""
+    cands = {L} | {min(L, k * block) for k in range(1, -(-L // block) + 1)}
+    return min(cands, key=lambda tl: (key_block_moved(M, L, d, dv, rows, tl, capacity, mr), -tl))
 
 
 def scratch_floats(L: int, d: int, dv: int, block: int) -> int:
@@ -65,12 +100,13 @@ def report(region, feeds: dict, desc) -> dict:
     rows = task_rows(M, heads, desc.min_tasks, amx.ROWS if tiles_run else MR)
     buffer = amx_scratch_floats(L, d, dv) if tiles_run else scratch_floats(L, d, dv, desc.block)
     chain = gemm_chain(M, dv, d, L, batch=heads, middle=None if p.middle == "none" else p.middle)
-    tiles = {"b": 1, "m": rows, "l": L, "k": d, "n": dv}
+    tl = L if tiles_run else key_block(L, d, dv, rows, desc.key_floats, desc.block)
+    tiles = {"b": 1, "m": rows, "l": tl, "k": d, "n": dv}
     order = ("b", "m", "l", "k", "n")
     moved = movement(chain, order, tiles)
     strategy, why = softmax_strategy(chain, tiles) if p.middle == "softmax" else (None, None)
     return {"data_movement": {
         "extents": {"heads": heads, "M": M, "L": L, "d": d, "dv": dv}, "order": "".join(order), "tiles": tiles,
-        "illegal": illegal(chain, order, tiles), "buffer_floats": buffer,
+        "illegal": illegal(chain, order, tiles), "buffer_floats": buffer, "key_floats": desc.key_floats,
         "predicted_moved_bytes": 4 * moved.dv, "predicted_buffer_bytes": 4 * moved.mu,
         "softmax": strategy, "softmax_why": why}}

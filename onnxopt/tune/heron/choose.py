@@ -50,6 +50,11 @@ class ScheduleChoice:
         return out
 
 
+def target_key(target) -> str:
+    """How the tuning records name the code generation target: its name, CPU and features."""
+    return f"{target.name}|{target.cpu}|{target.llvm_features}"
+
+
 def _key(point: dict) -> tuple:
     return tuple(point["tile"]), tuple(point["schedule"])
 
@@ -80,9 +85,9 @@ def choose_schedule(region, target, shape: tuple[int, int, int, int], threads: i
         out.skipped = f"{2.0 * M * K * N / 1e6:.2f} MFLOP: the schedule cannot matter"
         return out
     threads = int(threads or len(os.sched_getaffinity(0)))  # as onnxruntime's default: every usable core
-    target_key = f"{target.name}|{target.cpu}|{target.llvm_features}"
+    tkey = target_key(target)
     if cache is not None and cache.enabled:
-        recs = [(p, s) for p, s in cache.get_records(KIND, shape, target_key, "float32", threads) if s]
+        recs = [(p, s) for p, s in cache.get_records(KIND, shape, tkey, "float32", threads) if s]
         if recs:
             out.records = "hit"
             out.candidates = [{"point": p, "seconds": s} for p, s in recs]
@@ -135,7 +140,7 @@ def choose_schedule(region, target, shape: tuple[int, int, int, int], threads: i
         if base / win["seconds"] >= margin:
             out.point = win["point"]
     if cache is not None and cache.enabled:
-        cache.put_records(KIND, shape, target_key, "float32", threads,
+        cache.put_records(KIND, shape, tkey, "float32", threads,
                           [(c["point"], c["seconds"]) for c in out.candidates], "default")
     return out
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import packed_matmul as pm
-from .choose import KIND, MIN_FLOPS
+from .choose import KIND, MIN_FLOPS, target_key
 from .rules import derive
 from .search import Problem, cga
 
@@ -29,6 +29,7 @@ class TunedProblem:
     seconds: float
     times: dict = field(default_factory=dict)
     skipped: str | None = None
+    reused: bool = False  # the cost cache had this problem's tuning records already (another model's, a batch's)
 
     def to_dict(self) -> dict:
         out = {"shape": list(self.shape), "default_s": self.default_s, "best_s": self.best_s, "best": self.best,
@@ -37,6 +38,8 @@ class TunedProblem:
             out["gain"] = self.default_s / self.best_s
         if self.skipped:
             out["skipped"] = self.skipped
+        if self.reused:
+            out["reused"] = True
         return out
 
 
@@ -69,13 +72,26 @@ def matmul_problems(model, target, bindings: dict | None = None) -> list[tuple[i
 
 
 def tune_problem(shape, target, threads: int, trials: int, cache=None, seed: int = 0, pop: int = 200,
-                 gens: int = 5, min_time: float = 0.02) -> TunedProblem:
+                 gens: int = 5, min_time: float = 0.02, retune: bool = False) -> TunedProblem:
+    """The full search for one problem, its measurements recorded; where the cache holds an earlier search's records
+    of this problem on this machine (another model of a batch tuned it), those are reused unless `retune`."""
     items, M, K, N = shape
     t0 = time.perf_counter()
     if items != 1:
         return TunedProblem(shape, None, None, None, 0, 0.0, skipped="several matrices of A share B")
     if 2.0 * M * K * N < MIN_FLOPS:
         return TunedProblem(shape, None, None, None, 0, 0.0, skipped="below the FLOPs where a schedule matters")
+    if cache is not None and cache.enabled and not retune:
+        done = [(p, s) for p, s in cache.get_records(KIND, shape, target_key(target), "float32", threads, "tune")
+                if s]
+        if done:
+            from onnxopt.codegen.microkernel.registry import select
+
+            d = select(target).packed_b_tile
+            default = {"tile": [d.mi, d.ni, d.mii], "schedule": [0, 0, 0, 0]}
+            best_s, best = min(((s, p) for p, s in done), key=lambda x: x[0])
+            default_s = next((s for p, s in done if p == default), None)
+            return TunedProblem(shape, default_s, best_s, best, 0, time.perf_counter() - t0, reused=True)
     cap = pm.capacities(target)
     csp = derive(pm.schedule(M, K, N, cap), cap, pm.ROLES)
     bench = pm.MatmulBench(M, K, N, target, threads=threads, seed=seed, min_time=min_time)
@@ -105,8 +121,7 @@ def tune_problem(shape, target, threads: int, trials: int, cache=None, seed: int
         bench.close()
     records = [({"tile": list(k[0]), "schedule": list(k[1])}, s) for k, s in measured.items()]
     if cache is not None and cache.enabled:
-        target_key = f"{target.name}|{target.cpu}|{target.llvm_features}"
-        cache.put_records(KIND, shape, target_key, "float32", threads, records, "tune")
+        cache.put_records(KIND, shape, target_key(target), "float32", threads, records, "tune")
     timed = [(s, p) for p, s in records if s]
     best_s, best = min(timed, key=lambda x: x[0]) if timed else (None, None)
     return TunedProblem(shape, measured[default_key], best_s, best, len(run.measured),
@@ -114,8 +129,9 @@ def tune_problem(shape, target, threads: int, trials: int, cache=None, seed: int
 
 
 def tune_model(path: str, target, threads: int | None, trials: int, cache, input_shapes=None, seed: int = 0,
-               on_problem=None) -> list[TunedProblem]:
-    """Tune every distinct packed-B matmul of the model at `path`; `on_problem(result)` after each."""
+               on_problem=None, retune: bool = False) -> list[TunedProblem]:
+    """Tune every distinct packed-B matmul of the model at `path` (those with records already reused unless
+    `retune`); `on_problem(result)` after each."""
     from onnxopt.graph.load import fix_input_shapes, load_model
 
     loaded = load_model(path)
@@ -125,7 +141,7 @@ def tune_model(path: str, target, threads: int | None, trials: int, cache, input
     threads = int(threads or len(os.sched_getaffinity(0)))
     out = []
     for shape in matmul_problems(model, target):
-        res = tune_problem(shape, target, threads, trials, cache, seed)
+        res = tune_problem(shape, target, threads, trials, cache, seed, retune=retune)
         out.append(res)
         if on_problem is not None:
             on_problem(res)
