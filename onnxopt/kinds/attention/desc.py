@@ -43,7 +43,7 @@ class AttentionKernelDesc:
     amx_f16: bool = False  # its tiles take float16 (tdpfp16ps, AMX-FP16), else bfloat16
     amx_min_keys: int = 0  # the fewest keys it runs for (amx.py MIN_KEYS); fewer run the float32 kernel
     middle_softmax: bool = True  # a softmax between the products (else a plain chain's none or Relu)
-    key_floats: int = 0  # the float32 kernel's K^T, V and scores a block of keys may take (plan.py); 0: whole rows
+    key_floats: int = 0  # the float32 kernel's K^T, V and scores a block of keys may take (capacity.py); 0: whole rows
 
     @property
     def uses_amx(self) -> bool:

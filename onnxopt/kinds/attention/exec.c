@@ -3,7 +3,8 @@
    (or, where a head is split into several row tasks, every head is packed once first) and calls the kernel on its
    rows, which keeps the scores of one micro-kernel block of rows at a time: its working
    set is K^T and V, L * (d + dv) floats, and MR score rows (the row-kept order, T_L = L, of the data-movement model,
-   onnxopt/annotate/data_movement.py; kinds/attention/plan.py reports it). */
+   onnxopt/annotate/data_movement.py; kinds/attention/plan.py reports it), or the same for each of the model's
+   blocks of keys (attn_key_blocks). */
 
 typedef struct {
   const onnxopt_attention_desc *d;
@@ -255,7 +256,8 @@ static void attn_task(void *usr, size_t index) {
   int64_t s_rs = j->key_block < L ? j->key_block : j->s_rs; /* a score row: the keys of one call */
   /* the scores of one block of rows at a time, then each row's max and sum (lower.py); with key blocks, a
      block's output rows */
-  size_t s_floats = (size_t)(d->rows_block * s_rs + 2 * rows) + (j->key_block < L ? (size_t)(rows * (j->dv + 2)) : 0);
+  size_t s_floats = (size_t)(d->rows_block * s_rs + 2 * rows);
+  if (j->key_block < L) s_floats += (size_t)(rows * (j->dv + 2)); /* and the running max and sum a row */
   if (j->amx) { /* the pairs (one float's room each) and the 16-bit kernel's scratch */
     kp_ps = j->lp;
     vp_ps = j->dvp;
@@ -421,7 +423,7 @@ static OrtStatus *attention_execute(const onnxopt_attention_desc *d, OrtKernelCo
   j.rows = rows;
   j.blocks = (j.M + rows - 1) / rows;
   /* keys a call: all of them unless a task's K^T and V panels and score rows, (d + dv + rows_block) floats a key,
-     are more than key_floats (the share of a core's cache the data-movement model gives them, plan.py) and a task
+     are more than key_floats (the share of a core's cache the data-movement model gives them, capacity.py) and a task
      has more than one micro-kernel block of rows to reuse them: then the most whole panels that fit, balanced
      over the blocks (plan.py key_block, the same rule, which the model's DV picks) */
   j.key_block = j.L;

@@ -25,7 +25,7 @@ typedef struct {
   int amx_f16;      /* amx_fn's tiles take float16 (tdpfp16ps, AMX-FP16), K^T and V packed so; else bfloat16 */
   int amx_min_keys; /* the fewest keys amx_fn runs for: with fewer, fn is faster */
   int middle_softmax; /* a softmax between the products (else none or a Relu: partial products add up) */
-  int64_t key_floats; /* fn's K^T, V and scores a key block may take (plan.py key_floats); 0: whole rows */
+  int64_t key_floats; /* fn's K^T, V and scores a key block may take (capacity.py); 0: whole rows */
 } onnxopt_attention_desc;
 
 #endif
