@@ -11,7 +11,9 @@ Location: `optimize(cost_cache=PATH)` / `--cost-cache PATH`, else `$ONNXOPT_CACH
 The fusion search (OptiFX Algorithm 2) reads kernel costs from here too: `kernel_cost` holds our kernel's seconds
 for a sub-graph signature of the search (a conv with its epilogue, an AFUSION group), so a plan is costed by what
 its kernels measured, in this run or an earlier one, and by the roofline only where nothing was measured. That
-table was added without a schema change (CREATE TABLE IF NOT EXISTS): an older onnxopt ignores it.
+table was added without a schema change (CREATE TABLE IF NOT EXISTS): an older onnxopt ignores it. So was
+`tuning_claim`: the problem an `onnxopt tune` is searching, so that another process (a batch's other model, a Ray
+task) waits for its records instead of searching the same problem at the same time.
 
 A row is keyed by the sha256 of everything the time depends on: the region's op type (which hashes its
 computation and the target's name, CPU and features; the register tile too), the runtime input shapes that were
@@ -33,6 +35,7 @@ import hashlib
 import json
 import os
 import platform
+import socket
 import sqlite3
 import time
 import warnings
@@ -81,6 +84,11 @@ CREATE TABLE IF NOT EXISTS kernel_cost (
     seconds REAL NOT NULL,         -- our kernel for that sub-graph, median seconds per run
     op_type TEXT NOT NULL,         -- the region's op type that was timed, for inspection
     measured_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tuning_claim (
+    key TEXT PRIMARY KEY,          -- the problem (as tuning_record's, without the point)
+    owner TEXT NOT NULL,           -- "host:pid" of the process searching it
+    claimed_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tuning_record (
     key TEXT PRIMARY KEY,
@@ -375,6 +383,38 @@ class CostCache:
                 continue
         return out
 
+    # ---- claims: one process at a time searches a problem ----
+    def _claim_key(self, kind: str, shape, target: str, dtype: str, threads) -> str:
+        return self._key("claim", kind, [list(shape)], threads, extra=[target, dtype])[0]
+
+    def claim(self, kind: str, shape, target: str, dtype: str, threads, stale_s: float = 3600.0) -> str | None:
+        """Claims this problem for this process's search: None when it is ours now (or without a cache), else the
+        owner ("host:pid") of a live claim. A claim older than `stale_s`, or of a process of this host that is
+        gone, is taken over."""
+        if self._conn is None:
+            return None
+        key, me, now = self._claim_key(kind, shape, target, dtype, threads), _owner(), time.time()
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._conn.execute("SELECT owner, claimed_at FROM tuning_claim WHERE key = ?",
+                                         (key,)).fetchone()
+                if row and row[0] != me and now - row[1] < stale_s and _alive(row[0]):
+                    return row[0]
+                self._conn.execute("INSERT OR REPLACE INTO tuning_claim (key, owner, claimed_at) VALUES (?, ?, ?)",
+                                   (key, me, now))
+                return None
+            finally:
+                self._conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._disable(f"{self.path}: {type(e).__name__}: {e}")
+            return None
+
+    def release(self, kind: str, shape, target: str, dtype: str, threads) -> None:
+        """Drops this process's claim of the problem (its records are in, or its search failed)."""
+        self._query("DELETE FROM tuning_claim WHERE key = ? AND owner = ?",
+                    (self._claim_key(kind, shape, target, dtype, threads), _owner()))
+
     # ---- kernel costs for the fusion search ----
     def get_kernels(self, signatures, threads, target: str) -> dict[str, float]:
         """The stored seconds of each signature measured for these threads and this target ({} without a cache);
@@ -401,6 +441,24 @@ class CostCache:
                     "cpu, target, seconds, op_type, measured_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (key, signature, cols["threads"], cols["cpus"], cols["ort_version"], cols["onnxopt_version"],
                      cols["cpu"], target, float(seconds), op_type, time.time()))
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(owner: str) -> bool:
+    """Whether a claim's process may still run: on this host, whether the pid exists; elsewhere, assumed."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it exists
+        return True
+    return True
 
 
 def open_cost_cache(option) -> CostCache | None:

@@ -287,3 +287,36 @@ def test_a_writer_killed_holding_the_lock_leaves_no_lock_and_no_open_file(tmp_pa
     assert c.enabled and c.warning is None
     assert c.get_region("Op_after", [[1]], 1) and c.get_region("Op_killed", [[1]], 1) is None
     c.close()
+
+
+def test_a_tuning_claim_is_held_released_and_taken_over_when_stale(tmp_path):
+    """One process at a time searches a problem: a live claim of another process is reported, a released one or
+    one whose process is gone (same host) or that is older than the limit is taken over."""
+    import socket
+    import subprocess
+    import sys
+
+    from onnxopt.cost_cache import CostCache
+
+    path = tmp_path / "c.sqlite"
+    problem = ("packed_matmul", (1, 32, 256, 160), "t", "float32", 1)
+    other = subprocess.Popen([sys.executable, "-c", f"""
+import sys; from onnxopt.cost_cache import CostCache
+c = CostCache({str(path)!r}); assert c.claim(*{problem!r}) is None; print('held', flush=True); sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        mine = CostCache(path)
+        assert mine.claim(*problem) == f"{socket.gethostname()}:{other.pid}"  # live: wait for it
+        assert mine.claim(*problem, stale_s=0.0) is None  # too old: taken over
+        mine.release(*problem)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)
+    # a claim whose process is gone is taken over at once
+    gone = subprocess.run([sys.executable, "-c", f"""
+from onnxopt.cost_cache import CostCache
+c = CostCache({str(path)!r}); assert c.claim(*{problem!r}) is None
+"""], timeout=60)
+    assert gone.returncode == 0
+    assert CostCache(path).claim(*problem) is None

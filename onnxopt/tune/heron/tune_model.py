@@ -74,24 +74,50 @@ def matmul_problems(model, target, bindings: dict | None = None) -> list[tuple[i
 def tune_problem(shape, target, threads: int, trials: int, cache=None, seed: int = 0, pop: int = 200,
                  gens: int = 5, min_time: float = 0.02, retune: bool = False) -> TunedProblem:
     """The full search for one problem, its measurements recorded; where the cache holds an earlier search's records
-    of this problem on this machine (another model of a batch tuned it), those are reused unless `retune`."""
+    of this problem on this machine (another model of a batch tuned it), those are reused unless `retune`. While
+    another process searches the same problem (its claim in the cache), this one waits for its records."""
     items, M, K, N = shape
     t0 = time.perf_counter()
     if items != 1:
         return TunedProblem(shape, None, None, None, 0, 0.0, skipped="several matrices of A share B")
     if 2.0 * M * K * N < MIN_FLOPS:
         return TunedProblem(shape, None, None, None, 0, 0.0, skipped="below the FLOPs where a schedule matters")
-    if cache is not None and cache.enabled and not retune:
-        done = [(p, s) for p, s in cache.get_records(KIND, shape, target_key(target), "float32", threads, "tune")
-                if s]
-        if done:
-            from onnxopt.codegen.microkernel.registry import select
+    tkey = target_key(target)
+    if cache is not None and cache.enabled:
+        # another process searching this problem now (a batch's other model, a Ray task): wait for its records
+        while True:
+            earlier = None if retune else _reuse(cache, shape, target, threads, t0)
+            if earlier is not None:
+                return earlier
+            if cache.claim(KIND, shape, tkey, "float32", threads) is None:
+                break
+            time.sleep(CLAIM_POLL_S)
+    try:
+        return _search(shape, target, threads, trials, cache, seed, pop, gens, min_time, t0)
+    finally:
+        if cache is not None and cache.enabled:
+            cache.release(KIND, shape, tkey, "float32", threads)
 
-            d = select(target).packed_b_tile
-            default = {"tile": [d.mi, d.ni, d.mii], "schedule": [0, 0, 0, 0]}
-            best_s, best = min(((s, p) for p, s in done), key=lambda x: x[0])
-            default_s = next((s for p, s in done if p == default), None)
-            return TunedProblem(shape, default_s, best_s, best, 0, time.perf_counter() - t0, reused=True)
+
+CLAIM_POLL_S = 1.0  # how often a process waiting for another's search of the same problem looks for its records
+
+
+def _reuse(cache, shape, target, threads: int, t0: float) -> TunedProblem | None:
+    """The problem as an earlier search left it in the records, or None where none searched it."""
+    done = [(p, s) for p, s in cache.get_records(KIND, shape, target_key(target), "float32", threads, "tune") if s]
+    if not done:
+        return None
+    from onnxopt.codegen.microkernel.registry import select
+
+    d = select(target).packed_b_tile
+    default = {"tile": [d.mi, d.ni, d.mii], "schedule": [0, 0, 0, 0]}
+    best_s, best = min(((s, p) for p, s in done), key=lambda x: x[0])
+    default_s = next((s for p, s in done if p == default), None)
+    return TunedProblem(shape, default_s, best_s, best, 0, time.perf_counter() - t0, reused=True)
+
+
+def _search(shape, target, threads, trials, cache, seed, pop, gens, min_time, t0) -> TunedProblem:
+    items, M, K, N = shape
     cap = pm.capacities(target)
     csp = derive(pm.schedule(M, K, N, cap), cap, pm.ROLES)
     bench = pm.MatmulBench(M, K, N, target, threads=threads, seed=seed, min_time=min_time)
