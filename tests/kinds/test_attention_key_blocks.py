@@ -122,6 +122,23 @@ def _machine(l2_bytes: int, l3_gbs: float):
         MemoryLevel("L3", 32 << 20, l3_gbs * g), MemoryLevel("DRAM", None, 40 * g)])
 
 
+def test_a_written_model_with_key_blocks_runs_its_kernel_in_a_fresh_process(tmp_path):
+    """The blocked kernel as a user runs it: the written model and its library through the public loader in a new
+    process, the kernel's calls counted there; and the function bodies alone, without the library."""
+    from fresh_process import assert_written_model_runs
+
+    W, d = _panel(), 32
+    model = onnx.shape_inference.infer_shapes(attention_model("sdpa", 1, 2, 40, 5 * W + 3, d, "add", True))
+    src = tmp_path / "attention.onnx"
+    onnx.save(model, src)
+    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path, "blocks.so", params=lambda p: dataclasses.replace(
+        p, key_floats=W * (2 * d + MR), min_tasks=1))
+    assert plan.key_block(5 * W + 3, d, d, 40, W * (2 * d + MR), W) == W  # six blocks a row
+    written = tmp_path / "fused.onnx"
+    onnx.save(fused, written)
+    assert_written_model_runs(src, written, feeds_for(model), region.op_type, tmp_path, rtol=2e-4, atol=2e-5)
+
+
 def test_perturbed_capacities_change_the_kernel(tmp_path):
     """Where L3 cannot feed whole rows (balance 200 / 40 = 5 flops a byte, above MR / 2), the capacity is a share
     of a core's L2: with 4 MiB a 2048-key head fits whole, with 128 KiB it is cut into blocks. Where it can (200 /

@@ -55,6 +55,14 @@ def target_key(target) -> str:
     return f"{target.name}|{target.cpu}|{target.llvm_features}"
 
 
+def default_point(target) -> dict:
+    """The kernel's own point on `target`: its micro-kernel's packed-B tile and the schedule's defaults."""
+    from onnxopt.codegen.microkernel.registry import select
+
+    t = select(target).packed_b_tile
+    return {"tile": [t.mi, t.ni, t.mii], "schedule": [0, 0, 0, 0]}
+
+
 def _key(point: dict) -> tuple:
     return tuple(point["tile"]), tuple(point["schedule"])
 
@@ -68,11 +76,8 @@ def choose_schedule(region, target, shape: tuple[int, int, int, int], threads: i
                     min_flops: float = MIN_FLOPS, margin: float = MARGIN, min_time: float = 0.03) -> ScheduleChoice:
     """The register tile and schedule of a float32 packed-B matmul region whose A is [items, M, K] and B [K, N]
     (`shape` = (items, M, K, N)) on `threads` threads."""
-    from onnxopt.codegen.microkernel.registry import select
-
     items, M, K, N = (int(x) for x in shape)
-    t = select(target).packed_b_tile
-    default = {"tile": [t.mi, t.ni, t.mii], "schedule": [0, 0, 0, 0]}
+    default = default_point(target)
     out = ScheduleChoice(default)
     c = region.compute
     if c is None or not c.attrs.packed_b or c.attrs.b_dtype is not None or c.attrs.trans_a:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import packed_matmul as pm
-from .choose import KIND, MIN_FLOPS, target_key
+from .choose import KIND, MIN_FLOPS, default_point, target_key
 from .rules import derive
 from .search import Problem, cga
 
@@ -107,10 +107,7 @@ def _reuse(cache, shape, target, threads: int, t0: float) -> TunedProblem | None
     done = [(p, s) for p, s in cache.get_records(KIND, shape, target_key(target), "float32", threads, "tune") if s]
     if not done:
         return None
-    from onnxopt.codegen.microkernel.registry import select
-
-    d = select(target).packed_b_tile
-    default = {"tile": [d.mi, d.ni, d.mii], "schedule": [0, 0, 0, 0]}
+    default = default_point(target)
     best_s, best = min(((s, p) for p, s in done), key=lambda x: x[0])
     default_s = next((s for p, s in done if p == default), None)
     return TunedProblem(shape, default_s, best_s, best, 0, time.perf_counter() - t0, reused=True)
@@ -131,10 +128,8 @@ def _search(shape, target, threads, trials, cache, seed, pop, gens, min_time, t0
         return measured[key]
 
     try:
-        from onnxopt.codegen.microkernel.registry import select
-
-        d = select(target).packed_b_tile
-        default_key = ((d.mi, d.ni, d.mii), (0, 0, 0, 0))
+        d = default_point(target)
+        default_key = (tuple(d["tile"]), tuple(d["schedule"]))
         measured[default_key] = bench.measure({"tile": default_key[0], "schedule": default_key[1]}).seconds
         problem = Problem(csp, measure, lambda a: pm.features(a, M, K, N, cap.lanes), pm.FEATURE_DEPS)
         run = cga(problem, trials, seed, pop=pop, gens=gens)
