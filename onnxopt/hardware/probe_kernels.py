@@ -91,13 +91,14 @@ def build_fma_kernel(target) -> tuple[str, dict]:
                     "fma": hw_fma}
 
 
-def build_int8_kernel(target, instruction) -> tuple[str, dict]:
+def build_int8_kernel(target, instruction, accumulators: int | None = None) -> tuple[str, dict]:
     """`void peak_int8(i64 iters, i8* in, i32* out)`: independent chains of `instruction` (codegen/instructions: one
     vpdpbusd zmm is 64 u8 x s8 multiply-adds, the AVX2 sequence 32 a ymm), as many accumulators as keep the
-    sequence's temporaries in registers. Each step multiplies by its own accumulator's bytes: AVX2's products do not
-    read the accumulator, and with constant operands LLVM would compute them once for the whole loop."""
+    sequence's temporaries in registers (`accumulators`: that many; one gives the instruction's latency). Each step
+    multiplies by its own accumulator's bytes: AVX2's products do not read the accumulator, and with constant
+    operands LLVM would compute them once for the whole loop."""
     acc_t, src_t = instruction.vector_types()
-    nacc = 16 if target.vector_bits == 512 else 10
+    nacc = accumulators or (16 if target.vector_bits == 512 else 10)
     i64 = ir.IntType(64)
     ptr = ir.PointerType()
     m = _module(target, "peak_int8")
@@ -296,14 +297,15 @@ def _fma_kernel(target) -> tuple[_JitKernel, dict]:
 
 
 @functools.lru_cache(maxsize=None)
-def _int8_kernel(target) -> tuple[_JitKernel, dict]:
-    """The int8 peak kernel on the best u8 x s8 instruction the target has (RuntimeError when none)."""
+def _int8_kernel(target, accumulators: int | None = None) -> tuple[_JitKernel, dict]:
+    """The int8 peak kernel on the best u8 x s8 instruction the target has (RuntimeError when none); with
+    `accumulators`, that many independent chains (one: the instruction's latency)."""
     from onnxopt.codegen.instructions import available
 
     found = available(target, ("u8", "s8"))
     if not found:
         raise RuntimeError(f"target {target.name} has no u8 x s8 dot-product instruction")
-    text, info = build_int8_kernel(target, found[0])
+    text, info = build_int8_kernel(target, found[0], accumulators)
     k = _JitKernel(text, "peak_int8", [_I64, _P, _P], target)
     info["asm"] = _asm_stats(k.asm, "vpdpbusd" if found[0].name.endswith("vnni") else "vpmaddubsw")
     return k, info

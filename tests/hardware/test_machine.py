@@ -143,6 +143,9 @@ def test_measured_int8_peak(machine):
     # the machine code holds the instruction named (VNNI's one vpdpbusd, or AVX2's vpmaddubsw sequence)
     assert kernel["asm"]["opcode"] == ("vpdpbusd" if kernel["instruction"].endswith("vnni") else "vpmaddubsw"), kernel
     assert kernel["asm"]["count"] > 0 and kernel["asm"]["spills"] == 0, kernel
+    # one chain of the instruction (its latency, kinds/qconv/forms.py) cannot issue faster than the peak's chains
+    per_instruction = kernel["ops_per_iter"] / kernel["accumulators"] / machine.details["peak_flops_1core"]["int8"]
+    assert kernel["latency_s"] > 0.5 * per_instruction, kernel
 
 
 def test_measured_levels_are_ordered(machine):

@@ -25,6 +25,7 @@ from onnxopt.errors import ToolchainError
 from onnxopt.fusion.layout import to_blocked
 from onnxopt.hardware import emulator
 from onnxopt.kinds.qconv import KIND as QCONV
+from onnxopt.kinds.qconv.find import forced_form
 from onnxopt.kinds.qconv.layout import convert
 from onnxopt.kinds.qmatmul import KIND as QMATMUL
 from onnxopt.kinds.qmatmul.lower import instruction_for
@@ -113,8 +114,8 @@ def _matmul_case(rng, k, n, m, lead, extreme, za_input):
 def _cases(seed: int = 7) -> list:
     """(kind, model, feeds, exact result): the x86 tests' ranges (odd channels, groups and depthwise, padding,
     strides, dilations, batch 1-3, u8 and s8 activations and weights, corner values, per-channel scales, Relu, s8
-    outputs), and every qconv form (stride 1 with few output channels reads the input in place, depthwise has its
-    own tile, the rest packs it)."""
+    outputs), and every qconv form (the kind "packed" or "implicit": that form forced; depthwise has its own tile;
+    the other stride-1 ones as the model chooses)."""
     rng = np.random.default_rng(seed)
     cases = []
 
@@ -139,8 +140,8 @@ def _cases(seed: int = 7) -> list:
         if case:
             cases.append(("conv_integer", *case))
     # the packed form past 64 output channels, and a deep implicit one
-    cases.append(("qdq", *_qdq_case(rng, 40, 70, 3, 3, 1, 1, 1, 1, 9, 13, False, False, True, True)))
-    cases.append(("qdq", *_qdq_case(rng, 96, 24, 3, 3, 1, 1, 1, 2, 10, 18, True, False, False, True)))
+    cases.append(("packed", *_qdq_case(rng, 40, 70, 3, 3, 1, 1, 1, 1, 9, 13, False, False, True, True)))
+    cases.append(("implicit", *_qdq_case(rng, 96, 24, 3, 3, 1, 1, 1, 2, 10, 18, True, False, False, True)))
     for i in range(10):
         cases.append(("matmul", *_matmul_case(rng, 4 * int(rng.integers(1, 200)), int(rng.integers(1, 71)),
                                               int(rng.integers(1, 41)), [int(v) for v in rng.integers(1, 4, i % 3)],
@@ -173,8 +174,9 @@ def test_int8_kernels_are_exact_under_qemu(tmp_path):
     node), in onnxruntime under qemu-aarch64 on an emulated Neoverse N1: bit for bit the exact integer result."""
     jobs, wants, forms = [], [], set()
     for i, (kind, model, feeds, want) in enumerate(_cases()):
-        fused, lib, region, _ = fuse_kind(QMATMUL if kind == "matmul" else QCONV, model, tmp_path,
-                                          name=f"case{i}.so", target=TARGET)
+        with forced_form(kind if kind in ("packed", "implicit") else None):
+            fused, lib, region, _ = fuse_kind(QMATMUL if kind == "matmul" else QCONV, model, tmp_path,
+                                              name=f"case{i}.so", target=TARGET)
         if kind != "matmul":
             forms.add("implicit" if region.params.implicit else "depthwise" if region.params.depthwise else
                       "grouped" if region.params.group > 1 else "packed")
@@ -200,8 +202,9 @@ def test_blocked_int8_kernels_are_exact_under_qemu(tmp_path):
                                                                      (6, 5, 3, 1, 1, 16, False))):
         model, feeds, want = _qdq_case(rng, cin, cout, r, r, stride, pad, 1, 2, 6, w, signed_in, False, True, True)
         shapes = {"xq": list(feeds["xq"].shape), "y": list(want.shape)}
-        fused, lib, region, _ = fuse_kind(QCONV, model, tmp_path, name=f"blocked{i}.so", target=TARGET,
-                                          convert=lambda rg: convert(rg, True, True, shapes.get, 17))
+        with forced_form("implicit" if i == 2 else "packed"):
+            fused, lib, region, _ = fuse_kind(QCONV, model, tmp_path, name=f"blocked{i}.so", target=TARGET,
+                                              convert=lambda rg: convert(rg, True, True, shapes.get, 17))
         assert region.params.implicit == (i == 2)
         del fused.functions[:]
         drop_shapes(fused, {"xq", "y"})

@@ -191,12 +191,14 @@ def test_amx_and_vector_tiles_agree_bit_for_bit(tmp_path):
 @pytest.mark.skipif(not HAS_VNNI, reason="this CPU has no AVX-512 VNNI (the AMX target's vector tiles)")
 def test_a_blocked_quantize_static_chain_on_emulated_amx_tiles(tmp_path, monkeypatch):
     """A quantize_static chain with the int8 tensors passed blocked between its kernels (4 channels a word), built
-    for an AMX target with emulated tiles: the optimizer's own checks (the whole model against onnxruntime, then
-    without the library) pass with the AMX tiles running, as the report says."""
+    for an AMX target with emulated tiles, every convolution in the packed form (the one on tiles): the optimizer's
+    own checks (the whole model against onnxruntime, then without the library) pass with the AMX tiles running, as
+    the report says."""
     from onnx import helper
     from int8_models import quantized_cnn
 
     import onnxopt
+    from onnxopt.kinds.qconv.find import forced_form
 
     monkeypatch.setenv("ONNXOPT_EMULATE_TILES", "1")
     rng = np.random.default_rng(21)
@@ -211,8 +213,9 @@ def test_a_blocked_quantize_static_chain_on_emulated_amx_tiles(tmp_path, monkeyp
              helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], pads=[1] * 4, strides=[2, 2]),
              helper.make_node("Conv", ["c3", "w4", "b4"], ["y"])]
     q = quantized_cnn(str(tmp_path), nodes, weights, (1, 10, 19, 21), rng)
-    result = onnxopt.optimize(q, str(tmp_path / "out.onnx"), measure=False, plan="compute-blocked",
-                              target=AMX_TARGET)
+    with forced_form("packed"):
+        result = onnxopt.optimize(q, str(tmp_path / "out.onnx"), measure=False, plan="compute-blocked",
+                                  target=AMX_TARGET)
     regions = [r for r in result.report["regions"] if r["op_type"].startswith("qconv_")]
     assert "blocked->blocked" in [r.get("layout") for r in regions]
     assert all(r.get("matrix_instruction") == "tdpbsud" for r in regions)

@@ -18,6 +18,8 @@ from onnxopt.codegen.instructions import available
 from onnxopt.codegen.target import host_target
 from onnxopt.fusion.layout import from_blocked, to_blocked
 from onnxopt.kinds.qconv import KIND
+from onnxopt.kinds.qconv.find import forced_form
+from onnxopt.kinds.qconv.forms import FORMS
 from onnxopt.kinds.qconv.layout import convert
 from onnxopt.timing import make_session
 
@@ -29,17 +31,17 @@ pytestmark = pytest.mark.skipif(not available(host_target(), ("u8", "s8")),
 @given(cin=st.integers(1, 13), cout=st.integers(1, 19) | st.integers(65, 70), r=st.integers(1, 3),
        stride=st.integers(1, 2), pad=st.integers(0, 1), n=st.integers(1, 2), h=st.integers(1, 9),
        w=st.sampled_from([3, 7, 16, 17, 32]), seed=st.integers(0, 2**16), side=st.sampled_from(["in", "out", "both"]),
-       signed_in=st.booleans(), signed_out=st.booleans(), relu=st.booleans())
+       signed_in=st.booleans(), signed_out=st.booleans(), relu=st.booleans(), form=st.sampled_from(FORMS))
 @example(cin=6, cout=5, r=3, stride=1, pad=1, n=2, h=5, w=16, seed=1, side="both", signed_in=False, signed_out=False,
-         relu=True)  # the implicit form (find.py implicit)
+         relu=True, form="implicit")
 @example(cin=9, cout=70, r=1, stride=1, pad=0, n=1, h=3, w=32, seed=2, side="both", signed_in=True, signed_out=True,
-         relu=False)  # 1x1: whole panels copied as words
+         relu=False, form="packed")  # 1x1: whole panels copied as words
 @example(cin=10, cout=65, r=3, stride=1, pad=0, n=1, h=8, w=17, seed=625, side="in", signed_in=False, signed_out=False,
-         relu=False)  # onnxruntime's QDQ conv a step off the spec at one element; the kernel exact
+         relu=False, form="packed")  # onnxruntime's QDQ conv a step off the spec at one element; the kernel exact
 def test_blocked_kernels_are_exact_on_drawn_shapes(tmp_path_factory, cin, cout, r, stride, pad, n, h, w, seed, side,
-                                                   signed_in, signed_out, relu):
+                                                   signed_in, signed_out, relu, form):
     """A QDQ unit reading and/or writing the blocked layout, odd channels (a partial last group), padding, strides,
-    1x1 (a panel's words copied whole), the implicit form (stride 1, few output channels, rows of 16): bit for bit
+    1x1 (a panel's words copied whole), either form where both run (forms.py; `form` forced): bit for bit
     the NCHW kernel's exact requantization, channels past C zero, and the function fallback gives the same blocked
     tensor."""
     attrs = conv_attrs(r, r, stride, pad, 1, h, w)
@@ -57,8 +59,9 @@ def test_blocked_kernels_are_exact_on_drawn_shapes(tmp_path_factory, cin, cout, 
         return
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
               for v in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info)}
-    fused, lib, region, _ = fuse_kind(KIND, model, tmp_path_factory.mktemp("qb"),
-                                      convert=lambda rg: convert(rg, ib, ob, shapes.get, 17))
+    with forced_form(form):
+        fused, lib, region, _ = fuse_kind(KIND, model, tmp_path_factory.mktemp("qb"),
+                                          convert=lambda rg: convert(rg, ib, ob, shapes.get, 17))
     assert region.params.tensor_lanes() == 4 and region.params.blocked_io() == (ib, ob)
     drop_shapes(fused, {name for name, on in (("xq", ib), ("y", ob)) if on})
     x = (rng.integers(0, 256, (n, cin, h, w)) - 128 * signed_in).astype(xt)

@@ -11,11 +11,13 @@ from .schedule import space
 
 
 def report(region, feeds, desc) -> dict:
-    """The elementwise tail its tables run (lookup.py), by the nodes' outputs, and how weights with a zero point
-    reach the tile (find.py signed_weights)."""
+    """The elementwise tail its tables run (lookup.py), by the nodes' outputs, how weights with a zero point
+    reach the tile (find.py signed_weights), and which form AMOS's model chose (forms.py)."""
     out = {"tail": list(region.params.tail)} if region.params.lut else {}
     if region.params.weights_note:
         out["weights"] = region.params.weights_note
+    if region.params.form_note:
+        out["form"] = region.params.form_note
     return out
 
 

@@ -31,6 +31,7 @@ row term).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import replace
 
@@ -47,6 +48,9 @@ from onnxopt.graph.quantized import integer_product_units, quantized_nodes, qdq_
 from onnxopt.graph.quantized_weights import bias_in_sum_steps, dequantized_bias, signed_weights
 from onnxopt.kinds.qmatmul.lower import splits_weight_pairs
 
+from . import forms
+from .amx import choose as amx_choose
+from .forms import FORMS, ConvShape
 from .lookup import lookup_table, tail_after
 from .params import FLOAT, QUANT, QConvParams
 
@@ -57,30 +61,59 @@ MAX_OUTPUTS = c_define("glue.h", "QC_MAX_OUT", _HERE)
 MAX_K = 8192  # the exact reference's bound (measure.exact_integer_reference writes the weights in base 8)
 IMPLICIT_MAX_TAPS = c_define("glue.h", "QC_MAX_TAPS", _HERE)
 TAP_SHIFT = 20  # a group-major correction's k: tap << TAP_SHIFT | channel (channels < 2^20: MAX_K)
-IMPLICIT_MIN_USE = 0.8  # of the lanes of an output row's panels of 16 pixels (a 14-wide row: 0.875; 7-wide: 0.44)
-# Packing receptive fields costs per panel what the arithmetic costs per output channel, so it weighs most with few
-# of them; with many, the packed panels' one stream beats reading the input by taps (benchmarks/int8_convs.py).
-IMPLICIT_MAX_COUT = 64
 
 
-def implicit(geo, has_asum: bool, out_shape, cout: int, cin_g: int) -> bool:
-    """Whether the tile reads the input in channel groups itself (stride 1: a tap's window over 16 pixels of an
-    output row is 64 contiguous bytes there) rather than packed receptive fields, whose packing costs as much as
-    the arithmetic for a few output channels. Its panels stay within an output row, so it needs rows that fill
-    them. Only ungrouped convolutions of more than one input channel (the others' K runs over taps)."""
+_forced_form: str | None = None  # forced_form(): benchmarks/qconv_forms.py times each form of one convolution
+
+
+@contextlib.contextmanager
+def forced_form(form: str | None):
+    """Within it, every convolution that may run either form runs `form` ("packed" or "implicit")."""
+    global _forced_form
+    if form not in FORMS + (None,):
+        raise ValueError(f"form {form!r}: one of {FORMS}")
+    before, _forced_form = _forced_form, form
+    try:
+        yield
+    finally:
+        _forced_form = before
+
+
+def implicit_refusal(geo, has_asum: bool, out_shape, cin_g: int) -> str | None:
+    """Why the implicit tile cannot run this convolution, or None: it reads a tap's window over 16 pixels of an
+    output row as 64 contiguous bytes of a channel-grouped copy of the input, so stride 1, an ungrouped convolution
+    of more than one input channel (the others' K runs over taps), weights of zero point 0 (no row term), at most
+    IMPLICIT_MAX_TAPS taps, and a known output width."""
     kernel, strides = geo[0], geo[1]
-    if strides != (1, 1) or has_asum or kernel[0] * kernel[1] > IMPLICIT_MAX_TAPS or cout > IMPLICIT_MAX_COUT:
-        return False
-    if kernel[0] * kernel[1] == 1:
-        # A 1x1's packing copies each input byte once, and its panels get the wide tiles: SqueezeNet's QDQ
-        # expands (16 -> 64 channels at 55 x 55) ran 1.2x faster in the whole model packed (docs/decisions.md).
-        return False
+    if strides != (1, 1):
+        return "a stride above 1"
+    if has_asum:
+        return "the weights' row term"
+    if kernel[0] * kernel[1] > IMPLICIT_MAX_TAPS:
+        return f"more than {IMPLICIT_MAX_TAPS} taps"
     if geo[4] != 1 or cin_g == 1:
-        return False
+        return "a grouped convolution"
     ow = out_shape[-1] if out_shape is not None and len(out_shape) == 4 else None
     if not isinstance(ow, int) or ow < 1:
-        return False
-    return ow / (16 * -(-ow // 16)) >= IMPLICIT_MIN_USE
+        return "an unknown output width"
+    return None
+
+
+def choose_form(geo, has_asum: bool, out_shape, cout: int, cin_g: int, rates=None) -> tuple[bool, str]:
+    """(implicit, why): whether the tile reads the input in channel groups itself rather than packed receptive
+    fields (im2col), as AMOS's performance model ranks the two (forms.py, on `rates`: the machine model's, the
+    target's vector width), where both run."""
+    refusal = implicit_refusal(geo, has_asum, out_shape, cin_g)
+    if refusal is not None:
+        return False, ""
+    if _forced_form is not None:
+        return _forced_form == "implicit", f"{_forced_form} (forced)"
+    n = out_shape[0] if isinstance(out_shape[0], int) and out_shape[0] > 0 else 1
+    shape = ConvShape(cin=cin_g, cout=cout, oh=int(out_shape[2]) if isinstance(out_shape[2], int) else 1,
+                      ow=int(out_shape[3]), kh=geo[0][0], kw=geo[0][1], batch=n)
+    ranked = forms.rank(shape, rates)
+    return ranked[0][0] == "implicit", ranked[0][0] + " (AMOS's model: " + ", ".join(
+        f"{f} {t * 1e3:.3g} ms" for f, t in ranked) + ")"
 
 
 def pack(w: np.ndarray, w_zero: np.ndarray, group_major: bool = False, split: bool = True) -> dict[str, np.ndarray]:
@@ -201,6 +234,7 @@ def _geometry(rule, node, w) -> tuple | str:
 class _Rule(ComputeRule):
     def __init__(self, model):
         super().__init__(model, mi=4)
+        self.rates = None  # forms.Rates: find_regions reads them for its target
         graph = model.graph
         # As qmatmul's rule: the epilogue leaves alone the nodes of quantized patterns other than an integer
         # product's rescaling.
@@ -241,6 +275,9 @@ def find_regions(model: onnx.ModelProto, claimed: set[int], rejected: list[dict]
         if rule is None:
             rule = _Rule(model)
             rule.split = splits_weight_pairs(target)
+            # AMOS's model of the two forms reads the machine model once, at the target's vector width
+            rule.rates = forms.rates(lanes=target.float32_lanes if target is not None else 0,
+                                     matrix=target is not None and amx_choose(target, "s8", "u8")[0] is not None)
         if node.op_type == "Conv":
             x_i, x_dq = rule.producer(node.input[0])
             if x_dq is None or x_dq.op_type != "DequantizeLinear":
@@ -347,7 +384,7 @@ def _dynamic_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
         return f"more than {MAX_OUTPUTS} outputs"
     uid = node.output[0]
     has_asum = w.dtype == np.uint8 or bool(np.any(np.asarray(w_zero) != 0))
-    grouped = implicit(geo, has_asum, out_shape, int(w.shape[0]), int(w.shape[1]))
+    grouped, form_note = choose_form(geo, has_asum, out_shape, int(w.shape[0]), int(w.shape[1]), rule.rates)
     tables, names, has_fix, has_asum = _tables(rule, uid, w, w_zero, grouped, geo[4])
     consts: dict = {}
     head = idx.nodes[bias_i].output[0] if bias_i is not None else node.output[0]  # what the Cast reads
@@ -367,7 +404,7 @@ def _dynamic_region(rule: _Rule, i: int, claimed: set[int]) -> Region | str:
     params = QConvParams(cin=int(w.shape[1]) * geo[4], cout=int(w.shape[0]), kernel=geo[0], strides=geo[1],
                          pads=geo[2], dilations=geo[3], group=geo[4], k4=int(tables["packed"].shape[1]), mode=FLOAT,
                          has_asum=has_asum,
-                         has_fix=has_fix, act_signed=act == "int8", implicit=grouped,
+                         has_fix=has_fix, act_signed=act == "int8", implicit=grouped, form_note=form_note,
                          depthwise=depthwise(w, geo[4]), int_bias=int_bias is not None, extra_kinds=tuple(kinds),
                          body=tuple(body))
     inputs = [x, azp] + list(names.values()) + ([int_bias] if int_bias is not None else []) + extras
@@ -535,7 +572,7 @@ def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy
     cout = int(w.shape[0])
     uid = node.output[0]
     has_asum = w.dtype == np.uint8 or bool(np.any(np.asarray(w_zero) != 0))
-    grouped = implicit(geo, has_asum, rule.ew.shape_of(out), cout, int(w.shape[1]))
+    grouped, form_note = choose_form(geo, has_asum, rule.ew.shape_of(out), cout, int(w.shape[1]), rule.rates)
     tables, names, has_fix, has_asum = _tables(rule, uid, w, w_zero, grouped, geo[4])
     scale = (np.float32(sx) * sw / np.float32(sy)).astype(np.float32)  # as onnxruntime's QLinearConv computes it
     extra = {"bias": bias, "scale": scale} | ({"bias_rest": bias_rest} if bias_rest is not None else {})
@@ -554,7 +591,7 @@ def _quant_region(rule, node, members, xq, act, zx_name, w, sw, bias, sx, sy, zy
                          dilations=geo[3], group=geo[4], k4=int(tables["packed"].shape[1]), mode=QUANT,
                          has_asum=has_asum,
                          has_fix=has_fix, act_signed=act == "int8", implicit=grouped, depthwise=depthwise(w, geo[4]),
-                         out_signed=zy.dtype == np.int8,
+                         form_note=form_note, out_signed=zy.dtype == np.int8,
                          clamp=clamp, out_zero=int(zy), weights_note=weights_note, bias_rest=bias_rest is not None,
                          body=tuple(body))
     inputs = [xq, zx_name] + list(names.values()) + list(enames.values())

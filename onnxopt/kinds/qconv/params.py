@@ -29,6 +29,8 @@ class QConvParams(KindParams):
     has_fix: bool  # weights split so that no pair saturates (avx2_u8s8.split_pairs): their corrections are inputs
     act_signed: bool = False  # s8 activations: packed as u8 (+128, a flip of the sign bit) with their zero point
     implicit: bool = False  # stride 1: the tile reads a channel-grouped copy of the input per tap (exec.c), no im2col
+    # which form AMOS's model chose and its predictions (forms.py), for the report; "" where only one runs
+    form_note: str = field(default="", compare=False, hash=False)
     depthwise: bool = False  # one input channel per output channel: its own tile, on the padded input (lower.py)
     int_bias: bool = False  # FLOAT: an int32 bias per channel added to the sums before the Cast (older quantizers')
     extra_kinds: tuple[int, ...] = ()  # FLOAT: per epilogue input, POSITION / CHANNEL / SCALAR
