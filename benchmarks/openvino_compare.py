@@ -1,6 +1,7 @@
 """Whole models against onnxruntime and OpenVINO, each at float32 and at its default (lower) precision.
 
     python benchmarks/openvino_compare.py MODEL.onnx[:input=d0,d1,...] ... [--threads 2] [--rounds 15] [--out DIR]
+        [--precisions fp32,bf16]
 
 For each float32 model: onnxruntime fp32; OpenVINO's CPU plugin at its default precision (its INFERENCE_PRECISION_HINT:
 bf16 where the CPU has avx512_bf16 or AMX) and at f32; onnxopt's written files at `--precision fp32` and `bf16`
@@ -47,6 +48,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--precisions", default="fp32,bf16", help="onnxopt's builds to time (fp32 alone: float32 only)")
     a = ap.parse_args(argv)
     import openvino as ov
 
@@ -79,7 +81,7 @@ def main(argv=None) -> None:
             outputs.append([result[o] for o in compiled.outputs])
             calls.append(lambda request=request, ov_feeds=ov_feeds: request.infer(ov_feeds))
             labels.append(label if hint is None else "openvino_f32")
-        for precision in ("fp32", "bf16"):
+        for precision in a.precisions.split(","):
             out = os.path.join(folder, f"{name}_{precision}.onnx")
             given = [f"{k}:{','.join(map(str, v))}" for k, v in shapes.items()] or None
             try:
