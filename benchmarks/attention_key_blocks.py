@@ -8,8 +8,9 @@ L2), with whole rows and with a quarter, half, one and two shares of a core's L2
 block are timed once. All of them and
 onnxruntime's own graph are timed interleaved in one process through their sessions (the written model and its
 library). Prints, per candidate, its key block, the model's DV (plan.key_block_moved, all heads), the median time
-and the ratio to the fastest; per shape, R^2 of time against DV (a line fitted over the shape's candidates) and
-the model's choice against the best measured one.
+and the ratio to the fastest, and TileFlow's latency of the kernel's tile tree (plan.tileflow_seconds); per shape,
+R^2 of time against DV and against TileFlow's latency (a line fitted over the shape's candidates), and the choices
+of the data-movement model and of TileFlow's latency against the best measured one.
 """
 
 from __future__ import annotations
@@ -56,14 +57,16 @@ def main(argv=None) -> None:
                     help="Chimera's G1-G12 with this middle instead of the long-sequence attention shapes")
     a = ap.parse_args(argv)
     model_cap = plan.key_floats(MR)
+    machine = cached_machine()
     share = int(plan.KEY_SHARE * plan.core_cache_bytes(2)) // 4  # the cache the blocks are sized for
     panel = 2 * host_target().float32_lanes  # the kernel's column block at its default vectors a row
     print(f"L3 balance {plan.l3_balance(cached_machine()) or float('nan'):.2f} flop/byte (blocks pay above "
           f"{MR / 2}); the model's capacity {model_cap} floats (0: whole rows); {plan.KEY_SHARE} of a core's L2 "
           f"{share} floats")
-    print("| shape (heads x M x L x d) | capacity | key block | model DV MB | ms | vs fastest | |")
-    print("|---|---|---|---|---|---|---|")
-    within, fits = [], []
+    print("| shape (heads x M x L x d) | capacity | key block | model DV MB | TileFlow ms | ms | vs fastest | |")
+    print("|---|---|---|---|---|---|---|---|")
+    within, fits, tf_within, tf_fits = [], [], [], []
+    softmax = a.chains in (None, "softmax")
     if a.chains:
         middle = None if a.chains == "none" else a.chains
         cases = [(f"{c.name} {c.batch} x {c.m} x {c.l} x {c.k}", gemm_chain_model(c, middle=middle), c.batch, c.m,
@@ -96,20 +99,26 @@ def main(argv=None) -> None:
             t = [r["median"] for r in time_interleaved([ort] + [b[3] for b in built], feeds, min_time=a.min_time,
                                                        max_blocks=100000)]
             best = min(t[1:])
-            moved = []
+            moved, tile_flow = [], []
             for (label, cap, block, _), ti in zip(built, t[1:]):
                 moved.append(heads * plan.key_block_moved(M, L, d, dv, rows, block, share))  # the cache's size
+                tile_flow.append(plan.tileflow_seconds(machine, heads, M, L, d, dv, block, softmax=softmax))
                 mark = "model's choice" if label == "model" else ""
-                print(f"| {name} | {label} | {block} | {4 * moved[-1] / 1e6:.1f} | {ti * 1e3:.2f} | "
-                      f"{ti / best:.2f} | {mark} |", flush=True)
-            fit = r_squared(moved, t[1:])
+                print(f"| {name} | {label} | {block} | {4 * moved[-1] / 1e6:.1f} | {tile_flow[-1] * 1e3:.2f} | "
+                      f"{ti * 1e3:.2f} | {ti / best:.2f} | {mark} |", flush=True)
+            fit, tf_fit = r_squared(moved, t[1:]), r_squared(tile_flow, t[1:])
             chosen = t[1 + [b[0] for b in built].index("model")]
+            tf_chosen = t[1 + int(np.argmin(tile_flow))]
             within.append(chosen / best)
             fits.append(fit)
-            print(f"| {name} | onnxruntime | | | {t[0] * 1e3:.2f} | {t[0] / best:.2f} | "
-                  f"R^2 {fit:.2f}, the model's choice {chosen / best:.3f}x the fastest |", flush=True)
-    print(f"the model's choice within {max(within):.3f}x of the fastest on every shape; R^2 per shape "
-          + ", ".join("n/a" if np.isnan(f) else f"{f:.2f}" for f in fits))
+            tf_within.append(tf_chosen / best)
+            tf_fits.append(tf_fit)
+            print(f"| {name} | onnxruntime | | | | {t[0] * 1e3:.2f} | {t[0] / best:.2f} | R^2 DV {fit:.2f}, "
+                  f"TileFlow {tf_fit:.2f}; choice: the model's {chosen / best:.3f}x the fastest, TileFlow's "
+                  f"{tf_chosen / best:.3f}x |", flush=True)
+    show = lambda fs: ", ".join("n/a" if np.isnan(f) else f"{f:.2f}" for f in fs)  # noqa: E731
+    print(f"the model's choice within {max(within):.3f}x of the fastest on every shape, TileFlow's within "
+          f"{max(tf_within):.3f}x; R^2 per shape: DV {show(fits)}; TileFlow {show(tf_fits)}")
 
 
 if __name__ == "__main__":

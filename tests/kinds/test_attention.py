@@ -155,6 +155,13 @@ def test_the_driver_fuses_a_chain_end_to_end(tmp_path):
     # Q and the output move once, K and V once per block of 24 rows (two), the scores never: per head 48 x 32
     # floats 6 times, 4 bytes each. (The mask is not in Chimera's chain.)
     assert dm["predicted_moved_bytes"] == 4 * 4 * 6 * 48 * 32
+    # TileFlow's latency of the kernel's tree, on this machine's model where one is cached
+    from onnxopt.hardware.measure import cached_machine
+    from onnxopt.kinds.attention import plan
+
+    machine = cached_machine()
+    assert dm["tileflow_predicted_seconds"] == (
+        None if machine is None else plan.tileflow_seconds(machine, 4, 48, 48, 32, 32, 48))
     ops = [n.op_type for n in res.model.graph.node]
     assert any(op.startswith("attention_") for op in ops) or any(
         "attention_" in f.name for f in res.model.functions)

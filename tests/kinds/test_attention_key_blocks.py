@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kind_harness import fuse_kind
 from test_gemm_chain import chain_model
 
+from onnxopt.annotate import tile_tree
 from onnxopt.codegen.target import host_target
 from onnxopt.hardware.machine_model import Machine, MemoryLevel
 from onnxopt.kinds.attention import KIND, plan
@@ -163,3 +164,40 @@ def test_the_capacity_follows_the_l3_balance_and_the_l2():
     assert plan.key_floats(MR, {"L2": 1 << 20}, _machine(1 << 20, 40.0)) == int(plan.KEY_SHARE * (1 << 20)) // 4
     assert plan.key_floats(MR, {"L2": 1 << 20}, _machine(1 << 20, 200 / (MR / 2))) == 0  # at the balance: whole
     assert plan.l3_balance(_machine(1 << 20, 40.0)) == pytest.approx(5.0)
+
+
+def test_tileflows_tree_of_the_kernel():
+    """TileFlow's tree of one task (plan.kernel_tree): whole rows whose K^T and V outgrow the L2 sit at L3 and stream
+    them to the micro-kernel again for every block of MR rows; key blocks that fit keep them in the L2 (moved in
+    once a task) and merge each block's output rows into the task's."""
+    rows, L, d, dv, l2 = 8 * MR, 1024, 64, 32, 64 * 1024  # 1024 keys x (64 + 32 + 6) floats do not fit, 256 do
+    whole, ext = plan.kernel_tree(rows, L, d, dv, L, l2)
+    assert tile_tree.illegal(whole) is None and whole.level == "L3"
+    an = tile_tree.analyze(whole, ext, outer="L3")
+    scores = next(r for r in an.tiles if r.tile.op == "scores")
+    assert scores.parent_level == "L3" and scores.loads == 8 * (MR * d + d * L)  # its Q rows and all of K^T, 8 times
+    blocks, ext = plan.kernel_tree(rows, L, d, dv, 256, l2)
+    assert tile_tree.illegal(blocks) is None and blocks.level == "L2" and ext["lb"] == 4
+    an = tile_tree.analyze(blocks, ext, outer="L3")
+    task, merge = an.tiles[0], next(r for r in an.tiles if r.tile.op == "merge")
+    assert task.loads == L * (d + dv) + rows * (d + dv) and task.stores == rows * dv  # once a task
+    assert next(r for r in an.tiles if r.tile.op == "scores").loads == 4 * 8 * MR * d + 8 * L * d  # from the L2
+    assert merge.loads == 4 * 2 * rows * dv and merge.stores == 4 * rows * dv  # a block's rows and the task's
+
+
+@pytest.mark.parametrize("l3_gbs", [40.0, 150.0])
+def test_tileflows_latency_agrees_with_the_capacitys_gate(l3_gbs):
+    """Where the L3 cannot feed whole rows (40 GB/s: 5 flops a byte against the micro-kernel's 3), TileFlow's latency
+    puts the capacity's key blocks ahead of whole rows; where it can (150 GB/s) whole rows are at least as fast: the
+    verdict of capacity.py's balance gate, from the tree's movement and the machine model's bandwidths."""
+    machine = _machine(1 << 20, l3_gbs)
+    heads, M, L, d = 1, 1024, 2048, 64
+    capacity = plan.key_floats(MR, {"L2": 1 << 20}, machine)
+    share = int(plan.KEY_SHARE * (1 << 20)) // 4
+    tl = plan.key_block(L, d, d, plan.task_rows(M, heads), share, 32)
+    assert tl < L
+    whole = plan.tileflow_seconds(machine, heads, M, L, d, d, L)
+    blocked = plan.tileflow_seconds(machine, heads, M, L, d, d, tl)
+    flops = 4 * M * L * d
+    assert min(whole, blocked) >= flops / 200e9  # never faster than the peak
+    assert (whole <= blocked) == (capacity == 0)

@@ -10,12 +10,17 @@ feeds whole rows as fast as they compute (capacity.py: the capacity is then 0); 
 online softmax does (`key_block`, the closed form of the least DV, `model_key_block`). The buffer is
 a task's scratch: K^T and V packed in panels and the block's score rows (the bf16 kernel's: K^T and V as bf16
 pairs, and its blocks of 16 rows, amx.py; it keeps whole rows).
+
+The same kernel as TileFlow's tile tree (`kernel_tree`, annotate/tile_tree.py) gives its latency on the machine model
+(`tileflow_seconds`), in the report beside the data-movement entry; benchmarks/attention_key_blocks.py fits both
+models against the measured candidates (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import math
 
+from onnxopt.annotate import tile_tree as tt
 from onnxopt.annotate.data_movement import gemm_chain, illegal, movement, softmax_strategy
 
 from . import amx
@@ -64,6 +69,55 @@ def model_key_block(M: int, L: int, d: int, dv: int, rows: int, capacity: int, b
     return min(cands, key=lambda tl: (key_block_moved(M, L, d, dv, rows, tl, capacity, mr), -tl))
 
 
+# A score's softmax in flops: the row max, the exp polynomial with its range reduction, the sum and the scale.
+SOFTMAX_FLOPS = 16
+# The online-softmax merge of a block's output row into the task's: o = a * o + b * p, an element.
+MERGE_FLOPS = 3
+
+
+def kernel_tree(rows: int, L: int, d: int, dv: int, tl: int, l2_floats: int, softmax: bool = True, mr: int = MR,
+                panel: int = 32) -> tuple[tt.Tile, dict[str, int]]:
+    """exec.c's float32 kernel for one task as TileFlow's tile tree, with its problem extents: the task walks its
+    key blocks (lb), each block its micro-kernel blocks of `mr` rows (m), and each row block computes its scores
+    (K^T in panels of `panel` keys), their softmax and its output rows, sharing the block's buffer; with several
+    key blocks a block's output rows are merged into the task's. The task's and the block's buffer is a core's L2
+    where a key block's K^T and V panels and score rows fit `l2_floats` (the kernel's own test, key_block), else
+    L3: the panels stream from there for every block of rows. Ragged rows are padded to whole blocks."""
+    blocks = -(-L // tl)
+    ext = {"lb": blocks, "m": -(-rows // mr) * mr, "l": tl, "k": d, "n": dv}
+    steps = (tt.Loop("l", tl // panel),) if tl % panel == 0 and tl > panel else ()
+    key = f"{tl}*lb + l"
+    scores = tt.Tile("L1", steps, op="scores", accesses=(
+        tt.access("Q", "m", "k"), tt.access("K", "k", key), tt.access("S", "lb", "m", "l", write=True)))
+    rows_op = [tt.Tile("L1", steps, op="softmax", flops=SOFTMAX_FLOPS, accesses=(
+        tt.access("S", "lb", "m", "l"), tt.access("S", "lb", "m", "l", write=True)))] if softmax else []
+    out = ("P", "lb", "m", "n") if blocks > 1 else ("O", "m", "n")
+    values = tt.Tile("L1", steps, op="values", accesses=(
+        tt.access("S", "lb", "m", "l"), tt.access("V", key, "n"), tt.access(*out, write=True)))
+    level = "L2" if tl * (d + dv + mr) <= l2_floats else "L3"
+    block = tt.Tile(level, (tt.Loop("m", ext["m"] // mr),), (scores, *rows_op, values), primitive="Shar")
+    if blocks == 1:
+        return tt.Tile(level, (), (block,), primitive="Shar"), ext
+    merge = tt.Tile("L1", (tt.Loop("m", ext["m"] // mr),), op="merge", flops=MERGE_FLOPS, accesses=(
+        tt.access("P", "lb", "m", "n"), tt.access("O", "m", "n"), tt.access("O", "m", "n", write=True)))
+    return tt.Tile(level, (tt.Loop("lb", blocks),), (block, merge), primitive="Shar"), ext
+
+
+def tileflow_seconds(machine, heads: int, M: int, L: int, d: int, dv: int, tl: int, softmax: bool = True,
+                     min_tasks: int = MIN_TASKS) -> float:
+    """TileFlow's latency (eq 3.22) of the float32 kernel on `machine`: a task's tree on one core's share of the
+    bandwidths and of the float32 peak, times the tasks a core runs, scaled by the part of the padded keys the
+    ragged last block really covers (the tree's blocks are whole)."""
+    cores = max(1, machine.cores)
+    rows = task_rows(M, heads, min_tasks)
+    l2 = next(lv for lv in machine.levels if lv.name == "L2")
+    tree, ext = kernel_tree(rows, L, d, dv, tl, l2.size_bytes // cores // 4, softmax)
+    arch = tt.Arch({lv.name: lv.bandwidth / cores for lv in machine.levels}, machine.peak_flops["float32"] / cores)
+    tasks = heads * -(-M // rows)
+    padded = ext["lb"] * ext["l"]
+    return tt.analyze(tree, ext, arch, outer="L3").latency * -(-tasks // cores) * L / padded
+
+
 def scratch_floats(L: int, d: int, dv: int, block: int) -> int:
     """exec.c's scratch a task (without an expanded mask): MR score rows, K^T and V in panels of `block`."""
     pad = lambda n: max(block, -(-n // block) * block)  # noqa: E731
@@ -105,8 +159,13 @@ def report(region, feeds: dict, desc) -> dict:
     order = ("b", "m", "l", "k", "n")
     moved = movement(chain, order, tiles)
     strategy, why = softmax_strategy(chain, tiles) if p.middle == "softmax" else (None, None)
+    from onnxopt.hardware.measure import cached_machine
+
+    machine = cached_machine()
+    latency = None if tiles_run or machine is None else tileflow_seconds(
+        machine, heads, M, L, d, dv, tl, p.middle == "softmax", desc.min_tasks)
     return {"data_movement": {
         "extents": {"heads": heads, "M": M, "L": L, "d": d, "dv": dv}, "order": "".join(order), "tiles": tiles,
         "illegal": illegal(chain, order, tiles), "buffer_floats": buffer, "key_floats": desc.key_floats,
         "predicted_moved_bytes": 4 * moved.dv, "predicted_buffer_bytes": 4 * moved.mu,
-        "softmax": strategy, "softmax_why": why}}
+        "softmax": strategy, "softmax_why": why, "tileflow_predicted_seconds": latency}}
