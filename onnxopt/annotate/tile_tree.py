@@ -108,6 +108,17 @@ class Arch:
     pe_flops: float
     elem_bytes: int = 4
 
+    @classmethod
+    def per_thread(cls, machine, threads: int, dtype: str = "float32") -> "Arch":
+        """One thread's share of a machine model with `threads` of them running: a core's peak, and each level's
+        bandwidth split among the threads (one thread alone gets the single-core figure where it was measured)."""
+        cores = max(1, machine.cores)
+        running = max(1, min(threads, cores))
+        peak = (machine.details.get("peak_flops_1core") or {}).get(dtype) or machine.peak_flops[dtype] / cores
+        bandwidth = {lv.name: (lv.bandwidth_1core if running == 1 and lv.bandwidth_1core else lv.bandwidth / running)
+                     for lv in machine.levels}
+        return cls(bandwidth, peak)
+
 
 @dataclass
 class Analysis:
@@ -311,8 +322,17 @@ def _num_pe(tile: Tile) -> int:
 
 
 def _points(leaf: Tile, allotted: dict[str, int]) -> int:
+    """The points a leaf computes in one execution: the distinct elements it writes times the extents of the
+    dimensions it reduces (a convolution's rows with their halo counted once), or, writing several tensors or none,
+    the product of the dimensions it uses."""
     used = {n for a in leaf.accesses for terms in a.index for n, _ in terms}
-    return math.prod(allotted[d] for d in used)
+    written = {a.tensor for a in leaf.accesses if a.write}
+    if len(written) != 1:
+        return math.prod(allotted[d] for d in used)
+    out = [a for a in leaf.accesses if a.write]
+    kept = {n for a in out for terms in a.index for n, _ in terms}
+    box = _box(out, {d: np.arange(n) for d, n in allotted.items()})
+    return box.size() * math.prod(allotted[d] for d in used - kept)
 
 
 # ---- legality ----

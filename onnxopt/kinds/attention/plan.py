@@ -112,7 +112,7 @@ def tileflow_seconds(machine, heads: int, M: int, L: int, d: int, dv: int, tl: i
     rows = task_rows(M, heads, min_tasks)
     l2 = next(lv for lv in machine.levels if lv.name == "L2")
     tree, ext = kernel_tree(rows, L, d, dv, tl, l2.size_bytes // cores // 4, softmax)
-    arch = tt.Arch({lv.name: lv.bandwidth / cores for lv in machine.levels}, machine.peak_flops["float32"] / cores)
+    arch = tt.Arch.per_thread(machine, cores)
     tasks = heads * -(-M // rows)
     padded = ext["lb"] * ext["l"]
     return tt.analyze(tree, ext, arch, outer="L3").latency * -(-tasks // cores) * L / padded
