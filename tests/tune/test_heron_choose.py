@@ -122,3 +122,37 @@ def test_onnxopt_tune_refuses_bad_input(tmp_path, args, says):
     r = subprocess.run([sys.executable, "-m", "onnxopt", "tune", *argv, "--cost-cache", str(tmp_path / "c.sqlite")],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_tuner_sees_matmuls_behind_an_exporters_shape_arithmetic(tmp_path):
+    """Position embeddings sliced by indices the graph computes (Shape -> Gather -> Slice, as torch's exporter
+    writes BERT's) hide the matmul's rows until the constants are folded with the input's dims fixed: `onnxopt
+    tune` folds them first, as optimize does, and finds the matmul."""
+    from onnx import helper, numpy_helper
+
+    from onnxopt.graph.load import fix_input_shapes, load_model
+    from onnxopt.tune.heron.tune_model import matmul_problems, prepared_model
+
+    consts = [numpy_helper.from_array(np.ones((256, 160), np.float32), "w"),
+              numpy_helper.from_array(np.ones((512, 256), np.float32), "positions"),
+              numpy_helper.from_array(np.arange(512, dtype=np.int64)[None], "position_ids"),
+              numpy_helper.from_array(np.array([0], np.int64), "zero"),
+              numpy_helper.from_array(np.array(1, np.int64), "one"),
+              numpy_helper.from_array(np.array(2, np.int64), "two")]
+    # the position embeddings of the input's length, sliced by indices the graph computes (as torch's exporter
+    # writes BERT's): Slice(position_ids, 0, seq, axis rank - 2)
+    node = helper.make_node
+    g = helper.make_graph([node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "one"], ["seq"]),
+                           node("Unsqueeze", ["seq", "zero"], ["ends"]), node("Size", ["shape"], ["rank"]),
+                           node("Sub", ["rank", "two"], ["axis"]), node("Unsqueeze", ["axis", "zero"], ["axes"]),
+                           node("Slice", ["position_ids", "zero", "ends", "axes"], ["ids"]),
+                           node("Gather", ["positions", "ids"], ["embedded"]),
+                           node("Add", ["x", "embedded"], ["x2"]), node("MatMul", ["x2", "w"], ["y"])], "exported",
+                          [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "seq", 256])],
+                          [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], consts)
+    path = tmp_path / "exported.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    unfolded = load_model(str(path)).model
+    fix_input_shapes(unfolded, {"x": [1, 32, 256]})
+    assert matmul_problems(unfolded, TARGET) == []
+    assert matmul_problems(prepared_model(str(path), {"x": [1, 32, 256]}), TARGET) == [(1, 32, 256, 160)]

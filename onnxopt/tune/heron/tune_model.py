@@ -149,16 +149,28 @@ def _search(shape, target, threads, trials, cache, seed, pop, gens, min_time, t0
                         time.perf_counter() - t0, dict(run.times))
 
 
+def prepared_model(path: str, input_shapes: dict | None = None):
+    """The model at `path` as optimize sees it before finding regions: its inputs' symbolic dims fixed and its
+    constants folded (an exporter's shape arithmetic, Shape -> Gather -> Concat -> Reshape, becomes constants, so
+    the matmuls' shapes are known)."""
+    from onnxopt.graph.fold import fold_constants
+    from onnxopt.graph.load import fix_input_shapes, load_model
+
+    model = load_model(path).model
+    if input_shapes:
+        fix_input_shapes(model, input_shapes)
+    try:
+        fold_constants(model)
+    except Exception:  # noqa: BLE001 - folding is best effort, as in optimize
+        pass
+    return model
+
+
 def tune_model(path: str, target, threads: int | None, trials: int, cache, input_shapes=None, seed: int = 0,
                on_problem=None, retune: bool = False) -> list[TunedProblem]:
     """Tune every distinct packed-B matmul of the model at `path` (those with records already reused unless
     `retune`); `on_problem(result)` after each."""
-    from onnxopt.graph.load import fix_input_shapes, load_model
-
-    loaded = load_model(path)
-    model = loaded.model
-    if input_shapes:
-        fix_input_shapes(model, input_shapes)
+    model = prepared_model(path, input_shapes)
     threads = int(threads or len(os.sched_getaffinity(0)))
     out = []
     for shape in matmul_problems(model, target):
