@@ -129,10 +129,6 @@ class Analysis:
     def latency(self) -> float:
         return self.tiles[0].latency
 
-    def moved(self, into: str) -> int:
-        """Elements moved into and out of level `into` (loads and stores), over the whole run."""
-        return sum(sum(v) for (_, to), v in self.links.items() if to == into)
-
 
 # ---- the iteration space ----
 
