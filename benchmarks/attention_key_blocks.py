@@ -102,7 +102,8 @@ def main(argv=None) -> None:
             moved, tile_flow = [], []
             for (label, cap, block, _), ti in zip(built, t[1:]):
                 moved.append(heads * plan.key_block_moved(M, L, d, dv, rows, block, share))  # the cache's size
-                tile_flow.append(plan.tileflow_seconds(machine, heads, M, L, d, dv, block, softmax=softmax))
+                tile_flow.append(plan.tileflow_seconds(machine, heads, M, L, d, dv, block, softmax=softmax,
+                                                       panel=panel))
                 mark = "model's choice" if label == "model" else ""
                 print(f"| {name} | {label} | {block} | {4 * moved[-1] / 1e6:.1f} | {tile_flow[-1] * 1e3:.2f} | "
                       f"{ti * 1e3:.2f} | {ti / best:.2f} | {mark} |", flush=True)

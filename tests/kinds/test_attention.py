@@ -156,12 +156,14 @@ def test_the_driver_fuses_a_chain_end_to_end(tmp_path):
     # floats 6 times, 4 bytes each. (The mask is not in Chimera's chain.)
     assert dm["predicted_moved_bytes"] == 4 * 4 * 6 * 48 * 32
     # TileFlow's latency of the kernel's tree, on this machine's model where one is cached
+    from onnxopt.codegen.target import host_target
     from onnxopt.hardware.measure import cached_machine
     from onnxopt.kinds.attention import plan
 
     machine = cached_machine()
     assert dm["tileflow_predicted_seconds"] == (
-        None if machine is None else plan.tileflow_seconds(machine, 4, 48, 48, 32, 32, 48))
+        None if machine is None else plan.tileflow_seconds(machine, 4, 48, 48, 32, 32, 48,
+                                                           panel=2 * host_target().float32_lanes))
     ops = [n.op_type for n in res.model.graph.node]
     assert any(op.startswith("attention_") for op in ops) or any(
         "attention_" in f.name for f in res.model.functions)

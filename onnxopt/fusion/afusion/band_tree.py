@@ -21,8 +21,8 @@ from .siso import balanced_rows
 
 @dataclass(frozen=True)
 class ConvPair:
-    """conv1 (ic -> oc1, k1 x k1, stride st1) -> conv2 (oc1 -> oc2, k2 x k2, stride st2), conv2's output out_h x out_w;
-    `dw1` / `dw2`: the convolution is depthwise (one channel a group)."""
+    """conv1 (ic -> oc1, k1 x k1, stride st1) -> conv2 (oc1 -> oc2, k2 x k2, stride st2), both dense, conv2's
+    output out_h x out_w."""
 
     ic: int
     oc1: int
@@ -34,8 +34,6 @@ class ConvPair:
     out_h: int
     out_w: int
     batch: int = 1
-    dw1: bool = False
-    dw2: bool = False
 
 
 def band_tree(g: ConvPair, rows: int, l2_floats: int) -> tuple[tt.Tile, dict[str, int]]:
@@ -45,18 +43,10 @@ def band_tree(g: ConvPair, rows: int, l2_floats: int) -> tuple[tt.Tile, dict[str
            "s2": g.k2}
     i_at = (f"{b}*y + r2", f"{b}*x + s2")  # the intermediate's rows and columns a second's window reads
     x_at = (f"{a * b}*y + {a}*r2 + r1", f"{a * b}*x + {a}*s2 + s1")
-    c1 = "c2" if g.dw2 else "c1"  # a depthwise second reads its own channel of the intermediate
-    if g.dw2:
-        del ext["c1"]
     conv1 = tt.Tile("L1", op="conv1", accesses=(
-        tt.access("X", c1 if g.dw1 else "ci", *x_at),
-        tt.access("W1", c1, "r1", "s1") if g.dw1 else tt.access("W1", c1, "ci", "r1", "s1"),
-        tt.access("I", c1, *i_at, write=True)))
-    if g.dw1:
-        del ext["ci"]
+        tt.access("X", "ci", *x_at), tt.access("W1", "c1", "ci", "r1", "s1"), tt.access("I", "c1", *i_at, write=True)))
     conv2 = tt.Tile("L1", op="conv2", accesses=(
-        tt.access("I", c1, *i_at),
-        tt.access("W2", "c2", "r2", "s2") if g.dw2 else tt.access("W2", "c2", "c1", "r2", "s2"),
+        tt.access("I", "c1", *i_at), tt.access("W2", "c2", "c1", "r2", "s2"),
         tt.access("Y", "c2", "y", "x", write=True)))
     band = tt.Tile("L2", children=(conv1, conv2), primitive="Shar")
     if tt.step_slice(band, ext) > l2_floats:

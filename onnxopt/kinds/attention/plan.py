@@ -104,14 +104,15 @@ def kernel_tree(rows: int, L: int, d: int, dv: int, tl: int, l2_floats: int, sof
 
 
 def tileflow_seconds(machine, heads: int, M: int, L: int, d: int, dv: int, tl: int, softmax: bool = True,
-                     min_tasks: int = MIN_TASKS) -> float:
+                     min_tasks: int = MIN_TASKS, panel: int = 32) -> float:
     """TileFlow's latency (eq 3.22) of the float32 kernel on `machine`: a task's tree on one core's share of the
     bandwidths and of the float32 peak, times the tasks a core runs, scaled by the part of the padded keys the
-    ragged last block really covers (the tree's blocks are whole)."""
+    ragged last block really covers (the tree's blocks are whole). `panel`: the kernel's column block, the
+    target's (AttentionKernelDesc.block)."""
     cores = max(1, machine.cores)
     rows = task_rows(M, heads, min_tasks)
     l2 = next(lv for lv in machine.levels if lv.name == "L2")
-    tree, ext = kernel_tree(rows, L, d, dv, tl, l2.size_bytes // cores // 4, softmax)
+    tree, ext = kernel_tree(rows, L, d, dv, tl, l2.size_bytes // cores // 4, softmax, panel=panel)
     arch = tt.Arch.per_thread(machine, cores)
     tasks = heads * -(-M // rows)
     padded = ext["lb"] * ext["l"]
@@ -163,7 +164,7 @@ def report(region, feeds: dict, desc) -> dict:
 
     machine = cached_machine()
     latency = None if tiles_run or machine is None else tileflow_seconds(
-        machine, heads, M, L, d, dv, tl, p.middle == "softmax", desc.min_tasks)
+        machine, heads, M, L, d, dv, tl, p.middle == "softmax", desc.min_tasks, desc.block)
     return {"data_movement": {
         "extents": {"heads": heads, "M": M, "L": L, "d": d, "dv": dv}, "order": "".join(order), "tiles": tiles,
         "illegal": illegal(chain, order, tiles), "buffer_floats": buffer, "key_floats": desc.key_floats,

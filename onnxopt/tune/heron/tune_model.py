@@ -151,8 +151,8 @@ def _search(shape, target, threads, trials, cache, seed, pop, gens, min_time, t0
 
 def prepared_model(path: str, input_shapes: dict | None = None):
     """The model at `path` as optimize sees it before finding regions: its inputs' symbolic dims fixed and its
-    constants folded (an exporter's shape arithmetic, Shape -> Gather -> Concat -> Reshape, becomes constants, so
-    the matmuls' shapes are known)."""
+    constants folded (an exporter's shape arithmetic, such as BERT's position ids sliced by Shape -> Gather ->
+    Slice, becomes constants, so the matmuls' shapes are known)."""
     from onnxopt.graph.fold import fold_constants
     from onnxopt.graph.load import fix_input_shapes, load_model
 
