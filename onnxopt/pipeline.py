@@ -32,6 +32,7 @@ from onnxopt.fusion.pool import PoolRule
 from onnxopt.fusion.region import Region
 from onnxopt.annotate.shapes import tensor_info
 from onnxopt.graph.classifier_conv import classifiers_as_convs
+from onnxopt.graph.conv1d import conv1d_as_conv2d
 from onnxopt.graph.infer import check_tensor_sizes as _check_tensor_sizes
 from onnxopt.graph.infer import complete_output_types as _complete_output_types
 from onnxopt.graph.infer import infer as _infer
@@ -548,6 +549,7 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             rewrites = {"subsampling_into_convs": fold_subsampling_into_convs(work, static),
                         "unary_through_concats": push_unary_through_concats(work),
                         "classifiers_as_convs": classifiers_as_convs(work, static),
+                        "conv1d_as_conv2d": conv1d_as_conv2d(work, static),
                         "transpose_chains_merged": merge_transpose_chains(work, static)}
         self.report["rewrites"] = rewrites
         self.quantized = quantized_nodes(work.graph)
@@ -658,6 +660,8 @@ class _Optimizer(PlanStage, KernelStage, DecisionStage, OutputStage):
             plans = plans[:1]  # only timing chooses between plans: without it, build and check the first only
         self.plans = plans
         regions = list({id(r): r for _, plan in plans for r in plan}.values())
+        if self.opts.winograd not in ("auto", "off") and winograd.check_opset(work) is None:
+            self._forced_nchw_winograd(work, regions, int(self.opts.winograd))
         if self.opts.precision != "fp32":  # before the op types: a lowered kernel is another op
             self._lower_precision(work, regions)
         for r in regions:

@@ -57,7 +57,7 @@ def test_nasnet_graph_rewrites_leave_no_pad_or_cell_relu_and_the_same_answer(tmp
     out = str(tmp_path / "fused.onnx")
     res = onnxopt.optimize(src, out, measure=False)
     assert res.report["rewrites"] == {"subsampling_into_convs": 3 * 3, "unary_through_concats": 3 * 3,
-                                      "classifiers_as_convs": 1, "transpose_chains_merged": 0}
+                                      "classifiers_as_convs": 1, "conv1d_as_conv2d": 0, "transpose_chains_merged": 0}
     assert res.report["verification"]["ok"]
     fused = onnx.load(out)
     plain = [m.op_type for m in fused.graph.node if m.domain == ""]

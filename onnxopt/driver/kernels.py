@@ -152,11 +152,15 @@ class KernelStage:
         # Winograd choices first: they gain 1.5-3x where they win, a register tile a few percent. Then largest first,
         # so that a tuning budget spent leaves the default tile on the cheapest regions.
         wino = self.opts.winograd == "auto"
+        lanes = self.backend.layout(self.opts.target).lanes
+
+        def winograd_candidate(r):  # blocked, or NCHW that the channel-vector kernel would give Winograd tiles
+            return wino and (winograd.applies(r) is None or winograd.applies_on_channel_vectors(r, lanes))
         # Regions whose kernels read bf16/fp16 weights (driver/precision.py) keep their default tile: the searches
         # repack float32 weights. float32 kernels whose weights are only stored as float16 take part.
         order = sorted((r for r in regions if r.compute is not None and r.compute.op not in ("afusion", "siblings")
                         and r.compute.attrs.b_dtype is None),
-                       key=lambda r: (not (wino and winograd.applies(r) is None),
+                       key=lambda r: (not winograd_candidate(r),
                                       -region_flops(r, info, self._bindings())))
         split = {"build_s": 0.0, "measure_s": 0.0}
         # AFUSION band heights cost a compile and a short timing per op type: a third of the budget is kept for them.
@@ -170,12 +174,15 @@ class KernelStage:
             feeds_key = (r.op_type, tuple(tuple(d if isinstance(d, int) else self.bindings.get(d, d)
                                                 for d in (info[x].shape if x in info else ()))
                                           for x in runtime_inputs(r, work)))
-            if wino and winograd.applies(r) is None:
+            if winograd_candidate(r):
                 spent = time.perf_counter() - t
                 over = f"the Winograd budget ({self.opts.tune_budget:g} s) is spent" \
                     if spent > self.opts.tune_budget else None
+                nchw = winograd.applies(r) is not None
                 self._search_winograd(work, r, info, feeds_key, done, over, split)
-                continue
+                if not nchw or r.compute.attrs.winograd:
+                    continue
+                # an NCHW convolution that stays direct: its register tile or channel vectors are searched below
             if t_tiles is None:
                 t_tiles = time.perf_counter()
                 rest = max(self.opts.tune_budget - (t_tiles - t), self.opts.tune_budget / 3)
@@ -200,7 +207,9 @@ class KernelStage:
                     self.tile_info[id(r)] = {"tile": self._tile_of(r),
                                              "tile_search": dict(res.to_report(), skipped=f"cannot apply: {e}")}
                     continue
-            self.tile_info[id(r)] = {"tile": self._tile_of(r), "tile_search": res.to_report()}
+            # (an NCHW convolution that stayed direct keeps its Winograd timings in the report)
+            self.tile_info[id(r)] = {**self.tile_info.get(id(r), {}), "tile": self._tile_of(r),
+                                     "tile_search": res.to_report()}
             if not res.skipped:
                 self.say(f"tile {self._tile_of(r)} for {r.describe()}"
                          + (f" ({res.to_report().get('gain', 1.0):.2f}x the default)" if res.changed else ""))
@@ -338,6 +347,8 @@ class KernelStage:
             return
         if res.m:
             mk = self.backend.layout(self.opts.target)
+            if res.nchw:  # the tiles run on the channel-vector kernel, NCHW in and out
+                with_channel_vectors(r, mk.lanes, mk.tile.ni, _opset(work))
             winograd.apply_winograd(r, res.m, mk.lanes, mk.tile.ni)
             self.say(f"Winograd {winograd.label(r.compute.attrs.kernel, res.m)} for {r.describe()}"
                      + (f" ({res.to_report()['gain']:.2f}x the direct kernel)" if "gain" in res.to_report() else ""))

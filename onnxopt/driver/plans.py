@@ -19,7 +19,7 @@ from onnxopt.fusion.afusion.plan import afusion_pairs, apply_pairs, greedy_pairs
 from onnxopt.fusion.compute import ComputeRule
 from onnxopt.fusion.elementwise import ElementwiseRule, _opset
 from onnxopt.fusion.pool import PoolRule
-from onnxopt.fusion.layout import assign_blocked_layouts
+from onnxopt.fusion.layout import assign_blocked_layouts, with_channel_vectors
 from onnxopt.fusion.region import Region
 from onnxopt.fusion.siblings import Siblings, apply_siblings, sibling_groups
 from onnxopt.fusion import winograd
@@ -143,6 +143,15 @@ class PlanStage:
                 more = {"target": self.opts.target} if kind.find_takes_target else {}
                 out += kind.find(work, claimed, rejected, **more)
         return out
+
+    def _forced_nchw_winograd(self, work, regions: list[Region], m: int) -> None:
+        """--winograd M on the NCHW convolutions too (the blocked plan's were converted in _blocked_plan): each whose
+        kernel offers the tile length runs it on the channel-vector kernel, NCHW in and out."""
+        mk = self.backend.layout(self.opts.target)
+        for r in regions:
+            if winograd.applies_on_channel_vectors(r, mk.lanes) and m in winograd.sizes(r.compute.attrs.kernel):
+                with_channel_vectors(r, mk.lanes, mk.tile.ni, _opset(work))
+                winograd.apply_winograd(r, m, mk.lanes, mk.tile.ni)
 
     def _afusion_plan(self, work, blocked_plan: list[Region]) -> list[Region] | None:
         """The blocked plan with convolution groups fused into AFUSION kernels (onnxopt/fusion/afusion); None when

@@ -180,6 +180,20 @@ def pack_winograd_weights(w: np.ndarray, m: int, lanes: int, ni: int) -> np.ndar
     return np.ascontiguousarray(padded.reshape(nn, groups, width, ic).transpose(1, 0, 3, 2))
 
 
+NOT_ON_CHANNEL_VECTORS = "not on the blocked (channel-vector) kernel"
+
+
+def applies_on_channel_vectors(region: Region, lanes: int) -> bool:
+    """Whether an NCHW convolution would take Winograd tiles once given the channel-vector kernel (NCHW in and out,
+    computed on blocked buffers: fusion/layout.py use_channel_vectors), as a lone convolution between ops that are
+    not ours must be."""
+    from .layout import channel_vectors_apply
+
+    c = region.compute
+    return (applies(region) == NOT_ON_CHANNEL_VECTORS and channel_vectors_apply(region, lanes) and c.tile is None
+            and c.attrs.b_dtype is None)
+
+
 def applies(region: Region) -> str | None:
     """None when the region's convolution can run as Winograd tiles on the blocked kernel, else why not."""
     c = region.compute
@@ -197,7 +211,7 @@ def applies(region: Region) -> str | None:
     if c.weights is None or c.weights.ndim != 4:
         return "no constant weights"
     if not (a.out_blocked or a.channel_vectors):
-        return "not on the blocked (channel-vector) kernel"
+        return NOT_ON_CHANNEL_VECTORS
     if c.tile is not None:
         return "a searched register tile"
     if a.b_dtype is not None:

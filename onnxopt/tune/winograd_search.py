@@ -1,7 +1,9 @@
 """Winograd or direct, per convolution: each stride-1 convolution on the blocked kernel whose kernel has Winograd tiles
 (3x3, 5x5, 1x7, 7x1, 1x3, 3x1; fusion/winograd.py) is built as the direct kernel and with each tile length its kernel
 offers (3x3: F(2x2), F(4x4)), checked, and timed on its runtime shapes; the fastest wins if it beats the direct
-kernel by the tile search's margin, twice.
+kernel by the tile search's margin, twice. A lone NCHW convolution (no blocked tensor around it: a layer between ops
+that are not ours) is timed as the NCHW kernel it has against Winograd tiles on the channel-vector kernel, NCHW in
+and out (fusion/layout.py use_channel_vectors), whose reorders cost little beside F(4x4)'s savings.
 
 Why time it rather than model it: Winograd trades multiply-adds for transforms and memory. With many channels the
 products dominate and F(4x4) runs 2.3-2.4x faster than the direct kernel (64-256 channels at 56x56 to 14x14 here);
@@ -21,12 +23,13 @@ whether the weights were timed cold.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
 from onnxopt.codegen.microkernel.registry import select
 from onnxopt.fusion import winograd
+from onnxopt.fusion.layout import with_channel_vectors
 
 from .tile_search import (
     MARGIN,
@@ -66,6 +69,7 @@ class WinogradSearchResult:
     m: int  # 0: direct
     kernel: tuple = ()
     candidates: list[dict] = field(default_factory=list)  # {"winograd": m, "seconds": s | None, ...}
+    nchw: bool = False  # an NCHW convolution: its Winograd tiles run on the channel-vector kernel
     cost_cache: str | None = None
     skipped: str | None = None
     built: dict = field(default_factory=dict, repr=False)  # op type -> (object code, glue description)
@@ -74,6 +78,8 @@ class WinogradSearchResult:
 
     def to_report(self) -> dict:
         out = {"chosen": self.m, "kernel": list(self.kernel), "candidates": self.candidates}
+        if self.nchw:
+            out["nchw"] = True
         for k in ("cost_cache", "skipped"):
             if getattr(self, k):
                 out[k] = getattr(self, k)
@@ -92,7 +98,11 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
     from onnxopt.annotate.shapes import tensor_info
     from onnxopt.measure import region_feeds as _region_feeds
 
-    why = winograd.applies(region)
+    mk = select(target)
+    # A lone NCHW convolution (no blocked tensor around it) takes Winograd tiles on the channel-vector kernel, NCHW
+    # in and out: its candidates are that kernel's tiles against the NCHW kernel it has.
+    nchw = winograd.applies_on_channel_vectors(region, mk.lanes)
+    why = None if nchw else winograd.applies(region)
     if why is not None:
         return WinogradSearchResult(0, skipped=why)
     kernel = tuple(region.compute.attrs.kernel)
@@ -107,20 +117,25 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
     shapes = [list(v.shape) for v in feeds.values()]
     kspace = space(kernel)
     # cold and warm timings can choose differently: the cache keeps them apart
-    key_space = kspace + ([["weights cold"]] if flush_bytes else [])
+    key_space = kspace + ([["weights cold"]] if flush_bytes else []) + ([["nchw"]] if nchw else [])
     if cache is not None and cache.enabled:
         hit = cache.get_tile(region.op_type, shapes, threads, key_space)
         if hit is not None:
-            return WinogradSearchResult(hit["tile"][0], kernel, hit["candidates"], cost_cache="hit")
+            return WinogradSearchResult(hit["tile"][0], kernel, hit["candidates"], cost_cache="hit", nchw=nchw)
     if cache_only:
         return WinogradSearchResult(0, kernel, skipped=cache_only)
-    mk = select(target)
     candidates = [{"winograd": key[0]} for key in kspace]
     variants = []
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     for cand in candidates:
         m = cand["winograd"]
         try:
-            v = region if m == 0 else winograd.to_winograd(region, m, mk.lanes, mk.tile.ni)
+            if m == 0:
+                v = region
+            else:
+                base = (with_channel_vectors(replace(region, measured={}, rejected=None), mk.lanes, mk.tile.ni, opset)
+                        if nchw else region)
+                v = winograd.to_winograd(base, m, mk.lanes, mk.tile.ni)
         except Exception as e:  # noqa: BLE001 - a form that does not apply is left out
             cand["error"] = f"build: {type(e).__name__}: {e}"
             continue
@@ -132,7 +147,7 @@ def search_winograd(region, model, target, threads: int | None = None, cache=Non
         return WinogradSearchResult(0, kernel, candidates, skipped=f"could not run: {e}")
     secs = {m: cand["seconds"] for cand, m in timing.timed}
     chosen = timing.chosen if secs else 0
-    result = WinogradSearchResult(chosen, kernel, candidates,
+    result = WinogradSearchResult(chosen, kernel, candidates, nchw=nchw,
                                   cost_cache="miss" if cache is not None and cache.enabled else None,
                                   built={d.op_type: (o, d) for o, d in zip(timing.objs, timing.descs)},
                                   build_s=timing.build_s, measure_s=time.perf_counter() - timing.t_measure)

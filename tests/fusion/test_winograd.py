@@ -7,6 +7,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -288,7 +289,6 @@ def test_the_winograd_choices_have_their_own_budget(tmp_path):
 def test_weights_cold_flush_counts_the_weights_from_their_dims():
     """Weights over the last-level cache: flush twice its size before each run; weights that fit: no flush. The
     bytes come from the dims, so an initializer whose data is external (not loaded) counts too."""
-    import onnx
     from onnx import TensorProto, helper
 
     from onnxopt.tune.winograd_search import weights_cold_flush
@@ -335,3 +335,63 @@ def test_a_model_larger_than_the_cache_chooses_with_cold_weights(tmp_path, monke
     assert run("cold_again", 16 << 10)[1]["cost_cache"] == "hit"
     res, win = run("warm", None)
     assert res.report["winograd"]["weights"] == "warm" and win["cost_cache"] == "miss"
+
+
+# ---- a lone NCHW convolution (no blocked tensor around it) ----
+def _lone_conv(c_in, oc, size, seed=0):
+    ch = Chain(c_in, size, size, seed=seed)
+    return ch, ch.model([ch.conv("x", "a", oc, k=3, act=None)])
+
+
+def test_a_lone_convolution_takes_tiles_only_on_channel_vectors():
+    from onnxopt.fusion.compute import ComputeParams
+    from onnxopt.fusion.params import ComputeAttrs
+    from onnxopt.fusion.region import Region
+
+    def region(**attrs):
+        a = {"kernel": [3, 3], "strides": [1, 1], "dilations": [1, 1], "groups": 1}
+        a.update(attrs)
+        c = ComputeParams(op="conv", attrs=ComputeAttrs(**a), weights=np.zeros((4, 4, 3, 3), np.float32))
+        return Region(label="Conv", nodes=[], inputs=["x", "w"], outputs=["y"], program=None, shape=[1, 4, 4, 4],
+                      params=c)
+
+    assert winograd.applies(region()) == winograd.NOT_ON_CHANNEL_VECTORS
+    assert winograd.applies_on_channel_vectors(region(), 16) and winograd.applies_on_channel_vectors(region(), 8)
+    assert not winograd.applies_on_channel_vectors(region(), 4)  # SSE: no channel-vector kernel
+    assert not winograd.applies_on_channel_vectors(region(strides=[2, 2]), 16)
+    assert not winograd.applies_on_channel_vectors(region(groups=2), 16)
+    assert not winograd.applies_on_channel_vectors(region(out_blocked=1), 16)  # blocked: applies() itself
+    assert not winograd.applies_on_channel_vectors(region(b_dtype="bfloat16"), 16)
+
+
+@needs_vectors
+@pytest.mark.parametrize("m", SQUARE)
+def test_forced_tiles_on_a_lone_nchw_convolution(tmp_path, m):
+    """--winograd M reaches a convolution between the graph's input and output (the blocked plan has nothing to
+    block there): its tiles run on the channel-vector kernel, NCHW in and out, with the library, through the
+    function body alone, and in a fresh process through the public loader, where its kernel ran."""
+    from fresh_process import assert_written_model_runs
+
+    ch, model = _lone_conv(24, 40, 13)
+    res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), measure=False, winograd=str(m))
+    assert any(i.name.endswith(f"__wino{m}") for i in res.model.graph.initializer)
+    check_answers(res, model, ch.feeds)
+    src = tmp_path / "src.onnx"
+    onnx.save(model, str(src))
+    op = next(nd.op_type for nd in res.model.graph.node if nd.domain == "onnxopt")
+    assert_written_model_runs(src, tmp_path / "f.onnx", ch.feeds, op, tmp_path)
+
+
+@needs_vectors
+def test_auto_times_a_lone_nchw_convolution_against_its_tiles(tmp_path):
+    """By default the NCHW kernel and the channel-vector kernel's Winograd tiles are timed against each other; the
+    report keeps every candidate's time and says the convolution was NCHW; a tile is written only if chosen."""
+    ch, model = _lone_conv(64, 64, 28, seed=1)
+    res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), cost_cache=False, threads=2, min_speedup=0.0)
+    wins = [r["winograd"] for r in res.report["regions"] if "winograd" in r]
+    assert len(wins) == 1 and wins[0]["nchw"], res.report["regions"]
+    assert [c["winograd"] for c in wins[0]["candidates"]] == [0, *SQUARE]
+    assert all(c.get("seconds") for c in wins[0]["candidates"]), wins[0]
+    written = {i.name.rsplit("__wino", 1)[1] for i in res.model.graph.initializer if "__wino" in i.name}
+    assert written == ({str(wins[0]["chosen"])} if wins[0]["chosen"] else set())
+    check_answers(res, model, ch.feeds)
