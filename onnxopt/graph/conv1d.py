@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .classifier_conv import _attr, _fresh
 from .fold import names_used_by_subgraphs, replace_nodes
 from .large import add_messages
 
@@ -35,19 +36,14 @@ SHAPE_KEEPING = {"Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Abs", "Neg", "Sqrt", 
                  "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
 def _scalar_constants(graph: onnx.GraphProto) -> set[str]:
-    out = {t.name for t in graph.initializer if int(np.prod(t.dims)) == 1}
+    """Constants of one element and rank 3 at most: against a 3-D tensor they broadcast to its shape, and against
+    its 4-D view to the view's (a rank-4 one would make the original's output 4-D)."""
+    out = {t.name for t in graph.initializer if int(np.prod(t.dims)) == 1 and len(t.dims) <= 3}
     for n in graph.node:
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
             for a in n.attribute:
-                if a.name == "value" and int(np.prod(a.t.dims)) == 1:
+                if a.name == "value" and int(np.prod(a.t.dims)) == 1 and len(a.t.dims) <= 3:
                     out.add(n.output[0])
                 elif a.name in ("value_float", "value_int"):
                     out.add(n.output[0])
@@ -75,11 +71,7 @@ def conv1d_as_conv2d(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> in
         {v.name for v in list(graph.input) + list(graph.output) + list(graph.value_info)}
 
     def fresh(name: str) -> str:
-        out, k = name, 1
-        while out in taken:
-            out, k = f"{name}_{k}", k + 1
-        taken.add(out)
-        return out
+        return _fresh(name, taken)
 
     def conv1d(n: onnx.NodeProto) -> bool:
         if n.op_type != "Conv" or n.domain not in ("", "ai.onnx") or len(n.input) < 2:

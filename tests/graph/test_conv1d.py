@@ -135,6 +135,18 @@ def test_left_alone():
     two_d = helper.make_graph([n("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3])], "g",
                               [helper.make_tensor_value_info("x", F32, [1, 4, 9, 9])],
                               [helper.make_tensor_value_info("y", F32, None)], [w2])
+    # a one-element constant of rank 4 would make the original's Add 4-D: the Add stays on the 3-D tensor
+    four = numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "four")
+    rank4 = helper.make_graph([n("Conv", ["x", "w"], ["y"], kernel_shape=[3]), n("Add", ["y", "four"], ["z"])], "g",
+                              [helper.make_tensor_value_info("x", F32, [1, 4, 9])],
+                              [helper.make_tensor_value_info("z", F32, None)], [w, four])
+    m = helper.make_model(rank4, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    work, count = _rewritten(m)
+    assert count == 1 and [nd.op_type for nd in work.graph.node][-2:] == ["Squeeze", "Add"]
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 4, 9)).astype(np.float32)}
+    got, want = _run(work, feeds)[0], _run(m, feeds)[0]
+    assert got.shape == want.shape == (1, 1, 4, 7)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
     for g in (computed, symbolic, two_d):
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
         assert _rewritten(m)[1] == 0
