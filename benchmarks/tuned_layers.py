@@ -44,9 +44,8 @@ OPTIMIZE = """
 import json, sys, time, onnxopt
 src, out, cache = sys.argv[1:4]
 t0 = time.perf_counter()
-r = onnxopt.optimize(src, out, threads=2, cost_cache=cache)
-print(json.dumps({"file": onnxopt.__file__, "seconds": time.perf_counter() - t0,
-                  "regions": len(getattr(r, "regions", None) or [])}))
+onnxopt.optimize(src, out, threads=2, cost_cache=cache)
+print(json.dumps({"file": onnxopt.__file__, "seconds": time.perf_counter() - t0}))
 """
 
 
