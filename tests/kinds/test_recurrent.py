@@ -118,15 +118,48 @@ def test_symbolic_steps_and_batch(tmp_path):
         _check(model, fused, lib, _feeds(model, steps, batch, seed=steps * 10 + batch))
 
 
+def _check_threads(model, fused, lib, feeds, threads, tol=5e-5):
+    want = make_session(model, 1, optimization="none").run(None, feeds)
+    for n in threads:
+        got = make_session(fused, n, library=lib).run(None, feeds)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{n} threads")
+
+
 @pytest.mark.parametrize("serpentine", [True, False])
-def test_a_large_single_direction_splits_its_steps_by_blocks(tmp_path, serpentine):
-    """R above RECURRENT_SPLIT_BYTES (exec.c): each step is one parallel section over runs of blocks, in either
-    block order."""
-    model = rnn_model(6, 2, 32, 272, "forward")  # R packed: 17 blocks x 272 x 64 floats = 1.18 MB
+def test_a_large_single_direction_shares_its_steps_in_either_block_order(tmp_path, serpentine):
+    """R above RECURRENT_SHARE_BYTES (exec.c): the direction's blocks in groups shared by the tasks of one parallel
+    section, in either block order."""
+    model = rnn_model(6, 2, 32, 272, "forward")  # R packed: 17 blocks x 272 x 64 floats = 1.18 MB: 2 groups
     fused, lib, region, _ = fuse_kind(KIND, model, tmp_path,
                                       params=lambda p: dataclasses.replace(p, serpentine=serpentine))
     assert region.params.serpentine == serpentine
     _check(model, fused, lib, _feeds(model, 6, 2), tol=5e-5)
+
+
+@pytest.mark.parametrize("op,steps,batch,hidden,direction", [
+    ("GRU", 49, 1, 128, "forward"),     # gru_kws's GRU: R 192 KiB, 2 groups of 4 blocks
+    ("LSTM", 16, 1, 128, "reverse"),    # silero's LSTM: R 256 KiB
+    ("GRU", 200, 3, 136, "reverse"),    # 9 blocks: groups of 5 and 4, many steps to race through
+    ("LSTM", 7, 2, 400, "forward"),     # R 2.5 MB: 5 groups, more tasks than threads
+])
+def test_a_shared_direction_matches_at_any_thread_count(tmp_path, op, steps, batch, hidden, direction):
+    """Each task takes its own group of a step first, then any group left, and waits only for groups a running task
+    holds: one thread (the tasks run one after the other, the first does everything) gives the same answer as two
+    and four, every output included."""
+    model = rnn_model(steps, batch, 24, hidden, direction, op=op, states=True, seed=hidden)
+    fused, lib, _, _ = fuse_kind(KIND, model, tmp_path)
+    _check_threads(model, fused, lib, _feeds(model, steps, batch, seed=steps), threads=(1, 2, 4))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.integers(1, 30), batch=st.integers(1, 4), input_size=st.integers(1, 40),
+       hidden=st.integers(120, 300), direction=st.sampled_from(["forward", "reverse"]), states=st.booleans(),
+       op=st.sampled_from(["LSTM", "GRU"]), threads=st.integers(1, 3))
+def test_drawn_shared_directions(tmp_path, steps, batch, input_size, hidden, direction, states, op, threads):
+    model = rnn_model(steps, batch, input_size, hidden, direction, op=op, states=states, seed=hidden)
+    fused, lib, _, _ = fuse_kind(KIND, model, tmp_path)
+    _check_threads(model, fused, lib, _feeds(model, steps, batch, seed=steps + batch), threads=(threads,))
 
 
 @pytest.mark.parametrize("serpentine", [True, False])
@@ -184,11 +217,12 @@ def test_the_default_activations_spelled_out_are_taken():
     assert len(KIND.find(model, set(), [])) == 1
 
 
-@pytest.mark.parametrize("op", ["LSTM", "GRU"])
-def test_a_written_model_runs_its_kernel_in_a_fresh_process(tmp_path, op):
+@pytest.mark.parametrize("op,hidden,direction", [("LSTM", 64, "bidirectional"), ("GRU", 64, "bidirectional"),
+                                                 ("GRU", 128, "forward")])  # the last: a shared direction
+def test_a_written_model_runs_its_kernel_in_a_fresh_process(tmp_path, op, hidden, direction):
     """optimize() writes fused.onnx and its library; the public loader runs it in a new process, the kernel's
     calls are counted there, and the answer is onnxruntime's."""
-    model = rnn_model(12, 1, 48, 64, "bidirectional", op=op, states=False, outputs=(True, False, False))
+    model = rnn_model(12, 1, 48, hidden, direction, op=op, states=False, outputs=(True, False, False))
     src = tmp_path / "lstm.onnx"
     onnx.save(model, str(src))
     out = tmp_path / "fused.onnx"
