@@ -24,6 +24,7 @@ import signal
 import threading
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import process as futures_process
 from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable
 
@@ -150,6 +151,13 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     """Shut the pool down without waiting for a hung worker: kill what is still running."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
     manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() forgets it
+    # The interpreter's exit hook (concurrent.futures.process._python_exit) wakes every pool's manager thread
+    # through a pipe that thread closes as it ends, with no lock between the two (Python 3.11): a run interrupted
+    # while stopping its pool (SIGTERM during the joins below) printed an EBADF traceback at exit. This pool is
+    # stopped here, so the hook is told to leave it alone.
+    wakeups = getattr(futures_process, "_threads_wakeups", None)
+    if manager is not None and wakeups is not None:
+        wakeups.pop(manager, None)
     pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         if p.is_alive():

@@ -189,3 +189,22 @@ def test_workers_die_when_the_parent_is_killed_even_blocked_in_a_pipe_write(tmp_
             pass
         parent.wait(30)
         parent.stderr.close()
+
+
+def test_a_stopped_pool_is_left_out_of_the_interpreters_exit_hook():
+    """The exit hook (concurrent.futures.process._python_exit) wakes each pool's manager thread through a pipe that
+    thread closes without a lock; a stopped pool is taken off its list, so an interrupted run cannot print an EBADF
+    traceback at exit (tests/cli's SIGTERM test caught one), and its manager thread is gone."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import process as futures_process
+
+    from onnxopt.codegen.parallel import _stop
+
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    assert pool.submit(abs, -3).result() == 3
+    manager = pool._executor_manager_thread
+    assert manager in futures_process._threads_wakeups
+    _stop(pool)
+    assert manager not in futures_process._threads_wakeups
+    assert not manager.is_alive()

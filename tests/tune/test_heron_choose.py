@@ -30,9 +30,15 @@ def test_default_mode_measures_a_few_and_records_them(tmp_path):
     cache = CostCache(tmp_path / "costs.sqlite")
     first = choose_schedule(region, TARGET, (1, 96, 256, 192), 2, cache, min_time=0.005)
     assert first.records == "miss" and not first.skipped
-    assert len(first.candidates) == 4 and all(c["seconds"] for c in first.candidates)
+    assert len(first.candidates) == 7 and all(c["seconds"] for c in first.candidates)
     assert first.candidates[0]["point"] == first.default  # the default is always timed
     assert all(c["predicted_s"] > 0 for c in first.candidates[1:])
+    # the model's best three, then three drawn from the rest at random: predicted slower, and seeded
+    ranked, drawn = first.candidates[1:4], first.candidates[4:]
+    assert not any(c.get("drawn") for c in ranked) and all(c["drawn"] for c in drawn)
+    assert min(c["predicted_s"] for c in drawn) >= max(c["predicted_s"] for c in ranked)
+    again_drawn = choose_schedule(region, TARGET, (1, 96, 256, 192), 2, None, min_time=0.005).candidates[4:]
+    assert [c["point"] for c in again_drawn] == [c["point"] for c in drawn]
     again = choose_schedule(region, TARGET, (1, 96, 256, 192), 2, cache)
     assert again.records == "hit" and again.build_s == 0.0 and again.measure_s == 0.0
     assert again.point == first.point
