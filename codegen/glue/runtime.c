@@ -171,6 +171,29 @@ static void *glue_bytes(size_t bytes) {
 
 static float *glue_floats(size_t floats) { return (float *)glue_bytes(floats * sizeof(float)); }
 
+int sched_yield(void); /* <sched.h> hides it under -std=c11 */
+
+/* One round of a spin wait: the CPU told this thread is waiting (pause, yield), for the executors that wait on a
+   running thread's work (sequence_exec.c, the recurrent kind's shared steps). */
+static void glue_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* A wait on work another thread holds: `limit` rounds of glue_cpu_relax, then a yield each round (it may share
+   this thread's CPU). */
+static void glue_pause(unsigned *spins, unsigned limit) {
+  if (*spins < limit) {
+    ++*spins;
+    glue_cpu_relax();
+    return;
+  }
+  sched_yield();
+}
+
 static void glue_release(void *p) {
   if (!p) return;
   char *block = (char *)p - GLUE_HEADER;

@@ -101,8 +101,6 @@ struct seq_run {
   OrtStatus *status;
 };
 
-int sched_yield(void); /* <sched.h> hides it under -std=c11 */
-
 /* Waits between kernels and for a loop's last tasks are a few to a few hundred microseconds (the driver finishing
    its last task of a large convolution), so a waiting thread spins with pause, SEQ_SPINS rounds for a helper before
    it sleeps on a futex until the driver publishes the next loop (the driver only ever waits for tasks a running
@@ -136,24 +134,7 @@ static int seq_cpu(void) {
 static int seq_cpu(void) { return -1; }
 #endif
 
-static void seq_cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 #define SEQ_DRIVER_SPINS 512 /* the driver's wait for claimed tasks: they are running, or their thread is not */
-
-static void seq_pause(unsigned *spins) {
-  if (*spins < SEQ_DRIVER_SPINS) {
-    ++*spins;
-    seq_cpu_relax();
-    return;
-  }
-  sched_yield();
-}
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -318,7 +299,7 @@ static void seq_help(seq_run *r, int who) {
     if (atomic_load_explicit(&r->end, memory_order_acquire)) return;
     if (spins < SEQ_SPINS) {
       spins++;
-      seq_cpu_relax();
+      glue_cpu_relax();
       if (spins % 64 || seq_cpu() < 0 || seq_cpu() != atomic_load_explicit(&r->driver_cpu, memory_order_relaxed))
         continue;
     }
@@ -358,7 +339,7 @@ static OrtStatus *seq_parallel_for(seq_run *r, void (*fn)(void *, size_t), size_
   seq_signal(r);
   seq_work(j, 0);
   unsigned spins = 0;
-  while (atomic_load_explicit(&j->done, memory_order_acquire) < total) seq_pause(&spins);
+  while (atomic_load_explicit(&j->done, memory_order_acquire) < total) glue_pause(&spins, SEQ_DRIVER_SPINS);
   return NULL;
 }
 

@@ -78,15 +78,16 @@ static void rec_step(const recurrent_job *j, int dir, int64_t s, int64_t b0, int
     d->step(rp, gx, stride, h_prev, h_next, c, j->batch, j->hp, d->hidden, b, b + 1);
 }
 
-/* Y[t][dir] from the h step s wrote. */
-static void rec_emit(const recurrent_job *j, int dir, int64_t s) {
-  if (!j->y) return;
+/* Y[t][dir] for the hidden units of blocks b0 .. b1 (all of them: 0 .. nb), from the h step s wrote. */
+static void rec_emit(const recurrent_job *j, int dir, int64_t s, int64_t b0, int64_t b1) {
   const onnxopt_recurrent_desc *d = j->d;
+  int64_t u0 = b0 * RECURRENT_BLOCK, u1 = b1 * RECURRENT_BLOCK < d->hidden ? b1 * RECURRENT_BLOCK : d->hidden;
+  if (!j->y || u0 >= u1) return;
   int64_t t = rec_backward(j, dir) ? j->steps - 1 - s : s;
   const float *h = rec_h(j, dir, (int)((s + 1) % 2));
   for (int64_t r = 0; r < j->batch; r++)
-    memcpy(j->y + ((t * d->directions + dir) * j->batch + r) * d->hidden, h + r * j->hp,
-           (size_t)d->hidden * sizeof(float));
+    memcpy(j->y + ((t * d->directions + dir) * j->batch + r) * d->hidden + u0, h + r * j->hp + u0,
+           (size_t)(u1 - u0) * sizeof(float));
 }
 
 /* One direction's whole sequence, its projection first where `own_proj` (two directions: each task projects what
@@ -96,34 +97,8 @@ static void recurrent_direction_task(void *usr, size_t index) {
   if (j->own_proj) rec_proj(j, (int)index, 0, j->nb);
   for (int64_t s = 0; s < j->steps; s++) {
     rec_step(j, (int)index, s, 0, j->nb);
-    rec_emit(j, (int)index, s);
+    rec_emit(j, (int)index, s, 0, j->nb);
   }
-}
-
-/* Y[t][0] for the hidden units of blocks b0 .. b1, from the h step s wrote. */
-static void rec_emit_blocks(const recurrent_job *j, int64_t s, int64_t b0, int64_t b1) {
-  const onnxopt_recurrent_desc *d = j->d;
-  int64_t u0 = b0 * RECURRENT_BLOCK, u1 = b1 * RECURRENT_BLOCK < d->hidden ? b1 * RECURRENT_BLOCK : d->hidden;
-  if (!j->y || u0 >= u1) return;
-  int64_t t = rec_backward(j, 0) ? j->steps - 1 - s : s;
-  const float *h = rec_h(j, 0, (int)((s + 1) % 2));
-  for (int64_t r = 0; r < j->batch; r++)
-    memcpy(j->y + (t * j->batch + r) * d->hidden + u0, h + r * j->hp + u0, (size_t)(u1 - u0) * sizeof(float));
-}
-
-int sched_yield(void); /* <sched.h> hides it under -std=c11 */
-
-static void rec_relax(unsigned *spins) {
-  if (*spins >= RECURRENT_SPINS) {
-    sched_yield();
-    return;
-  }
-  ++*spins;
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
 }
 
 /* One task of a shared direction (see the top), phase 1 included as step -1 (the group's blocks' projection, so
@@ -144,12 +119,12 @@ static void recurrent_shared_task(void *usr, size_t index) {
         rec_proj(j, 0, b0, b1);
       } else {
         rec_step(j, 0, s, b0, b1);
-        rec_emit_blocks(j, s, b0, b1);
+        rec_emit(j, 0, s, b0, b1);
       }
       __atomic_add_fetch(&j->done[s + 1], 1, __ATOMIC_RELEASE);
     }
     unsigned spins = 0;
-    while (__atomic_load_n(&j->done[s + 1], __ATOMIC_ACQUIRE) < G) rec_relax(&spins);
+    while (__atomic_load_n(&j->done[s + 1], __ATOMIC_ACQUIRE) < G) glue_pause(&spins, RECURRENT_SPINS);
   }
 }
 
