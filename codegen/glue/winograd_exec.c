@@ -17,7 +17,10 @@
  * one phase would leave cores idle. The block of tiles bounds the task's buffers (WG_M_BYTES, so they stay in L2)
  * while every tile of the block reuses each weight vector; the split aims at WG_MIN_TASKS tasks for the thread pool.
  * Inputs and outputs as ct_conv_blocked's: an NCHW input is reordered to blocked first; NCHW outputs
- * (channel_vectors) go through blocked buffers. */
+ * (channel_vectors) go through blocked buffers. A grouped convolution (each group's channels whole vectors:
+ * fusion/winograd.py group_refusal) runs each group as its own convolution over its own input and output vectors
+ * of those buffers: its runs of NI output vectors are numbered across the groups, the weights packed in that order,
+ * and every task still transforms each input vector once. */
 
 #define WG_M_BYTES (256 * 1024)
 #define WG_MIN_TASKS 8
@@ -40,9 +43,10 @@ typedef struct {
 
 typedef struct {
   const onnxopt_ct_desc *d;
-  int64_t N, C, CB, OC, OCB, H, W, OH, OW, pt, pl;
+  int64_t N, C, CB, OC, OCB, H, W, OH, OW, pt, pl; /* C: a group's input channels; CB, OC, OCB: all groups' */
+  int64_t CBg, OCg, OCBg;                /* a convolution group's input vectors, output channels and vectors */
   int64_t mh, mw, nh, nw, nn, TH, TW, T; /* tile, window; tiles per column, per row, per item */
-  int64_t groups, blocks;      /* groups of NI output vectors; tile blocks per item */
+  int64_t runs, groups, blocks; /* runs of NI output vectors a convolution group; all groups' runs; tile blocks */
   const float *x;              /* blocked input */
   float *V;
   const float *w;
@@ -90,14 +94,17 @@ static void wg_input_row(void *usr, size_t index) {
     wg_input_tile(j, plane, ty, tx, vbase + (ty * j->TW + tx) * L, j->CB * j->T * L);
 }
 
-/* The products of tiles [t0, t1) of one item with output vector group g, and their output transforms. `v` holds
- * the tiles' transformed inputs as [nn][CB][vt][L] with tile t0 at offset v0 (vt: tiles per channel vector), koff
- * each input channel's offset in one position's [CB][vt][L]; M the task's product buffer. */
+/* The products of tiles [t0, t1) of one item with run g of NI output vectors (of convolution group g / runs), and
+ * their output transforms. `v` holds the tiles' transformed inputs as [nn][CB][vt][L] with tile t0 at offset v0
+ * (vt: tiles per channel vector), koff each of a group's input channels' offset in one position's [CBg][vt][L]; M
+ * the task's product buffer. */
 static void wg_products(const wg_job *j, int64_t item, int64_t g, int64_t t0, int64_t t1, const float *v, int64_t v0,
                         int64_t vt, const int64_t *koff, float *M) {
   const onnxopt_ct_desc *d = j->d;
   int64_t L = d->lanes, NI = d->ni, MI = d->mi, nn = j->nn, mh = j->mh, mw = j->mw, tb = t1 - t0;
-  int nv = (int)(j->OCB - g * NI < NI ? j->OCB - g * NI : NI);
+  int64_t cg = g / j->runs, run = g % j->runs; /* convolution group, run of NI vectors in it */
+  int nv = (int)(j->OCBg - run * NI < NI ? j->OCBg - run * NI : NI);
+  v += cg * j->CBg * vt * L; /* the group's input vectors */
   ct_tile t;
   memset(&t, 0, sizeof(t));
   t.koff = koff;
@@ -105,7 +112,7 @@ static void wg_products(const wg_job *j, int64_t item, int64_t g, int64_t t0, in
   t.a_ms = L;
   t.ldc = L;
   for (int jj = 0; jj < nv; jj++) {
-    int64_t left = j->OC - (g * NI + jj) * L;
+    int64_t left = j->OCg - (run * NI + jj) * L;
     t.voff[jj] = jj * L;
     t.lanes[jj] = left < L ? left : L;
   }
@@ -129,7 +136,7 @@ static void wg_products(const wg_job *j, int64_t item, int64_t g, int64_t t0, in
   o.src_step = NI * tb * L;
   o.out_row = j->OW * L;
   for (int jj = 0; jj < nv; jj++) {
-    int64_t kb = g * NI + jj;
+    int64_t kb = cg * j->OCBg + run * NI + jj; /* the output vector among all groups' */
     o.lanes = t.lanes[jj];
     const float *base[CT_MAX_EXTRA];
     for (int e = 0; e < d->n_extra; e++) {
@@ -213,16 +220,19 @@ static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const
   /* The tile spans m pixels along each axis the kernel spans (fusion/winograd.py, tile_shape). */
   job.mh = d->kh > 1 ? d->wino_m : 1, job.mw = d->kw > 1 ? d->wino_m : 1;
   job.nh = job.mh + d->kh - 1, job.nw = job.mw + d->kw - 1, job.nn = job.nh * job.nw;
-  if (d->groups != 1 || d->sh != 1 || d->sw != 1 || d->dh != 1 || d->dw != 1 || d->wino_m < 1 ||
-      job.nh > WG_MAX_SIDE || job.nw > WG_MAX_SIDE || job.nn > WG_MAX_NN || d->lanes > 16)
-    return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Winograd kernel is for one-group stride-1 convolutions whose "
-                                      "transformed tile has at most 36 positions");
-  int64_t L = d->lanes, N = xd[0], H = xd[2], W = xd[3], pb, pr;
-  job.N = N, job.C = d->ic_g, job.CB = (d->ic_g + L - 1) / L, job.OC = d->oc, job.OCB = (d->oc + L - 1) / L;
+  int64_t G = d->groups < 1 ? 1 : d->groups, L = d->lanes;
+  if ((G > 1 && (d->ic_g % L || (d->oc / G) % L || d->oc % G || d->in_blocked || d->out_blocked)) || d->sh != 1 ||
+      d->sw != 1 || d->dh != 1 || d->dw != 1 || d->wino_m < 1 || job.nh > WG_MAX_SIDE || job.nw > WG_MAX_SIDE ||
+      job.nn > WG_MAX_NN || L > 16)
+    return fail(ORT_INVALID_ARGUMENT, "onnxopt: a Winograd kernel is for stride-1 convolutions whose groups are "
+                                      "whole channel vectors and whose transformed tile has at most 36 positions");
+  int64_t N = xd[0], H = xd[2], W = xd[3], pb, pr;
+  job.N = N, job.C = d->ic_g, job.CBg = (d->ic_g + L - 1) / L, job.CB = G * job.CBg;
+  job.OC = d->oc, job.OCg = d->oc / G, job.OCBg = (job.OCg + L - 1) / L, job.OCB = G * job.OCBg;
   job.H = H, job.W = W;
   CHECK(ct_conv_geometry(d, H, W, &job.pt, &job.pl, &pb, &pr, &job.OH, &job.OW));
   job.TH = (job.OH + job.mh - 1) / job.mh, job.TW = (job.OW + job.mw - 1) / job.mw, job.T = job.TH * job.TW;
-  job.groups = (job.OCB + d->ni - 1) / d->ni;
+  job.runs = (job.OCBg + d->ni - 1) / d->ni, job.groups = G * job.runs;
   int64_t block_size = job.OCB * job.OH * job.OW * L, pixels = job.OH * job.OW;
   float *user_out[CT_MAX_OUT];
   CHECK(ct_conv_outputs(d, ctx, 0, N, job.OH, job.OW, user_out, job.out));
@@ -238,7 +248,7 @@ static OrtStatus *wg_conv(const onnxopt_ct_desc *d, OrtKernelContext *ctx, const
   if (!st) st = API(GetTensorMutableData)((OrtValue *)wv, (void **)&job.w);
   if (!st && !d->in_blocked) { /* an NCHW input: reordered to channel vectors first */
     in_buf = glue_floats((size_t)(N * job.CB * H * W * L));
-    st = in_buf ? cb_reorder(ctx, (float *)job.x, in_buf, N, job.C, L, H * W, 0)
+    st = in_buf ? cb_reorder(ctx, (float *)job.x, in_buf, N, G * job.C, L, H * W, 0)
                 : fail(ORT_FAIL, "onnxopt: out of memory for the blocked input");
     job.x = in_buf;
   }

@@ -286,10 +286,12 @@ def with_channel_vectors(region: Region, lanes: int, ni: int, opset: int) -> Reg
     return region
 
 
-def channel_vectors_apply(region: Region, lanes: int) -> bool:
-    """Whether the channel-vector kernel can replace this region's NCHW kernel."""
+def channel_vectors_apply(region: Region, lanes: int, any_groups: bool = False) -> bool:
+    """Whether the channel-vector kernel can replace this region's NCHW kernel. The direct kernel runs one group;
+    `any_groups`: for Winograd tiles, whose glue runs each group apart (fusion/winograd.py group_refusal)."""
     c = region.compute
-    return (lanes >= 8 and c is not None and c.op == "conv" and c.attrs.groups == 1 and c.weights is not None
+    return (lanes >= 8 and c is not None and c.op == "conv" and (any_groups or c.attrs.groups == 1)
+            and c.weights is not None
             and not c.attrs.in_blocked and not c.attrs.channel_vectors)
 
 

@@ -78,6 +78,20 @@ def test_packed_weights_layout_and_the_way_back(kernel, m):
     np.testing.assert_allclose(back, w, atol=1e-5)
 
 
+def test_grouped_weights_are_each_groups_runs_in_turn():
+    """A grouped convolution's packed weights are each group's own packing, one after the other: its runs of NI
+    output vectors, its output channels padded on their own."""
+    rng = np.random.default_rng(2)
+    groups, ocg, icg, lanes, ni = 3, 40, 16, 16, 2
+    w = rng.standard_normal((groups * ocg, icg, 3, 3)).astype(np.float32)
+    packed = winograd.pack_winograd_weights(w, 2, lanes, ni, groups)
+    runs = -(-ocg // (ni * lanes))
+    assert packed.shape == (groups * runs, 16, icg, ni * lanes)
+    for g in range(groups):
+        np.testing.assert_array_equal(packed[g * runs:(g + 1) * runs],
+                                      winograd.pack_winograd_weights(w[g * ocg:(g + 1) * ocg], 2, lanes, ni))
+
+
 # ---- what qualifies ----
 def _blocked_regions(model, tmp_path, mode="4"):
     res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), plan="compute-blocked", measure=False, winograd=mode)
@@ -120,6 +134,12 @@ def test_reasons():
     assert "7x7" in winograd.applies(region(kernel=[7, 7]))
     assert "strided" in winograd.applies(region(strides=[2, 2]))
     assert "grouped" in winograd.applies(region(groups=2))
+    # grouped: on channel vectors, NCHW in and out, when each group's input and output channels are whole vectors
+    on_vectors = {"out_blocked": 0, "channel_vectors": 1, "block": 16, "groups": 2, "oc": 64}
+    assert winograd.applies(region(**on_vectors, ic_g=16)) is None
+    assert "grouped" in winograd.applies(region(**on_vectors, ic_g=8))
+    assert "grouped" in winograd.applies(region(**dict(on_vectors, oc=48), ic_g=16))  # 24 outputs a group
+    assert "grouped" in winograd.applies(region(**dict(on_vectors, oc=32, groups=32), ic_g=1))  # depthwise
     assert "blocked" in winograd.applies(region(out_blocked=0))
     # --precision: weights in bf16 (or fp16 for AMX-FP16) pairs stay on their kernel; float32 kernels with float16
     # storage keep the Winograd kernel (test_precision_conv_fp16)
@@ -360,6 +380,12 @@ def test_a_lone_convolution_takes_tiles_only_on_channel_vectors():
     assert not winograd.applies_on_channel_vectors(region(), 4)  # SSE: no channel-vector kernel
     assert not winograd.applies_on_channel_vectors(region(strides=[2, 2]), 16)
     assert not winograd.applies_on_channel_vectors(region(groups=2), 16)
+    # each group's channels whole vectors of the target's lanes, never depthwise
+    grouped = {"groups": 2, "ic_g": 16, "oc": 64}
+    assert winograd.applies_on_channel_vectors(region(**grouped), 16)
+    assert winograd.applies_on_channel_vectors(region(**dict(grouped, ic_g=8)), 8)
+    assert not winograd.applies_on_channel_vectors(region(**dict(grouped, ic_g=8)), 16)
+    assert not winograd.applies_on_channel_vectors(region(groups=16, ic_g=1, oc=16), 16)
     assert not winograd.applies_on_channel_vectors(region(out_blocked=1), 16)  # blocked: applies() itself
     assert not winograd.applies_on_channel_vectors(region(b_dtype="bfloat16"), 16)
 
@@ -370,9 +396,15 @@ def test_forced_tiles_on_a_lone_nchw_convolution(tmp_path, m):
     """--winograd M reaches a convolution between the graph's input and output (the blocked plan has nothing to
     block there): its tiles run on the channel-vector kernel, NCHW in and out, with the library, through the
     function body alone, and in a fresh process through the public loader, where its kernel ran."""
+    ch, model = _lone_conv(24, 40, 13)
+    _forced_tiles_run_everywhere(tmp_path, ch, model, m)
+
+
+def _forced_tiles_run_everywhere(tmp_path, ch, model, m):
+    """--winograd m: the model's convolution written as F(m) tiles gives onnxruntime's answers with the library and
+    through the function body, and in a fresh process through the public loader, where its kernel ran."""
     from fresh_process import assert_written_model_runs
 
-    ch, model = _lone_conv(24, 40, 13)
     res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), measure=False, winograd=str(m))
     assert any(i.name.endswith(f"__wino{m}") for i in res.model.graph.initializer)
     check_answers(res, model, ch.feeds)
@@ -395,3 +427,45 @@ def test_auto_times_a_lone_nchw_convolution_against_its_tiles(tmp_path):
     written = {i.name.rsplit("__wino", 1)[1] for i in res.model.graph.initializer if "__wino" in i.name}
     assert written == ({str(wins[0]["chosen"])} if wins[0]["chosen"] else set())
     check_answers(res, model, ch.feeds)
+
+
+# ---- grouped convolutions (each group's channels whole vectors), NCHW in and out ----
+def _grouped_conv(c_in, oc, groups, size, kernel=(3, 3), batch=1, pads=None, act=None, seed=0):
+    ch = Chain(c_in, size[0], size[1], batch=batch, seed=seed)
+    kh, kw = kernel
+    pads = pads if pads is not None else [kh // 2, kw // 2, kh // 2, kw // 2]
+    return ch, ch.model([ch.conv("x", "a", oc, k=kh, kw=kw, pads=pads, group=groups, act=act)])
+
+
+@needs_vectors
+@pytest.mark.parametrize("c_in, oc, groups, size, batch", [(96, 256, 2, 27, 1), (128, 256, 4, 7, 2)])
+def test_grouped_convolution_in_a_fresh_process(tmp_path, c_in, oc, groups, size, batch):
+    """AlexNet's grouped 5x5 (96 -> 256 in two groups at 27x27, one phase) and a 7x7 image with four groups at batch 2
+    (two phases) as F(2x2) tiles: onnxruntime's answers with the library and through the function body, and in a
+    fresh process through the public loader, where the kernel ran."""
+    kernel = (5, 5) if size == 27 else (3, 3)
+    ch, model = _grouped_conv(c_in, oc, groups, (size, size), kernel, batch=batch, act="Relu", seed=groups)
+    _forced_tiles_run_everywhere(tmp_path, ch, model, 2)
+
+
+@needs_vectors
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(groups=st.integers(2, 4), icg=st.sampled_from([16, 32]), ocg=st.sampled_from([16, 32, 48]),
+       h=st.integers(2, 16), w=st.integers(2, 16), pads=st.tuples(*[st.integers(0, 2)] * 4),
+       batch=st.sampled_from([1, 2]), offered=st.sampled_from(OFFERED), act=st.sampled_from([None, "Relu"]))
+def test_drawn_grouped_convolutions_match_onnxruntime(tmp_path, groups, icg, ocg, h, w, pads, batch, offered, act):
+    """Groups of whole vectors (16 channels: every channel-vector target's lanes divide them), any kernel and tile
+    offered, partial tiles, asymmetric pads, batch: the grouped Winograd kernel gives onnxruntime's answers, and a
+    grouped convolution whose groups are not whole vectors keeps its direct kernel."""
+    (kh, kw), m = offered
+    top, left, bottom, right = pads
+    if h + top + bottom < kh or w + left + right < kw:
+        return
+    ch, model = _grouped_conv(groups * icg, groups * ocg, groups, (h, w), (kh, kw), batch, [top, left, bottom, right],
+                              act, seed=groups * 100 + icg + ocg)
+    res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), measure=False, winograd=str(m))
+    assert any(i.name.endswith(f"__wino{m}") for i in res.model.graph.initializer)
+    check_answers(res, model, ch.feeds)
+    ch, model = _grouped_conv(groups * 4, groups * ocg, groups, (h, w), (kh, kw), batch, [top, left, bottom, right])
+    res = onnxopt.optimize(model, str(tmp_path / "g.onnx"), measure=False, winograd=str(m))
+    assert not any("__wino" in i.name for i in res.model.graph.initializer)
