@@ -38,9 +38,9 @@ The weights are transformed once, offline, and packed for the blocked tiles that
 [ceil(OC / (NI * L))][nh * nw][IC][NI * L]. A grouped convolution (NCHW in and out, each group's input and output
 channels whole vectors: `group_refusal`) runs each group as its own convolution over its own vectors of the blocked
 buffers, its weights each group's packing in turn; AlexNet's grouped 5x5 (96 -> 256 in two groups at 27x27), 0.67x
-onnxruntime on our direct NCHW kernel and so left to it, ran 1.4-1.8x onnxruntime as F(2x2, 5x5). The function
-fallback recovers the weights with a left inverse of each axis' G (two MatMuls on constants, which onnxruntime folds
-when the session loads) and runs the original convolution.
+onnxruntime on our direct NCHW kernel and so left to it, ran 1.73-1.84x onnxruntime as F(2x2, 5x5) (BENCHMARKS.md,
+issue 48's first bar). The function fallback recovers the weights with a left inverse of each axis' G (two MatMuls
+on constants, which onnxruntime folds when the session loads) and runs the original convolution.
 """
 
 from __future__ import annotations
