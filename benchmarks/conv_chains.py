@@ -9,8 +9,11 @@ process: onnxruntime on the original; our two separate kernels (`--plan compute-
 threads (ONNXOPT_AFUSION_BAND_ROWS). Printed per height:
 TileFlow's predicted time (fusion/afusion/band_tree.py `predicted_seconds`), the measured time and its ratio to the
 fastest height; per chain: R^2 (a line through the heights) and Spearman of the time against the prediction, the
-heights TileFlow (`model_band_rows`) and the scratch rule (`choose_band_rows`, what `--no-measure` builds) choose
-against the fastest, and the fastest AFUSION kernel against the separate kernels and onnxruntime.
+heights TileFlow (`model_band_rows`), Chimera's data-movement model (`chimera_band_rows`, with the R^2 of its DV
+against the times) and the scratch rule (`choose_band_rows`, what `--no-measure` builds) choose against the fastest,
+and the fastest AFUSION kernel against the separate kernels and onnxruntime; then Chimera's multi-level cost of the
+chain fused and apart (annotate/data_movement.py `conv_chain_seconds`: compute against each level's data) and its
+free tiles (`conv_chain_tiles`: any rows, columns and channel blocks) at a core's L2.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import onnx
 from afusion import _build as build_plan
 from attention_key_blocks import r_squared
 
-from onnxopt.fusion.afusion.band_tree import ConvPair, model_band_rows, predicted_seconds
+from onnxopt.annotate.data_movement import conv_chain_movement, conv_chain_seconds, conv_chain_tiles
+from onnxopt.fusion.afusion.band_tree import ConvPair, chimera_band_rows, model_band_rows, predicted_seconds
 from onnxopt.fusion.afusion.siso import balanced_rows
 from onnxopt.hardware.measure import load_machine
 from onnxopt.models import random_inputs
@@ -89,21 +93,34 @@ def main(argv=None) -> int:
         best = min(band_t)
         predicted = [predicted_seconds(g, r, machine, a.threads) for r in heights]
         chosen = model_band_rows(g, machine, a.threads)
+        chimera = chimera_band_rows(g, machine, a.threads)
         for rows, tp, tm in zip(heights, predicted, band_t):
-            mark = ", ".join(x for x, r in (("TileFlow's choice", chosen), ("the scratch rule's", rule_rows))
-                             if r == rows)
+            mark = ", ".join(x for x, r in (("TileFlow's choice", chosen), ("the scratch rule's", rule_rows),
+                                            ("Chimera's", chimera)) if r == rows)
             print(f"| {name} | AFUSION | {rows} | {tp * 1e3:.3f} | {tm * 1e3:.3f} | {tm / best:.3f} | {mark} |")
         tf_ratio = band_t[heights.index(chosen)] / best
+        chimera_ratio = band_t[heights.index(chimera)] / best
+        # Chimera's DV of each height at a core's L2 (the band form), against the measured times
+        l2_floats = next(lv for lv in machine.levels if lv.name == "L2").size_bytes // machine.cores // 4
+        dv = [conv_chain_movement(g, dict(h=r, w=ow, c=g.oc1, i=g.ic, o=g.oc2)).dv for r in heights]
+        free = conv_chain_tiles(g, l2_floats, a.threads, 16)
+        fused_s, fused_by = conv_chain_seconds(g, machine, 16, a.threads)
+        apart_s, apart_by = conv_chain_seconds(g, machine, 16, a.threads, fused=False)
         rule_ratio = band_t[heights.index(rule_rows)] / best if rule_rows in heights else float("nan")
         fit, rank = r_squared(predicted, band_t), spearman(predicted, band_t)
         print(f"| {name} | onnxruntime | | | {times[0] * 1e3:.3f} | {times[0] / best:.3f} | |")
         print(f"| {name} | separate kernels | | | {times[1] * 1e3:.3f} | {times[1] / best:.3f} | R^2 {fit:.2f}, "
               f"Spearman {rank:.2f}; TileFlow's height {tf_ratio:.3f}x the fastest, the scratch rule's "
-              f"{rule_ratio:.3f}x; the fastest band {times[1] / best:.2f}x separate, {times[0] / best:.2f}x "
-              f"onnxruntime |", flush=True)
+              f"{rule_ratio:.3f}x, Chimera's {chimera_ratio:.3f}x (R^2 of its DV {r_squared(dv, band_t):.2f}); the "
+              f"fastest band {times[1] / best:.2f}x separate, {times[0] / best:.2f}x onnxruntime |", flush=True)
+        print(f"| {name} | Chimera's model | | {fused_s * 1e3:.3f} | | | fused bound by {fused_by}, apart "
+              f"{apart_s * 1e3:.3f} ms by {apart_by}: predicted gain {apart_s / fused_s:.3f}x; its free tiles at "
+              f"L2 {free} |", flush=True)
         out_rows.append({"chain": name, "heights": heights, "predicted_s": predicted, "measured_s": band_t,
                          "onnxruntime_s": times[0], "separate_s": times[1], "tileflow_rows": chosen,
-                         "rule_rows": rule_rows, "r2": fit, "spearman": rank})
+                         "rule_rows": rule_rows, "r2": fit, "spearman": rank, "chimera_rows": chimera,
+                         "chimera_dv": dv, "chimera_r2": r_squared(dv, band_t), "chimera_free_l2": free,
+                         "chimera_fused_s": fused_s, "chimera_apart_s": apart_s, "chimera_bound": fused_by})
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out_rows, f, indent=1)

@@ -227,6 +227,128 @@ def _divisor_at_most(n: int, v: int) -> int:
     return max(d for d in range(1, min(n, v) + 1) if n % d == 0)
 
 
+# ---- conv chains ----
+
+@dataclass(frozen=True)
+class ConvPair:
+    """conv1 (ic -> oc1, k1 x k1, stride st1) -> conv2 (oc1 -> oc2, k2 x k2, stride st2), both dense, conv2's
+    output out_h x out_w (Chimera's C1-C8)."""
+
+    ic: int
+    oc1: int
+    oc2: int
+    k1: int
+    k2: int
+    st1: int
+    st2: int
+    out_h: int
+    out_w: int
+    batch: int = 1
+
+
+# A conv chain's tiles (Chimera's order b, h, w, oc1 | ic (conv1) | oc2 (conv2), kernels untiled, one item a block):
+# h, w the second convolution's output rows and columns, c the intermediate's channels (oc1), i the input's (ic),
+# o the output's (oc2).
+CONV_TILES = ("h", "w", "c", "i", "o")
+
+
+def conv_chain_movement(g: ConvPair, tiles: dict[str, int]) -> Movement:
+    """Chimera's DV and MU of a conv chain in its order b, h, w, oc1 | ic | oc2. A block of th x tw output pixels needs
+    th1 = (th - 1) * st2 + k2 intermediate rows (the halo included) and (th1 - 1) * st1 + k1 input rows (columns
+    the same). Each spatial block reads both weights again; the input tile moves once per (oc1, ic) block; the output
+    once per oc1 block (partial sums over the intermediate's channel blocks); the intermediate stays in the level."""
+    th, tw, tc, ti, to = (min(tiles[x], e) for x, e in zip(CONV_TILES, (g.out_h, g.out_w, g.oc1, g.ic, g.oc2)))
+    th1, tw1 = (th - 1) * g.st2 + g.k2, (tw - 1) * g.st2 + g.k2
+    thi, twi = (th1 - 1) * g.st1 + g.k1, (tw1 - 1) * g.st1 + g.k1
+    blocks = g.batch * -(-g.out_h // th) * -(-g.out_w // tw)
+    c_blocks = -(-g.oc1 // tc)
+    df = {"I": ti * thi * twi, "W1": tc * ti * g.k1 ** 2, "O1": tc * th1 * tw1, "W2": to * tc * g.k2 ** 2,
+          "O2": to * th * tw}
+    per = {"I": blocks * c_blocks * -(-g.ic // ti) * df["I"], "W1": blocks * g.oc1 * g.ic * g.k1 ** 2,
+           "W2": blocks * g.oc2 * g.oc1 * g.k2 ** 2, "O2": g.batch * g.oc2 * g.out_h * g.out_w * c_blocks}
+    mu = max(df["I"] + df["W1"] + df["O1"], df["O1"] + df["W2"] + df["O2"])
+    return Movement(sum(per.values()), mu, per)
+
+
+def _even_tiles(extent: int) -> list[int]:
+    """The tiles of an extent that leave no ragged last block beyond what the block count forces (`balanced`)."""
+    return sorted({balanced(t, extent) for t in range(1, extent + 1)})
+
+
+def conv_chain_tiles(g: ConvPair, capacity: int, cores: int = 1, lanes: int = 1, band: bool = False) -> dict[str, int]:
+    """The tiles of least DV whose MU fits `capacity` elements, with at least `cores` spatial blocks (none fits: the
+    least MU). Channel tiles are whole vectors of `lanes` or the whole extent. `band`: the AFUSION kernel's form
+    (codegen/glue/afusion_exec.c), whole rows and every channel, so that only the band height is free."""
+    def channels(extent):
+        return [extent] if band else sorted({min(extent, v) for v in range(lanes, extent + lanes, lanes)})
+    widths = [g.out_w] if band else _even_tiles(g.out_w)
+    best, least = None, None
+    for th in _even_tiles(g.out_h):
+        for tw in widths:
+            if g.batch * -(-g.out_h // th) * -(-g.out_w // tw) < min(cores, g.batch * g.out_h * g.out_w):
+                continue
+            for tc in channels(g.oc1):
+                for ti in channels(g.ic):
+                    # the DV does not depend on the output channels' tile, only the MU: the largest that fits
+                    for to in reversed(channels(g.oc2)):
+                        t = dict(zip(CONV_TILES, (th, tw, tc, ti, to)))
+                        mv = conv_chain_movement(g, t)
+                        if mv.mu <= capacity:
+                            key = (mv.dv, -(th * tw * tc * ti))  # least DV, then the larger blocks
+                            if best is None or key < best[0]:
+                                best = (key, t)
+                            break
+                        if least is None or mv.mu < least[0]:
+                            least = (mv.mu, t)
+    return (best or least)[1]
+
+
+def conv_chain_flops(g: ConvPair, rows: int | None = None) -> int:
+    """Multiply-adds x 2 of the chain; with bands of `rows` output rows, the first convolution's halo rows (computed
+    by both neighbouring bands) included."""
+    h1 = (g.out_h - 1) * g.st2 + g.k2  # the intermediate rows the output needs
+    if rows:
+        bands = -(-g.out_h // rows)
+        h1 = bands * ((rows - 1) * g.st2 + g.k2)
+    w1 = (g.out_w - 1) * g.st2 + g.k2
+    return 2 * g.batch * (g.oc1 * h1 * w1 * g.ic * g.k1 ** 2 + g.oc2 * g.out_h * g.out_w * g.oc1 * g.k2 ** 2)
+
+
+def conv_chain_levels(g: ConvPair, machine, lanes: int, threads: int | None = None, elem_bytes: int = 4,
+                      band: bool = False) -> list[LevelPlan]:
+    """The conv chain's tiles for each cache level of the machine model (a core's share of it, blocks for every
+    thread), each level's data over the bandwidth of the level that feeds it (the threads split both: Chimera's
+    multi-level cost; `bottleneck`)."""
+    cores = max(1, machine.cores)
+    plans = []
+    for i, lv in enumerate(machine.levels[:-1]):
+        if not lv.size_bytes:
+            continue
+        capacity = lv.size_bytes // cores // elem_bytes
+        t = conv_chain_tiles(g, capacity, threads or cores, lanes, band)
+        dv = conv_chain_movement(g, t).dv
+        plans.append(LevelPlan(lv.name, capacity, t, dv, dv * elem_bytes / machine.levels[i + 1].bandwidth))
+    return plans
+
+
+def conv_chain_seconds(g: ConvPair, machine, lanes: int, threads: int, fused: bool = True,
+                       elem_bytes: int = 4) -> tuple[float, str]:
+    """Chimera's cost of the chain: the slowest of its compute at the machine's peak (the threads' share of it) and
+    each cache level's data over the bandwidth that feeds it, and which one that is. fused=False: the two
+    convolutions apart (each at its own best tiles, so the chain's DV), the intermediate written and read back
+    once more at each level whose threads' share cannot hold it."""
+    share = min(threads, machine.cores) / max(1, machine.cores)
+    costs = {"compute": conv_chain_flops(g) / (machine.peak_flops["float32"] * share)}
+    h1, w1 = (g.out_h - 1) * g.st2 + g.k2, (g.out_w - 1) * g.st2 + g.k2
+    middle = g.batch * g.oc1 * h1 * w1
+    for plan in conv_chain_levels(g, machine, lanes, threads, elem_bytes):
+        extra = 0 if fused or middle <= plan.capacity * min(threads, machine.cores) else 2 * middle
+        costs[plan.name] = plan.seconds + extra * elem_bytes / machine.levels[
+            [lv.name for lv in machine.levels].index(plan.name) + 1].bandwidth
+    worst = max(costs, key=costs.get)
+    return costs[worst], worst
+
+
 # ---- the row op between the GEMMs ----
 
 def softmax_strategy(chain: Chain, tiles: dict[str, int]) -> tuple[str, str]:

@@ -226,3 +226,93 @@ def test_softmax_keeps_the_row_or_goes_online():
     assert kind == "row" and "spans the row" in why
     kind, why = softmax_strategy(chain, dict(m=32, l=64, k=16, n=16))
     assert kind == "online" and "rescaled" in why
+
+
+# ---- conv chains ----
+from onnxopt.annotate.data_movement import (ConvPair, conv_chain_flops, conv_chain_levels,  # noqa: E402
+                                            conv_chain_movement, conv_chain_seconds, conv_chain_tiles)
+
+
+def test_conv_chain_movement_by_hand():
+    """C = conv 3x3 /2 (4 -> 8) then 1x1 (8 -> 6) to 10 x 10, in blocks of 5 whole rows and every channel: the digest's
+    formulas term by term. A block's 5 output rows need 5 intermediate rows and (5 - 1) * 2 + 3 = 11 input rows of
+    21 columns; each of the 2 blocks reads both weights; the output moves once."""
+    g = ConvPair(ic=4, oc1=8, oc2=6, k1=3, k2=1, st1=2, st2=1, out_h=10, out_w=10)
+    mv = conv_chain_movement(g, dict(h=5, w=10, c=8, i=4, o=6))
+    assert mv.per_tensor == {"I": 2 * 4 * 11 * 21, "W1": 2 * 8 * 4 * 9, "W2": 2 * 6 * 8, "O2": 6 * 10 * 10}
+    assert mv.dv == 1848 + 576 + 96 + 600
+    assert mv.mu == max(4 * 11 * 21 + 8 * 4 * 9 + 8 * 5 * 10, 8 * 5 * 10 + 6 * 8 + 6 * 5 * 10)
+    # the intermediate's channels in 2 blocks: the input moves once per block, the output's partial sums twice
+    halves = conv_chain_movement(g, dict(h=5, w=10, c=4, i=4, o=6))
+    assert halves.per_tensor["I"] == 2 * mv.per_tensor["I"] and halves.per_tensor["O2"] == 2 * 600
+    # a 3x3 second convolution: 5 x 10 output pixels need 7 x 12 intermediate ones (the halo), 15 x 25 input ones
+    g3 = ConvPair(ic=4, oc1=8, oc2=6, k1=3, k2=3, st1=2, st2=1, out_h=10, out_w=10)
+    assert conv_chain_movement(g3, dict(h=5, w=10, c=8, i=4, o=6)).per_tensor["I"] == 2 * 4 * 15 * 25
+
+
+def _all_tiles(g, lanes):
+    def channels(e):
+        return sorted({min(e, v) for v in range(lanes, e + lanes, lanes)})
+    for th, tw in itertools.product(range(1, g.out_h + 1), range(1, g.out_w + 1)):
+        for tc, ti, to in itertools.product(channels(g.oc1), channels(g.ic), channels(g.oc2)):
+            yield dict(h=th, w=tw, c=tc, i=ti, o=to)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ic=st.sampled_from([4, 8, 12]), oc1=st.sampled_from([4, 8, 16]), oc2=st.sampled_from([4, 12]),
+       k1=st.sampled_from([1, 3]), k2=st.sampled_from([1, 3]), st1=st.sampled_from([1, 2]), h=st.integers(1, 7),
+       w=st.integers(1, 7), capacity=st.integers(200, 6000), cores=st.sampled_from([1, 2]))
+def test_conv_chain_tiles_are_the_least_movement_that_fits(ic, oc1, oc2, k1, k2, st1, h, w, capacity, cores):
+    """Against every tile of a small chain (any rows and columns, channel blocks of 4): the chosen tiles fit the
+    capacity, give every core a block, and move no more than the least-moving tiles that do the same."""
+    g = ConvPair(ic, oc1, oc2, k1, k2, st1, 1, h, w)
+    t = conv_chain_tiles(g, capacity, cores, lanes=4)
+    fits = [(conv_chain_movement(g, c).dv, c) for c in _all_tiles(g, 4)
+            if conv_chain_movement(g, c).mu <= capacity and -(-h // c["h"]) * -(-w // c["w"]) >= min(cores, h * w)]
+    if not fits:  # nothing fits: the least memory
+        assert conv_chain_movement(g, t).mu == min(conv_chain_movement(g, c).mu for c in _all_tiles(g, 4))
+        return
+    assert conv_chain_movement(g, t).mu <= capacity
+    assert -(-h // t["h"]) * -(-w // t["w"]) >= min(cores, h * w)
+    assert conv_chain_movement(g, t).dv == min(dv for dv, _ in fits)
+
+
+def test_the_band_form_keeps_whole_rows_and_channels_and_grows_with_the_capacity():
+    g = ConvPair(ic=64, oc1=128, oc2=64, k1=3, k2=1, st1=1, st2=1, out_h=56, out_w=56)  # Chimera's C3
+    heights = []
+    for capacity in (100_000, 150_000, 250_000, 1 << 22):  # its first weights alone are 73,728
+        t = conv_chain_tiles(g, capacity, 2, 16, band=True)
+        assert (t["w"], t["c"], t["i"], t["o"]) == (56, 128, 64, 64)
+        assert conv_chain_movement(g, t).mu <= capacity
+        heights.append(t["h"])
+    assert heights == sorted(heights) and heights[0] < heights[-1] == 28  # two blocks: one a core
+
+
+def test_conv_chain_levels_and_what_bounds_the_chain():
+    """C3 on a machine whose peak is far above its memory: fusion keeps the intermediate (6.4 MB) out of the slow
+    levels, so the chain apart is bound by a level and predicted slower; on a machine whose bandwidths dwarf its
+    peak both are bound by compute and fusion gains nothing."""
+    g = ConvPair(ic=64, oc1=128, oc2=64, k1=3, k2=1, st1=1, st2=1, out_h=56, out_w=56)
+    slow = Machine("test", 2, ["avx2"], {"float32": 1e13},
+                   [MemoryLevel("L1", 64 << 10, 400e9), MemoryLevel("L2", 2 << 20, 100e9),
+                    MemoryLevel("L3", 8 << 20, 20e9), MemoryLevel("DRAM", None, 10e9)])
+    plans = conv_chain_levels(g, slow, 16)
+    assert [p.name for p in plans] == ["L1", "L2", "L3"]
+    assert plans[0].dv >= plans[1].dv >= plans[2].dv
+    for p in plans:
+        assert conv_chain_movement(g, p.tiles).mu <= p.capacity
+    fused, apart = conv_chain_seconds(g, slow, 16, 2), conv_chain_seconds(g, slow, 16, 2, fused=False)
+    assert fused[1] != "compute" and apart[0] > fused[0]
+    fast = Machine("test", 2, ["avx2"], {"float32": 1e11},
+                   [MemoryLevel("L1", 64 << 10, 4e13), MemoryLevel("L2", 2 << 20, 4e13),
+                    MemoryLevel("L3", 8 << 20, 4e13), MemoryLevel("DRAM", None, 4e13)])
+    fused, apart = conv_chain_seconds(g, fast, 16, 2), conv_chain_seconds(g, fast, 16, 2, fused=False)
+    assert fused == apart == (conv_chain_flops(g) / 1e11, "compute")
+
+
+def test_conv_chain_flops_count_the_halo_a_band_recomputes():
+    g = ConvPair(ic=8, oc1=16, oc2=8, k1=1, k2=3, st1=1, st2=1, out_h=12, out_w=10)
+    whole = conv_chain_flops(g)
+    assert conv_chain_flops(g, rows=12) == whole
+    # bands of 4 rows: 3 bands of 6 intermediate rows each, against 14 once
+    assert conv_chain_flops(g, rows=4) - whole == 2 * 16 * (18 - 14) * 12 * 8

@@ -12,28 +12,14 @@ the threads' balance, which are what the band height trades.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from onnxopt.annotate import tile_tree as tt
+from onnxopt.annotate.data_movement import ConvPair, conv_chain_tiles
 
 from .siso import balanced_rows
 
-
-@dataclass(frozen=True)
-class ConvPair:
-    """conv1 (ic -> oc1, k1 x k1, stride st1) -> conv2 (oc1 -> oc2, k2 x k2, stride st2), both dense, conv2's
-    output out_h x out_w."""
-
-    ic: int
-    oc1: int
-    oc2: int
-    k1: int
-    k2: int
-    st1: int
-    st2: int
-    out_h: int
-    out_w: int
-    batch: int = 1
+__all__ = ["ConvPair", "band_tree", "predicted_seconds", "model_band_rows", "chimera_band_rows"]
 
 
 def band_tree(g: ConvPair, rows: int, l2_floats: int) -> tuple[tt.Tile, dict[str, int]]:
@@ -79,3 +65,13 @@ def model_band_rows(g: ConvPair, machine, threads: int) -> int:
     predicted = {r: predicted_seconds(g, r, machine, threads) for r in heights}
     least = min(predicted.values())
     return max(r for r, t in predicted.items() if t <= least * (1 + 1e-9))
+
+
+def chimera_band_rows(g: ConvPair, machine, threads: int, lanes: int = 16) -> int:
+    """The band height Chimera's data-movement model gives the AFUSION kernel's form (whole rows, every channel:
+    `conv_chain_tiles(band=True)`) for a core's L2, the band's input rows, both weights, the intermediate and the
+    output rows held there: the tallest that fits (fewer bands read the weights and the halo fewer times), balanced
+    over the threads."""
+    l2 = next(lv for lv in machine.levels if lv.name == "L2")
+    tiles = conv_chain_tiles(g, l2.size_bytes // max(1, machine.cores) // 4, threads, lanes, band=True)
+    return balanced_rows(tiles["h"], g.out_h, g.batch, threads)

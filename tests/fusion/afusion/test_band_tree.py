@@ -71,3 +71,16 @@ def test_a_slow_l3_makes_the_weights_read_a_band_count():
     fast, slow = _machine(l3_gbs=1000.0), _machine(l3_gbs=2.0)
     assert predicted_seconds(g, 1, fast, 2) == pytest.approx(predicted_seconds(g, 14, fast, 2), rel=1e-6)
     assert predicted_seconds(g, 1, slow, 2) > 1.5 * predicted_seconds(g, 14, slow, 2)
+
+
+def test_chimeras_band_is_the_tallest_that_fits_a_cores_l2():
+    """Chimera's model gives the AFUSION kernel the tallest band whose input rows, weights, intermediate and output
+    rows fit a core's L2 (balanced over the threads): a smaller L2 gives shorter bands, with no edit elsewhere."""
+    from onnxopt.annotate.data_movement import conv_chain_movement
+    from onnxopt.fusion.afusion.band_tree import chimera_band_rows
+
+    g = ConvPair(ic=64, oc1=128, oc2=64, k1=3, k2=1, st1=1, st2=1, out_h=56, out_w=56)  # Chimera's C3
+    rows = {l2: chimera_band_rows(g, _machine(l2_bytes=l2), 2) for l2 in (384 << 10, 512 << 10, 1 << 20)}
+    assert rows[384 << 10] < rows[512 << 10] < rows[1 << 20] == 14  # two bands a thread at most
+    band = dict(h=rows[1 << 20], w=56, c=128, i=64, o=64)
+    assert conv_chain_movement(g, band).mu <= (1 << 20) // 4
