@@ -643,3 +643,77 @@ def test_drop_trials_want_more_to_drop_a_kernel_between_two_of_ours():
     assert [r.op_type for r in kept] == ["Conv", "Bn", "Conv2"]
     assert [d["op_type"] for d in decisions["dropped"]] == ["Head"]
     assert decisions["trials"][0] == {"op_type": "Bn", "gains": [pytest.approx(gain)], "margin": SPLIT_DROP_MARGIN}
+
+
+def test_a_pool_of_one_kernel_passes_on_its_median():
+    """pool_passes: regions of one kernel's code on the same shapes all pass where the median of their speedups
+    reaches the bar; else each on its own (a pure function: no driver)."""
+    from onnxopt.driver.policy import pool_passes
+
+    assert pool_passes([1.1, 0.95, 1.05], 1.0) == (1.05, [True, True, True])  # the 0.95 outvoted
+    assert pool_passes([0.9, 1.02, 0.95], 1.0) == (0.95, [False, True, False])  # each on its own, as alone
+    assert pool_passes([0.97], 1.0) == (0.97, [False])
+    assert pool_passes([1.0, 0.5], 1.0) == (0.75, [True, False])
+
+
+class _Region:
+    """What KernelStage._judge_pool reads of a region."""
+
+    def __init__(self, name):
+        self.op_type, self.node_names, self.rejected, self.measured = f"MatMul_{name}", [name], None, {}
+        self.inputs, self.outputs, self.shape, self.compute = [f"x{name}"], [f"y{name}"], [1, 64, 96], None
+
+    def describe(self):
+        return "MatMul -> Add"
+
+
+@pytest.mark.parametrize("speedups, kept", [((1.1, 0.95, 1.05), 3), ((0.9, 1.02, 0.95), 1)])
+def test_a_pools_verdicts_reach_every_region_and_its_duplicates(speedups, kept):
+    """KernelStage._judge_pool on three timed regions of one kernel (their own op types) and a duplicate of the
+    first's op type: the pool's verdicts, the report's pool entry, the duplicate taking its op type's verdict."""
+    from types import SimpleNamespace
+
+    from onnxopt.driver.kernels import KernelStage
+
+    stage = SimpleNamespace(opts=SimpleNamespace(min_speedup=1.0), report={"regions": [], "rejected": []},
+                            tile_info={}, _timed={}, _timed_by_key={})
+    for name in ("_reject", "_reuse_verdict"):
+        setattr(stage, name, getattr(KernelStage, name).__get__(stage))
+    regions = [_Region(str(i)) for i in range(3)]
+    members = [(r, (r.op_type, "shapes"), {"op_type": r.op_type, "speedup": s}) for r, s in zip(regions, speedups)]
+    dup = _Region("0")
+    members.append((dup, (dup.op_type, "shapes"), None))
+    accepted, verdicts = [], {}
+    KernelStage._judge_pool(stage, members, verdicts, accepted)
+    assert sum(r in accepted for r in regions) == kept
+    assert (dup in accepted) == (regions[0] in accepted)
+    median = sorted(speedups)[1]
+    for e in stage.report["regions"]:  # the duplicate's entry is a copy of the first's, marked so
+        assert e["pooled"] == {"regions": 3, "median_speedup": median}
+    assert len(stage.report["regions"]) == kept + (regions[0] in accepted)
+    for e in stage.report["rejected"]:
+        assert f"the median of 3 regions of this kernel and shapes {median:.2f}x" in e["reason"]
+
+
+def test_the_kernel_key_leaves_the_fallback_constants_out():
+    """Regions of one kernel on their own weights differ in op type where their fallbacks embed their own constants
+    but share the kernel key; another shape is another kernel."""
+    from onnxopt.fusion.compute import ComputeRule
+
+    def region(k, seed):
+        b = (np.random.default_rng(seed).standard_normal((k, 32))).astype(np.float32)
+        g = helper.make_graph([helper.make_node("MatMul", ["A", "B"], ["Y"])], "g",
+                              [helper.make_tensor_value_info("A", TensorProto.FLOAT, [8, k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [8, 32])],
+                              [onnx.numpy_helper.from_array(b, "B")])
+        m = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+        r = next(r for r in ComputeRule(m, 6, panel=32).find_regions(set(), []) if r.compute is not None)
+        r.compute_op_type("x86-64")
+        return r
+
+    a, b = region(64, 1), region(64, 2)
+    a.fallback_key, b.fallback_key = "one", "two"
+    a.compute_op_type("x86-64"), b.compute_op_type("x86-64")
+    assert a.op_type != b.op_type and a.kernel_key() == b.kernel_key()
+    a.compute_op_type("x86-64-v3")  # another target: other code
+    assert a.kernel_key() != b.kernel_key()

@@ -277,6 +277,14 @@ def _drop_trials(current: list, s_cur, kinds: list, session, compare, decisions:
     return current, s_cur
 
 
+def pool_passes(speedups: list[float], bar: float) -> tuple[float, list[bool]]:
+    """The speed verdicts of regions that run one kernel's code on the same shapes, each on its own weights: where
+    the median of their speedups reaches the bar every one passes (one of them measuring below it is noise the
+    others outvote); else each passes on its own speedup. Returns the median and the verdicts."""
+    median = float(statistics.median(speedups))
+    return median, [median >= bar or s >= bar for s in speedups]
+
+
 def final_check(attempts: list, final_time, min_speedup: float) -> tuple[int | None, list[dict]]:
     """The last word on the plan, timed longer (`final_time(name, fresh)` -> (original s, fused s)), with a
     margin: `attempts` is [(plan name, regions, speedup its plan timing measured)], the chosen plan first, then

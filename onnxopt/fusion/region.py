@@ -138,13 +138,22 @@ class Region:
         if isinstance(self.params, RelayoutParams):  # emitted as its nodes, never as a custom op
             self.op_type = "relayout_" + hashlib.sha256("|".join(self.outputs).encode()).hexdigest()[:16]
             return self.op_type
-        text = self.label + "|" + target_name + "|" + self.program.signature()
-        if self.fallback_key:
-            text += "|fallback" + self.fallback_key
-        text += self.params.op_type_text(target_name)
-        h = hashlib.sha256(text.encode()).hexdigest()
+        h = hashlib.sha256(self._op_type_text(target_name, self.fallback_key).encode()).hexdigest()
         self.op_type = f"{self.label}_{h[:16]}"
         return self.op_type
+
+    def _op_type_text(self, target_name: str, fallback_key: str) -> str:
+        text = self.label + "|" + target_name + "|" + self.program.signature()
+        if fallback_key:
+            text += "|fallback" + fallback_key
+        return text + self.params.op_type_text(target_name)
+
+    def kernel_key(self) -> str:
+        """What the op type says of the kernel's code alone, the function fallback's constants left out: regions
+        with the same key run the same machine code on their own weights (a transformer's repeated layers)."""
+        if isinstance(self.params, RelayoutParams) or not self.op_type_key:
+            return self.op_type
+        return hashlib.sha256(self._op_type_text(self.op_type_key, "").encode()).hexdigest()[:16]
 
     @property
     def node_names(self) -> list[str]:
