@@ -38,9 +38,8 @@ from onnxopt.driver.precision import is_lowered, lowered_dtype
 from onnxopt.driver.policy import (COLD_REGION_BYTES, SETTLED_BEYOND, ALONE_CHECK_S, _machine, custom_ops,
                                    pool_passes, runs_quantized_units)
 
-
-
 POOLED = "pooled"  # a verdict decided with the region's pool (KernelStage._judge_pool)
+
 
 class KernelStage:
 
@@ -424,7 +423,7 @@ class KernelStage:
         # Regions judged alone on speed whose kernels are the same code on the same shapes, their weights and
         # fallback constants aside (a transformer's repeated layers), are judged together: each is timed as before,
         # and where the median of their speedups passes the bar, all of them pass. One by one, each was a coin flip:
-        # MiniLM's 64 x 384 x 1536 FFN products measured 0.89-1.16x in one build, and those that lost went to
+        # MiniLM's 64 x 384 x 384 projections measured 0.89-1.16x in one build, and those that lost went to
         # onnxruntime, outside their neighbours' sequences, with their bias Adds. Where the median does not pass,
         # each is judged on its own time as before (the whole-model decision then sees the ones that passed).
         pooled: dict[tuple, list] = {}  # (kernel key, shapes) -> [(region, its key, its entry or None: a duplicate)]
