@@ -293,13 +293,12 @@ def to_winograd(region: Region, m: int, lanes: int, ni: int) -> Region:
         return helper.make_node("Constant", [], [tname], value=numpy_helper.from_array(np.asarray(arr), tname))
 
     unpack = [helper.make_node("Transpose", [name], [f"{u}_t"], perm=[0, 3, 2, 1]),  # [runs, NI*L, IC, n^2]
-              # [convolution groups, padded output channels, IC, nh, nw]: each group's padding sliced off
+              # [convolution groups, padded output channels, IC, nh, nw]: each group's padding left out (a Gather
+              # of the real channels: it reads the same at every opset, where Slice's form changed at 10)
               const(f"{u}_s1", np.asarray([conv_groups, padded, ic, nh, nw], np.int64)),
               helper.make_node("Reshape", [f"{u}_t", f"{u}_s1"], [f"{u}_r"]),
-              const(f"{u}_starts", np.asarray([0], np.int64)),
-              const(f"{u}_ends", np.asarray([oc // conv_groups], np.int64)),
-              const(f"{u}_axes", np.asarray([1], np.int64)),
-              helper.make_node("Slice", [f"{u}_r", f"{u}_starts", f"{u}_ends", f"{u}_axes"], [f"{u}_sl"]),
+              const(f"{u}_keep", np.arange(oc // conv_groups, dtype=np.int64)),
+              helper.make_node("Gather", [f"{u}_r", f"{u}_keep"], [f"{u}_sl"], axis=1),
               const(f"{u}_s2", np.asarray([oc, ic, nh, nw], np.int64)),
               helper.make_node("Reshape", [f"{u}_sl", f"{u}_s2"], [f"{u}_gw"]),
               # [OC, IC, nh, nw]: P_h . X . P_w^T
@@ -330,6 +329,6 @@ def apply_winograd(region: Region, m: int, lanes: int, ni: int) -> Region:
 
 
 def check_opset(model: onnx.ModelProto) -> str | None:
-    """The fallback uses Slice with input starts/ends (opset 10) and MatMul."""
+    """The fallback's Reshape takes its shape as an input (opset 5); its Gather, Transpose and MatMul are older."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    return None if opset >= 10 else f"opset {opset} < 10 (the fallback's Slice)"
+    return None if opset >= 5 else f"opset {opset} < 5 (the fallback's Reshape)"

@@ -469,3 +469,16 @@ def test_drawn_grouped_convolutions_match_onnxruntime(tmp_path, groups, icg, ocg
     ch, model = _grouped_conv(groups * 4, groups * ocg, groups, (h, w), (kh, kw), batch, [top, left, bottom, right])
     res = onnxopt.optimize(model, str(tmp_path / "g.onnx"), measure=False, winograd=str(m))
     assert not any("__wino" in i.name for i in res.model.graph.initializer)
+
+
+@needs_vectors
+@pytest.mark.parametrize("opset", [9, 17])
+def test_tiles_at_an_old_opset(tmp_path, opset):
+    """An opset-9 export (AlexNet's in the corpus is one) takes the tiles too: the function fallback recovers the
+    weights with Reshape, Gather, Transpose and MatMul, which read the same at every opset from 5."""
+    ch, model = _grouped_conv(32, 64, 2, (9, 9), (5, 5), act="Relu", seed=opset)
+    model.opset_import[0].version = opset
+    assert winograd.check_opset(model) is None
+    res = onnxopt.optimize(model, str(tmp_path / "f.onnx"), measure=False, winograd="2")
+    assert any(i.name.endswith("__wino2") for i in res.model.graph.initializer)
+    check_answers(res, model, ch.feeds)
